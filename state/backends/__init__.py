@@ -1,0 +1,1 @@
+"""Journal backends behind the ``DurableKv`` SPI, picked by URL."""

@@ -1,0 +1,245 @@
+"""The botmesh error tree.
+
+Routing code reads the fields on these errors (``retryable``, ``retry_after``, ``key``,
+``code``, ``reason``); it never parses messages. Every message says what the operator
+does next. ``args`` stay meaningful so that every error pickles.
+
+::
+
+    BotmeshError
+    ├── ConfigError                      bad option; names the field
+    ├── DurabilityError                  the journal layer
+    │   ├── JournalUnavailableError      the backend cannot be reached or written
+    │   │   └── JournalWriteError        one write failed (EIO, ENOSPC, short write)
+    │   ├── VersionConflictError         compare-and-set lost (someone wrote first)
+    │   ├── JournalLockedError           another process or open() holds the journal
+    │   ├── JournalCorruptError          unreadable journal file (code, file, line, offset)
+    │   └── FencedError                  a stale lease holder: stop, you are a zombie; never retry
+    └── ProviderError                    a channel adapter failed
+        ├── SendError                    a send failed; ``retryable`` says whether to retry
+        │   ├── RateLimitedError         retryable, waits at least ``retry_after`` seconds
+        │   ├── UnsupportedContentError  final
+        │   ├── PayloadTooLargeError     final
+        │   ├── OutsideSessionWindowError final
+        │   └── RecipientUnreachableError final
+        ├── SendDeferredError            inline retries ran out; the sweeper goes on (``key``)
+        ├── ProviderNotLeaderError       this replica may not call the transport
+        └── MediaUnavailableError        ``reason``: not-durable, provider-mismatch, rehydrate-failed
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "BotmeshError",
+    "ConfigError",
+    "DurabilityError",
+    "FencedError",
+    "JournalCorruptError",
+    "JournalLockedError",
+    "JournalUnavailableError",
+    "JournalWriteError",
+    "MediaUnavailableError",
+    "OutsideSessionWindowError",
+    "PayloadTooLargeError",
+    "ProviderError",
+    "ProviderNotLeaderError",
+    "RateLimitedError",
+    "RecipientUnreachableError",
+    "SendDeferredError",
+    "SendError",
+    "UnsupportedContentError",
+    "VersionConflictError",
+]
+
+
+class BotmeshError(Exception):
+    """Root of every error botmesh raises on purpose."""
+
+
+class ConfigError(BotmeshError, ValueError):
+    """An option was refused. ``field`` names it (for example ``outbox.lease``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class DurabilityError(BotmeshError):
+    """Something in the journal layer failed."""
+
+
+class JournalUnavailableError(DurabilityError):
+    """The journal backend could not be reached or written. Operator action: check the backend."""
+
+
+class JournalWriteError(JournalUnavailableError):
+    """One write failed (disk error, full disk, short write); the journal is still readable."""
+
+
+class VersionConflictError(DurabilityError):
+    """A compare-and-set found another version than expected: someone wrote the key first."""
+
+    def __init__(self, key: str, expected: int | None, actual: int | None) -> None:
+        super().__init__(key, expected, actual)
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+
+    def __str__(self) -> str:
+        return f"version conflict on {self.key!r}: expected {self.expected}, found {self.actual}"
+
+
+class JournalLockedError(DurabilityError):
+    """The journal is held by another live process (``pid``) or another open() in this one."""
+
+    def __init__(self, path: str, pid: int | None, message: str) -> None:
+        super().__init__(path, pid, message)
+        self.path = path
+        self.pid = pid
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class JournalCorruptError(DurabilityError):
+    """A journal file cannot be read back; it was left exactly as it was.
+
+    ``code`` is stable (``SNAPSHOT_CORRUPT``, ``APPEND_LOG_CORRUPT``); ``line`` and ``offset``
+    locate the first bad entry when known. Operator action: restore the file from a backup or
+    move it aside.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        file: str,
+        message: str,
+        line: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(code, file, message, line, offset)
+        self.code = code
+        self.file = file
+        self.message = message
+        self.line = line
+        self.offset = offset
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f" line {self.line}"
+        if self.offset is not None:
+            where += f" (byte offset {self.offset})"
+        return (
+            f"[{self.code}] {where}: {self.message}. "
+            "Operator action: restore the file from a backup or move it aside."
+        )
+
+
+class FencedError(DurabilityError):
+    """This holder's lease was taken over under a newer fencing token. Stop; never retry."""
+
+    def __init__(self, key: str, token: int, current: int | None) -> None:
+        super().__init__(key, token, current)
+        self.key = key
+        self.token = token
+        self.current = current
+
+    def __str__(self) -> str:
+        return (
+            f"fenced on {self.key!r}: holding token {self.token}, the record is at "
+            f"{self.current}; another worker owns it now"
+        )
+
+
+class ProviderError(BotmeshError):
+    """A channel adapter failed."""
+
+
+class SendError(ProviderError):
+    """A send failed. ``retryable`` is False for final errors, which dead-letter at once."""
+
+    retryable: bool = True
+
+    def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class RateLimitedError(SendError):
+    """The channel asked us to slow down; the next attempt waits at least ``retry_after`` s."""
+
+    retryable = True
+
+    def __init__(self, message: str = "rate limited", *, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.args = (message,)
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_rate_limited, (str(self), self.retry_after))
+
+
+def _rebuild_rate_limited(message: str, retry_after: float) -> RateLimitedError:
+    return RateLimitedError(message, retry_after=retry_after)
+
+
+class UnsupportedContentError(SendError):
+    """The channel cannot carry this content. Final."""
+
+    retryable = False
+
+
+class PayloadTooLargeError(SendError):
+    """The channel refused the payload size. Final."""
+
+    retryable = False
+
+
+class OutsideSessionWindowError(SendError):
+    """The channel's customer-service window is closed for this chat. Final."""
+
+    retryable = False
+
+
+class RecipientUnreachableError(SendError):
+    """The recipient does not exist or blocked the bot. Final."""
+
+    retryable = False
+
+
+class SendDeferredError(ProviderError):
+    """Inline retries ran out; the send is journaled under ``key`` and the sweeper retries it."""
+
+    def __init__(self, key: str, cause: str = "") -> None:
+        super().__init__(key, cause)
+        self.key = key
+        self.cause = cause
+
+    def __str__(self) -> str:
+        tail = f" (last error: {self.cause})" if self.cause else ""
+        return f"send {self.key!r} deferred to the background sweeper{tail}"
+
+
+class ProviderNotLeaderError(ProviderError):
+    """This replica is not the transport leader; the attempt is retried elsewhere."""
+
+
+MediaUnavailableReason = Literal["not-durable", "provider-mismatch", "rehydrate-failed"]
+
+
+class MediaUnavailableError(ProviderError):
+    """A replayed message's media cannot be rebuilt; ``reason`` says why."""
+
+    def __init__(self, reason: MediaUnavailableReason, message: str = "") -> None:
+        super().__init__(reason, message)
+        self.reason: MediaUnavailableReason = reason
+        self.message = message

@@ -1,0 +1,1 @@
+"""The wire: topic catalog, record schemas, keying, provisioning, replay and redrive helpers."""
