@@ -114,9 +114,7 @@ class Bot:
                 log.warning("handler %s failed on %s: %s", handler.__name__, message.id, exc)
                 await self.emit("error", exc)
 
-    async def send(
-        self, chat_id: str, text: str, *, idempotency_key: str | None = None
-    ) -> Receipt:
+    async def send(self, chat_id: str, text: str, *, idempotency_key: str | None = None) -> Receipt:
         """Send ``text`` to ``chat_id`` outside a handler."""
         return await self._send(Outbound(chat_id, text), idempotency_key=idempotency_key)
 

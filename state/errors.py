@@ -24,7 +24,7 @@ does next. ``args`` stay meaningful so that every error pickles.
         │   └── RecipientUnreachableError final
         ├── SendDeferredError            inline retries ran out; the sweeper goes on (``key``)
         ├── ProviderNotLeaderError       this replica may not call the transport
-        └── MediaUnavailableError        ``reason``: not-durable, provider-mismatch, rehydrate-failed
+        └── MediaUnavailableError        ``reason`` names why (not-durable, provider-mismatch…)
 """
 
 from __future__ import annotations
