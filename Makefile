@@ -1,0 +1,44 @@
+# botmesh — `make help` lists the targets. CI runs `make test` (see .ci/run).
+SHELL := /bin/bash
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+KAFKA := deploy/kafka/kafka.sh
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z][a-z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(BIN)/botmesh: pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/botmesh ## create the virtualenv and install botmesh with its dev tools
+
+kafka-jars: ## fetch the Apache Kafka broker jars from Maven Central (cached)
+	$(KAFKA) fetch
+
+kafka-start: kafka-jars ## start the local single-node Kafka on 127.0.0.1:9092
+	$(KAFKA) start
+
+kafka-stop: ## stop the local Kafka
+	$(KAFKA) stop
+
+run: venv kafka-jars ## the demo: Kafka, topics, the echo bot worker, demo traffic, receipts (Ctrl-C stops)
+	$(BIN)/python -m botmesh.demo
+
+test: venv kafka-jars ## the whole test suite, Kafka tests included (a local broker is started)
+	$(BIN)/pytest
+
+lint: venv ## ruff and mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: venv ## benchmarks (ratios against a baseline in the same run)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+.PHONY: help venv kafka-jars kafka-start kafka-stop run test lint bench

@@ -1,0 +1,65 @@
+"""The registry of journal backends every contract, conformance and crash test runs on.
+
+A backend joins the suites with one entry in ``BACKENDS``. ``open(path)`` returns a fresh,
+opened ``DurableKv`` whose data lives under ``path`` (a per-test temporary folder);
+``persistent`` backends keep their data across ``reopen`` (a new instance on the same data,
+as after a restart), the memory backend keeps its data by handing back the same instance
+(the reference's "abandon the crashed bot, start a new one on the same backend").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from state.kv import DurableKv, MemoryKv
+
+
+@dataclass(frozen=True)
+class BackendCase:
+    name: str
+    open: Callable[[Path], Awaitable[DurableKv]]
+    #: True when the data survives a new instance opened on the same path.
+    persistent: bool
+
+
+class BackendHandle:
+    """One test's backend: ``kv`` now, ``reopen()`` for a restart on the same data."""
+
+    def __init__(self, case: BackendCase, path: Path) -> None:
+        self.case = case
+        self.path = path
+        self.kv: DurableKv | None = None
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    async def open(self) -> DurableKv:
+        self.kv = await self.case.open(self.path)
+        return self.kv
+
+    async def reopen(self) -> DurableKv:
+        """Drop the current instance (closing it releases locks) and open the same data."""
+        if not self.case.persistent and self.kv is not None:
+            return self.kv
+        if self.kv is not None:
+            await self.kv.close()
+        return await self.open()
+
+    async def close(self) -> None:
+        if self.kv is not None:
+            await self.kv.close()
+
+
+async def _memory(path: Path) -> DurableKv:
+    kv = MemoryKv()
+    await kv.open()
+    return kv
+
+
+BACKENDS: dict[str, BackendCase] = {
+    "memory": BackendCase("memory", _memory, persistent=False),
+    # -- more backends join here, one entry each --------------------------------------
+}
