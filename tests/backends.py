@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from state.backends.file import open_file_kv
 from state.kv import DurableKv, MemoryKv
 
 
@@ -62,4 +63,8 @@ async def _memory(path: Path) -> DurableKv:
 BACKENDS: dict[str, BackendCase] = {
     "memory": BackendCase("memory", _memory, persistent=False),
     # -- more backends join here, one entry each --------------------------------------
+    "file": BackendCase("file", open_file_kv, persistent=True),
+    "file-log": BackendCase(
+        "file-log", lambda p: open_file_kv(p, append_log=True), persistent=True
+    ),
 }
