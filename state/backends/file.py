@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -497,13 +498,17 @@ class FileKv:
         self._log_entries = 0
 
     def _write_error(self, what: str, exc: OSError) -> JournalWriteError:
+        """The error a failed write raises; ``__cause__`` is the ``OSError`` (its errno)."""
         reason = exc.strerror or str(exc)
-        return JournalWriteError(
-            f"{what} to the file journal {self.path} failed: {reason} (errno {exc.errno}); "
+        code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else "short write"
+        error = JournalWriteError(
+            f"{what} to the file journal {self.path} failed: {reason} ({code}); "
             "nothing of it was applied and the journal is still readable. Operator action: "
             "check the disk (free space, I/O errors)"
             + (f". {self._broken}" if self._broken else "")
         )
+        error.__cause__ = exc
+        return error
 
 
 def _settle(pending: _Pending, outcome: list[int] | BaseException) -> None:

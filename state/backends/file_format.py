@@ -7,7 +7,8 @@ Snapshot (``<path>``), two lines::
 
 The header names the format and its version, the sequence number of the last commit folded
 into the snapshot (``seq``), the number of entries and the length and CRC-32 of the body
-line; an entry is ``[key, value, version, due, purge]``. Anything that does not check out
+line (the CRC also covers the header's fields); an entry is
+``[key, value, version, due, purge]``. Anything that does not check out
 (truncated, flipped bits, zeroed blocks, an unknown version) is ``SNAPSHOT_CORRUPT``.
 
 Append log (``<path>.log``), one JSON line per commit::
@@ -80,9 +81,14 @@ def encode_snapshot(seq: int, fragments: list[str]) -> bytes:
         "seq": seq,
         "count": len(fragments),
         "bytes": len(body),
-        "crc32": zlib.crc32(body),
+        "crc32": _snapshot_crc(seq, len(fragments), body),
     }
     return _dumps(header).encode() + b"\n" + body + b"\n"
+
+
+def _snapshot_crc(seq: int, count: int, body: bytes) -> int:
+    """CRC-32 of the body and of the header fields, so that a flipped ``seq`` shows too."""
+    return zlib.crc32(body, zlib.crc32(f"{FORMAT}/{VERSION}/{seq}/{count}/{len(body)}/".encode()))
 
 
 def encode_log_line(seq: int, label: str, puts: list[str], deletes: list[str]) -> bytes:
@@ -146,13 +152,13 @@ def decode_snapshot(data: bytes, file: str) -> tuple[int, dict[str, Entry]]:
     seq, count, size, crc = (header.get(k) for k in ("seq", "count", "bytes", "crc32"))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seq, count, size, crc)):
         raise corrupt("the header lacks seq, count, bytes or crc32")
-    assert isinstance(seq, int) and isinstance(size, int)  # for mypy, checked just above
+    assert isinstance(seq, int) and isinstance(size, int) and isinstance(count, int)  # mypy
     body = data[newline + 1 :]
     if len(body) != size + 1 or not body.endswith(b"\n"):
         raise corrupt(f"the body has {len(body)} bytes, the header says {size} and a newline")
     body = body[:-1]
-    if zlib.crc32(body) != crc:
-        raise corrupt("the body fails its CRC-32 check")
+    if _snapshot_crc(seq, count, body) != crc:
+        raise corrupt("the snapshot fails its CRC-32 check")
     try:
         raw = json.loads(body)
         if not isinstance(raw, list) or len(raw) != count:

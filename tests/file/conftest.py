@@ -1,0 +1,46 @@
+"""Options of the file-journal suite (give the folder so that pytest loads them):
+
+pytest tests/file --fuzz-cases=20000   # corruption fuzzer cases (default 600, at least 500)
+pytest tests/file --kill-runs=50       # real SIGKILL runs (default 6)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+#: What the corruption fuzzer saw, by outcome; printed at the end of the run.
+FUZZ_OUTCOMES: Counter[str] = Counter()
+KILL_OUTCOMES: Counter[str] = Counter()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("file journal")
+    group.addoption(
+        "--fuzz-cases",
+        type=int,
+        default=600,
+        help="corruption fuzzer cases for the file journal (default 600)",
+    )
+    group.addoption(
+        "--kill-runs",
+        type=int,
+        default=6,
+        help="SIGKILL runs of a child process writing the file journal (default 6)",
+    )
+
+
+@pytest.fixture
+def fuzz_cases(request: pytest.FixtureRequest) -> int:
+    return int(request.config.getoption("--fuzz-cases"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FUZZ_OUTCOMES:
+        total = sum(FUZZ_OUTCOMES.values())
+        parts = ", ".join(f"{k}: {v}" for k, v in sorted(FUZZ_OUTCOMES.items()))
+        terminalreporter.write_line(f"file journal fuzzer: {total} cases ({parts})")
+    if KILL_OUTCOMES:
+        parts = ", ".join(f"{k}: {v}" for k, v in sorted(KILL_OUTCOMES.items()))
+        terminalreporter.write_line(f"file journal SIGKILL runs: {parts}")
