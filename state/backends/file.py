@@ -35,6 +35,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from state.backends.file_format import (
     decode_snapshot,
@@ -53,7 +54,7 @@ from state.errors import (
 )
 from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
 
-__all__ = ["FileDurability", "FileKv", "FileOptions", "open_file_kv"]
+__all__ = ["FileDurability", "FileKv", "FileOptions", "from_url", "open_file_kv"]
 
 log = logging.getLogger("botmesh.state.file")
 
@@ -549,6 +550,40 @@ async def open_file_kv(
     )
     await kv.open()
     return kv
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def from_url(url: str, *, file_ops: FileOps | None = None) -> FileKv:
+    """A ``FileKv`` (not opened yet) for ``file:///absolute/path`` with optional query
+    options: ``?append_log=true&fsync=false&compact_every=1000&compact_bytes=4194304``."""
+    parts = urlsplit(url)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path:
+        raise ConfigError(
+            "durability.backend",
+            f"{url!r} is not a file journal URL; write file:///absolute/path/to/journal",
+        )
+    kwargs: dict[str, bool | int | None] = {}
+    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
+        field = f"durability.backend ({name})"
+        if name in ("append_log", "fsync"):
+            if raw.lower() not in _TRUE | _FALSE:
+                raise ConfigError(field, f"must be true or false, got {raw!r}")
+            kwargs[name] = raw.lower() in _TRUE
+        elif name in ("compact_every", "compact_bytes"):
+            if not raw.isdigit():
+                raise ConfigError(field, f"must be a whole number, got {raw!r}")
+            kwargs[name] = int(raw)
+        else:
+            raise ConfigError(
+                field,
+                "unknown option; the file journal takes append_log, fsync, compact_every "
+                "and compact_bytes",
+            )
+    options = FileOptions(**kwargs)  # type: ignore[arg-type]  # each value checked above
+    return FileKv(unquote(parts.path), options, file_ops=file_ops)
 
 
 class FileDurability:

@@ -221,3 +221,32 @@ async def test_open_again_after_close_reads_the_files_back(tmp_path: Path) -> No
     entry = await kv.get("a")
     assert entry is not None and entry.version == 1
     await kv.close()
+
+
+async def test_url_names_the_path_and_options(tmp_path: Path) -> None:
+    from state.backends.file import from_url
+
+    kv = from_url(f"file://{tmp_path}/my%20journal?append_log=true&fsync=off&compact_every=50")
+    assert kv.path == str(tmp_path / "my journal")
+    assert kv.options == FileOptions(append_log=True, fsync=False, compact_every=50)
+    await kv.open()
+    await kv.commit([Put("a", {}, expect=0)])
+    await kv.close()
+    assert (tmp_path / "my journal").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("file://host/x", "file:///absolute"),
+        ("sqlite:///x", "file:///absolute"),
+        ("file:///x?fsync=maybe", "true or false"),
+        ("file:///x?compact_every=-3", "whole number"),
+        ("file:///x?colour=red", "unknown option"),
+    ],
+)
+def test_bad_urls_are_refused_clearly(url: str, needle: str) -> None:
+    from state.backends.file import from_url
+
+    with pytest.raises(ConfigError, match=needle):
+        from_url(url)
