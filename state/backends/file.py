@@ -169,14 +169,25 @@ class FileKv:
                 f"the folder of the journal {self.path} does not exist; create it first"
             )
         lock = JournalLock(self.path)
-        lock.acquire()
+        try:
+            lock.acquire()
+        except OSError as exc:
+            raise self._open_error(exc) from exc
         try:
             self._load()
-        except BaseException:
+        except BaseException as exc:
             self._close_log_fd()
             lock.release()
+            if isinstance(exc, OSError):
+                raise self._open_error(exc) from exc
             raise
         self._lock = lock
+
+    def _open_error(self, exc: OSError) -> JournalUnavailableError:
+        return JournalUnavailableError(
+            f"opening the file journal {self.path} failed: {exc}. Operator action: check "
+            "the path, its permissions and the disk"
+        )
 
     def _load(self) -> None:
         seq, entries = 0, dict[str, Entry]()

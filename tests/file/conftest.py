@@ -24,11 +24,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="corruption fuzzer cases for the file journal (default 600)",
     )
     group.addoption(
+        "--fuzz-seed",
+        type=int,
+        default=None,
+        help="seed of the corruption fuzzer's random cases (default: a fixed one)",
+    )
+    group.addoption(
         "--kill-runs",
         type=int,
         default=6,
         help="SIGKILL runs of a child process writing the file journal (default 6)",
     )
+
+
+@pytest.fixture
+def fuzz_seed(request: pytest.FixtureRequest) -> int | None:
+    seed = request.config.getoption("--fuzz-seed")
+    return None if seed is None else int(seed)
 
 
 @pytest.fixture

@@ -263,9 +263,10 @@ def cases(base: Base, total: int, seed: int) -> list[Case]:
     return fixed + [random_case(base, rng) for _ in range(max(0, total - len(fixed)))]
 
 
-async def test_fuzzer(base: Base, tmp_path: Path, fuzz_cases: int) -> None:
+async def test_fuzzer(base: Base, tmp_path: Path, fuzz_cases: int, fuzz_seed: int | None) -> None:
     assert fuzz_cases >= 1
-    all_cases = cases(base, fuzz_cases, seed=zlib.crc32(b"botmesh"))
+    seed = zlib.crc32(b"botmesh") if fuzz_seed is None else fuzz_seed
+    all_cases = cases(base, fuzz_cases, seed=seed)
     failures: list[str] = []
     for i, case in enumerate(all_cases):
         try:
@@ -274,8 +275,9 @@ async def test_fuzzer(base: Base, tmp_path: Path, fuzz_cases: int) -> None:
             failures.append(f"case {i} ({case.kind}, damage {case.damage}): {exc}")
             continue
         FUZZ_OUTCOMES[f"{case.kind}: {outcome}"] += 1
-    assert not failures, f"{len(failures)} of {len(all_cases)} cases failed:\n" + "\n".join(
-        failures[:20]
+    assert not failures, (
+        f"{len(failures)} of {len(all_cases)} cases failed (seed {seed}):\n"
+        + "\n".join(failures[:20])
     )
 
 

@@ -250,3 +250,10 @@ def test_bad_urls_are_refused_clearly(url: str, needle: str) -> None:
 
     with pytest.raises(ConfigError, match=needle):
         from_url(url)
+
+
+async def test_an_unreadable_journal_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "j").mkdir()  # a folder where the snapshot should be
+    with pytest.raises(JournalUnavailableError, match="opening the file journal"):
+        await open_file_kv(tmp_path / "j")
+    assert not (tmp_path / "j.lock").exists()
