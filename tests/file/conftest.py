@@ -1,4 +1,6 @@
-"""Options of the file-journal suite (give the folder so that pytest loads them):
+"""Options of the file-journal suite. Give the folder so that pytest loads them, or set
+the environment variables (``BOTMESH_FUZZ_CASES``, ``BOTMESH_FUZZ_SEED``,
+``BOTMESH_KILL_RUNS``), which work with a bare ``pytest`` / ``make test`` too:
 
 pytest tests/file --fuzz-cases=20000   # corruption fuzzer cases (default 600, at least 500)
 pytest tests/file --kill-runs=50       # real SIGKILL runs (default 6)
@@ -6,6 +8,7 @@ pytest tests/file --kill-runs=50       # real SIGKILL runs (default 6)
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -20,19 +23,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--fuzz-cases",
         type=int,
-        default=600,
+        default=int(os.environ.get("BOTMESH_FUZZ_CASES", "600")),
         help="corruption fuzzer cases for the file journal (default 600)",
     )
     group.addoption(
         "--fuzz-seed",
         type=int,
-        default=None,
+        default=int(os.environ["BOTMESH_FUZZ_SEED"]) if "BOTMESH_FUZZ_SEED" in os.environ else None,
         help="seed of the corruption fuzzer's random cases (default: a fixed one)",
     )
     group.addoption(
         "--kill-runs",
         type=int,
-        default=6,
+        default=int(os.environ.get("BOTMESH_KILL_RUNS", "6")),
         help="SIGKILL runs of a child process writing the file journal (default 6)",
     )
 
