@@ -6,6 +6,12 @@ The front door. Public names are re-exported here from where they live; the test
 
 from botmesh.bot import Bot, Context, Handler
 from providers import ConsoleProvider, MockProvider
+from state.backends.file import FileDurability
+from state.config import BackoffConfig, DurabilityConfig, InboxConfig, OutboxConfig
+from state.durability import KvDurability, MemoryDurability, ScopedDurability
+from state.events import AmbiguousEvent, DeadEvent
+from state.kv import DurableKv, MemoryKv
+from state.records import InboxRecord, OutboxRecord
 from state.errors import (
     BotmeshError,
     ConfigError,
@@ -22,6 +28,7 @@ from state.errors import (
     ProviderNotLeaderError,
     RateLimitedError,
     RecipientUnreachableError,
+    RecordStateError,
     SendDeferredError,
     SendError,
     UnsupportedContentError,
@@ -33,23 +40,36 @@ from state.ports import Provider
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AmbiguousEvent",
+    "BackoffConfig",
     "Bot",
     "BotmeshError",
     "ConfigError",
     "ConsoleProvider",
     "Context",
+    "DeadEvent",
+    "DurabilityConfig",
     "DurabilityError",
+    "DurableKv",
     "FencedError",
+    "FileDurability",
     "Handler",
     "Inbound",
+    "InboxConfig",
+    "InboxRecord",
     "JournalCorruptError",
     "JournalLockedError",
     "JournalUnavailableError",
     "JournalWriteError",
+    "KvDurability",
     "Media",
     "MediaUnavailableError",
+    "MemoryDurability",
+    "MemoryKv",
     "MockProvider",
     "Outbound",
+    "OutboxConfig",
+    "OutboxRecord",
     "OutsideSessionWindowError",
     "PayloadTooLargeError",
     "Provider",
@@ -58,6 +78,8 @@ __all__ = [
     "RateLimitedError",
     "Receipt",
     "RecipientUnreachableError",
+    "RecordStateError",
+    "ScopedDurability",
     "SendDeferredError",
     "SendError",
     "SendResult",

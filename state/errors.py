@@ -14,6 +14,7 @@ does next. ``args`` stay meaningful so that every error pickles.
     │   ├── VersionConflictError         compare-and-set lost (someone wrote first)
     │   ├── JournalLockedError           another process or open() holds the journal
     │   ├── JournalCorruptError          unreadable journal file (code, file, line, offset)
+    │   ├── RecordStateError             an operator action on a missing or busy record
     │   └── FencedError                  a stale lease holder: stop, you are a zombie; never retry
     └── ProviderError                    a channel adapter failed
         ├── SendError                    a send failed; ``retryable`` says whether to retry
@@ -47,6 +48,7 @@ __all__ = [
     "ProviderNotLeaderError",
     "RateLimitedError",
     "RecipientUnreachableError",
+    "RecordStateError",
     "SendDeferredError",
     "SendError",
     "UnsupportedContentError",
@@ -141,6 +143,20 @@ class JournalCorruptError(DurabilityError):
             f"[{self.code}] {where}: {self.message}. "
             "Operator action: restore the file from a backup or move it aside."
         )
+
+
+class RecordStateError(DurabilityError):
+    """An operator action (replay, retry, discard) found no record, or one in a state it
+    cannot act on. ``key`` names the record, ``state`` its state (``None``: missing)."""
+
+    def __init__(self, key: str, state: str | None, message: str) -> None:
+        super().__init__(key, state, message)
+        self.key = key
+        self.state = state
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.key!r} ({self.state or 'missing'}): {self.message}"
 
 
 class FencedError(DurabilityError):

@@ -1,0 +1,233 @@
+"""``DurabilityConfig``: every option of the durability layer, one frozen object per concern.
+
+Build it from a plain mapping (``DurabilityConfig.from_mapping({...})``, which is what
+``Bot(durability={...})`` does) or directly. Durations are parsed once, here; every error
+names the field (``outbox.lease``) and says what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from state.backoff import Backoff
+from state.durations import parse_duration
+from state.errors import ConfigError
+
+__all__ = ["BackoffConfig", "DurabilityConfig", "InboxConfig", "OutboxConfig"]
+
+OnAmbiguous = Literal["skip", "resend"]
+OnDiverged = Literal["send", "skip"]
+
+#: The shortest outbox lease the engine accepts (seconds).
+MIN_OUTBOX_LEASE = 0.020
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffConfig:
+    """Exponential backoff between attempts."""
+
+    #: Delay after the first failure, seconds (default 1 s; option ``base``).
+    base: float = 1.0
+    #: Longest delay, seconds (default 60 s; option ``cap``).
+    cap: float = 60.0
+    #: Random spread, a fraction of the delay in [0, 1] (default 0.2).
+    jitter: float = 0.2
+
+    def backoff(self) -> Backoff:
+        return Backoff(self.base, self.cap, self.jitter)
+
+    @classmethod
+    def from_value(cls, value: object, field: str) -> BackoffConfig:
+        if isinstance(value, BackoffConfig):
+            return value
+        raw = _mapping(value, field)
+        _known(raw, field, ("base", "cap", "jitter"))
+        base = parse_duration(raw.get("base", 1000), f"{field}.base")
+        cap = parse_duration(raw.get("cap", 60_000), f"{field}.cap")
+        jitter = raw.get("jitter", 0.2)
+        if isinstance(jitter, bool) or not isinstance(jitter, int | float):
+            raise ConfigError(f"{field}.jitter", f"expected a number in [0, 1], got {jitter!r}")
+        if base <= 0:
+            raise ConfigError(f"{field}.base", "must be above 0 (for example '1s')")
+        if cap < base:
+            raise ConfigError(f"{field}.cap", f"must be at least base ({base}s), got {cap}s")
+        if not 0.0 <= float(jitter) <= 1.0:
+            raise ConfigError(f"{field}.jitter", f"must be in [0, 1], got {jitter!r}")
+        return cls(base, cap, float(jitter))
+
+
+@dataclass(frozen=True, slots=True)
+class InboxConfig:
+    """The inbound journal."""
+
+    #: Processing lease, seconds (default 60 s), extended by a heartbeat while handlers run.
+    lease: float = 60.0
+    #: Runs charged before an inbound that keeps failing is dead-lettered (default 5).
+    max_attempts: int = 5
+    #: Backoff between failed attempts before the handlers (default 1 s … 60 s, jitter 0.2).
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    #: Journal a serializable media reference (default True). Media is journaled as a
+    #: reference (url, path, or base64 bytes); provider rehydration is not implemented.
+    media_refs: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxConfig:
+    """The outbound journal."""
+
+    #: Retries after the first attempt before a send is dead-lettered (default 5: 6 calls).
+    retries: int = 5
+    #: Backoff between send attempts; a ``RateLimitedError`` waits at least ``retry_after``.
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    #: How long ``ctx.reply`` / ``bot.send`` retry inline before ``SendDeferredError``
+    #: (seconds, default 15 s).
+    inline_max: float = 15.0
+    #: A send found in flight after a crash: ``"skip"`` marks it ``unknown`` (never a
+    #: duplicate), ``"resend"`` sends it again (never lost). Default ``"skip"``.
+    on_ambiguous: OnAmbiguous = "skip"
+    #: A replay producing other content under the same derived key: ``"send"`` it under a
+    #: new key (default) or ``"skip"`` it (answer from the recorded send).
+    on_diverged: OnDiverged = "send"
+    #: Payloads larger than this (JSON bytes, default 1 MiB) bypass the outbox, with a warning.
+    max_payload_bytes: int = 1024 * 1024
+    #: Lease of a send in flight, seconds (default 60 s, at least 20 ms).
+    lease: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityConfig:
+    """Every durability option; ``Bot(durability=DurabilityConfig(...) | {...})``."""
+
+    #: Where the journals live: ``None`` (a new ``MemoryDurability``), a URL
+    #: (``"memory://"``, ``"file:///var/lib/bot/journal"``), a ``DurableKv`` or a
+    #: ``KvDurability``.
+    backend: Any = None
+    #: Lease owner; stable across restarts, unique per running replica. Default
+    #: ``<hostname>/<bot_id>/<connection_id>`` (plus a per-boot suffix on a shared backend).
+    instance_id: str | None = None
+    #: Dispatch an inbound even when the journal cannot record it (default False: fail closed).
+    fail_open: bool = False
+    inbox: InboxConfig = field(default_factory=InboxConfig)
+    outbox: OutboxConfig = field(default_factory=OutboxConfig)
+    #: Period of the background sweeper, seconds (default 1 s). ``0`` runs no background
+    #: sweeper: call ``bot.durability.sweep_once()`` yourself (tests, external schedulers).
+    poll: float = 1.0
+    #: How long ``done`` / ``sent`` records are kept, seconds (default 7 days); 0 keeps them.
+    retention: float = 7 * 86400.0
+
+    def __post_init__(self) -> None:
+        if self.outbox.lease < MIN_OUTBOX_LEASE:
+            raise ConfigError(
+                "outbox.lease", f"must be at least 20ms, got {self.outbox.lease * 1000:g}ms"
+            )
+        if self.inbox.lease <= 0:
+            raise ConfigError("inbox.lease", "must be above 0 (for example '60s')")
+        if self.inbox.max_attempts < 1:
+            raise ConfigError("inbox.max_attempts", "must be at least 1")
+        if self.outbox.retries < 0:
+            raise ConfigError("outbox.retries", "must be 0 or more")
+        if self.outbox.on_ambiguous not in ("skip", "resend"):
+            raise ConfigError(
+                "outbox.on_ambiguous",
+                f"must be 'skip' or 'resend', got {self.outbox.on_ambiguous!r}",
+            )
+        if self.outbox.on_diverged not in ("send", "skip"):
+            raise ConfigError(
+                "outbox.on_diverged", f"must be 'send' or 'skip', got {self.outbox.on_diverged!r}"
+            )
+        if self.outbox.max_payload_bytes < 1:
+            raise ConfigError("outbox.max_payload_bytes", "must be at least 1")
+        if self.instance_id is not None and not self.instance_id.strip():
+            raise ConfigError("instance_id", "must not be empty; leave it out for the default")
+
+    def replace(self, **changes: Any) -> DurabilityConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> DurabilityConfig:
+        """Read the options of ``Bot(durability={...})``; names as in this class."""
+        raw = _mapping(raw, "durability")
+        _known(
+            raw,
+            "",
+            ("backend", "instance_id", "fail_open", "inbox", "outbox", "poll", "retention"),
+        )
+        inbox_raw = _mapping(raw.get("inbox", {}), "inbox")
+        outbox_raw = _mapping(raw.get("outbox", {}), "outbox")
+        _known(inbox_raw, "inbox", ("lease", "max_attempts", "backoff", "media_refs"))
+        _known(
+            outbox_raw,
+            "outbox",
+            (
+                "retries",
+                "backoff",
+                "inline_max",
+                "on_ambiguous",
+                "on_diverged",
+                "max_payload_bytes",
+                "lease",
+            ),
+        )
+        inbox_backoff = BackoffConfig.from_value(inbox_raw.get("backoff", {}), "inbox.backoff")
+        outbox_backoff = (
+            BackoffConfig.from_value(outbox_raw["backoff"], "outbox.backoff")
+            if "backoff" in outbox_raw
+            else inbox_backoff
+        )
+        inbox = InboxConfig(
+            lease=parse_duration(inbox_raw.get("lease", "60s"), "inbox.lease"),
+            max_attempts=_int(inbox_raw.get("max_attempts", 5), "inbox.max_attempts"),
+            backoff=inbox_backoff,
+            media_refs=_bool(inbox_raw.get("media_refs", True), "inbox.media_refs"),
+        )
+        outbox = OutboxConfig(
+            retries=_int(outbox_raw.get("retries", 5), "outbox.retries"),
+            backoff=outbox_backoff,
+            inline_max=parse_duration(outbox_raw.get("inline_max", "15s"), "outbox.inline_max"),
+            on_ambiguous=outbox_raw.get("on_ambiguous", "skip"),
+            on_diverged=outbox_raw.get("on_diverged", "send"),
+            max_payload_bytes=_int(
+                outbox_raw.get("max_payload_bytes", 1024 * 1024), "outbox.max_payload_bytes"
+            ),
+            lease=parse_duration(outbox_raw.get("lease", "60s"), "outbox.lease"),
+        )
+        instance_id = raw.get("instance_id")
+        if instance_id is not None and not isinstance(instance_id, str):
+            raise ConfigError("instance_id", f"expected a string, got {instance_id!r}")
+        return cls(
+            backend=raw.get("backend"),
+            instance_id=instance_id,
+            fail_open=_bool(raw.get("fail_open", False), "fail_open"),
+            inbox=inbox,
+            outbox=outbox,
+            poll=parse_duration(raw.get("poll", "1s"), "poll"),
+            retention=parse_duration(raw.get("retention", "7d"), "retention"),
+        )
+
+
+def _mapping(value: object, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"expected a mapping of options, got {type(value).__name__}")
+    return value
+
+
+def _known(raw: Mapping[str, Any], field: str, names: tuple[str, ...]) -> None:
+    for name in raw:
+        if name not in names:
+            where = f"{field}.{name}" if field else str(name)
+            raise ConfigError(where, f"unknown option; known here: {', '.join(names)}")
+
+
+def _int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"expected a whole number, got {value!r}")
+    return value
+
+
+def _bool(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, f"expected true or false, got {value!r}")
+    return value
