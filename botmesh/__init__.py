@@ -9,9 +9,6 @@ from providers import ConsoleProvider, MockProvider
 from state.backends.file import FileDurability
 from state.config import BackoffConfig, DurabilityConfig, InboxConfig, OutboxConfig
 from state.durability import KvDurability, MemoryDurability, ScopedDurability
-from state.events import AmbiguousEvent, DeadEvent
-from state.kv import DurableKv, MemoryKv
-from state.records import InboxRecord, OutboxRecord
 from state.errors import (
     BotmeshError,
     ConfigError,
@@ -34,8 +31,11 @@ from state.errors import (
     UnsupportedContentError,
     VersionConflictError,
 )
+from state.events import AmbiguousEvent, DeadEvent
+from state.kv import DurableKv, MemoryKv
 from state.messages import Inbound, Media, Outbound, Receipt, SendResult
 from state.ports import Provider
+from state.records import InboxRecord, OutboxRecord
 
 __version__ = "0.1.0.dev0"
 
