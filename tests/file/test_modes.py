@@ -257,3 +257,19 @@ async def test_an_unreadable_journal_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(JournalUnavailableError, match="opening the file journal"):
         await open_file_kv(tmp_path / "j")
     assert not (tmp_path / "j.lock").exists()
+
+
+@pytest.mark.parametrize("append_log", [False, True], ids=["snapshot", "append-log"])
+async def test_close_lets_commits_in_flight_finish_and_refuses_later_ones(
+    tmp_path: Path, append_log: bool
+) -> None:
+    kv = await open_file_kv(tmp_path / "j", append_log=append_log)
+    tasks = [asyncio.create_task(kv.commit([Put(f"k{i}", {}, expect=0)])) for i in range(10)]
+    await asyncio.sleep(0)  # every commit is called and queued
+    await kv.close()
+    assert [await t for t in tasks] == [[1]] * 10
+    with pytest.raises(JournalUnavailableError, match="closed"):
+        await kv.commit([Put("late", {}, expect=0)])
+    kv = await open_file_kv(tmp_path / "j")
+    assert len(await state_of(kv)) == 10
+    await kv.close()
