@@ -31,7 +31,7 @@ class BackendSpec:
 
 _REGISTRY: dict[str, BackendSpec] = {
     "memory": BackendSpec("state.backends.urls:open_memory"),
-    "file": BackendSpec("state.backends.urls:open_file"),
+    "file": BackendSpec("state.backends.file:open_url"),
     # -- a new backend joins here, one line each -----------------------------------------
 }
 

@@ -34,7 +34,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from state.backends.file_format import (
@@ -46,6 +45,7 @@ from state.backends.file_format import (
 )
 from state.backends.file_lock import JournalLock
 from state.backends.file_ops import FileOps
+from state.durability import KvDurability
 from state.errors import (
     ConfigError,
     JournalUnavailableError,
@@ -54,7 +54,7 @@ from state.errors import (
 )
 from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
 
-__all__ = ["FileDurability", "FileKv", "FileOptions", "from_url", "open_file_kv"]
+__all__ = ["FileDurability", "FileKv", "FileOptions", "from_url", "open_file_kv", "open_url"]
 
 log = logging.getLogger("botmesh.state.file")
 
@@ -597,24 +597,40 @@ def from_url(url: str, *, file_ops: FileOps | None = None) -> FileKv:
     return FileKv(unquote(parts.path), options, file_ops=file_ops)
 
 
-class FileDurability:
-    """The single-host journal backend: ``await FileDurability.open("./data/bot.journal")``.
+async def open_url(url: str) -> FileKv:
+    """The opener ``state.backends`` calls for ``file://`` URLs (see ``from_url``)."""
+    kv = from_url(url)
+    await kv.open()
+    return kv
 
-    Survives a crash; one process at a time (the lock file refuses a second live process,
-    and a second open in the same process until ``close()``).
+
+class FileDurability:
+    """The single-host journal backend::
+
+        backend = await FileDurability.open("./data/bot.journal", append_log=True)
+        bot = Bot(provider, durability={"backend": backend})
+
+    ``open`` locks and reads the journal back at once (so a locked or corrupt journal
+    fails here, not at the bot's start) and returns a ``KvDurability`` over the
+    ``FileKv``; the bot opens and closes it from then on. Survives a crash; one process at
+    a time (the lock file refuses a second live process, and a second open in the same
+    process until ``close()``). The URL ``file:///path?append_log=true`` is the same.
     """
+
+    def __init__(self) -> None:
+        raise TypeError("FileDurability is not built directly: await FileDurability.open(path)")
 
     @staticmethod
     async def open(
-        path: str | os.PathLike[str] | Path,
+        path: str | os.PathLike[str],
         *,
         append_log: bool = False,
         fsync: bool | None = None,
         compact_every: int = 1000,
         compact_bytes: int = 4 * MiB,
         file_ops: FileOps | None = None,
-    ) -> FileKv:
-        return await open_file_kv(
+    ) -> KvDurability:
+        kv = await open_file_kv(
             path,
             append_log=append_log,
             fsync=fsync,
@@ -622,3 +638,4 @@ class FileDurability:
             compact_bytes=compact_bytes,
             file_ops=file_ops,
         )
+        return KvDurability(kv, shared=False, name="file")

@@ -183,12 +183,32 @@ async def test_a_value_that_is_not_json_fails_its_commit_alone(tmp_path: Path) -
     await kv.close()
 
 
-async def test_file_durability_open_gives_an_opened_journal(tmp_path: Path) -> None:
-    kv = await FileDurability.open(tmp_path / "j", append_log=True)
-    assert isinstance(kv, FileKv)
-    assert kv.options.fsync_writes
+async def test_file_durability_open_gives_a_backend_over_an_opened_journal(
+    tmp_path: Path,
+) -> None:
+    from state.durability import KvDurability
+
+    backend = await FileDurability.open(tmp_path / "j", append_log=True)
+    assert isinstance(backend, KvDurability) and not backend.shared
+    kv = backend.kv
+    assert isinstance(kv, FileKv) and kv.options.fsync_writes
+    await backend.open()  # what the bot does; the journal is already open
+    await kv.commit([Put("a", {}, expect=0)])
+    await backend.close()
+    with pytest.raises(JournalUnavailableError):
+        await kv.get("a")
+    with pytest.raises(TypeError, match=r"FileDurability\.open"):
+        FileDurability()
+
+
+async def test_the_backend_registry_opens_file_urls(tmp_path: Path) -> None:
+    from state.backends import open_backend
+
+    kv = await open_backend(f"file://{tmp_path}/j?append_log=1&compact_every=10")
+    assert isinstance(kv, FileKv) and kv.options.compact_every == 10
     await kv.commit([Put("a", {}, expect=0)])
     await kv.close()
+    assert (tmp_path / "j").exists() and not (tmp_path / "j.log").exists()
 
 
 @pytest.mark.parametrize(
