@@ -98,11 +98,13 @@ When = Literal["before", "after"]
 class SimulatedCrash(BaseException):
     """The simulated death of the process; a ``BaseException`` so nothing swallows it."""
 
-    def __init__(self, when: str, label: str, commit: int) -> None:
-        super().__init__(when, label, commit)
+    def __init__(self, when: str, label: str, commit: int, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(when, label, commit, keys)
         self.when = when
         self.label = label
         self.commit = commit
+        #: The journal keys the crashing write touched (first: the record it was about).
+        self.keys = keys
 
     def __str__(self) -> str:
         return f"simulated crash {self.when} {self.label!r} (commit #{self.commit})"
@@ -132,8 +134,8 @@ class CrashableKv:
         """Die before or after the ``commit``-th write, whatever its label (1-based)."""
         self._at = (commit, when)
 
-    def _die(self, when: When, label: str) -> None:
-        self.crashed = SimulatedCrash(when, label, self.commits)
+    def _die(self, when: When, label: str, ops: Sequence[Op]) -> None:
+        self.crashed = SimulatedCrash(when, label, self.commits, tuple(op.key for op in ops))
         raise self.crashed
 
     def _alive(self) -> None:
@@ -167,10 +169,10 @@ class CrashableKv:
         self.commits += 1
         self.labels.append(label)
         if self._hit("before", label):
-            self._die("before", label)
+            self._die("before", label, ops)
         versions = await self.inner.commit(ops, label=label)
         if self._hit("after", label):
-            self._die("after", label)
+            self._die("after", label, ops)
         return versions
 
     async def range(

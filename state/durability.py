@@ -791,6 +791,9 @@ class ScopedDurability:
         keys = await self.kv.range(
             "due", self.prefix, until, limit=1_000_000 if recovering else 500
         )
+        # Sends first: a replayed handler must find its earlier sends settled (sent,
+        # unknown or resent), so that a later reply never overtakes them in the chat.
+        keys.sort(key=lambda k: k.startswith(self.in_prefix))
         acted = 0
         for key in keys:
             if key in self._held:
@@ -895,7 +898,13 @@ class ScopedDurability:
                 taken = claim_value(value, self.instance_id, self.boot, now, self._out_lease)
                 try:
                     await self.kv.commit(
-                        [Put(entry.key, outbox_sm.unknown_value(taken, now), expect=entry.version)],
+                        [
+                            Put(
+                                entry.key,
+                                {**outbox_sm.unknown_value(taken, now), "ambiguous": True},
+                                expect=entry.version,
+                            )
+                        ],
                         label="outbox.mark_unknown",
                     )
                 except VersionConflictError:
@@ -911,6 +920,8 @@ class ScopedDurability:
         value = entry.value
         claimed = claim_value(value, self.instance_id, self.boot, now, self._out_lease)
         claimed.update(state="pending", inflight=True, attempts=int(value.get("attempts", 0)) + 1)
+        if resend:
+            claimed["ambiguous"] = True
         ops: list[Put] = []
         text = value["payload"].get("text")
         limit = self.provider.text_limit

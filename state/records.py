@@ -9,8 +9,9 @@ An outbox record (key ``<scope>/out/<key>``)::
 
     {"t": "out", "key", "state": pending|failed|sent|dead|unknown, "attempts", "token",
      "lease", "inflight", "payload", "fp", "part", "parts", "previous_part", "inbound_id",
-     "message_id", "error", "created", "updated"}
+     "message_id", "error", "created", "updated", "ambiguous"}
 
+``ambiguous`` is set on a send found in flight after a crash (marked unknown or resent).
 ``lease`` is ``{"owner", "boot", "until"}`` or ``None``; ``token`` is the fencing token,
 raised by every claim. ``inflight`` is true from "about to call the provider" until the
 outcome is recorded: a crash in between is the ambiguous window. Binary media is base64.
@@ -195,6 +196,7 @@ class OutboxRecord:
     updated: float
     payload: Mapping[str, Any]
     version: int
+    ambiguous: bool = False
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any], version: int) -> OutboxRecord:
@@ -218,6 +220,7 @@ class OutboxRecord:
             updated=value.get("updated", 0.0),
             payload=value["payload"],
             version=version,
+            ambiguous=bool(value.get("ambiguous")),
         )
 
     def outbound(self) -> Outbound:

@@ -19,3 +19,13 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield handle
     finally:
         await handle.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("botmesh crash matrix")
+    group.addoption(
+        "--crash-cases",
+        default="100",
+        help="seeded random crash cases per backend and ambiguity policy (default 100)",
+    )
+    group.addoption("--crash-seed", default="20261202", help="seed of the random crash cases")

@@ -1,0 +1,243 @@
+"""The crash-matrix scenario: three inbounds, each making an inline reply, a reply split in
+two parts and an enqueued send; one send fails once (retryable), one fails for good.
+
+``run_case`` drives bot A on a crashable journal until it dies at the chosen point, then
+optionally bot B (crashing again at a second point), then bot C on the same journal with
+the same instance id; the channel redelivers every inbound to each new incarnation. It
+returns what the checks need.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from botmesh import Bot, Inbound
+from botmesh.testing import CrashableKv, ManualClock, SimulatedCrash, crashable
+from state.errors import SendError, UnsupportedContentError
+from state.kv import DurableKv
+from state.messages import Outbound, SendResult
+from state.splitter import split_text
+from tests.backends import BackendCase, BackendHandle
+
+LIMIT = 40
+INBOUNDS = [Inbound("m0", "c0", "hi"), Inbound("m1", "c1", "hey"), Inbound("m2", "c0", "yo")]
+#: Sends that fail once with a retryable error (inline retry, sweeper retry).
+FAIL_ONCE = {"m1/a", "m2/e"}
+#: A send the channel refuses for good: it must end dead (or unknown), never lost silently.
+FINAL = {"m0/a"}
+
+#: (when, label) crash points that fall in the ambiguous window: the send was recorded in
+#: flight and its outcome was not recorded yet.
+WINDOW = {
+    ("after", "outbox.journal"),
+    ("after", "outbox.claim"),
+    ("before", "outbox.mark_sent"),
+    ("before", "outbox.mark_failed"),
+    ("before", "outbox.mark_dead"),
+    ("before", "outbox.heartbeat"),
+    ("after", "outbox.heartbeat"),
+}
+
+
+def long_text(mid: str) -> str:
+    return f"{mid}/b " + "z" * 30 + f" {mid}/b2"
+
+
+def expected_texts() -> dict[str, str]:
+    """Record key -> text, for every send of the scenario."""
+    out: dict[str, str] = {}
+    for m in INBOUNDS:
+        out[f"{m.id}:1"] = f"{m.id}/a"
+        parts = split_text(long_text(m.id), LIMIT)
+        assert len(parts) == 2
+        out[f"{m.id}:2"] = parts[0]
+        out[f"{m.id}:2#2"] = parts[1]
+        out[f"{m.id}:3"] = f"{m.id}/e"
+    return out
+
+
+class ChannelLog:
+    """The channel's side, shared by every incarnation: accepted texts and all calls."""
+
+    def __init__(self) -> None:
+        self.accepted: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.failed_once: set[str] = set()
+
+
+class ScenarioProvider:
+    name = "scenario"
+    text_limit = LIMIT
+
+    def __init__(self, log: ChannelLog, kv: CrashableKv | None = None) -> None:
+        self.log = log
+        self.kv = kv
+
+    async def send(self, message: Outbound) -> SendResult:
+        if self.kv is not None and self.kv.crashed is not None:
+            raise SimulatedCrash("dead", self.kv.crashed.label, self.kv.commits)
+        text = message.text or ""
+        assert "idempotency_key" not in message.options
+        self.log.calls[text] += 1
+        if text in FINAL:
+            raise UnsupportedContentError("this channel cannot carry that")
+        if text in FAIL_ONCE and text not in self.log.failed_once:
+            self.log.failed_once.add(text)
+            raise SendError("temporary failure")
+        self.log.accepted[text] += 1
+        return SendResult(f"id-{text}-{self.log.accepted[text]}")
+
+
+def make_bot(kv: DurableKv, log: ChannelLog, policy: str, clock: ManualClock) -> Bot:
+    crash_kv = kv if isinstance(kv, CrashableKv) else None
+    bot = Bot(
+        ScenarioProvider(log, crash_kv),
+        bot_id="crash",
+        durability={
+            "backend": kv,
+            "instance_id": "i1",
+            "poll": 0,
+            "outbox": {"on_ambiguous": policy, "inline_max": "15s", "retries": 3},
+            "inbox": {"backoff": {"jitter": 0}},
+        },
+        clock=clock,
+    )
+
+    @bot.on_message
+    async def handler(ctx):  # type: ignore[no-untyped-def]
+        mid = ctx.message.id
+        try:
+            await ctx.reply(f"{mid}/a")
+        except UnsupportedContentError:
+            pass
+        await ctx.reply(long_text(mid))
+        await bot.enqueue(ctx.chat_id, f"{mid}/e")
+
+    return bot
+
+
+Point = tuple[Literal["label", "commit"], object, Literal["before", "after"]]
+
+
+@dataclass
+class Outcome:
+    crashes: list[SimulatedCrash] = field(default_factory=list)
+    states: dict[str, str] = field(default_factory=dict)
+    inbox: dict[str, str] = field(default_factory=dict)
+    ambiguous_keys: set[str] = field(default_factory=set)
+    log: ChannelLog = field(default_factory=ChannelLog)
+    labels_a: list[str] = field(default_factory=list)
+    final_metrics: dict[str, int] = field(default_factory=dict)
+
+
+def _arm(kv: CrashableKv, point: Point | None) -> None:
+    if point is None:
+        return
+    kind, what, when = point
+    if kind == "label":
+        assert isinstance(what, tuple)
+        label, occurrence = what
+        if when == "before":
+            kv.crash_before(label, occurrence)
+        else:
+            kv.crash_after(label, occurrence)
+    else:
+        assert isinstance(what, int)
+        kv.crash_at(what, when)
+
+
+async def _incarnation(kv: DurableKv, log: ChannelLog, policy: str, clock: ManualClock) -> Bot:
+    bot = make_bot(kv, log, policy, clock)
+    await bot.start()
+    for m in INBOUNDS:
+        await bot.handle(m)
+    d = bot.durability
+    assert d is not None
+    for _ in range(6):
+        clock.advance(120.0)
+        await d.drain()
+    return bot
+
+
+async def run_case(
+    case: BackendCase, path: Path, policy: str, points: list[Point | None]
+) -> Outcome:
+    """Crash at ``points[0]`` in bot A, ``points[1]`` in bot B…, then recover and settle."""
+    out = Outcome()
+    clock = ManualClock()
+    handle = BackendHandle(case, path)
+    kv = await handle.open()
+    try:
+        for i, point in enumerate(points):
+            if i > 0:
+                kv = await handle.reopen()
+            ckv = crashable(kv)
+            _arm(ckv, point)
+            try:
+                await _incarnation(ckv, out.log, policy, clock)
+            except SimulatedCrash as crash:
+                out.crashes.append(crash)
+            if i == 0:
+                out.labels_a = list(ckv.labels)
+            # an incarnation that did not crash is simply abandoned too (never stopped)
+        kv = await handle.reopen()
+        final = await _incarnation(kv, out.log, policy, clock)
+        d = final.durability
+        assert d is not None
+        out.final_metrics = d.metrics()
+        for r in await d.outbox.list():
+            out.states[r.key] = r.state
+            if r.ambiguous:
+                out.ambiguous_keys.add(r.key)
+        out.inbox = {r.id: r.state for r in await d.inbox.list()}
+        await final.stop()
+    finally:
+        await handle.close()
+    return out
+
+
+def scope_key(full: str) -> str:
+    """``<scope>/out/<key>`` -> ``<key>``."""
+    return full.split("/out/", 1)[1] if "/out/" in full else full
+
+
+def check(out: Outcome, policy: str) -> None:
+    """The invariants every crash case must keep."""
+    expected = expected_texts()
+    # 1. no inbound lost: every inbound ends done
+    assert out.inbox == {m.id: "done" for m in INBOUNDS}, out.inbox
+    # the ambiguous window: which keys were in flight at a crash
+    window_crashes = Counter(
+        scope_key(c.keys[0])
+        for c in out.crashes
+        if (c.when, c.label) in WINDOW and c.keys and "/out/" in c.keys[0]
+    )
+    window = set(window_crashes)
+    # 4. ambiguous count equals the crashes placed in the window (distinct sends)
+    assert out.ambiguous_keys == window, (out.ambiguous_keys, window, out.crashes)
+    # 2./5. every send ends sent, dead (the final one) or unknown (ambiguous under skip)
+    for key, text in expected.items():
+        state = out.states.get(key)
+        if text in FINAL:
+            allowed = {"dead"} | ({"unknown"} if key in window and policy == "skip" else set())
+        elif key in window and policy == "skip":
+            allowed = {"unknown"}
+        else:
+            allowed = {"sent"}
+        assert state in allowed, (key, state, allowed, out.crashes)
+        # 3. no provider call repeated for a key outside the ambiguous window
+        accepted = out.log.accepted[text]
+        if state == "sent":
+            # each crash in the window may have let one accepted call go unrecorded
+            limit = 1 + (window_crashes[key] if policy == "resend" else 0)
+            assert 1 <= accepted <= limit, (key, accepted, out.crashes)
+        elif state == "unknown":
+            assert accepted <= 1, (key, accepted)
+        else:
+            assert accepted == 0
+    assert set(out.states) == set(expected), sorted(set(out.states) ^ set(expected))
+    if policy == "skip":
+        assert all(n <= 1 for n in out.log.accepted.values()), out.log.accepted
