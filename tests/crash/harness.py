@@ -9,6 +9,7 @@ returns what the checks need.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,10 +110,8 @@ def make_bot(kv: DurableKv, log: ChannelLog, policy: str, clock: ManualClock) ->
     @bot.on_message
     async def handler(ctx):  # type: ignore[no-untyped-def]
         mid = ctx.message.id
-        try:
+        with contextlib.suppress(UnsupportedContentError):  # it ends dead, by design
             await ctx.reply(f"{mid}/a")
-        except UnsupportedContentError:
-            pass
         await ctx.reply(long_text(mid))
         await bot.enqueue(ctx.chat_id, f"{mid}/e")
 
