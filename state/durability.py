@@ -549,6 +549,8 @@ class ScopedDurability:
         final failure (the record is dead); ``FencedError`` when the lease was taken over.
         Returns the receipt of part 1.
         """
+        if "idempotency_key" in message.options:  # the provider never sees the key
+            message = _strip_key(message)
         payload = self._payload(message)
         if payload is None:
             return await self._bypass(message, key, inbound_id)
@@ -747,6 +749,8 @@ class ScopedDurability:
     ) -> str:
         """Journal the send for the sweeper and return its key at once (a recorded key is a
         no-op)."""
+        if "idempotency_key" in message.options:
+            message = _strip_key(message)
         payload = self._payload(message)
         if payload is None:
             await self._bypass(message, key, inbound_id)
@@ -1051,6 +1055,11 @@ class ScopedDurability:
             label="outbox.retry",
         )
         self.wake.set()
+
+
+def _strip_key(message: Outbound) -> Outbound:
+    options = {k: v for k, v in message.options.items() if k != "idempotency_key"}
+    return replace(message, options=options)
 
 
 def resolve_backend(backend: object) -> KvDurability:

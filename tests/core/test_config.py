@@ -1,0 +1,105 @@
+"""DurabilityConfig: every option of the reference, its default, and errors naming fields."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from botmesh import ConfigError, DurabilityConfig
+from state.durations import parse_duration
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("250ms", 0.25),
+        ("15s", 15.0),
+        ("5m", 300.0),
+        ("2h", 7200.0),
+        ("7d", 604800.0),
+        ("1.5s", 1.5),
+        (1500, 1.5),
+        (0, 0.0),
+        (timedelta(minutes=2), 120.0),
+    ],
+)
+def test_durations(value: object, seconds: float) -> None:
+    assert parse_duration(value, "f") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["15", "15 sec", "-1s", "abc", True, None, [1], -5])
+def test_bad_durations_name_the_field(value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration(value, "outbox.inline_max")
+    assert info.value.field == "outbox.inline_max"
+    assert "outbox.inline_max" in str(info.value)
+
+
+def test_defaults_follow_the_reference() -> None:
+    c = DurabilityConfig.from_mapping({})
+    assert c == DurabilityConfig()
+    assert c.backend is None and c.instance_id is None and c.fail_open is False
+    assert (c.inbox.lease, c.inbox.max_attempts, c.inbox.media_refs) == (60.0, 5, True)
+    assert (c.inbox.backoff.base, c.inbox.backoff.cap, c.inbox.backoff.jitter) == (1.0, 60.0, 0.2)
+    assert (c.outbox.retries, c.outbox.inline_max, c.outbox.lease) == (5, 15.0, 60.0)
+    assert (c.outbox.on_ambiguous, c.outbox.on_diverged) == ("skip", "send")
+    assert c.outbox.max_payload_bytes == 1024 * 1024
+    assert c.outbox.backoff == c.inbox.backoff
+    assert (c.poll, c.retention) == (1.0, 7 * 86400.0)
+
+
+def test_options_are_parsed_once() -> None:
+    c = DurabilityConfig.from_mapping(
+        {
+            "instance_id": "bot-1",
+            "fail_open": True,
+            "inbox": {"lease": "30s", "max_attempts": 3, "backoff": {"base": "2s", "cap": "1m"}},
+            "outbox": {"retries": 2, "inline_max": 500, "on_ambiguous": "resend", "lease": "20ms"},
+            "poll": "250ms",
+            "retention": 0,
+        }
+    )
+    assert c.inbox.lease == 30.0 and c.inbox.backoff.base == 2.0 and c.inbox.backoff.cap == 60.0
+    assert c.outbox.backoff == c.inbox.backoff  # outbox.backoff defaults to inbox.backoff
+    assert (c.outbox.retries, c.outbox.inline_max, c.outbox.lease) == (2, 0.5, 0.02)
+    assert c.outbox.on_ambiguous == "resend" and c.poll == 0.25 and c.retention == 0.0
+    with pytest.raises(AttributeError):
+        c.poll = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"outbox": {"lease": "19ms"}}, "outbox.lease"),
+        ({"outbox": {"lease": 10}}, "outbox.lease"),
+        ({"outbox": {"on_ambiguous": "maybe"}}, "outbox.on_ambiguous"),
+        ({"outbox": {"on_diverged": "both"}}, "outbox.on_diverged"),
+        ({"outbox": {"retries": -1}}, "outbox.retries"),
+        ({"outbox": {"retries": "5"}}, "outbox.retries"),
+        ({"inbox": {"max_attempts": 0}}, "inbox.max_attempts"),
+        ({"inbox": {"lease": "0s"}}, "inbox.lease"),
+        ({"inbox": {"backoff": {"jitter": 2}}}, "inbox.backoff.jitter"),
+        ({"inbox": {"backoff": {"base": "2m", "cap": "1m"}}}, "inbox.backoff.cap"),
+        ({"inbox": {"leese": "1s"}}, "inbox.leese"),
+        ({"pol": "1s"}, "pol"),
+        ({"poll": "often"}, "poll"),
+        ({"fail_open": "yes"}, "fail_open"),
+        ({"instance_id": ""}, "instance_id"),
+    ],
+)
+def test_bad_options_name_the_field(raw: dict, field: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError) as info:
+        DurabilityConfig.from_mapping(raw)
+    assert info.value.field == field, info.value
+
+
+def test_bad_durability_argument_is_refused() -> None:
+    from botmesh import Bot, MockProvider
+
+    with pytest.raises(ConfigError) as info:
+        Bot(MockProvider(), durability=42)  # type: ignore[arg-type]
+    assert info.value.field == "durability"
+    with pytest.raises(ConfigError) as info:
+        Bot(MockProvider(), durability={"backend": 3.5})
+    assert info.value.field == "backend"
