@@ -588,7 +588,7 @@ class ScopedDurability:
                     Held(op.key, v["token"], ver, v, self._out_lease, due)
                     for op, v, ver in zip(ops, values, versions, strict=True)
                 ]
-                outs = [replace(message, text=t) for t in texts]
+                outs = [message] if len(texts) == 1 else [replace(message, text=t) for t in texts]
                 return await self._deliver_inline(helds, outs, now)
         raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
 

@@ -1,0 +1,70 @@
+"""Journal cost of the durable core, memory backend vs durability off, in one process.
+
+Prints µs per send (CPU time), sends per second, and the ratio durable / off, for a bare
+``bot.send`` and for a whole inbound turn (journal, handler with one reply, done).
+``python bench/bench_core.py [N]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from botmesh import Bot, Inbound, MockProvider
+
+Run = Callable[[int], Awaitable[None]]
+
+
+def _bot(durable: bool) -> Bot:
+    bot = Bot(MockProvider(), durability={"poll": 0} if durable else None)
+
+    @bot.on_message
+    async def handler(ctx):  # type: ignore[no-untyped-def]
+        await ctx.reply("thanks, got it")
+
+    return bot
+
+
+async def _measure(bot: Bot, n: int, turn: bool) -> tuple[float, float]:
+    await bot.start()
+    for i in range(200):  # warm up
+        await bot.send("warm", "x", idempotency_key=f"w{i}")
+    gc.collect()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if turn:
+        for i in range(n):
+            await bot.handle(Inbound(f"m{i}", f"chat{i % 50}", "hello"))
+    else:
+        for i in range(n):
+            await bot.send(f"chat{i % 50}", "hello there", idempotency_key=f"k{i}")
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    await bot.stop()
+    return cpu, wall
+
+
+async def main(n: int) -> None:
+    print(f"botmesh core benchmark: {n} operations each, memory backend, same process")
+    for label, turn in (("bot.send", False), ("inbound turn (1 reply)", True)):
+        best: dict[bool, tuple[float, float]] = {}
+        for _ in range(3):  # best of three, alternating, to damp the shared machine's noise
+            for durable in (False, True):
+                cpu, wall = await _measure(_bot(durable), n, turn)
+                if durable not in best or cpu < best[durable][0]:
+                    best[durable] = (cpu, wall)
+        off_cpu, off_wall = best[False]
+        on_cpu, on_wall = best[True]
+        print(f"\n  {label}")
+        print(f"    durability off : {off_cpu / n * 1e6:7.1f} µs CPU/op  {n / off_wall:9.0f} ops/s")
+        print(f"    memory journal : {on_cpu / n * 1e6:7.1f} µs CPU/op  {n / on_wall:9.0f} ops/s")
+        print(f"    journal cost   : {(on_cpu - off_cpu) / n * 1e6:7.1f} µs CPU per op")
+        print(
+            f"    ratio          : {off_wall / on_wall:.2f}x the throughput of durability off "
+            f"({on_cpu / off_cpu:.1f}x the CPU)"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 20_000))
