@@ -12,7 +12,8 @@
 #   KAFKA_VERSION [pinned below]  KAFKA_LOG4J_VERSION [matching Kafka's own]
 #   KAFKA_PORT [9092]  KAFKA_CONTROLLER_PORT [9093]  KAFKA_DATA_DIR [deploy/kafka/.run/single]
 #   KAFKA_HEAP_OPTS [-Xms256m -Xmx512m; cluster nodes -Xms128m -Xmx384m]  KAFKA_JVM_OPTS [extra flags]
-#   KAFKA_START_TIMEOUT [120 s]  KAFKA_STOP_TIMEOUT [30 s]  KAFKA_PYTHON [.venv/bin/python]
+#   KAFKA_START_TIMEOUT [120 s]  KAFKA_STOP_TIMEOUT [30 s]  KAFKA_CLUSTER_STOP_TIMEOUT [10 s]
+#   KAFKA_PYTHON [.venv/bin/python; used by `wait` for a confluent_kafka metadata request]
 #
 # Data dir layout: server.properties (regenerated each start), server.log, kafka.pid, data/ (log.dirs,
 # formatted on first start only). Everything binds to 127.0.0.1.
@@ -27,10 +28,10 @@ KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
 if [[ -z "${KAFKA_LOG4J_VERSION:-}" ]]; then
   # log4j2 line each Kafka release ships with (it brings log4j-api/-core; we add log4j-slf4j-impl).
   case "$KAFKA_VERSION" in
-    4.4.*) KAFKA_LOG4J_VERSION=2.25.5 ;;
-    4.3.*) KAFKA_LOG4J_VERSION=2.25.3 ;;
-    4.2.*) KAFKA_LOG4J_VERSION=2.25.3 ;;
-    4.0.* | 4.1.*) KAFKA_LOG4J_VERSION=2.24.3 ;;
+    # (what kafka-server's POM brings in 4.1.2/4.2.2/4.3.2/4.4.0; 4.0.x has none: 2.24.3 is its tarball's)
+    4.4.* | 4.3.* | 4.2.*) KAFKA_LOG4J_VERSION=2.25.5 ;;
+    4.1.*) KAFKA_LOG4J_VERSION=2.25.3 ;;
+    4.0.*) KAFKA_LOG4J_VERSION=2.24.3 ;;
     *) echo "kafka.sh: no log4j version known for KAFKA_VERSION=$KAFKA_VERSION; set KAFKA_LOG4J_VERSION" >&2
        exit 2 ;;
   esac
@@ -45,15 +46,16 @@ KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 KAFKA_DATA_DIR="${KAFKA_DATA_DIR:-$RUN/single}"
 KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-120}"
 KAFKA_STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
+# combined nodes that lose the controller quorum while shutting down can hang in controlled shutdown;
+# SIGKILL is harmless for these dev/test nodes (log recovery on the next start)
+KAFKA_CLUSTER_STOP_TIMEOUT="${KAFKA_CLUSTER_STOP_TIMEOUT:-10}"
 KAFKA_JVM_OPTS="${KAFKA_JVM_OPTS:-}"
 CLUSTER_DIR="$RUN/cluster"
 
 say() { echo "kafka.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-abs_path() { # absolute path without requiring it to exist
-  case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac
-}
+abs_path() { realpath -m -- "$1"; } # absolute, normalised, need not exist
 
 # ---------------------------------------------------------------------------------------- fetch
 libs_complete() {
@@ -76,8 +78,11 @@ cmd_fetch() {
   rm -rf "$LIBS" "$STAMP"
   mkdir -p "$LIBS"
   local t0=$SECONDS
+  # (Maven 3.8 prints colour escapes even with -q -B: strip them; errors still fail via pipefail)
   mvn -B -q -f "$HERE/pom.xml" dependency:copy-dependencies \
-    -Dkafka.version="$KAFKA_VERSION" -Dlog4j.version="$KAFKA_LOG4J_VERSION" -Dlibs.dir="$LIBS"
+    -Dkafka.version="$KAFKA_VERSION" -Dlog4j.version="$KAFKA_LOG4J_VERSION" -Dlibs.dir="$LIBS" 2>&1 |
+    sed -e $'s/\x1b\\[[0-9;]*m//g' -e '/^[[:space:]]*$/d' >&2 ||
+    die "Maven could not fetch Kafka $KAFKA_VERSION (network to Maven Central? KAFKA_VERSION a real release?)"
   ls "$LIBS"/*kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1 || die "Maven finished but kafka_2.13-$KAFKA_VERSION.jar is missing in $LIBS"
   # class index: tool names resolve to whichever main class this release has
   local j
@@ -409,7 +414,7 @@ cmd_cluster() {
     wait)
       ensure_libs
       wait_ready "$CLUSTER_BOOTSTRAP" "$(for n in "${NODES[@]}"; do node_dir "$n"; done)" "${NODES[@]}" ;;
-    stop) stop_pids "$(node_dir 1)" "$(node_dir 2)" "$(node_dir 3)" ;;
+    stop) KAFKA_STOP_TIMEOUT="$KAFKA_CLUSTER_STOP_TIMEOUT" stop_pids "$(node_dir 1)" "$(node_dir 2)" "$(node_dir 3)" ;;
     status)
       local n rc=0
       for n in "${NODES[@]}"; do node_status "$(node_dir "$n")" "node $n" "$(node_port "$n")" || rc=3; done
@@ -427,7 +432,7 @@ cmd_cluster() {
       ensure_libs
       cluster_start_node "$1"
       wait_ready "$CLUSTER_BOOTSTRAP" "$(node_dir "$1")" "$1" ;;
-    stop-node) check_node "${1:-}"; stop_pids "$(node_dir "$1")" ;;
+    stop-node) check_node "${1:-}"; KAFKA_STOP_TIMEOUT="$KAFKA_CLUSTER_STOP_TIMEOUT" stop_pids "$(node_dir "$1")" ;;
     logs)
       check_node "${1:-}"
       local f; f="$(node_dir "$1")/server.log"
@@ -439,7 +444,7 @@ cmd_cluster() {
 }
 
 # ---------------------------------------------------------------------------------------- main
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
 cmd="${1:-}"; shift || true
 case "$cmd" in
