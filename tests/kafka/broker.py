@@ -271,6 +271,8 @@ def _local_lease() -> BrokerLease:
 def _start_local() -> None:
     if not KAFKA_SH.exists():
         raise BrokerUnavailable(f"{KAFKA_SH} is missing")
+    # a broker of ours that does not answer (its starter was killed mid-start): stop it first
+    _run_kafka_sh("stop", timeout=60)
     shutil.rmtree(TEST_DATA_DIR, ignore_errors=True)
     try:
         proc = _run_kafka_sh("start")
