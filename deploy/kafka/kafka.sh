@@ -87,7 +87,9 @@ cmd_fetch() {
   # class index: tool names resolve to whichever main class this release has
   local j
   for j in "$LIBS"/*kafka_2.13-*.jar "$LIBS"/*kafka-tools-[0-9]*.jar; do
-    unzip -Z1 "$j" '*.class' 2>/dev/null
+    if command -v unzip >/dev/null; then unzip -Z1 "$j" '*.class' 2>/dev/null
+    else python3 -c 'import sys, zipfile; print("\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))' "$j" | grep '\.class$'
+    fi
   done | grep -v '\$' | sed 's/\.class$//; s#/#.#g' | sort -u >"$CACHE/classes.txt"
   (cd "$LIBS" && ls -1 -- *.jar) >"$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
   say "fetched $(wc -l <"$STAMP") jars ($(du -sh "$LIBS" | cut -f1)) in $((SECONDS - t0)) s"
