@@ -66,3 +66,28 @@ async def test_background_heartbeat_keeps_a_slow_call_leased() -> None:
     rec = await d.outbox.get("m:1")
     assert rec is not None and rec.state == "sent" and d.metrics()["staleLeases"] == 0
     await bot.stop()
+
+
+class EnteringProvider(MockProvider):
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
+    async def send(self, message: Outbound) -> SendResult:
+        self.entered.set()
+        await asyncio.sleep(0.05)  # the call is in progress when stop() comes
+        return await super().send(message)
+
+
+async def test_stop_lets_a_delivery_in_progress_finish() -> None:
+    provider = EnteringProvider()
+    bot = Bot(provider, durability={"poll": "20ms"})
+    await bot.start()
+    d = durable(bot.durability)
+    await bot.enqueue("c", "bye", idempotency_key="k")
+    await provider.entered.wait()
+    await bot.stop()  # must not cut the call short: that would make it ambiguous
+    kv = d.backend.kv
+    await kv.open()  # stop() closed it; the memory journal keeps its data
+    entry = await kv.get(d.out_prefix + "k")
+    assert entry is not None and entry.value["state"] == "sent" and not entry.value["inflight"]
