@@ -373,7 +373,11 @@ class ScopedDurability:
                     [Put(key, value, expect=0, due=now + self._in_lease)], label="inbox.journal"
                 )
             except VersionConflictError:
-                await self._redelivered(key)
+                try:
+                    await self._redelivered(key)
+                except Exception as exc:  # the record stays for the sweeper
+                    log.warning("redelivery of %s not processed: %s", mid, exc)
+                    await self.hooks.emit("error", exc)
                 return
             except Exception as exc:
                 await self._journal_failed(message, exc)
@@ -425,6 +429,10 @@ class ScopedDurability:
                 purge=self._purge_at(now),
             )
         except FencedError as exc:
+            await self.hooks.emit("error", exc)
+        except Exception as exc:
+            # not marked done: the lease runs out and the sweeper handles it again
+            log.warning("inbound %s handled but not marked done: %s", held.key, exc)
             await self.hooks.emit("error", exc)
 
     async def _replay_record(self, entry: Entry, now: float) -> int:

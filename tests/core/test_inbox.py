@@ -288,3 +288,25 @@ async def test_fail_open_dispatches_without_the_journal() -> None:
     await bot.handle(Inbound("m1", "c"))
     assert [m.text for m in provider.sent] == ["still here"]
     assert len(errors) == 1 and d.metrics()["outboxBypassed"] == 1
+
+
+async def test_a_journal_failure_after_the_handlers_never_reaches_the_caller() -> None:
+    flaky = FlakyKv()
+    bot, provider, clock, d = make_bot(backend=flaky)
+    errors: list[BaseException] = []
+    bot.on("error", errors.append)
+
+    @bot.on_message
+    async def handler(ctx):  # type: ignore[no-untyped-def]
+        await ctx.reply("hi")
+
+    await bot.start()
+    flaky.fail("inbox.mark_done")
+    await bot.handle(Inbound("m1", "c"))  # does not raise into the worker
+    assert isinstance(errors[0], JournalUnavailableError)
+    rec = await d.inbox.get("m1")
+    assert rec is not None and rec.state == "pending"
+    clock.advance(61)
+    await d.drain()  # the lease ran out: handled again, its reply answered from the outbox
+    rec = await d.inbox.get("m1")
+    assert rec is not None and rec.state == "done" and len(provider.sent) == 1
