@@ -1,0 +1,249 @@
+"""The ``botmesh`` command line (also ``python -m botmesh``).
+
+    botmesh worker --app examples.echo_bot:bot [--bootstrap H:P] [--prefix P] [--data-dir D]
+                   [--web-port N] [--partitions N]
+    botmesh topics create [--prefix P] [--bootstrap H:P] [--partitions N] [--replication N]
+    botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
+    botmesh produce [-n 100] [--chats 10] [--text T]      demo traffic on <prefix>.inbound
+    botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
+
+Options default to the environment: ``KAFKA_BOOTSTRAP_SERVERS`` (``127.0.0.1:9092``),
+``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``, ``BOTMESH_WEB_PORT`` (see
+``streams.worker``). Kafka code is imported only by the commands that need it.
+"""
+
+# Kafka/Faust load only in the commands that need them (import cost ~1 s):
+# ruff: noqa: PLC0415
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
+
+__all__ = ["AppLoadError", "load_app", "main"]
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+class AppLoadError(Exception):
+    """``--app`` does not name a bot; the message names the module/attribute and the fix."""
+
+
+def load_app(spec: str) -> Any:
+    """Import ``module:attribute`` (the current directory is importable, like uvicorn)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppLoadError(
+            f"--app {spec!r}: expected 'module:attribute', e.g. 'examples.echo_bot:bot' "
+            "(the module that defines `bot = Bot(...)`, then a colon, then the variable)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise AppLoadError(
+                f"--app {spec!r}: cannot import module {module_name!r} ({exc}); check the "
+                "spelling, run from the directory that holds it, or add that directory to "
+                "PYTHONPATH"
+            ) from None
+        raise AppLoadError(
+            f"--app {spec!r}: module {module_name!r} failed to import: {exc}; install the "
+            "missing package"
+        ) from None
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        names = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise AppLoadError(
+            f"--app {spec!r}: module {module_name!r} has no attribute {attr!r} "
+            f"(it has: {', '.join(names[:12]) or 'nothing public'}); define "
+            f"`{attr} = Bot(...)` in it or name the right variable after the colon"
+        ) from None
+    from streams.runner import BotLike
+
+    if not isinstance(obj, BotLike):
+        raise AppLoadError(
+            f"--app {spec!r}: {module_name}.{attr} is a {type(obj).__name__}, not a bot; it "
+            "must be a botmesh.Bot (anything with on, start, stop and async handle)"
+        )
+    return obj
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    value: str = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    return value or DEFAULT_BOOTSTRAP
+
+
+def _catalog(args: argparse.Namespace) -> Catalog:
+    prefix = args.prefix if args.prefix else prefix_from_env()
+    return Catalog(check_prefix(prefix))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)")
+    p.add_argument("--prefix", help="topic prefix (env BOTMESH_TOPIC_PREFIX, default botmesh)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="botmesh", description="Durable chat bots on Apache Kafka."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    w = sub.add_parser("worker", help="run a bot on the inbound topic (Faust worker)")
+    w.add_argument("--app", required=True, help="the bot, as module:attribute")
+    _common(w)
+    w.add_argument("--data-dir", help="RocksDB table data (env BOTMESH_DATA_DIR)")
+    w.add_argument("--web-port", type=int, help="Faust web server on 127.0.0.1:PORT (default off)")
+    w.add_argument("--partitions", type=int, help="partitions of topics the worker creates")
+    w.add_argument("--batch-size", type=int, help="records per batch (default 500)")
+    w.add_argument("--loglevel", help="log level (default info)")
+
+    t = sub.add_parser("topics", help="create or list the topics of a prefix")
+    tsub = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tc = tsub.add_parser("create", help="create the catalog's topics (idempotent)")
+    _common(tc)
+    tc.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+    tc.add_argument("--replication", type=int, default=1)
+    tl = tsub.add_parser("list", help="the catalog's topics and whether they exist")
+    _common(tl)
+    tl.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
+
+    p = sub.add_parser("produce", help="produce demo inbound messages (N over M chats)")
+    _common(p)
+    p.add_argument("-n", "--messages", type=int, default=100)
+    p.add_argument("--chats", type=int, default=10)
+    p.add_argument("--run", help="id prefix of the messages (default random)")
+
+    r = sub.add_parser("receipts", help="tail the sent-receipts topic (JSON lines)")
+    _common(r)
+    r.add_argument("--from-beginning", action="store_true")
+    r.add_argument("--limit", type=int, help="stop after N receipts")
+    r.add_argument("--idle", type=float, help="stop after SECONDS without a receipt")
+    return parser
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    bot = load_app(args.app)
+    from streams.worker import WorkerConfig, run_worker
+
+    config = WorkerConfig.from_env(
+        bootstrap=args.bootstrap,
+        prefix=check_prefix(args.prefix) if args.prefix else None,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        web_port=args.web_port,
+        partitions=args.partitions,
+        batch_size=args.batch_size,
+        loglevel=args.loglevel,
+    )
+    run_worker(bot, config)
+    return 0
+
+
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from streams.provision import ensure_topics, existing_topics
+
+    cat, bootstrap = _catalog(args), _bootstrap(args)
+    if args.action == "create":
+        result = ensure_topics(bootstrap, cat.specs(args.partitions, args.replication))
+        for name in result.created:
+            print(f"created  {name}")
+        for name in result.existing:
+            print(f"exists   {name}")
+        for name, (want, got) in result.mismatched.items():
+            print(f"note     {name} has {got} partitions (asked {want}); left as is")
+        return 0
+    have = existing_topics(bootstrap)
+    for spec in cat.specs(args.partitions):
+        state = f"{have[spec.name]} partitions" if spec.name in have else "missing"
+        policy = spec.config.get("cleanup.policy", "delete")
+        print(f"{spec.name:<50} {spec.role:<10} {policy:<8} {state}")
+    return 0
+
+
+def _cmd_produce(args: argparse.Namespace) -> int:
+    from streams.tools import demo_records, produce_inbound
+
+    cat, bootstrap = _catalog(args), _bootstrap(args)
+    run = args.run or f"run{uuid.uuid4().hex[:6]}"
+    records = demo_records(args.messages, args.chats, run=run)
+    took = asyncio.run(produce_inbound(bootstrap, cat.inbound, records))
+    rate = len(records) / took if took > 0 else 0.0
+    print(
+        f"produced {len(records)} messages over {args.chats} chats to {cat.inbound} "
+        f"(ids {run}-0..) in {took:.2f} s ({rate:.0f} msg/s)"
+    )
+    return 0
+
+
+def _cmd_receipts(args: argparse.Namespace) -> int:
+    from streams.tools import tail_receipts
+
+    cat, bootstrap = _catalog(args), _bootstrap(args)
+
+    async def tail() -> None:
+        n = 0
+        async for seen in tail_receipts(
+            bootstrap, cat.sent, from_beginning=args.from_beginning, idle_timeout=args.idle
+        ):
+            r = seen.receipt
+            print(
+                json.dumps(
+                    {
+                        "key": r.key,
+                        "chat_id": r.chat_id,
+                        "message_id": r.message_id,
+                        "state": r.state,
+                        "inbound_id": r.inbound_id,
+                        "part": r.part,
+                        "ts": r.ts,
+                    }
+                ),
+                flush=True,
+            )
+            n += 1
+            if args.limit is not None and n >= args.limit:
+                return
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(tail())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {
+        "worker": _cmd_worker,
+        "topics": _cmd_topics,
+        "produce": _cmd_produce,
+        "receipts": _cmd_receipts,
+    }
+    try:
+        return commands[args.command](args)
+    except AppLoadError as exc:
+        print(f"botmesh: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, ConnectionError, LookupError) as exc:
+        print(f"botmesh {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

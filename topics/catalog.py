@@ -1,0 +1,206 @@
+"""The topic catalog: every topic name derived from one prefix, with its partitions,
+replication and cleanup policy.
+
+Pure data (no Kafka client): ``streams.provision`` creates what this module describes.
+
+========================================  ==========  =================================
+topic                                     cleanup     purpose
+========================================  ==========  =================================
+``<prefix>.inbound``                      delete 7d   inbound messages, keyed by chat id
+``<prefix>.sent``                         delete 7d   sent receipts, keyed by chat id
+``<prefix>.outbox.retry.5s`` / ``.1m`` /  delete 1d   outbox retry tiers (backoff)
+``.10m``
+``<prefix>.inbound.dlq``                  delete 30d  undecodable / failed inbound records
+``<prefix>.outbox.dlq``                   delete 30d  sends that failed for good
+``<prefix>.worker-inbox-changelog``       compact     Faust table changelogs (``inbox``,
+``<prefix>.worker-outbox-changelog``                  ``outbox``); partitions = inbound's
+========================================  ==========  =================================
+
+The prefix comes from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``). The worker's consumer
+group, and the Faust app id, is ``<prefix>.worker``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_PREFIX",
+    "PREFIX_ENV",
+    "RETRY_TIERS",
+    "TABLES",
+    "Catalog",
+    "TopicSpec",
+    "prefix_from_env",
+]
+
+DEFAULT_PREFIX = "botmesh"
+PREFIX_ENV = "BOTMESH_TOPIC_PREFIX"
+DEFAULT_PARTITIONS = 8
+
+#: Outbox retry tiers: (name suffix, delay in seconds). A failed send goes to the first tier
+#: whose delay is at least its backoff; the tier's consumer holds a record until it is due.
+RETRY_TIERS: tuple[tuple[str, float], ...] = (("5s", 5.0), ("1m", 60.0), ("10m", 600.0))
+
+#: The Faust tables of the worker; each has a compacted changelog topic.
+TABLES: tuple[str, ...] = ("inbox", "outbox")
+
+_DAY_MS = 24 * 3600 * 1000
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+Role = Literal["inbound", "sent", "retry", "dlq", "changelog"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic: name, partition count, replication factor and topic-level configs."""
+
+    name: str
+    role: Role
+    partitions: int
+    replication: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    purpose: str = ""
+
+    @property
+    def compacted(self) -> bool:
+        return self.config.get("cleanup.policy") == "compact"
+
+
+def prefix_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The topic prefix from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``), validated."""
+    env = os.environ if environ is None else environ
+    return check_prefix(env.get(PREFIX_ENV, "").strip() or DEFAULT_PREFIX)
+
+
+def check_prefix(prefix: str) -> str:
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(
+            f"bad topic prefix {prefix!r}: use 1-200 characters of letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (e.g. 'botmesh' or 'acme.prod')"
+        )
+    return prefix
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Topic names and specs for one prefix: ``Catalog("bm").inbound == "bm.inbound"``."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Catalog:
+        return cls(prefix_from_env(environ))
+
+    @property
+    def inbound(self) -> str:
+        return f"{self.prefix}.inbound"
+
+    @property
+    def sent(self) -> str:
+        return f"{self.prefix}.sent"
+
+    @property
+    def inbound_dlq(self) -> str:
+        return f"{self.prefix}.inbound.dlq"
+
+    @property
+    def outbox_dlq(self) -> str:
+        return f"{self.prefix}.outbox.dlq"
+
+    @property
+    def app_id(self) -> str:
+        """The Faust app id, which is also the worker's consumer group id."""
+        return f"{self.prefix}.worker"
+
+    @property
+    def group(self) -> str:
+        return self.app_id
+
+    def retry(self, tier: str) -> str:
+        """The retry topic of one tier (``"5s"``, ``"1m"`` or ``"10m"``)."""
+        if tier not in {name for name, _ in RETRY_TIERS}:
+            known = ", ".join(name for name, _ in RETRY_TIERS)
+            raise ValueError(f"unknown retry tier {tier!r}: use one of {known}")
+        return f"{self.prefix}.outbox.retry.{tier}"
+
+    @property
+    def retries(self) -> tuple[str, ...]:
+        return tuple(self.retry(name) for name, _ in RETRY_TIERS)
+
+    def changelog(self, table: str) -> str:
+        """The changelog topic Faust uses for ``table`` (``<app id>-<table>-changelog``)."""
+        return f"{self.app_id}-{table}-changelog"
+
+    def specs(self, partitions: int = DEFAULT_PARTITIONS, replication: int = 1) -> list[TopicSpec]:
+        """Every topic of the catalog. Changelogs and retry tiers get the inbound's partition
+        count (Faust co-partitions a table with its source); DLQs and receipts too, so a
+        chat keeps one partition everywhere."""
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        if replication < 1:
+            raise ValueError(f"replication must be >= 1, got {replication}")
+        min_isr = "2" if replication >= 3 else "1"
+        common = {"min.insync.replicas": min_isr}
+
+        def spec(name: str, role: Role, config: dict[str, str], purpose: str) -> TopicSpec:
+            return TopicSpec(name, role, partitions, replication, {**common, **config}, purpose)
+
+        out = [
+            spec(
+                self.inbound,
+                "inbound",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "inbound messages and interactions, keyed by chat id",
+            ),
+            spec(
+                self.sent,
+                "sent",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "sent receipts, keyed by chat id",
+            ),
+        ]
+        out += [
+            spec(
+                self.retry(name),
+                "retry",
+                {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)},
+                f"outbox retry tier: sends due again after {name}",
+            )
+            for name, _ in RETRY_TIERS
+        ]
+        out += [
+            spec(
+                self.inbound_dlq,
+                "dlq",
+                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                "inbound records that could not be decoded or handled (header 'reason')",
+            ),
+            spec(
+                self.outbox_dlq,
+                "dlq",
+                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                "sends that failed for good (header 'reason')",
+            ),
+        ]
+        out += [
+            spec(
+                self.changelog(table),
+                "changelog",
+                {"cleanup.policy": "compact"},
+                f"changelog of the Faust table {table!r}",
+            )
+            for table in TABLES
+        ]
+        return out
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs()]
