@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from aiokafka import (  # type: ignore[import-untyped]  # aiokafka 0.14 has no py.typed
@@ -18,7 +18,7 @@ from aiokafka import (  # type: ignore[import-untyped]  # aiokafka 0.14 has no p
 
 from topics.records import InboundRecord, ReceiptRecord, chat_key, decode_receipt, encode_inbound
 
-__all__ = ["demo_records", "end_offsets", "produce_inbound", "tail_receipts"]
+__all__ = ["Seen", "demo_records", "end_offsets", "produce_inbound", "tail_receipts"]
 
 
 def demo_records(n: int, chats: int, *, run: str = "demo") -> list[InboundRecord]:
@@ -96,7 +96,7 @@ async def tail_receipts(
     from_beginning: bool = False,
     idle_timeout: float | None = None,
     on_bad: Callable[[bytes | None, str], None] | None = None,
-) -> AsyncIterator[Seen]:
+) -> AsyncGenerator[Seen, None]:
     """Yield the receipts on ``topic`` (no consumer group: nothing is committed).
 
     ``start``: partition -> offset to begin at (e.g. from :func:`end_offsets` before producing);

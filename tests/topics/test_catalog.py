@@ -1,0 +1,63 @@
+"""The topic catalog: names from one prefix, specs per role (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from topics import RETRY_TIERS, Catalog, prefix_from_env
+
+
+def test_names_derive_from_the_prefix() -> None:
+    cat = Catalog("acme.prod")
+    assert cat.inbound == "acme.prod.inbound"
+    assert cat.sent == "acme.prod.sent"
+    assert cat.inbound_dlq == "acme.prod.inbound.dlq"
+    assert cat.outbox_dlq == "acme.prod.outbox.dlq"
+    assert cat.retries == (
+        "acme.prod.outbox.retry.5s",
+        "acme.prod.outbox.retry.1m",
+        "acme.prod.outbox.retry.10m",
+    )
+    assert cat.app_id == cat.group == "acme.prod.worker"
+    assert cat.changelog("outbox") == "acme.prod.worker-outbox-changelog"
+
+
+def test_default_prefix_and_env() -> None:
+    assert Catalog().inbound == "botmesh.inbound"
+    assert prefix_from_env({}) == "botmesh"
+    assert prefix_from_env({"BOTMESH_TOPIC_PREFIX": " t1 "}) == "t1"
+
+
+@pytest.mark.parametrize("bad", ["", "has space", ".dot", "a/b", "x" * 201])
+def test_bad_prefix_is_refused_with_the_fix(bad: str) -> None:
+    with pytest.raises(ValueError, match="bad topic prefix"):
+        Catalog(bad)
+
+
+def test_unknown_retry_tier() -> None:
+    with pytest.raises(ValueError, match="use one of 5s, 1m, 10m"):
+        Catalog().retry("2h")
+
+
+def test_specs_cover_every_topic_with_policies() -> None:
+    specs = {s.name: s for s in Catalog("p").specs(partitions=6, replication=3)}
+    assert len(specs) == 2 + len(RETRY_TIERS) + 2 + 2
+    assert all(s.partitions == 6 and s.replication == 3 for s in specs.values())
+    assert all(s.config["min.insync.replicas"] == "2" for s in specs.values())
+    changelogs = [s for s in specs.values() if s.role == "changelog"]
+    assert {s.name for s in changelogs} == {"p.worker-inbox-changelog", "p.worker-outbox-changelog"}
+    assert all(s.compacted for s in changelogs)
+    assert not specs["p.inbound"].compacted
+    dlq = int(specs["p.inbound.dlq"].config["retention.ms"])
+    assert dlq > int(specs["p.inbound"].config["retention.ms"])
+    assert dlq == int(specs["p.outbox.dlq"].config["retention.ms"]) >= 30 * 24 * 3600 * 1000
+
+
+def test_single_replica_specs_allow_one_in_sync_replica() -> None:
+    assert all(s.config["min.insync.replicas"] == "1" for s in Catalog().specs(replication=1))
+
+
+@pytest.mark.parametrize(("partitions", "replication"), [(0, 1), (1, 0)])
+def test_bad_counts(partitions: int, replication: int) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        Catalog().specs(partitions, replication)
