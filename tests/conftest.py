@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +26,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("botmesh crash matrix")
     group.addoption(
         "--crash-cases",
-        default="100",
+        default=os.environ.get("BOTMESH_CRASH_CASES", "100"),
         help="seeded random crash cases per backend and ambiguity policy (default 100)",
     )
     group.addoption("--crash-seed", default="20261202", help="seed of the random crash cases")
+    group = parser.getgroup("file journal")
+    group.addoption(
+        "--fuzz-cases",
+        type=int,
+        default=int(os.environ.get("BOTMESH_FUZZ_CASES", "600")),
+        help="corruption fuzzer cases for the file journal (default 600)",
+    )
+    group.addoption(
+        "--fuzz-seed",
+        type=int,
+        default=int(os.environ["BOTMESH_FUZZ_SEED"]) if "BOTMESH_FUZZ_SEED" in os.environ else None,
+        help="seed of the corruption fuzzer's random cases (default: a fixed one)",
+    )
+    group.addoption(
+        "--kill-runs",
+        type=int,
+        default=int(os.environ.get("BOTMESH_KILL_RUNS", "6")),
+        help="SIGKILL runs of a child process writing the file journal (default 6)",
+    )

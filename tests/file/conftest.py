@@ -1,6 +1,6 @@
-"""Options of the file-journal suite. Give the folder so that pytest loads them, or set
-the environment variables (``BOTMESH_FUZZ_CASES``, ``BOTMESH_FUZZ_SEED``,
-``BOTMESH_KILL_RUNS``), which work with a bare ``pytest`` / ``make test`` too:
+"""Fixtures of the file-journal suite. Its options live in ``tests/conftest.py`` (pytest
+reads options only from the root conftest); the environment variables
+``BOTMESH_FUZZ_CASES``, ``BOTMESH_FUZZ_SEED`` and ``BOTMESH_KILL_RUNS`` set their defaults:
 
 pytest tests/file --fuzz-cases=20000   # corruption fuzzer cases (default 600, at least 500)
 pytest tests/file --kill-runs=50       # real SIGKILL runs (default 6)
@@ -8,7 +8,6 @@ pytest tests/file --kill-runs=50       # real SIGKILL runs (default 6)
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
@@ -16,28 +15,6 @@ import pytest
 #: What the corruption fuzzer saw, by outcome; printed at the end of the run.
 FUZZ_OUTCOMES: Counter[str] = Counter()
 KILL_OUTCOMES: Counter[str] = Counter()
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("file journal")
-    group.addoption(
-        "--fuzz-cases",
-        type=int,
-        default=int(os.environ.get("BOTMESH_FUZZ_CASES", "600")),
-        help="corruption fuzzer cases for the file journal (default 600)",
-    )
-    group.addoption(
-        "--fuzz-seed",
-        type=int,
-        default=int(os.environ["BOTMESH_FUZZ_SEED"]) if "BOTMESH_FUZZ_SEED" in os.environ else None,
-        help="seed of the corruption fuzzer's random cases (default: a fixed one)",
-    )
-    group.addoption(
-        "--kill-runs",
-        type=int,
-        default=int(os.environ.get("BOTMESH_KILL_RUNS", "6")),
-        help="SIGKILL runs of a child process writing the file journal (default 6)",
-    )
 
 
 @pytest.fixture
