@@ -1,0 +1,121 @@
+"""The ``botmesh`` command line against a real broker, and ``--app`` errors (no broker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topics import Catalog
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def botmesh(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "botmesh", *args],
+        cwd=REPO,
+        env=dict(os.environ, **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("app", "words"),
+    [
+        ("examples.echo_bot", "expected 'module:attribute'"),
+        ("examples.no_such_bot:bot", "cannot import module 'examples.no_such_bot'"),
+        ("examples.echo_bot:bott", "has no attribute 'bott'"),
+        ("examples.echo_bot:os", "is a module, not a bot"),
+    ],
+)
+def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> None:
+    out = botmesh("worker", "--app", app)
+    assert out.returncode == 2
+    assert words in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.kafka
+def test_topics_create_is_idempotent_and_list_shows_them(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    first = botmesh(
+        "topics",
+        "create",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--prefix",
+        topic_prefix,
+        "--partitions",
+        "2",
+    )
+    assert first.returncode == 0, first.stderr
+    names = Catalog(topic_prefix).names()
+    assert sorted(line.split()[1] for line in first.stdout.splitlines()) == sorted(names)
+    assert all(line.startswith("created") for line in first.stdout.splitlines())
+    again = botmesh(
+        "topics",
+        "create",
+        "--partitions",
+        "2",
+        env={"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "BOTMESH_TOPIC_PREFIX": topic_prefix},
+    )
+    assert again.returncode == 0, again.stderr
+    assert all(line.startswith("exists") for line in again.stdout.splitlines())
+    listed = botmesh("topics", "list", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix)
+    rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()}
+    assert set(rows) == set(names)
+    assert rows[f"{topic_prefix}.worker-outbox-changelog"][2] == "compact"
+    assert all(r[3] == "2" for r in rows.values())
+
+
+@pytest.mark.kafka
+def test_produce_and_receipts_through_a_worker(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "BOTMESH_TOPIC_PREFIX": topic_prefix,
+        "BOTMESH_ECHO_QUIET": "1",
+    }
+    assert botmesh("topics", "create", "--partitions", "2", env=env).returncode == 0
+    produced = botmesh("produce", "-n", "30", "--chats", "3", "--run", "cli", env=env)
+    assert produced.returncode == 0, produced.stderr
+    assert "produced 30 messages over 3 chats" in produced.stdout
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "botmesh",
+                "worker",
+                "--app",
+                "examples.echo_bot:bot",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--loglevel",
+                "warning",
+            ],
+            cwd=REPO,
+            env=dict(os.environ, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        tail = botmesh("receipts", "--from-beginning", "--limit", "30", env=env)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert tail.returncode == 0, tail.stderr
+    receipts = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert sorted(r["inbound_id"] for r in receipts) == sorted(f"cli-{i}" for i in range(30))
+    assert {r["state"] for r in receipts} == {"sent"}
+    assert proc.returncode == 0

@@ -1,0 +1,42 @@
+"""``make run`` in short: ``python -m botmesh.demo --once`` against the test broker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.kafka
+def test_demo_once(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "botmesh.demo",
+            "--once",
+            "--messages",
+            "200",
+            "--chats",
+            "8",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=dict(
+            os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, BOTMESH_TOPIC_PREFIX=topic_prefix
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "200/200 receipts, 8 chats, per-chat order OK" in out.stdout
+    assert "worker stopped (exit 0)" in out.stdout
+    assert out.stdout.count("] sent ") == 200
