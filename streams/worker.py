@@ -151,10 +151,12 @@ def build_app(bot: BotLike, config: WorkerConfig) -> Any:
         )
 
     inbound = raw_topic(cat.inbound)
-    outputs = {"sent": raw_topic(cat.sent), "dlq": raw_topic(cat.inbound_dlq)}
+    names = {"sent": cat.sent, "dlq": cat.inbound_dlq}
 
     async def produce(role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
-        return await outputs[role].send(key=key, value=value, headers=headers or None, force=True)
+        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record
+        producer = await app.maybe_start_producer()
+        return await producer.send(names[role], key, value, None, None, headers or None)
 
     runner = InboundRunner(
         bot, produce, handle_attempts=config.handle_attempts, on_fatal=_exit_hard
