@@ -162,12 +162,15 @@ async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed
         InboundRecord(chat_id="c1", id=f"ok-{i}", text="fail" if i == 2 else f"t{i}")
         for i in range(5)
     ]
+    down = InboundRecord(chat_id="c1", id="down-1", text="journal-down")
     bad = [
         (b"{not json", "bad-json"),
         (b'{"v": 1, "text": "no chat"}', "missing-chat-id"),
         (b'{"v": 7, "chat_id": "c1"}', "unknown-version"),
+        (encode_inbound(down), "handle-failed"),
     ]
-    # good0, bad-json, good1, missing-chat-id, good2 (handler raises), unknown-version, good3, good4
+    # good0, bad-json, good1, missing-chat-id, good2 (handler raises), unknown-version,
+    # good3, journal-down (bot.handle raises), good4
     values = [
         encode_inbound(good[0]),
         bad[0][0],
@@ -176,6 +179,7 @@ async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed
         encode_inbound(good[2]),
         bad[2][0],
         encode_inbound(good[3]),
+        bad[3][0],
         encode_inbound(good[4]),
     ]
     producer = AIOKafkaProducer(bootstrap_servers=worker.bootstrap, acks="all")
@@ -200,20 +204,20 @@ async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed
     try:
         dead = []
         deadline = time.monotonic() + WAIT_S
-        while len(dead) < 3 and time.monotonic() < deadline:
+        while len(dead) < 4 and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=500)
             dead += [m for msgs in batch.values() for m in msgs]
     finally:
         await consumer.stop()
     assert worker.stop() == 0
-    assert len(dead) == 3
+    assert len(dead) == 4
     dead.sort(key=lambda m: int(dict(m.headers)["source.offset"]))
-    for m, (value, reason), src in zip(
-        dead, bad, [offsets[1], offsets[3], offsets[5]], strict=True
-    ):
+    for m, (value, reason), src in zip(dead, bad, [offsets[i] for i in (1, 3, 5, 7)], strict=True):
         h = dict(m.headers)
         assert h["reason"].decode() == reason
         assert h["detail"]
+        if reason == "handle-failed":
+            assert b"ConnectionError: journal unavailable" in h["detail"]
         assert h["source.topic"].decode() == cat.inbound
         assert (int(h["source.partition"]), int(h["source.offset"])) == src
         assert m.value == value and m.key == b"c1"
