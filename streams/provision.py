@@ -29,7 +29,8 @@ class ProvisionResult:
 
 
 def admin_client(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
+    # log_level 0: librdkafka's connection-refused lines add nothing to the error we raise
+    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000, "log_level": 0})
 
 
 def existing_topics(bootstrap: str, timeout: float = 15.0) -> dict[str, int]:
@@ -49,7 +50,7 @@ def ensure_topics(
 ) -> ProvisionResult:
     """Create the topics that do not exist yet; idempotent (safe to run on every start)."""
     wanted = list(specs)
-    have = existing_topics(bootstrap, timeout)
+    have = existing_topics(bootstrap, min(timeout, 10.0))
     todo = [s for s in wanted if s.name not in have]
     created: list[str] = []
     existing = [s.name for s in wanted if s.name in have]
