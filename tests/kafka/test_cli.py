@@ -119,3 +119,57 @@ def test_produce_and_receipts_through_a_worker(
     assert sorted(r["inbound_id"] for r in receipts) == sorted(f"cli-{i}" for i in range(30))
     assert {r["state"] for r in receipts} == {"sent"}
     assert proc.returncode == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.kafka
+def test_worker_web_server_on_loopback_port(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "BOTMESH_TOPIC_PREFIX": topic_prefix}
+    with open(tmp_path / "worker.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "botmesh",
+                "worker",
+                "--app",
+                "examples.echo_bot:bot",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--web-port",
+                str(port),
+                "--partitions",
+                "1",
+            ],
+            cwd=REPO,
+            env=dict(os.environ, **env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        status = None
+        deadline = time.monotonic() + 120  # hang guard
+        while status is None and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                    status = resp.status
+            except OSError:
+                time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert status == 200, (tmp_path / "worker.log").read_text()[-2000:]
+    assert proc.returncode == 0
