@@ -13,6 +13,12 @@ letters are acked by the broker (acks=all). Nothing raised in the batch body rea
 (which would ack and commit the whole batch): the runner catches handler errors and exits the
 process hard when it cannot write to Kafka, so the broker redelivers.
 
+Known hazard (faust 0.15.3, ``streams.py`` ``take_events``): the batch's events are acked in a
+``finally``, so an agent *cancelled* mid-batch acks events it did not process. A clean stop
+does not cancel mid-batch (``stream_wait_empty``: Faust waits for the batch before stopping
+the consumer); a SIGKILL acks nothing. A hard cancel (shutdown timeout) could; the durable
+inbox journal is what covers that case.
+
 Environment (``WorkerConfig.from_env``): ``KAFKA_BOOTSTRAP_SERVERS`` (default
 ``127.0.0.1:9092``), ``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``
 (``./botmesh-data``: the RocksDB table stores), ``BOTMESH_WEB_PORT`` (unset: web server off;
