@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
-from aiokafka import (  # type: ignore[import-untyped]  # aiokafka 0.14 has no py.typed
+from aiokafka import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
     TopicPartition,
