@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
+from botmesh.demo import stop_process as stop  # noqa: E402
 from streams.provision import ensure_topics  # noqa: E402
 from streams.tools import end_offsets  # noqa: E402
 from topics import Catalog, InboundRecord, chat_key, encode_inbound  # noqa: E402
@@ -116,16 +117,6 @@ async def count_until(
         return last
     finally:
         await consumer.stop()
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def measure(

@@ -100,7 +100,8 @@ def _start_worker(
     return proc, log_path
 
 
-def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child we started, SIGKILL it after 60 s."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"demo: {exc}", file=sys.stderr)
     finally:
         if proc is not None:
-            _stop_worker(proc)
+            stop_process(proc)
             print(f"demo: worker stopped (exit {proc.returncode})")
         if started:
             subprocess.run([str(KAFKA_SH), "stop"], check=False)
