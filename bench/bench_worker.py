@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
 from botmesh.demo import stop_process as stop  # noqa: E402
+from botmesh.demo import worker_command  # noqa: E402
 from streams.provision import ensure_topics  # noqa: E402
 from streams.tools import end_offsets  # noqa: E402
 from topics import Catalog, InboundRecord, chat_key, encode_inbound  # noqa: E402
@@ -182,13 +183,7 @@ def main() -> int:
             stop(bare)
         with open(tmp / "worker.log", "wb") as log:
             worker = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "botmesh",
-                    "worker",
-                    "--app",
-                    "examples.echo_bot:bot",
+                worker_command(
                     "--bootstrap",
                     bootstrap,
                     "--prefix",
@@ -199,7 +194,7 @@ def main() -> int:
                     str(args.batch_size),
                     "--loglevel",
                     "warning",
-                ],
+                ),
                 cwd=REPO,
                 env=dict(os.environ, BOTMESH_ECHO_QUIET="1"),
                 stdout=log,

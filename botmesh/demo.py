@@ -71,18 +71,17 @@ def _broker() -> tuple[str, bool]:
     return bootstrap, True
 
 
+def worker_command(*options: str, app: str = "examples.echo_bot:bot") -> list[str]:
+    """The command line of a ``botmesh worker`` child running ``app`` with ``options``."""
+    return [sys.executable, "-m", "botmesh", "worker", "--app", app, *options]
+
+
 def _start_worker(
     bootstrap: str, prefix: str, data_dir: Path
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log_path = data_dir / "worker.log"
     env = dict(os.environ, BOTMESH_ECHO_QUIET="1", PYTHONUNBUFFERED="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "botmesh",
-        "worker",
-        "--app",
-        "examples.echo_bot:bot",
+    cmd = worker_command(
         "--bootstrap",
         bootstrap,
         "--prefix",
@@ -91,7 +90,7 @@ def _start_worker(
         str(data_dir / "worker"),
         "--loglevel",
         "warning",
-    ]
+    )
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from botmesh.demo import worker_command
 from topics import Catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,18 +93,12 @@ def test_produce_and_receipts_through_a_worker(
     assert "produced 30 messages over 3 chats" in produced.stdout
     with open(tmp_path / "worker.log", "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "botmesh",
-                "worker",
-                "--app",
-                "examples.echo_bot:bot",
+            worker_command(
                 "--data-dir",
                 str(tmp_path / "data"),
                 "--loglevel",
                 "warning",
-            ],
+            ),
             cwd=REPO,
             env=dict(os.environ, **env),
             stdout=log,
@@ -140,20 +135,14 @@ def test_worker_web_server_on_loopback_port(
     env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "BOTMESH_TOPIC_PREFIX": topic_prefix}
     with open(tmp_path / "worker.log", "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "botmesh",
-                "worker",
-                "--app",
-                "examples.echo_bot:bot",
+            worker_command(
                 "--data-dir",
                 str(tmp_path / "data"),
                 "--web-port",
                 str(port),
                 "--partitions",
                 "1",
-            ],
+            ),
             cwd=REPO,
             env=dict(os.environ, **env),
             stdout=log,
