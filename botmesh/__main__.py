@@ -2,6 +2,6 @@
 
 import sys
 
-from botmesh.cli import main
+from botmesh._cli import main
 
 sys.exit(main())

@@ -1,49 +1,25 @@
 """Test your bot's crash recovery: ``crashable``, ``CrashableProvider``, ``MockProvider``.
 
-``crashable(backend)`` wraps a journal (a ``DurableKv`` or a ``KvDurability``) and "kills
-the process" at one precise journal write: ``crash_before(label)`` stops before the write
-lands, ``crash_after(label)`` right after it landed. The crash raises ``SimulatedCrash``,
-a ``BaseException`` that the engine never catches, and from then on the wrapper refuses
-every call, as a dead process would. Abandon the crashed bot and start a new one on the
-*unwrapped* backend with the same ``instance_id``::
+``crashable(kv)`` wraps a journal (a ``DurableKv``) in a ``FaultyKv``, the one fault kit of
+botmesh's own tests and yours. It can "kill the process" at one precise journal write:
+``crash_before(label)`` stops before the write lands, ``crash_after(label)`` right after it
+landed. The crash raises ``SimulatedCrash``, a ``BaseException`` that the engine never
+catches, and from then on the wrapper refuses every call, as a dead process would. It can
+also make the journal fail without dying (``fail(label, times)``, ``down = True``): writes
+raise ``JournalUnavailableError``, as an outage would. Abandon a crashed runtime and start
+a new one on the *unwrapped* journal with the same ``instance_id``::
 
-    shared = MemoryDurability()
+    shared = MemoryKv()
     a = crashable(shared)
-    a.crash_before("outbox.mark_sent")   # the provider was called, the result never recorded
-    bot_a = Bot(CrashableProvider(a), durability={"backend": a, "instance_id": "i1"})
-    await bot_a.start()
+    a.crash_before(Write.OUTBOX_MARK_SENT)   # the provider was called, the result never recorded
+    app_a = botmesh.run(bot, CrashableProvider(a), journal=a, instance_id="i1")
+    await app_a.start()
     with pytest.raises(SimulatedCrash):
-        await bot_a.handle(Inbound("m1", "chat", "hi"))
-    bot_b = Bot(MockProvider(), durability={"backend": shared, "instance_id": "i1"})
-    await bot_b.start()                  # recovers: the send is ambiguous -> unknown
+        await app_a.handle(Inbound(id="m1", chat_id="chat", text="hi"))
+    async with botmesh.run(bot, MockProvider(), journal=shared, instance_id="i1") as app_b:
+        ...                                    # recovered: the send is ambiguous -> unknown
 
-Journal write labels (each is one ``DurableKv.commit``):
-
-============================  ===========================================================
-``inbox.journal``             a new inbound, journaled and claimed (before any handler)
-``inbox.claim``               a replay (restart, expired lease, operator) takes the record
-``inbox.heartbeat``           the lease is extended while handlers run
-``inbox.mark_done``           the handlers settled
-``inbox.mark_retry``          a failure before the handlers, retried after a backoff
-``inbox.mark_dead``           max attempts charged: dead-lettered
-``inbox.replay``              an operator's ``replay_inbound``
-``outbox.journal``            an inline send, journaled in flight (about to call the provider)
-``outbox.enqueue``            ``bot.enqueue``: journaled for the sweeper
-``outbox.claim``              a retry, a later part, or a sweeper delivery takes the record
-``outbox.heartbeat``          the lease is extended while the provider call runs
-``outbox.mark_sent``          the provider's message id recorded
-``outbox.mark_failed``        a retryable failure recorded (retried after a backoff)
-``outbox.mark_dead``          a final failure, retries spent, or a dead earlier part
-``outbox.mark_unknown``       an ambiguous send under ``on_ambiguous="skip"``
-``outbox.release``            later parts of a deferred send released to the sweeper
-``outbox.wait``               a part waits behind an earlier part (not an attempt)
-``outbox.retry``              an operator's ``retry_send``
-``outbox.discard``            an operator's ``outbox.discard``
-``retention.purge``           done and sent records past retention deleted
-============================  ===========================================================
-
-The ambiguous window is between ``outbox.journal`` / ``outbox.claim`` landing and
-``outbox.mark_sent`` / ``outbox.mark_failed`` / ``outbox.mark_dead`` landing.
+The write labels are ``botmesh.journal.Write`` (``WRITE_LABELS`` lists their values).
 """
 
 from __future__ import annotations
@@ -53,15 +29,16 @@ from typing import Literal
 
 from providers.mock import MockProvider, SentCall
 from state.clock import ManualClock
-from state.durability import KvDurability
+from state.errors import JournalUnavailableError
 from state.kv import DurableKv, Entry, IndexName, Op
 from state.messages import Outbound, SendResult
 from state.ports import Provider
+from state.writes import Write
 
 __all__ = [
     "WRITE_LABELS",
-    "CrashableKv",
     "CrashableProvider",
+    "FaultyKv",
     "ManualClock",
     "MockProvider",
     "SentCall",
@@ -69,28 +46,7 @@ __all__ = [
     "crashable",
 ]
 
-WRITE_LABELS: tuple[str, ...] = (
-    "inbox.journal",
-    "inbox.claim",
-    "inbox.heartbeat",
-    "inbox.mark_done",
-    "inbox.mark_retry",
-    "inbox.mark_dead",
-    "inbox.replay",
-    "outbox.journal",
-    "outbox.enqueue",
-    "outbox.claim",
-    "outbox.heartbeat",
-    "outbox.mark_sent",
-    "outbox.mark_failed",
-    "outbox.mark_dead",
-    "outbox.mark_unknown",
-    "outbox.release",
-    "outbox.wait",
-    "outbox.retry",
-    "outbox.discard",
-    "retention.purge",
-)
+WRITE_LABELS: tuple[str, ...] = tuple(w.value for w in Write)
 
 When = Literal["before", "after"]
 
@@ -110,8 +66,9 @@ class SimulatedCrash(BaseException):
         return f"simulated crash {self.when} {self.label!r} (commit #{self.commit})"
 
 
-class CrashableKv:
-    """A ``DurableKv`` that dies at a chosen write. ``crashed`` is set once it did."""
+class FaultyKv:
+    """A ``DurableKv`` that dies at a chosen write (``crashed`` is set once it did), or
+    fails writes without dying (``fail``, ``down``)."""
 
     def __init__(self, inner: DurableKv) -> None:
         self.inner = inner
@@ -119,8 +76,15 @@ class CrashableKv:
         self.commits = 0
         self.labels: list[str] = []
         self.crashed: SimulatedCrash | None = None
+        #: While True every commit raises ``JournalUnavailableError`` (an outage).
+        self.down = False
+        self._fails: dict[str, int] = {}
         self._points: dict[tuple[When, str], int] = {}
         self._at: tuple[int, When] | None = None
+
+    def fail(self, label: str, times: int = 1) -> None:
+        """The next ``times`` writes labelled ``label`` raise ``JournalUnavailableError``."""
+        self._fails[label] = times
 
     def crash_before(self, label: str, occurrence: int = 1) -> None:
         """Die before the ``occurrence``-th write labelled ``label`` lands."""
@@ -166,6 +130,11 @@ class CrashableKv:
 
     async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
         self._alive()
+        left = self._fails.get(label, 0)
+        if self.down or left:
+            if left:
+                self._fails[label] = left - 1
+            raise JournalUnavailableError(f"journal down (test fault) at {label}")
         self.commits += 1
         self.labels.append(label)
         if self._hit("before", label):
@@ -186,17 +155,17 @@ class CrashableKv:
         return await self.inner.scan(prefix)
 
 
-def crashable(backend: DurableKv | KvDurability) -> CrashableKv:
-    """Wrap a journal so a test can kill the bot at a named write (see the module doc)."""
-    inner = backend.kv if isinstance(backend, KvDurability) else backend
-    return CrashableKv(inner)
+def crashable(kv: DurableKv) -> FaultyKv:
+    """Wrap a journal so a test can kill the bot at a named write, or make it fail (see the
+    module doc)."""
+    return FaultyKv(kv)
 
 
 class CrashableProvider:
     """A provider that dies with its crashable journal: once ``kv`` crashed, every send
     raises ``SimulatedCrash``. ``inner`` (a ``MockProvider`` by default) does the sends."""
 
-    def __init__(self, kv: CrashableKv, inner: Provider | None = None) -> None:
+    def __init__(self, kv: FaultyKv, inner: Provider | None = None) -> None:
         self.kv = kv
         self.inner: Provider = inner if inner is not None else MockProvider()
         self.name = self.inner.name

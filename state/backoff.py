@@ -1,11 +1,14 @@
-"""Exponential backoff with jitter, for inbox and outbox retries."""
+"""Retry timing and the retry decision: ``Backoff`` (exponential, with jitter) and
+``Retries`` (retry or give up), used by the inbox, the outbox and the Kafka worker alike."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-__all__ = ["Backoff"]
+from state.errors import RateLimitedError, Reason
+
+__all__ = ["Backoff", "GiveUp", "Retries", "Retry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,3 +31,41 @@ class Backoff:
             r = (rng or random).random()
             raw *= 1.0 + self.jitter * (2.0 * r - 1.0)
         return max(raw, floor, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Try again after ``delay`` seconds."""
+
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Dead-letter it, for ``reason``."""
+
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    """The one retry decision: after failed attempt ``attempts`` with ``error``, retry (and
+    when) or give up (and why). An error whose ``retryable`` is False gives up at once;
+    a ``RateLimitedError`` waits at least its ``retry_after``."""
+
+    max_attempts: int
+    backoff: Backoff
+    #: The reason given when the attempts run out.
+    exhausted: Reason
+    #: The reason given for an error that is not retryable.
+    refused: Reason = Reason.SEND_REFUSED
+
+    def decide(
+        self, error: BaseException, attempts: int, rng: random.Random | None = None
+    ) -> Retry | GiveUp:
+        if not getattr(error, "retryable", True):
+            return GiveUp(self.refused)
+        if attempts >= self.max_attempts:
+            return GiveUp(self.exhausted)
+        floor = error.retry_after if isinstance(error, RateLimitedError) else 0.0
+        return Retry(self.backoff.delay(attempts, rng, floor))

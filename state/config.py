@@ -1,4 +1,9 @@
-"""``DurabilityConfig``: every option of the durability layer, one frozen object per concern.
+"""``DurabilityConfig``: the bot's durability policy, one frozen object per concern.
+
+The policy is part of the bot's definition (``Bot("id", durability={...})``): retries,
+backoff, ambiguity, divergence, leases, retention. Where the journal lives and which
+instance holds the leases are the runtime's choice (``botmesh.run(..., journal=...,
+instance_id=...)``, ``botmesh worker --journal ... --instance-id ...``), not options here.
 
 Build it from a plain mapping (``DurabilityConfig.from_mapping({...})``, which is what
 ``Bot(durability={...})`` does) or directly. Durations are parsed once, here; every error
@@ -12,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from state.backoff import Backoff
+from state.backoff import Backoff, Retries
 from state.durations import parse_duration
-from state.errors import ConfigError
+from state.errors import ConfigError, Reason
 
 __all__ = ["BackoffConfig", "DurabilityConfig", "InboxConfig", "OutboxConfig"]
 
@@ -38,6 +43,9 @@ class BackoffConfig:
 
     def backoff(self) -> Backoff:
         return Backoff(self.base, self.cap, self.jitter)
+
+    def retries(self, max_attempts: int, exhausted: Reason) -> Retries:
+        return Retries(max_attempts, self.backoff(), exhausted)
 
     @classmethod
     def from_value(cls, value: object, field: str) -> BackoffConfig:
@@ -73,6 +81,10 @@ class InboxConfig:
     #: reference (url, path, or base64 bytes); provider rehydration is not implemented.
     media_refs: bool = True
 
+    def retry_policy(self) -> Retries:
+        """The decision for failures before the handlers (a journal outage, say)."""
+        return self.backoff.retries(self.max_attempts, Reason.ATTEMPTS_EXHAUSTED)
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxConfig:
@@ -95,25 +107,28 @@ class OutboxConfig:
     max_payload_bytes: int = 1024 * 1024
     #: Lease of a send in flight, seconds (default 60 s, at least 20 ms).
     lease: float = 60.0
+    #: Keep a chat's sends in order across a deferral (default True): while a send of a
+    #: chat waits for a retry, later sends to that chat are journaled behind it and go out
+    #: after it settled (an inline send then raises ``SendDeferredError``). ``False`` lets
+    #: later sends overtake a deferred one.
+    keep_chat_order: bool = True
+
+    def retry_policy(self) -> Retries:
+        """The one retry decision of a send, inline and in the background."""
+        return self.backoff.retries(self.retries + 1, Reason.RETRIES_EXHAUSTED)
 
 
 @dataclass(frozen=True, slots=True)
 class DurabilityConfig:
-    """Every durability option; ``Bot(durability=DurabilityConfig(...) | {...})``."""
+    """The durability policy of a bot: ``Bot("id", durability=DurabilityConfig(...) | {...})``."""
 
-    #: Where the journals live: ``None`` (a new ``MemoryDurability``), a URL
-    #: (``"memory://"``, ``"file:///var/lib/bot/journal"``), a ``DurableKv`` or a
-    #: ``KvDurability``.
-    backend: Any = None
-    #: Lease owner; stable across restarts, unique per running replica. Default
-    #: ``<hostname>/<bot_id>/<connection_id>`` (plus a per-boot suffix on a shared backend).
-    instance_id: str | None = None
-    #: Dispatch an inbound even when the journal cannot record it (default False: fail closed).
+    #: Dispatch an inbound even when the journal cannot record it (default False: fail
+    #: closed; the runtime sees ``JournalUnavailableError`` and the message is not acked).
     fail_open: bool = False
     inbox: InboxConfig = field(default_factory=InboxConfig)
     outbox: OutboxConfig = field(default_factory=OutboxConfig)
     #: Period of the background sweeper, seconds (default 1 s). ``0`` runs no background
-    #: sweeper: call ``bot.durability.sweep_once()`` yourself (tests, external schedulers).
+    #: sweeper: call ``app.durability.sweep_once()`` yourself (tests, external schedulers).
     poll: float = 1.0
     #: How long ``done`` / ``sent`` records are kept, seconds (default 7 days); 0 keeps them.
     retention: float = 7 * 86400.0
@@ -140,8 +155,6 @@ class DurabilityConfig:
             )
         if self.outbox.max_payload_bytes < 1:
             raise ConfigError("outbox.max_payload_bytes", "must be at least 1")
-        if self.instance_id is not None and not self.instance_id.strip():
-            raise ConfigError("instance_id", "must not be empty; leave it out for the default")
 
     def replace(self, **changes: Any) -> DurabilityConfig:
         return dataclasses.replace(self, **changes)
@@ -150,11 +163,17 @@ class DurabilityConfig:
     def from_mapping(cls, raw: Mapping[str, Any]) -> DurabilityConfig:
         """Read the options of ``Bot(durability={...})``; names as in this class."""
         raw = _mapping(raw, "durability")
-        _known(
-            raw,
-            "",
-            ("backend", "instance_id", "fail_open", "inbox", "outbox", "poll", "retention"),
-        )
+        for moved, arg, flag in (
+            ("backend", "journal", "--journal"),
+            ("instance_id", "instance_id", "--instance-id"),
+        ):
+            if moved in raw:
+                raise ConfigError(
+                    moved,
+                    "the runtime chooses this, not the bot: pass "
+                    f"botmesh.run(bot, provider, {arg}=...) or `botmesh worker {flag} ...`",
+                )
+        _known(raw, "", ("fail_open", "inbox", "outbox", "poll", "retention"))
         inbox_raw = _mapping(raw.get("inbox", {}), "inbox")
         outbox_raw = _mapping(raw.get("outbox", {}), "outbox")
         _known(inbox_raw, "inbox", ("lease", "max_attempts", "backoff", "media_refs"))
@@ -169,6 +188,7 @@ class DurabilityConfig:
                 "on_diverged",
                 "max_payload_bytes",
                 "lease",
+                "keep_chat_order",
             ),
         )
         inbox_backoff = BackoffConfig.from_value(inbox_raw.get("backoff", {}), "inbox.backoff")
@@ -193,18 +213,30 @@ class DurabilityConfig:
                 outbox_raw.get("max_payload_bytes", 1024 * 1024), "outbox.max_payload_bytes"
             ),
             lease=parse_duration(outbox_raw.get("lease", "60s"), "outbox.lease"),
+            keep_chat_order=_bool(
+                outbox_raw.get("keep_chat_order", True), "outbox.keep_chat_order"
+            ),
         )
-        instance_id = raw.get("instance_id")
-        if instance_id is not None and not isinstance(instance_id, str):
-            raise ConfigError("instance_id", f"expected a string, got {instance_id!r}")
         return cls(
-            backend=raw.get("backend"),
-            instance_id=instance_id,
             fail_open=_bool(raw.get("fail_open", False), "fail_open"),
             inbox=inbox,
             outbox=outbox,
             poll=parse_duration(raw.get("poll", "1s"), "poll"),
             retention=parse_duration(raw.get("retention", "7d"), "retention"),
+        )
+
+    @classmethod
+    def of(cls, value: object) -> DurabilityConfig:
+        """``None`` (the defaults), a mapping of options, or a ``DurabilityConfig``."""
+        if value is None:
+            return cls()
+        if isinstance(value, DurabilityConfig):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_mapping(value)
+        raise ConfigError(
+            "durability",
+            f"expected a mapping of options or a DurabilityConfig, got {type(value).__name__}",
         )
 
 

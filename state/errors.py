@@ -8,6 +8,9 @@ does next. ``args`` stay meaningful so that every error pickles.
 
     BotmeshError
     ├── ConfigError                      bad option; names the field
+    ├── InvalidKeyError                  an idempotency key botmesh cannot keep apart (``#``)
+    ├── AppLoadError                     ``--app`` / ``--provider`` does not name what it should
+    ├── BadRecord                        an inbound record that cannot be decoded (``reason``)
     ├── DurabilityError                  the journal layer
     │   ├── JournalUnavailableError      the backend cannot be reached or written
     │   │   └── JournalWriteError        one write failed (EIO, ENOSPC, short write)
@@ -30,13 +33,17 @@ does next. ``args`` stay meaningful so that every error pickles.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 __all__ = [
+    "AppLoadError",
+    "BadRecord",
     "BotmeshError",
     "ConfigError",
     "DurabilityError",
     "FencedError",
+    "InvalidKeyError",
     "JournalCorruptError",
     "JournalLockedError",
     "JournalUnavailableError",
@@ -47,6 +54,7 @@ __all__ = [
     "ProviderError",
     "ProviderNotLeaderError",
     "RateLimitedError",
+    "Reason",
     "RecipientUnreachableError",
     "RecordStateError",
     "SendDeferredError",
@@ -56,8 +64,72 @@ __all__ = [
 ]
 
 
+class Reason(StrEnum):
+    """Why a record is dead: the ``reason`` header of a dead letter and the ``reason`` of a
+    journaled error. Defined here once; the wire, the engine and the docs read it."""
+
+    #: The inbound record has no value (a tombstone) or an empty one.
+    EMPTY = "empty"
+    #: The inbound value is not UTF-8 JSON.
+    BAD_JSON = "bad-json"
+    #: The inbound JSON is not an object.
+    NOT_OBJECT = "not-object"
+    #: ``v`` is missing or not a version this worker reads.
+    UNKNOWN_VERSION = "unknown-version"
+    #: ``chat_id`` is missing, null or empty.
+    MISSING_CHAT_ID = "missing-chat-id"
+    #: A field has the wrong type.
+    WRONG_TYPE = "wrong-type"
+    #: The inbound could not be journaled in ``inbox.max_attempts`` tries.
+    JOURNAL_UNAVAILABLE = "journal-unavailable"
+    #: Processing the inbound failed in ``inbox.max_attempts`` tries (not a handler error).
+    HANDLE_FAILED = "handle-failed"
+    #: ``inbox.max_attempts`` runs were charged without completing (it crashed every run).
+    ATTEMPTS_EXHAUSTED = "attempts-exhausted"
+    #: The provider refused the send for good (a final error).
+    SEND_REFUSED = "send-refused"
+    #: The send failed ``outbox.retries + 1`` times.
+    RETRIES_EXHAUSTED = "retries-exhausted"
+    #: An earlier part of the same text is dead, so this part never goes out.
+    PREVIOUS_PART_DEAD = "previous-part-dead"
+    #: An earlier part of the same text became ``unknown``, so this part shares its fate.
+    PREVIOUS_PART_UNKNOWN = "previous-part-unknown"
+    #: The process stopped between calling the provider and recording the result.
+    AMBIGUOUS = "ambiguous"
+
+
 class BotmeshError(Exception):
     """Root of every error botmesh raises on purpose."""
+
+
+class InvalidKeyError(BotmeshError, ValueError):
+    """An explicit idempotency key botmesh refuses; ``key`` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(key, message)
+        self.key = key
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"idempotency key {self.key!r}: {self.message}"
+
+
+class AppLoadError(BotmeshError):
+    """``--app`` or ``--provider`` does not name what it should; the message names the
+    module or attribute and the fix."""
+
+
+class BadRecord(BotmeshError, ValueError):
+    """An inbound record that cannot be decoded: ``reason`` is a stable code (the DLQ
+    ``reason`` header), ``detail`` says what is wrong and how to fix the producer."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
 
 
 class ConfigError(BotmeshError, ValueError):

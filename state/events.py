@@ -1,23 +1,38 @@
-"""Durability events, as emitted on the bot (``bot.on("durability:dead", cb)``)."""
+"""The events a running bot emits, one typed class each.
+
+Listen with ``bot.on(DeadEvent, listener)`` (or ``@bot.on(DeadEvent)``); the listener gets
+an instance of that class. ``name`` keeps the reference's event name for logs and operators.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-__all__ = ["AMBIGUOUS", "DEAD", "AmbiguousEvent", "DeadEvent"]
+from state.errors import Reason
+from state.messages import Receipt
 
-DEAD = "durability:dead"
-AMBIGUOUS = "durability:ambiguous"
+__all__ = ["AmbiguousEvent", "DeadEvent", "ErrorEvent", "Event", "SentEvent"]
+
+
+@dataclass(frozen=True, slots=True)
+class SentEvent:
+    """A send went out (each part); ``background`` when the sweeper delivered it."""
+
+    name: ClassVar[str] = "sent"
+    receipt: Receipt
+    background: bool
 
 
 @dataclass(frozen=True, slots=True)
 class DeadEvent:
     """A record was dead-lettered: ``kind`` inbox or outbox, ``id`` the inbound id or the
-    idempotency key, ``error`` why."""
+    idempotency key, ``reason`` why, ``error`` the last error's message."""
 
+    name: ClassVar[str] = "durability:dead"
     kind: Literal["inbox", "outbox"]
     id: str
+    reason: Reason
     error: str
 
 
@@ -25,6 +40,22 @@ class DeadEvent:
 class AmbiguousEvent:
     """A send was found in flight after a crash; ``resent`` says which policy applied."""
 
+    name: ClassVar[str] = "durability:ambiguous"
     key: str
     chat_id: str
     resent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """Something failed that the bot reports rather than raises: a handler, a listener, a
+    journal write the engine retries later. ``inbound_id`` names the message when there is
+    one; ``where`` says what was running (``handler``, ``inbox.mark_done``, ``sweeper``…)."""
+
+    name: ClassVar[str] = "error"
+    error: BaseException
+    where: str
+    inbound_id: str | None = None
+
+
+Event = SentEvent | DeadEvent | AmbiguousEvent | ErrorEvent

@@ -1,4 +1,4 @@
-"""The inbox state machine: pure transitions on inbox records, and the operator view.
+"""The inbox: every inbound is journaled before its handlers run and marked done after.
 
 ::
 
@@ -8,92 +8,252 @@
        >= max)      ▼  │
                     dead
 
-Every transition is a compare-and-set write made by ``state.durability`` under a stable
-label (``inbox.journal``, ``inbox.claim``, ``inbox.heartbeat``, ``inbox.mark_done``,
-``inbox.mark_retry``, ``inbox.mark_dead``, ``inbox.replay``).
+``Inbox.handle`` returns an ``Outcome`` or raises: ``JournalUnavailableError`` when the
+inbound could not be journaled (fail closed: nothing ran; the caller must not
+acknowledge it) or when its handlers ran but ``done`` could not be written (a retry
+settles it without running them again). Every transition is a compare-and-set write under
+a ``Write`` label.
 """
 
 from __future__ import annotations
 
+import logging
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from state.backoff import GiveUp
+from state.errors import (
+    BadRecord,
+    FencedError,
+    JournalUnavailableError,
+    Reason,
+    VersionConflictError,
+)
+from state.events import DeadEvent, ErrorEvent
+from state.kv import Entry, Put
+from state.lease import Held
 from state.messages import Inbound
-from state.records import InboxRecord, encode_inbound
+from state.records import InboxState, decode_inbound, encode_error, encode_inbound, error_of
+from state.writes import Write
 
 if TYPE_CHECKING:
-    from state.durability import ScopedDurability
+    from state.engine import Engine
 
-__all__ = [
-    "Inbox",
-    "dead_value",
-    "done_value",
-    "new_value",
-    "replay_value",
-    "retry_value",
-]
+__all__ = ["Inbox", "Outcome"]
+
+log = logging.getLogger("botmesh.inbox")
 
 Json = dict[str, Any]
 
 
-def new_value(
-    message: Inbound, now: float, *, owner: str, boot: str, lease: float, media_refs: bool
-) -> Json:
+class Outcome(StrEnum):
+    """What became of an inbound that ``handle()`` accepted. Every outcome may be
+    acknowledged to the transport; a failure raises instead."""
+
+    #: Journaled, handlers ran, marked done.
+    HANDLED = "handled"
+    #: Already done, in progress here or held by another live instance: nothing ran.
+    DUPLICATE = "duplicate"
+    #: Dead in the journal (``inbox.max_attempts`` runs charged): nothing ran.
+    DEAD = "dead"
+    #: Its handlers ran, but another holder took the record over meanwhile and finishes it.
+    FENCED = "fenced"
+    #: The journal was down and ``fail_open`` dispatched it anyway, unjournaled.
+    UNJOURNALED = "unjournaled"
+
+
+def new_value(message: Json, now: float, lease: Json) -> Json:
     """A new record, journaled and claimed in the same write (attempt 1 charged)."""
     return {
         "t": "in",
-        "id": message.id,
-        "state": "pending",
+        "id": message["id"],
+        "state": InboxState.PENDING,
         "attempts": 1,
         "token": 1,
-        "lease": {"owner": owner, "boot": boot, "until": now + lease},
-        "message": encode_inbound(message, media_refs=media_refs),
+        "lease": lease,
+        "message": message,
         "error": None,
         "created": now,
         "updated": now,
     }
 
 
-def done_value(value: Json, now: float) -> Json:
+def _with(value: Json, now: float, **changes: Any) -> Json:
     new = dict(value)
-    new.update(state="done", lease=None, error=None, updated=now)
-    return new
-
-
-def dead_value(value: Json, now: float, error: Json) -> Json:
-    new = dict(value)
-    new.update(state="dead", lease=None, error=error, updated=now)
-    return new
-
-
-def retry_value(value: Json, now: float, error: Json) -> Json:
-    """A failure before the handlers: released, to be tried again after a backoff."""
-    new = dict(value)
-    new.update(state="pending", lease=None, error=error, updated=now)
+    new.update(changes, updated=now)
     return new
 
 
 def replay_value(value: Json, now: float) -> Json:
     """An operator's replay: pending again with a fresh attempt budget."""
-    new = dict(value)
-    new.update(state="pending", lease=None, error=None, attempts=0, updated=now)
-    return new
+    return _with(value, now, state=InboxState.PENDING, lease=None, error=None, attempts=0)
 
 
 class Inbox:
-    """``durability.inbox``: read the inbound journal of this bot's scope."""
+    """Journals inbounds, runs their handlers through the engine hooks, marks them done."""
 
-    def __init__(self, owner: ScopedDurability) -> None:
-        self._d = owner
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+        self._inflight: set[str] = set()
+        #: Records whose handlers ran but whose ``done`` did not land (retried on redelivery).
+        self._undone: dict[str, Held] = {}
+        cfg = engine.config.inbox
+        self._lease = cfg.lease
+        self._retries = cfg.retry_policy()
 
-    async def list(self, state: str | None = None) -> list[InboxRecord]:
-        """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
-        entries = await self._d.kv.scan(self._d.in_prefix)
-        return [
-            InboxRecord.from_value(e.value, e.version)
-            for e in entries
-            if state is None or e.value.get("state") == state
-        ]
+    async def handle(self, message: Inbound) -> Outcome:
+        """Journal ``message`` (fail closed), run the handlers, mark it done."""
+        mid = message.id
+        if not mid:
+            raise BadRecord(
+                Reason.WRONG_TYPE,
+                "an inbound needs an id, stable across redeliveries (the channel's message "
+                "id): Inbound(id=..., chat_id=..., ...)",
+            )
+        if mid in self._inflight:
+            self._e.metrics.inbound_duplicates += 1
+            return Outcome.DUPLICATE
+        self._inflight.add(mid)
+        try:
+            return await self._handle(message)
+        finally:
+            self._inflight.discard(mid)
 
-    async def get(self, inbound_id: str) -> InboxRecord | None:
-        entry = await self._d.kv.get(self._d.in_prefix + inbound_id)
-        return InboxRecord.from_value(entry.value, entry.version) if entry else None
+    async def _handle(self, message: Inbound) -> Outcome:
+        e = self._e
+        key = e.in_prefix + message.id
+        if key in self._undone:
+            return await self._mark_done(self._undone[key], message.id)
+        now = e.clock.now()
+        try:
+            encoded = encode_inbound(message, media_refs=e.config.inbox.media_refs)
+        except (TypeError, ValueError) as exc:
+            raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
+        value = new_value(encoded, now, e.leases.lease(now, self._lease))
+        try:
+            [version] = await e.kv.commit(
+                [Put(key, value, expect=0, due=now + self._lease)], label=Write.INBOX_JOURNAL
+            )
+        except VersionConflictError:
+            return await self._redelivered(key)
+        except Exception as exc:
+            return await self._not_journaled(message, exc)
+        e.metrics.inbound_journaled += 1
+        return await self.run(Held(key, 1, version, value, self._lease, now + self._lease), message)
+
+    async def _not_journaled(self, message: Inbound, exc: Exception) -> Outcome:
+        if self._e.config.fail_open:
+            log.warning(
+                "inbound %s not journaled (%s); dispatched anyway (fail_open)", message.id, exc
+            )
+            await self._e.emit(ErrorEvent(exc, "inbox.journal", message.id))
+            await self._e.hooks.dispatch(message)
+            return Outcome.UNJOURNALED
+        log.error("inbound %s not journaled, not dispatched (fail closed): %s", message.id, exc)
+        if isinstance(exc, JournalUnavailableError):
+            raise exc
+        raise JournalUnavailableError(f"inbound {message.id!r} not journaled: {exc}") from exc
+
+    async def _redelivered(self, key: str) -> Outcome:
+        e = self._e
+        entry = await e.kv.get(key)
+        state = entry.value.get("state") if entry is not None else InboxState.DONE
+        if entry is not None and state == InboxState.PENDING and key not in e.leases.held:
+            now = e.clock.now()
+            if e.leases.state(entry.value, now) != "live" or e.leases.this_boot(entry.value):
+                return await self.replay(entry, now)
+        e.metrics.inbound_duplicates += 1
+        return Outcome.DEAD if state == InboxState.DEAD else Outcome.DUPLICATE
+
+    async def run(self, held: Held, message: Inbound) -> Outcome:
+        """Run the handlers of a record we hold, then mark it done."""
+        e = self._e
+        e.leases.held[held.key] = held
+        try:
+            await e.hooks.dispatch(message)
+        finally:
+            e.leases.held.pop(held.key, None)
+        return await self._mark_done(held, message.id)
+
+    async def _mark_done(self, held: Held, inbound_id: str) -> Outcome:
+        e = self._e
+        now = e.clock.now()
+        done = _with(held.value, now, state=InboxState.DONE, lease=None, error=None)
+        try:
+            await e.leases.write(held, done, Write.INBOX_MARK_DONE, purge=e.purge_at(now))
+        except FencedError as exc:
+            self._undone.pop(held.key, None)
+            await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            return Outcome.FENCED
+        except Exception as exc:
+            self._undone[held.key] = held
+            log.warning("inbound %s handled but not marked done: %s", inbound_id, exc)
+            raise JournalUnavailableError(
+                f"inbound {inbound_id!r} was handled but not marked done ({exc}); "
+                "handle it again to settle it (its handlers do not run again)"
+            ) from exc
+        self._undone.pop(held.key, None)
+        return Outcome.HANDLED
+
+    async def replay(self, entry: Entry, now: float) -> Outcome:
+        """Take a pending record (restart, expired lease, operator) and run it again, or
+        dead-letter it once ``inbox.max_attempts`` runs were charged."""
+        e = self._e
+        value = entry.value
+        attempts = int(value.get("attempts", 0))
+        if attempts >= e.config.inbox.max_attempts:
+            error = encode_error(
+                "AttemptsExhausted",
+                f"{attempts} runs were charged without completing "
+                f"(inbox.max_attempts={e.config.inbox.max_attempts})",
+                retryable=False,
+                reason=Reason.ATTEMPTS_EXHAUSTED,
+            )
+            if value.get("error"):
+                error["last"] = value["error"]
+            await self._dead(entry, error)
+            return Outcome.DEAD
+        claimed = e.leases.claimed(value, now, self._lease)
+        claimed.update(attempts=attempts + 1, state=InboxState.PENDING)
+        try:
+            [version] = await e.kv.commit(
+                [Put(entry.key, claimed, expect=entry.version, due=now + self._lease)],
+                label=Write.INBOX_CLAIM,
+            )
+        except VersionConflictError:
+            return Outcome.DUPLICATE
+        held = Held(entry.key, claimed["token"], version, claimed, self._lease, now + self._lease)
+        e.metrics.inbound_replayed += 1
+        try:
+            message = decode_inbound(claimed["message"])
+        except Exception as exc:
+            await self._failed_before_handlers(held, exc)
+            return Outcome.DEAD if held.value["state"] == InboxState.DEAD else Outcome.DUPLICATE
+        return await self.run(held, message)
+
+    async def _failed_before_handlers(self, held: Held, exc: Exception) -> None:
+        e = self._e
+        now = e.clock.now()
+        attempts = int(held.value.get("attempts", 0))
+        log.warning(
+            "inbound %s failed before its handlers (attempt %d): %s", held.key, attempts, exc
+        )
+        decision = self._retries.decide(exc, attempts, e.rng)
+        if isinstance(decision, GiveUp):
+            await self._dead(held, error_of(exc, decision.reason))
+            return
+        error = error_of(exc, Reason.HANDLE_FAILED)
+        retry = _with(held.value, now, state=InboxState.PENDING, lease=None, error=error)
+        await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
+
+    async def _dead(self, target: Held | Entry, error: Json) -> None:
+        e = self._e
+        now = e.clock.now()
+        dead = _with(target.value, now, state=InboxState.DEAD, lease=None, error=error)
+        if not await e.leases.write(target, dead, Write.INBOX_MARK_DEAD):
+            return
+        if isinstance(target, Held):
+            target.value = dead
+        e.metrics.inbound_dead += 1
+        log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
+        await e.emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))

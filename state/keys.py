@@ -12,12 +12,15 @@ import json
 import uuid
 from urllib.parse import quote
 
+from state.errors import InvalidKeyError
 from state.messages import Outbound
 
 __all__ = [
+    "check_explicit",
     "derived_key",
     "diverged_key",
     "fingerprint",
+    "part_base",
     "part_key",
     "random_key",
     "scope_id",
@@ -41,6 +44,25 @@ def random_key() -> str:
 def part_key(key: str, part: int) -> str:
     """``key`` for part 1, ``key#2``, ``key#3``… for the others."""
     return key if part == 1 else f"{key}#{part}"
+
+
+def part_base(key: str, part: int) -> str:
+    """The key of part 1 of the send whose part ``part`` is ``key``."""
+    return key if part == 1 else key.rpartition("#")[0]
+
+
+def check_explicit(key: str) -> str:
+    """An explicit idempotency key, refused when botmesh could not keep it apart from the
+    keys it makes itself: ``#`` would collide with the part keys of a split text."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKeyError(str(key), "must be a non-empty string")
+    if "#" in key:
+        raise InvalidKeyError(
+            key,
+            "must not contain '#': botmesh names the parts of a split text 'key#2', "
+            "'key#3'…; use another separator (for example ':' or '/')",
+        )
+    return key
 
 
 def diverged_key(key: str, fp: str) -> str:

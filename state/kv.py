@@ -1,7 +1,7 @@
 """The journal SPI: ``DurableKv``, a versioned key-value store with two sorted indexes.
 
 Every backend (memory, file, sqlite, postgres, redis, rocksdb, the Faust table) implements
-this one small protocol; ``KvDurability`` builds the inbox, the outbox and the leases on
+this one small protocol; ``state.engine.Engine`` builds the inbox, the outbox and the leases on
 top of it. Keys are strings; values are JSON objects (``dict`` of JSON values), copied on
 the way in and out so that callers never share mutable state with the store.
 
@@ -132,6 +132,8 @@ def copy_json(value: Any) -> Any:
     if t is list:
         return [copy_json(v) for v in value]
     if t is str or t is int or t is float or t is bool or value is None:
+        return value
+    if isinstance(value, str | int | float):  # a StrEnum state, say: immutable too
         return value
     return copy.deepcopy(value)
 

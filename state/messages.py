@@ -1,20 +1,55 @@
-"""Plain records that cross the layers: inbound messages, outbound sends, provider results.
+"""The message model: every record that crosses the layers, defined once.
 
-No Kafka, no Faust: ``topics/`` maps these to and from the wire, ``providers/`` sends them.
+``Inbound`` (a message or interaction, as handlers see it and as it travels on the inbound
+topic), ``Media``, ``Outbound`` (a send, as the provider gets it), ``SendResult`` and
+``Receipt`` (what went out, as the receipts topic carries it). They are ``msgspec`` structs:
+frozen, typed, and decoded from JSON with validation in one pass. The JSON Schema files of
+the wire (``topics/schemas/*.json``) are generated from these classes
+(``python -m topics.schemas``), and a test keeps them in step.
+
+The records that go on the wire carry a version field ``"v": 1`` (the struct tag).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
-__all__ = ["Inbound", "Media", "Outbound", "Receipt", "SendResult"]
+import msgspec
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Inbound",
+    "Media",
+    "Outbound",
+    "OutboxState",
+    "Receipt",
+    "SendResult",
+]
+
+#: The version of the wire records (``"v"``).
+SCHEMA_VERSION = 1
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
-@dataclass(frozen=True, slots=True)
-class Media:
-    """A media reference: a URL, a path, or inline bytes (journaled base64)."""
+class OutboxState(StrEnum):
+    """The states of a send (an outbox record), under the reference's names."""
+
+    #: Journaled; about to go out, going out, or waiting its turn.
+    PENDING = "pending"
+    #: An attempt failed with a retryable error; retried after a backoff.
+    FAILED = "failed"
+    #: The provider accepted it (``message_id`` recorded).
+    SENT = "sent"
+    #: Failed for good (final error, retries spent, or an earlier part dead).
+    DEAD = "dead"
+    #: Its outcome was lost in a crash (``on_ambiguous="skip"``), or an earlier part's was.
+    UNKNOWN = "unknown"
+
+
+class Media(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A media reference: a URL, a path, or inline bytes (base64 in JSON)."""
 
     url: str | None = None
     path: str | None = None
@@ -22,49 +57,51 @@ class Media:
     mime: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """One inbound message or interaction, as the bot's handlers see it.
+class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="v", tag=1):
+    """One inbound message or interaction.
 
-    ``id`` is the inbound record id: stable across redeliveries of the same message (the
-    channel's message id, or the Kafka topic/partition/offset when the channel has none).
+    ``id`` is the inbound record id, stable across redeliveries of the same message (the
+    channel's message id). On Kafka a record without one gets ``<topic>:<partition>:<offset>``;
+    in process it is required. Send keys derive from it (``<id>:<n>``).
     """
 
-    id: str
-    chat_id: str
+    id: NonEmpty = ""
+    chat_id: NonEmpty
     text: str | None = None
     kind: Literal["message", "interaction"] = "message"
     sender: str | None = None
     channel: str | None = None
     ts: float | None = None
     media: Media | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class Outbound:
+class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
     """One send as the provider receives it (the idempotency key is never in it)."""
 
     chat_id: str
     text: str | None = None
     media: Media | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(msgspec.Struct, frozen=True):
     """What the provider answered: its own message id."""
 
     message_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """What went out: published on the sent-receipts topic by the Kafka worker."""
+class Receipt(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
+    """A settled send: ``sent``, ``dead`` or ``unknown``.
 
-    key: str
-    chat_id: str
+    Published at least once on ``<prefix>.sent`` by the Kafka worker; ``key`` (the
+    idempotency key) lets consumers drop the copies.
+    """
+
+    key: NonEmpty
+    chat_id: NonEmpty
     message_id: str | None
-    state: str
+    state: OutboxState
     inbound_id: str | None = None
-    part: int = 1
+    part: Annotated[int, msgspec.Meta(ge=1)] = 1
+    ts: float = 0.0

@@ -1,73 +1,58 @@
-"""The thirteen durability counters, under the reference's names (``metrics()``)."""
+"""The thirteen durability counters, under the reference's names (``metrics()``).
+
+``Metric`` defines each name once; ``Metrics`` keeps one counter per member, as a plain
+attribute (``metrics.outbox_dead += 1`` on the hot path) named after the member.
+"""
 
 from __future__ import annotations
 
-__all__ = ["METRIC_NAMES", "Metrics"]
+from enum import StrEnum
 
-METRIC_NAMES: tuple[str, ...] = (
-    "inboundJournaled",
-    "inboundDuplicates",
-    "inboundReplayed",
-    "inboundDead",
-    "outboxJournaled",
-    "outboxDeduped",
-    "outboxRetried",
-    "outboxDeferred",
-    "outboxDead",
-    "outboxAmbiguous",
-    "outboxBypassed",
-    "staleLeases",
-    "outboxDiverged",
-)
+__all__ = ["Metric", "Metrics"]
+
+
+class Metric(StrEnum):
+    """A counter of ``metrics()``: the value is the reference's name."""
+
+    INBOUND_JOURNALED = "inboundJournaled"
+    INBOUND_DUPLICATES = "inboundDuplicates"
+    INBOUND_REPLAYED = "inboundReplayed"
+    INBOUND_DEAD = "inboundDead"
+    OUTBOX_JOURNALED = "outboxJournaled"
+    OUTBOX_DEDUPED = "outboxDeduped"
+    OUTBOX_RETRIED = "outboxRetried"
+    OUTBOX_DEFERRED = "outboxDeferred"
+    OUTBOX_DEAD = "outboxDead"
+    OUTBOX_AMBIGUOUS = "outboxAmbiguous"
+    OUTBOX_BYPASSED = "outboxBypassed"
+    STALE_LEASES = "staleLeases"
+    OUTBOX_DIVERGED = "outboxDiverged"
+
+
+_ATTRS = tuple(m.name.lower() for m in Metric)
 
 
 class Metrics:
-    """Counters of one bot's durability view. ``as_dict()`` uses the reference's names."""
+    """Counters of one bot's engine; ``as_dict()`` uses the reference's names."""
 
-    __slots__ = (
-        "inbound_dead",
-        "inbound_duplicates",
-        "inbound_journaled",
-        "inbound_replayed",
-        "outbox_ambiguous",
-        "outbox_bypassed",
-        "outbox_dead",
-        "outbox_deduped",
-        "outbox_deferred",
-        "outbox_diverged",
-        "outbox_journaled",
-        "outbox_retried",
-        "stale_leases",
-    )
+    __slots__ = _ATTRS
+    inbound_journaled: int
+    inbound_duplicates: int
+    inbound_replayed: int
+    inbound_dead: int
+    outbox_journaled: int
+    outbox_deduped: int
+    outbox_retried: int
+    outbox_deferred: int
+    outbox_dead: int
+    outbox_ambiguous: int
+    outbox_bypassed: int
+    stale_leases: int
+    outbox_diverged: int
 
     def __init__(self) -> None:
-        self.inbound_journaled = 0
-        self.inbound_duplicates = 0
-        self.inbound_replayed = 0
-        self.inbound_dead = 0
-        self.outbox_journaled = 0
-        self.outbox_deduped = 0
-        self.outbox_retried = 0
-        self.outbox_deferred = 0
-        self.outbox_dead = 0
-        self.outbox_ambiguous = 0
-        self.outbox_bypassed = 0
-        self.stale_leases = 0
-        self.outbox_diverged = 0
+        for attr in _ATTRS:
+            setattr(self, attr, 0)
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "inboundJournaled": self.inbound_journaled,
-            "inboundDuplicates": self.inbound_duplicates,
-            "inboundReplayed": self.inbound_replayed,
-            "inboundDead": self.inbound_dead,
-            "outboxJournaled": self.outbox_journaled,
-            "outboxDeduped": self.outbox_deduped,
-            "outboxRetried": self.outbox_retried,
-            "outboxDeferred": self.outbox_deferred,
-            "outboxDead": self.outbox_dead,
-            "outboxAmbiguous": self.outbox_ambiguous,
-            "outboxBypassed": self.outbox_bypassed,
-            "staleLeases": self.stale_leases,
-            "outboxDiverged": self.outbox_diverged,
-        }
+        return {m.value: getattr(self, attr) for m, attr in zip(Metric, _ATTRS, strict=True)}

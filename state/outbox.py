@@ -1,4 +1,6 @@
-"""The outbox state machine: pure transitions on outbox records, and the operator view.
+"""The outbox: every send is journaled under its idempotency key before the provider is
+called. ``send`` (inline: journaled in flight, delivered now, retried inline up to
+``outbox.inline_max``) and ``enqueue`` (journaled for the sweeper) share one path.
 
 ::
 
@@ -9,70 +11,89 @@
                   failed ───> dead
     pending+inflight found after a crash ──> unknown (on_ambiguous="skip") or sent again
 
-``retry_send`` moves dead, failed and unknown records back to pending; ``discard``
-deletes a record. Write labels: ``outbox.journal`` (inline: journaled in flight),
-``outbox.enqueue``, ``outbox.claim``, ``outbox.heartbeat``, ``outbox.mark_sent``,
-``outbox.mark_failed``, ``outbox.mark_dead``, ``outbox.mark_unknown``, ``outbox.release``,
-``outbox.wait``, ``outbox.retry``, ``outbox.discard``.
+A text over the channel's limit is split first, into one record per part (``key``,
+``key#2``…, linked by ``previous_part``); media rides on part 1. Only a part that still
+cannot be journaled (over ``outbox.max_payload_bytes``, or not JSON) bypasses the outbox.
+With ``outbox.keep_chat_order`` a send to a chat whose earlier send waits for a retry is
+journaled behind it (``after``) and leaves that to the sweeper.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from state.errors import RecordStateError
-from state.keys import part_key
-from state.kv import Delete
-from state.messages import Receipt
-from state.records import OutboxRecord
+import msgspec
+
+from state.errors import (
+    DurabilityError,
+    JournalUnavailableError,
+    SendDeferredError,
+    VersionConflictError,
+)
+from state.keys import diverged_key, part_base, part_key
+from state.kv import Put
+from state.lease import Held
+from state.messages import Outbound, OutboxState, Receipt
+from state.records import encode_outbound, receipt_of
+from state.splitter import split_text
+from state.writes import Write
 
 if TYPE_CHECKING:
-    from state.durability import ScopedDurability
+    from state.engine import Engine
 
-__all__ = [
-    "Outbox",
-    "dead_value",
-    "failed_value",
-    "new_values",
-    "receipt_of",
-    "retry_value",
-    "sent_value",
-    "unknown_value",
-]
+__all__ = ["Outbox", "Plan", "new_values", "part_payloads"]
+
+log = logging.getLogger("botmesh.outbox")
 
 Json = dict[str, Any]
 
 
+def part_payloads(payload: Json, texts: list[str | None]) -> list[Json]:
+    """The journaled payload of each part: part 1 keeps the media, every part the options."""
+    first = {**payload, "text": texts[0]}
+    if len(texts) == 1:
+        return [first]
+    rest = {k: v for k, v in payload.items() if k != "media"}
+    return [first, *({**rest, "text": t} for t in texts[1:])]
+
+
 def new_values(
     key: str,
-    payload: Json,
-    texts: list[str | None],
+    payloads: list[Json],
     *,
+    first_part: int,
+    parts: int,
     fp: str | None,
     inbound_id: str | None,
     now: float,
     lease: Json | None,
-    inflight: bool,
+    after: str | None,
 ) -> list[Json]:
-    """One record per text part; part 1 in flight when ``inflight`` (inline send)."""
+    """One record per part; the first one leased and in flight when ``lease`` (inline)."""
     values: list[Json] = []
     previous: str | None = None
-    for i, text in enumerate(texts, start=1):
+    for i, payload in enumerate(payloads, start=first_part):
         k = part_key(key, i)
+        live = lease is not None and i == first_part
         values.append(
             {
                 "t": "out",
                 "key": k,
-                "state": "pending",
-                "attempts": 1 if (inflight and i == 1) else 0,
+                "state": OutboxState.PENDING,
+                "attempts": 1 if live else 0,
                 "token": 1 if lease is not None else 0,
                 "lease": lease,
-                "inflight": inflight and i == 1,
-                "payload": {**payload, "text": text},
-                "fp": fp if i == 1 else None,
+                "inflight": live,
+                "payload": payload,
+                "fp": fp if i == first_part else None,
                 "part": i,
-                "parts": len(texts),
+                "parts": parts,
                 "previous_part": previous,
+                "after": after if i == first_part else None,
                 "inbound_id": inbound_id,
                 "message_id": None,
                 "error": None,
@@ -84,81 +105,285 @@ def new_values(
     return values
 
 
-def sent_value(value: Json, now: float, message_id: str) -> Json:
-    new = dict(value)
-    new.update(
-        state="sent", message_id=message_id, inflight=False, lease=None, error=None, updated=now
-    )
-    return new
+@dataclass(slots=True)
+class Plan:
+    """A send cut into what goes to the provider directly and what is journaled."""
+
+    chat_id: str
+    #: Parts sent straight to the provider, unjournaled (counted in ``outboxBypassed``).
+    bypass: list[Outbound] = field(default_factory=list)
+    #: Parts to journal, in order, with their payloads.
+    parts: list[Outbound] = field(default_factory=list)
+    payloads: list[Json] = field(default_factory=list)
+    #: Part number of ``parts[0]`` (2 when part 1 bypassed).
+    first_part: int = 1
+    total: int = 1
 
 
-def failed_value(value: Json, now: float, error: Json, lease: Json | None) -> Json:
-    new = dict(value)
-    new.update(state="failed", inflight=False, lease=lease, error=error, updated=now)
-    return new
-
-
-def dead_value(value: Json, now: float, error: Json) -> Json:
-    new = dict(value)
-    new.update(state="dead", inflight=False, lease=None, error=error, updated=now)
-    return new
-
-
-def unknown_value(value: Json, now: float) -> Json:
-    new = dict(value)
-    new.update(
-        state="unknown",
-        inflight=False,
-        lease=None,
-        error={
-            "type": "Ambiguous",
-            "message": "the process stopped between calling the provider and recording it",
-            "retryable": True,
-        },
-        updated=now,
-    )
-    return new
-
-
-def retry_value(value: Json, now: float) -> Json:
-    new = dict(value)
-    new.update(state="pending", inflight=False, lease=None, error=None, attempts=0, updated=now)
-    return new
-
-
-def receipt_of(value: Json) -> Receipt:
-    return Receipt(
-        key=value["key"],
-        chat_id=value["payload"]["chat_id"],
-        message_id=value.get("message_id"),
-        state=value["state"],
-        inbound_id=value.get("inbound_id"),
-        part=value.get("part", 1),
-    )
+@dataclass(slots=True)
+class Journaled:
+    helds: list[Held]
+    #: The key this send waits behind (``keep_chat_order``), or None.
+    after: str | None
 
 
 class Outbox:
-    """``durability.outbox``: read the outbound journal of this scope; ``discard`` a send."""
+    """Journals sends; answers a recorded key from the outbox; keeps per-chat order."""
 
-    def __init__(self, owner: ScopedDurability) -> None:
-        self._d = owner
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        #: Chat id -> the key of the last part of the last send that later sends to the chat
+        #: must wait behind (while a send of the chat waits for a retry).
+        self.tails: dict[str, str] = {}
+        self._lease = engine.config.outbox.lease
+        self._keep_order = engine.config.outbox.keep_chat_order
 
-    async def list(self, state: str | None = None) -> list[OutboxRecord]:
-        """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
-        entries = await self._d.kv.scan(self._d.out_prefix)
-        return [
-            OutboxRecord.from_value(e.value, e.version)
-            for e in entries
-            if state is None or e.value.get("state") == state
-        ]
+    def chat_lock(self, chat_id: str) -> asyncio.Lock:
+        lock = self._locks.get(chat_id)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[chat_id] = lock
+        return lock
 
-    async def get(self, key: str) -> OutboxRecord | None:
-        entry = await self._d.kv.get(self._d.out_prefix + key)
-        return OutboxRecord.from_value(entry.value, entry.version) if entry else None
+    # -- the one path ------------------------------------------------------------------
 
-    async def discard(self, key: str) -> None:
-        """Forget the send ``key`` (any state). A later send under that key goes out again."""
-        entry = await self._d.kv.get(self._d.out_prefix + key)
+    async def send(
+        self,
+        message: Outbound,
+        *,
+        key: str,
+        derived: bool = False,
+        fp: str | None = None,
+        inbound_id: str | None = None,
+    ) -> Receipt:
+        """Journal the send under ``key`` (in flight), call the provider, record the result.
+
+        Answers from the outbox when ``key`` is recorded; retries inline for up to
+        ``outbox.inline_max`` then raises ``SendDeferredError`` (also when it must wait
+        behind a deferred send of its chat); raises the error of a final failure (the
+        record is dead); ``FencedError`` when the lease was taken over. Returns the receipt
+        of the first part.
+        """
+        plan = self.plan(message)
+        async with self.chat_lock(message.chat_id):
+            first = await self._bypass(plan, key, inbound_id)
+            if not plan.parts:
+                assert first is not None
+                return first
+            now = self._e.clock.now()
+            try:
+                journaled = await self._journal(plan, key, derived, fp, inbound_id, inline=True)
+            except JournalUnavailableError:
+                if not self._e.config.fail_open:
+                    raise
+                log.warning("send %r not journaled; sent anyway (fail_open)", key)
+                receipt = await self._send_unjournaled(plan.parts, key, plan.first_part, inbound_id)
+                return first or receipt
+            if isinstance(journaled, Receipt):
+                return first or journaled
+            if journaled.after is not None:
+                self._e.metrics.outbox_deferred += 1
+                raise SendDeferredError(key, f"waiting behind {journaled.after!r} of its chat")
+            receipt = await self._e.delivery.deliver_inline(journaled.helds, plan.parts, now)
+            return first or receipt
+
+    async def enqueue(
+        self,
+        message: Outbound,
+        *,
+        key: str,
+        derived: bool = False,
+        fp: str | None = None,
+        inbound_id: str | None = None,
+    ) -> str:
+        """Journal the send for the sweeper and return its key at once (a recorded key is
+        a no-op)."""
+        plan = self.plan(message)
+        if plan.bypass:
+            async with self.chat_lock(message.chat_id):
+                await self._bypass(plan, key, inbound_id)
+        if not plan.parts:
+            return key
+        journaled = await self._journal(plan, key, derived, fp, inbound_id, inline=False)
+        return journaled.key if isinstance(journaled, Receipt) else key
+
+    async def _journal(
+        self,
+        plan: Plan,
+        key: str,
+        derived: bool,
+        fp: str | None,
+        inbound_id: str | None,
+        *,
+        inline: bool,
+    ) -> Journaled | Receipt:
+        e = self._e
+        for _ in range(4):
+            now = e.clock.now()
+            after = self.tails.get(plan.chat_id) if self._keep_order else None
+            live = inline and after is None
+            lease = e.leases.lease(now, self._lease) if live else None
+            values = new_values(
+                key,
+                plan.payloads,
+                first_part=plan.first_part,
+                parts=plan.total,
+                fp=fp,
+                inbound_id=inbound_id,
+                now=now,
+                lease=lease,
+                after=after,
+            )
+            due = now + self._lease if live else now
+            ops = [Put(e.out_prefix + v["key"], v, expect=0, due=due) for v in values]
+            try:
+                versions = await e.kv.commit(
+                    ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
+                )
+            except VersionConflictError:
+                answer = await self._answer_existing(key, derived, fp)
+                if isinstance(answer, Receipt):
+                    return answer
+                key = answer
+                continue
+            e.metrics.outbox_journaled += 1
+            if after is not None:
+                self.tails[plan.chat_id] = values[-1]["key"]
+            if not live:
+                e.wake.set()
+                return Journaled([], after)
+            helds = [
+                Held(op.key, v["token"], ver, v, self._lease, due)
+                for op, v, ver in zip(ops, values, versions, strict=True)
+            ]
+            return Journaled(helds, None)
+        raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
+
+    async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:
+        e = self._e
+        entry = await e.kv.get(e.out_prefix + key)
         if entry is None:
-            raise RecordStateError(key, None, "no outbox record under this key in this scope")
-        await self._d.kv.commit([Delete(entry.key, expect=entry.version)], label="outbox.discard")
+            return key  # discarded or purged meanwhile: journal again
+        value = entry.value
+        recorded = value.get("fp")
+        if derived and fp is not None and recorded is not None and recorded != fp:
+            e.metrics.outbox_diverged += 1
+            log.warning(
+                "replay produced other content under key %r (on_diverged=%s)",
+                key,
+                e.config.outbox.on_diverged,
+            )
+            if e.config.outbox.on_diverged == "send":
+                return diverged_key(key, fp)
+        e.metrics.outbox_deduped += 1
+        return receipt_of(value, e.clock.now())
+
+    # -- planning and bypass -------------------------------------------------------------
+
+    def plan(self, message: Outbound) -> Plan:
+        """Split the text to the channel's limit, then decide what the journal can hold."""
+        plan = Plan(message.chat_id)
+        texts: list[str | None] = (
+            [message.text]
+            if message.text is None
+            else list(split_text(message.text, self._e.provider.text_limit))
+        )
+        outs = _part_messages(message, texts)
+        plan.total = len(outs)
+        try:
+            payloads = part_payloads(encode_outbound(message), texts)
+        except (TypeError, ValueError) as exc:
+            log.warning("send to %s bypasses the outbox: not JSON (%s)", message.chat_id, exc)
+            plan.bypass = outs
+            return plan
+        fits = [self._fits(p, m) for p, m in zip(payloads, outs, strict=True)]
+        if all(fits[1:]) and not fits[0]:
+            plan.bypass, plan.first_part = outs[:1], 2
+            outs, payloads = outs[1:], payloads[1:]
+        elif not all(fits):
+            plan.bypass = outs
+            return plan
+        plan.parts, plan.payloads = outs, payloads
+        return plan
+
+    def _fits(self, payload: Json, message: Outbound) -> bool:
+        limit = self._e.config.outbox.max_payload_bytes
+        if message.media is None and not message.options:
+            text = message.text or ""
+            if len(text) * 6 + 256 < limit:
+                return True
+        size = len(msgspec.json.encode(payload))
+        if size > limit:
+            log.warning(
+                "a part of a send to %s bypasses the outbox: %d bytes > "
+                "outbox.max_payload_bytes=%d; prefer URL or path media for large files",
+                message.chat_id,
+                size,
+                limit,
+            )
+            return False
+        return True
+
+    async def _bypass(self, plan: Plan, key: str, inbound_id: str | None) -> Receipt | None:
+        if not plan.bypass:
+            return None
+        return await self._send_unjournaled(plan.bypass, key, 1, inbound_id)
+
+    async def _send_unjournaled(
+        self, messages: list[Outbound], key: str, first_part: int, inbound_id: str | None
+    ) -> Receipt:
+        first: Receipt | None = None
+        for i, message in enumerate(messages, start=first_part):
+            receipt = await self._e.delivery.bypass(message, part_key(key, i), inbound_id, i)
+            first = first or receipt
+        assert first is not None
+        return first
+
+    # -- per-chat order --------------------------------------------------------------------
+
+    def block(self, value: Json) -> None:
+        """A send of this chat now waits for a retry: later sends to the chat queue behind
+        its last part."""
+        if not self._keep_order:
+            return
+        chat = value["payload"]["chat_id"]
+        if chat not in self.tails:
+            base = part_base(value["key"], value.get("part", 1))
+            self.tails[chat] = part_key(base, value.get("parts", 1))
+
+    def unblock(self, value: Json) -> None:
+        """A send settled: if it was the tail of its chat, the chat is free again."""
+        if self.tails:
+            chat = value["payload"]["chat_id"]
+            if self.tails.get(chat) == value["key"]:
+                del self.tails[chat]
+
+    async def rebuild_tails(self) -> None:
+        """After a restart: the chats whose sends wait for a retry or behind one."""
+        if not self._keep_order:
+            return
+        e = self._e
+        keys = await e.kv.range("due", e.out_prefix, float("inf"), limit=1_000_000)
+        entries = await e.kv.get_many(keys)
+        latest: dict[str, tuple[float, int, Json]] = {}
+        for entry in entries.values():
+            v = entry.value
+            waiting = v.get("state") == OutboxState.FAILED or (
+                v.get("state") == OutboxState.PENDING and v.get("after") is not None
+            )
+            if not waiting:
+                continue
+            rank = (v.get("created", 0.0), v.get("part", 1), v)
+            chat = v["payload"]["chat_id"]
+            if chat not in latest or rank[:2] > latest[chat][:2]:
+                latest[chat] = rank
+        for _, _, v in latest.values():
+            self.block(v)
+
+
+def _part_messages(message: Outbound, texts: list[str | None]) -> list[Outbound]:
+    if len(texts) == 1:
+        return [message]
+    first = msgspec.structs.replace(message, text=texts[0])
+    return [first, *(Outbound(message.chat_id, t, options=message.options) for t in texts[1:])]

@@ -1,133 +1,124 @@
-"""Inbox and outbox records: the JSON objects the journal stores, and read-only views.
+"""Journal records: their states, the JSON the journal stores, and read-only views.
 
 An inbox record (key ``<scope>/in/<id>``)::
 
-    {"t": "in", "id", "state": pending|done|dead, "attempts", "token", "lease",
-     "message", "error", "created", "updated"}
+    {"t": "in", "id", "state": InboxState, "attempts", "token", "lease", "message",
+     "error", "created", "updated"}
 
 An outbox record (key ``<scope>/out/<key>``)::
 
-    {"t": "out", "key", "state": pending|failed|sent|dead|unknown, "attempts", "token",
-     "lease", "inflight", "payload", "fp", "part", "parts", "previous_part", "inbound_id",
-     "message_id", "error", "created", "updated", "ambiguous"}
+    {"t": "out", "key", "state": OutboxState, "attempts", "token", "lease", "inflight",
+     "payload", "fp", "part", "parts", "previous_part", "after", "inbound_id",
+     "message_id", "error", "created", "updated", "ambiguous", "published"}
 
-``ambiguous`` is set on a send found in flight after a crash (marked unknown or resent).
 ``lease`` is ``{"owner", "boot", "until"}`` or ``None``; ``token`` is the fencing token,
 raised by every claim. ``inflight`` is true from "about to call the provider" until the
-outcome is recorded: a crash in between is the ambiguous window. Binary media is base64.
+outcome is recorded: a crash in between is the ambiguous window. ``previous_part`` links a
+part of a split text to the part before it; ``after`` links a send to the send of its chat
+it must wait for (per-chat order across a deferral). ``ambiguous`` marks a send found in
+flight after a crash. ``published`` is ``False`` on a settled send whose receipt the
+runtime has not yet seen acknowledged (only runtimes that publish receipts write it).
+
+Errors are journaled in one shape (``encode_error``): ``{"type", "message", "retryable",
+"reason"}``, never the exception object.
 """
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from state.messages import Inbound, Media, Outbound
+import msgspec
+
+from state.errors import Reason
+from state.messages import Inbound, Outbound, OutboxState, Receipt
 
 __all__ = [
-    "INBOX_STATES",
-    "OUTBOX_STATES",
+    "SETTLED",
     "InboxRecord",
+    "InboxState",
     "OutboxRecord",
+    "OutboxState",
     "decode_inbound",
     "decode_outbound",
+    "encode_error",
     "encode_inbound",
     "encode_outbound",
     "error_of",
+    "receipt_of",
 ]
-
-INBOX_STATES = ("pending", "done", "dead")
-OUTBOX_STATES = ("pending", "failed", "sent", "dead", "unknown")
 
 Json = dict[str, Any]
 
 
-def _encode_media(media: Media | None) -> Json | None:
-    if media is None:
-        return None
-    return {
-        "url": media.url,
-        "path": media.path,
-        "data": base64.b64encode(media.data).decode("ascii") if media.data is not None else None,
-        "mime": media.mime,
-    }
+class InboxState(StrEnum):
+    """The states of an inbound (an inbox record)."""
+
+    #: Journaled; its handlers run, will run, or ran without being marked done yet.
+    PENDING = "pending"
+    #: Its handlers settled.
+    DONE = "done"
+    #: It ran out of attempts (``inbox.max_attempts``).
+    DEAD = "dead"
 
 
-def _decode_media(raw: Mapping[str, Any] | None) -> Media | None:
-    if raw is None:
-        return None
-    data = raw.get("data")
-    return Media(
-        url=raw.get("url"),
-        path=raw.get("path"),
-        data=base64.b64decode(data) if data is not None else None,
-        mime=raw.get("mime"),
+#: The outbox states a send ends in; each gets a receipt.
+SETTLED = frozenset({OutboxState.SENT, OutboxState.DEAD, OutboxState.UNKNOWN})
+
+
+def encode_error(kind: str, message: str, *, retryable: bool, reason: Reason | None) -> Json:
+    """The one JSON shape of a journaled error (``reason``: why the record is dead, or
+    ``None`` for a failed attempt that will be retried)."""
+    return {"type": kind, "message": message, "retryable": retryable, "reason": reason}
+
+
+def error_of(exc: BaseException, reason: Reason | None) -> Json:
+    """How an exception is journaled: its class name, message and ``retryable``."""
+    return encode_error(
+        type(exc).__name__,
+        str(exc),
+        retryable=bool(getattr(exc, "retryable", True)),
+        reason=reason,
     )
 
 
 def encode_inbound(message: Inbound, *, media_refs: bool = True) -> Json:
-    """The journaled form of an inbound. ``data`` must be JSON (it is copied as it is)."""
-    return {
-        "id": message.id,
-        "chat_id": message.chat_id,
-        "text": message.text,
-        "kind": message.kind,
-        "sender": message.sender,
-        "channel": message.channel,
-        "ts": message.ts,
-        "media": _encode_media(message.media) if media_refs else None,
-        "data": dict(message.data),
-    }
+    """The journaled form of an inbound (JSON; media as a reference, bytes base64)."""
+    if not media_refs and message.media is not None:
+        message = msgspec.structs.replace(message, media=None)
+    value: Json = msgspec.to_builtins(message)
+    return value
 
 
 def decode_inbound(raw: Mapping[str, Any]) -> Inbound:
-    """Rebuild an inbound; raises ``KeyError``/``TypeError``/``ValueError`` on a bad record."""
-    kind = raw.get("kind", "message")
-    if kind not in ("message", "interaction"):
-        raise ValueError(f"unknown inbound kind {kind!r}")
-    text = raw.get("text")
-    if text is not None and not isinstance(text, str):
-        raise TypeError("inbound text must be a string")
-    return Inbound(
-        id=str(raw["id"]),
-        chat_id=str(raw["chat_id"]),
-        text=text,
-        kind=kind,
-        sender=raw.get("sender"),
-        channel=raw.get("channel"),
-        ts=raw.get("ts"),
-        media=_decode_media(raw.get("media")),
-        data=dict(raw.get("data") or {}),
-    )
+    """Rebuild a journaled inbound; raises ``msgspec.ValidationError`` on a bad record."""
+    return msgspec.convert(raw, Inbound)
 
 
 def encode_outbound(message: Outbound) -> Json:
-    return {
-        "chat_id": message.chat_id,
-        "text": message.text,
-        "media": _encode_media(message.media),
-        "options": {k: v for k, v in message.options.items() if k != "idempotency_key"},
-    }
+    """The journaled payload of a send; raises ``TypeError`` when it is not JSON."""
+    value: Json = msgspec.to_builtins(message)
+    value.setdefault("options", {})
+    return value
 
 
 def decode_outbound(raw: Mapping[str, Any]) -> Outbound:
-    return Outbound(
-        chat_id=str(raw["chat_id"]),
-        text=raw.get("text"),
-        media=_decode_media(raw.get("media")),
-        options=dict(raw.get("options") or {}),
+    return msgspec.convert(raw, Outbound)
+
+
+def receipt_of(value: Json, now: float) -> Receipt:
+    """The receipt of a settled outbox record."""
+    return Receipt(
+        key=value["key"],
+        chat_id=value["payload"]["chat_id"],
+        message_id=value.get("message_id"),
+        state=OutboxState(value["state"]),
+        inbound_id=value.get("inbound_id"),
+        part=value.get("part", 1),
+        ts=now,
     )
-
-
-def error_of(exc: BaseException) -> Json:
-    """How an error is journaled: type, message, retryable. Never the object itself."""
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "retryable": bool(getattr(exc, "retryable", True)),
-    }
 
 
 def _lease_view(value: Mapping[str, Any]) -> tuple[str | None, float | None]:
@@ -139,10 +130,10 @@ def _lease_view(value: Mapping[str, Any]) -> tuple[str | None, float | None]:
 
 @dataclass(frozen=True, slots=True)
 class InboxRecord:
-    """A read-only view of one inbox record (``durability.inbox.list()``)."""
+    """A read-only view of one inbox record (``app.durability.inbox.list()``)."""
 
     id: str
-    state: str
+    state: InboxState
     attempts: int
     token: int
     lease_owner: str | None
@@ -158,7 +149,7 @@ class InboxRecord:
         owner, until = _lease_view(value)
         return cls(
             id=value["id"],
-            state=value["state"],
+            state=InboxState(value["state"]),
             attempts=value.get("attempts", 0),
             token=value.get("token", 0),
             lease_owner=owner,
@@ -176,10 +167,10 @@ class InboxRecord:
 
 @dataclass(frozen=True, slots=True)
 class OutboxRecord:
-    """A read-only view of one outbox record (``durability.outbox.list()``)."""
+    """A read-only view of one outbox record (``app.durability.outbox.list()``)."""
 
     key: str
-    state: str
+    state: OutboxState
     chat_id: str
     attempts: int
     token: int
@@ -189,6 +180,7 @@ class OutboxRecord:
     part: int
     parts: int
     previous_part: str | None
+    after: str | None
     inbound_id: str | None
     message_id: str | None
     error: Mapping[str, Any] | None
@@ -197,13 +189,14 @@ class OutboxRecord:
     payload: Mapping[str, Any]
     version: int
     ambiguous: bool = False
+    published: bool = True
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any], version: int) -> OutboxRecord:
         owner, until = _lease_view(value)
         return cls(
             key=value["key"],
-            state=value["state"],
+            state=OutboxState(value["state"]),
             chat_id=value["payload"]["chat_id"],
             attempts=value.get("attempts", 0),
             token=value.get("token", 0),
@@ -213,6 +206,7 @@ class OutboxRecord:
             part=value.get("part", 1),
             parts=value.get("parts", 1),
             previous_part=value.get("previous_part"),
+            after=value.get("after"),
             inbound_id=value.get("inbound_id"),
             message_id=value.get("message_id"),
             error=value.get("error"),
@@ -221,6 +215,7 @@ class OutboxRecord:
             payload=value["payload"],
             version=version,
             ambiguous=bool(value.get("ambiguous")),
+            published=value.get("published", True) is not False,
         )
 
     def outbound(self) -> Outbound:

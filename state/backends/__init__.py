@@ -1,9 +1,11 @@
 """Journal backends behind the ``DurableKv`` SPI, picked by URL.
 
 ``open_backend("memory://")``, ``open_backend("file:///var/lib/bot/journal?append_log=1")``.
-A backend joins with one line in ``_REGISTRY``: its scheme, the ``module:function`` that
-opens a URL (imported only when that scheme is used), and the install hint printed when
-the module is missing.
+``check_url(url)`` refuses a bad URL (unknown scheme, bad option) without opening anything,
+so a runtime can refuse it where it is given. A backend joins with one line in
+``_REGISTRY``: its scheme, the ``module:function`` that opens a URL and the one that checks
+it (imported only when that scheme is used), and the install hint printed when the module
+is missing.
 """
 
 from __future__ import annotations
@@ -16,53 +18,64 @@ from typing import cast
 from state.errors import ConfigError
 from state.kv import DurableKv
 
-__all__ = ["BackendSpec", "open_backend", "register_backend", "schemes"]
+__all__ = ["BackendSpec", "check_url", "open_backend", "register_backend", "schemes"]
 
 Opener = Callable[[str], Awaitable[DurableKv]]
+Checker = Callable[[str], object]
 
 
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
     #: ``"package.module:function"``; the function takes the URL and returns an open kv.
     target: str
+    #: ``"package.module:function"`` that raises ``ConfigError`` for a bad URL.
+    check: str
     #: What to run when the module is missing (``pip install 'botmesh[redis]'``).
     install: str | None = None
 
 
 _REGISTRY: dict[str, BackendSpec] = {
-    "memory": BackendSpec("state.backends.urls:open_memory"),
-    "file": BackendSpec("state.backends.file:open_url"),
+    "memory": BackendSpec("state.backends.urls:open_memory", "state.backends.urls:check_memory"),
+    "file": BackendSpec("state.backends.file:open_url", "state.backends.file:from_url"),
     # -- a new backend joins here, one line each -----------------------------------------
 }
 
 
-def register_backend(scheme: str, target: str, *, install: str | None = None) -> None:
-    """Add or replace a URL scheme (``target`` is ``"module:function"``)."""
-    _REGISTRY[scheme] = BackendSpec(target, install)
+def register_backend(scheme: str, target: str, check: str, *, install: str | None = None) -> None:
+    """Add or replace a URL scheme (``target`` and ``check`` are ``"module:function"``)."""
+    _REGISTRY[scheme] = BackendSpec(target, check, install)
 
 
 def schemes() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _opener(url: str) -> Opener:
+def _load(url: str, which: str) -> object:
+    if not isinstance(url, str):
+        raise ConfigError("journal", f"expected a URL string, got {type(url).__name__}")
     scheme, sep, _ = url.partition("://")
     if not sep:
-        raise ConfigError("backend", f"{url!r} is not a URL; use one of {_examples()}")
+        raise ConfigError("journal", f"{url!r} is not a URL; use one of {_examples()}")
     spec = _REGISTRY.get(scheme)
     if spec is None:
         raise ConfigError(
-            "backend", f"unknown journal scheme {scheme + '://'!r}; known: {_examples()}"
+            "journal", f"unknown journal scheme {scheme + '://'!r}; known: {_examples()}"
         )
-    module_name, _, attr = spec.target.partition(":")
+    module_name, _, attr = getattr(spec, which).partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         hint = spec.install or f"install the package that provides {module_name}"
         raise ConfigError(
-            "backend", f"the {scheme}:// journal needs {exc.name!r}, which is missing: {hint}"
+            "journal", f"the {scheme}:// journal needs {exc.name!r}, which is missing: {hint}"
         ) from exc
-    return cast(Opener, getattr(module, attr))
+    return getattr(module, attr)
+
+
+def check_url(url: str) -> str:
+    """Refuse a bad journal URL (``ConfigError`` naming ``journal``) without opening it."""
+    cast(Checker, _load(url, "check"))(url)
+    return url
 
 
 def _examples() -> str:
@@ -71,4 +84,5 @@ def _examples() -> str:
 
 async def open_backend(url: str) -> DurableKv:
     """Open the ``DurableKv`` a URL names."""
-    return await _opener(url)(url)
+    opener = cast(Opener, _load(url, "target"))
+    return await opener(check_url(url))

@@ -1,6 +1,6 @@
 """The file journal: a ``DurableKv`` in one file on one host, needing no server.
 
-``FileDurability.open(path)`` (URL ``file:///path``) keeps every entry in memory and the
+``open_file_kv(path)`` (URL ``file:///path``) keeps every entry in memory and the
 journal on disk in up to three files beside each other:
 
 - ``<path>``: the snapshot (format in ``state.backends.file_format``). In snapshot mode
@@ -45,7 +45,6 @@ from state.backends.file_format import (
 )
 from state.backends.file_lock import JournalLock
 from state.backends.file_ops import FileOps
-from state.durability import KvDurability
 from state.errors import (
     ConfigError,
     JournalUnavailableError,
@@ -54,7 +53,7 @@ from state.errors import (
 )
 from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
 
-__all__ = ["FileDurability", "FileKv", "FileOptions", "from_url", "open_file_kv", "open_url"]
+__all__ = ["FileKv", "FileOptions", "from_url", "open_file_kv", "open_url"]
 
 log = logging.getLogger("botmesh.state.file")
 
@@ -573,12 +572,12 @@ def from_url(url: str, *, file_ops: FileOps | None = None) -> FileKv:
     parts = urlsplit(url)
     if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path:
         raise ConfigError(
-            "durability.backend",
+            "journal",
             f"{url!r} is not a file journal URL; write file:///absolute/path/to/journal",
         )
     kwargs: dict[str, bool | int | None] = {}
     for name, raw in parse_qsl(parts.query, keep_blank_values=True):
-        field = f"durability.backend ({name})"
+        field = f"journal ({name})"
         if name in ("append_log", "fsync"):
             if raw.lower() not in _TRUE | _FALSE:
                 raise ConfigError(field, f"must be true or false, got {raw!r}")
@@ -602,40 +601,3 @@ async def open_url(url: str) -> FileKv:
     kv = from_url(url)
     await kv.open()
     return kv
-
-
-class FileDurability:
-    """The single-host journal backend::
-
-        backend = await FileDurability.open("./data/bot.journal", append_log=True)
-        bot = Bot(provider, durability={"backend": backend})
-
-    ``open`` locks and reads the journal back at once (so a locked or corrupt journal
-    fails here, not at the bot's start) and returns a ``KvDurability`` over the
-    ``FileKv``; the bot opens and closes it from then on. Survives a crash; one process at
-    a time (the lock file refuses a second live process, and a second open in the same
-    process until ``close()``). The URL ``file:///path?append_log=true`` is the same.
-    """
-
-    def __init__(self) -> None:
-        raise TypeError("FileDurability is not built directly: await FileDurability.open(path)")
-
-    @staticmethod
-    async def open(
-        path: str | os.PathLike[str],
-        *,
-        append_log: bool = False,
-        fsync: bool | None = None,
-        compact_every: int = 1000,
-        compact_bytes: int = 4 * MiB,
-        file_ops: FileOps | None = None,
-    ) -> KvDurability:
-        kv = await open_file_kv(
-            path,
-            append_log=append_log,
-            fsync=fsync,
-            compact_every=compact_every,
-            compact_bytes=compact_bytes,
-            file_ops=file_ops,
-        )
-        return KvDurability(kv, shared=False, name="file")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from state.errors import ConfigError
 from state.kv import DurableKv, MemoryKv
 
-__all__ = ["open_memory"]
+__all__ = ["check_memory", "open_memory"]
 
 
 async def open_memory(url: str) -> DurableKv:
@@ -12,3 +13,9 @@ async def open_memory(url: str) -> DurableKv:
     kv = MemoryKv()
     await kv.open()
     return kv
+
+
+def check_memory(url: str) -> None:
+    """``memory://`` takes no path and no options."""
+    if url != "memory://":
+        raise ConfigError("journal", f"{url!r}: the memory journal is just 'memory://'")

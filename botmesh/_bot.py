@@ -1,0 +1,149 @@
+"""``Bot``: a bot's definition — its handlers, hooks, listeners and durability policy.
+
+A bot does not choose where it runs. ``botmesh.run(bot, provider, journal=...)`` runs it in
+this process; ``botmesh worker --app module:bot`` runs the same object on Kafka, with the
+journal and the provider the worker chooses. Both bind it with ``bot.bind(...)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from botmesh._runtime import Runtime
+from state.clock import Clock
+from state.config import DurabilityConfig
+from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, SentEvent
+from state.keys import scope_id
+from state.kv import DurableKv
+from state.messages import Inbound, Outbound, Receipt
+from state.ports import Provider
+from state.receipts import ReceiptSink
+
+if TYPE_CHECKING:
+    from botmesh._runtime import Context
+
+__all__ = ["AfterSend", "BeforeSend", "Bot", "Handler", "Listener"]
+
+E = TypeVar("E", SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent)
+
+#: A message handler: ``async def handler(ctx: Context) -> None``.
+Handler = Callable[["Context"], Awaitable[None]]
+#: An event listener: called with the event; may be a coroutine function.
+Listener = Callable[[E], object]
+#: ``before_send``: may return a changed ``Outbound`` (or ``None`` to keep it).
+BeforeSend = Callable[[Outbound], "Outbound | Awaitable[Outbound | None] | None"]
+#: ``after_send``: called with the receipt of each part that went out.
+AfterSend = Callable[[Receipt], object]
+
+DEFAULT_JOURNAL = "memory://"
+
+
+class Bot:
+    """A chat bot's definition.
+
+    ``bot_id`` (with ``tenant_id``, ``environment_id`` and ``connection_id``) names the bot's
+    scope in a shared journal. ``durability`` is its policy: ``None`` for the defaults, a
+    mapping of options (``{"outbox": {"retries": 3}}``) or a ``DurabilityConfig``; a bad
+    option is refused here, naming it. Durability is always on: the runtime picks the
+    journal.
+    """
+
+    def __init__(
+        self,
+        bot_id: str = "bot",
+        *,
+        durability: Mapping[str, Any] | DurabilityConfig | None = None,
+        tenant_id: str = "default",
+        environment_id: str = "default",
+        connection_id: str = "default",
+    ) -> None:
+        self.bot_id = bot_id
+        self.tenant_id = tenant_id
+        self.environment_id = environment_id
+        self.connection_id = connection_id
+        self.config = DurabilityConfig.of(durability)
+        self._handlers: list[tuple[Callable[[Inbound], bool] | None, Handler]] = []
+        self._listeners: dict[type, list[Callable[[Any], object]]] = {}
+        self._before_send: list[BeforeSend] = []
+        self._after_send: list[AfterSend] = []
+
+    @property
+    def scope(self) -> str:
+        """The bot's namespace in a shared journal."""
+        return scope_id(self.tenant_id, self.environment_id, self.bot_id, self.connection_id)
+
+    # -- registration -------------------------------------------------------------------
+
+    def on_message(self, handler: Handler) -> Handler:
+        """Register ``handler`` for every inbound (decorator)."""
+        self._handlers.append((None, handler))
+        return handler
+
+    def when(self, predicate: Callable[[Inbound], bool]) -> Callable[[Handler], Handler]:
+        """Register a handler for the inbounds ``predicate`` accepts (decorator)."""
+
+        def register(handler: Handler) -> Handler:
+            self._handlers.append((predicate, handler))
+            return handler
+
+        return register
+
+    @overload
+    def on(self, event: type[E]) -> Callable[[Listener[E]], Listener[E]]: ...
+
+    @overload
+    def on(self, event: type[E], listener: Listener[E]) -> Listener[E]: ...
+
+    def on(
+        self, event: type[E], listener: Listener[E] | None = None
+    ) -> Listener[E] | Callable[[Listener[E]], Listener[E]]:
+        """Listen to ``event`` (``SentEvent``, ``DeadEvent``, ``AmbiguousEvent``,
+        ``ErrorEvent``): ``bot.on(DeadEvent, alert)`` or ``@bot.on(DeadEvent)``."""
+        if event not in (SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent):
+            raise TypeError(
+                f"bot.on({event!r}): listen to SentEvent, DeadEvent, AmbiguousEvent or ErrorEvent"
+            )
+
+        def register(fn: Listener[E]) -> Listener[E]:
+            self._listeners.setdefault(event, []).append(fn)
+            return fn
+
+        return register if listener is None else register(listener)
+
+    def before_send(self, hook: BeforeSend) -> BeforeSend:
+        """Run ``hook(outbound)`` once per send, before the journal and before a text is
+        split; it may return a changed ``Outbound`` (decorator)."""
+        self._before_send.append(hook)
+        return hook
+
+    def after_send(self, hook: AfterSend) -> AfterSend:
+        """Run ``hook(receipt)`` after each part went out, inline or in the background
+        (decorator)."""
+        self._after_send.append(hook)
+        return hook
+
+    # -- binding ----------------------------------------------------------------------------
+
+    def bind(
+        self,
+        provider: Provider,
+        journal: str | DurableKv | None = DEFAULT_JOURNAL,
+        *,
+        instance_id: str | None = None,
+        receipts: ReceiptSink | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> Runtime:
+        """This bot on ``provider`` and ``journal``: what ``botmesh.run`` returns, and what
+        the Kafka worker runs (it also gives a ``receipts`` sink). See ``botmesh.run``."""
+        return Runtime(
+            self,
+            provider,
+            journal,
+            instance_id=instance_id,
+            receipts=receipts,
+            clock=clock,
+            rng=rng,
+        )

@@ -1,0 +1,415 @@
+"""The runtime: a bot bound to a provider and a journal, and the ``Context`` handlers get.
+
+``botmesh.run(bot, provider, journal="file:///var/lib/bot/journal")`` gives a ``Runtime``
+for one process (scripts, tests, a single host); the Kafka worker builds the same object
+with ``bot.bind(...)`` and a receipts sink. ``Runtime`` opens the journal it was given as a
+URL (and closes it), or uses a ``DurableKv`` the caller opened and owns.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+import socket
+import uuid
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from state.backends import check_url, open_backend
+from state.backoff import Retries
+from state.clock import Clock
+from state.engine import Engine, EngineHooks
+from state.errors import ConfigError, DurabilityError
+from state.events import ErrorEvent, Event, SentEvent
+from state.inbox import Outcome
+from state.keys import check_explicit, derived_key, fingerprint, random_key
+from state.kv import DurableKv
+from state.messages import Inbound, Media, Outbound, OutboxState, Receipt
+from state.operations import Operations
+from state.ports import Provider
+from state.receipts import ReceiptSink
+
+if TYPE_CHECKING:
+    from botmesh._bot import Bot
+
+__all__ = ["Context", "Runtime", "run"]
+
+log = logging.getLogger("botmesh")
+
+
+class Context:
+    """What a handler gets: the inbound, and ways to answer it.
+
+    Sends made here are keyed ``<inbound id>:<n>`` (the n-th send of this message) unless
+    you pass ``idempotency_key``; so a replay of the message is answered from the outbox.
+    """
+
+    __slots__ = ("_runtime", "_sends", "message")
+
+    def __init__(self, runtime: Runtime, message: Inbound) -> None:
+        self._runtime = runtime
+        self.message = message
+        self._sends = 0
+
+    @property
+    def chat_id(self) -> str:
+        return self.message.chat_id
+
+    @property
+    def text(self) -> str | None:
+        return self.message.text
+
+    @property
+    def inbound_id(self) -> str:
+        return self.message.id
+
+    def _key(self, idempotency_key: str | None) -> tuple[str, bool]:
+        self._sends += 1
+        if idempotency_key is not None:
+            return check_explicit(idempotency_key), False
+        return derived_key(self.message.id, self._sends), True
+
+    async def reply(
+        self,
+        text: str | None = None,
+        *,
+        media: Media | None = None,
+        idempotency_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Receipt:
+        """Send to this message's chat; returns the receipt of the (first part of the) send."""
+        return await self.send(
+            self.chat_id, text, media=media, idempotency_key=idempotency_key, options=options
+        )
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str | None = None,
+        *,
+        media: Media | None = None,
+        idempotency_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Receipt:
+        """Send to any chat, now (retried inline up to ``outbox.inline_max``)."""
+        key, derived = self._key(idempotency_key)
+        message = _outbound(chat_id, text, media, options)
+        return await self._runtime._send(message, key, derived, self.message.id)
+
+    async def enqueue(
+        self,
+        chat_id: str,
+        text: str | None = None,
+        *,
+        media: Media | None = None,
+        idempotency_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Journal a send for the background sweeper and return its key at once."""
+        key, derived = self._key(idempotency_key)
+        message = _outbound(chat_id, text, media, options)
+        return await self._runtime._enqueue(message, key, derived, self.message.id)
+
+
+def _outbound(
+    chat_id: str, text: str | None, media: Media | None, options: Mapping[str, Any] | None
+) -> Outbound:
+    if text is None and media is None:
+        raise ValueError("a send needs text or media")
+    opts = {k: v for k, v in options.items() if k != "idempotency_key"} if options else {}
+    return Outbound(chat_id, text, media, opts)
+
+
+class Runtime:
+    """A bot running on a provider and a journal. Use it as ``async with`` (or call
+    ``start()`` and ``stop()``); ``handle`` feeds it inbounds.
+
+    ``journal`` is a URL (``"memory://"``, ``"file:///path?append_log=true"``), a
+    ``DurableKv`` you opened and own, or ``None`` to run without a journal (no dedupe, no
+    retries, nothing survives): an explicit opt-out. ``instance_id`` is the lease owner:
+    stable across restarts of one deployment, unique per running replica; it defaults to
+    ``<hostname>/<bot_id>/<connection_id>`` (plus a per-boot suffix on a shared journal).
+    """
+
+    def __init__(
+        self,
+        bot: Bot,
+        provider: Provider,
+        journal: str | DurableKv | None,
+        *,
+        instance_id: str | None = None,
+        receipts: ReceiptSink | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        _check_provider(provider)
+        if isinstance(journal, str):
+            check_url(journal)
+        elif journal is not None and not isinstance(journal, DurableKv):
+            raise ConfigError(
+                "journal",
+                "expected a URL such as 'memory://' or 'file:///path', a DurableKv, or None "
+                f"(no journal), got {type(journal).__name__}",
+            )
+        if instance_id is not None and not instance_id.strip():
+            raise ConfigError("instance_id", "must not be empty; leave it out for the default")
+        self.bot = bot
+        self.provider = provider
+        self.journal = journal
+        self._instance_id = instance_id
+        self._receipts = receipts
+        self._clock = clock
+        self._rng = rng
+        self._kv: DurableKv | None = None
+        self._engine: Engine | None = None
+        self._running = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the journal and recover what an earlier run of this instance left."""
+        if self._running:
+            return
+        if self.journal is not None:
+            kv = await open_backend(self.journal) if isinstance(self.journal, str) else self.journal
+            if not isinstance(self.journal, str):
+                await kv.open()
+            self._kv = kv
+            bot = self.bot
+            engine = Engine(
+                kv,
+                scope=bot.scope,
+                config=bot.config,
+                provider=self.provider,
+                hooks=EngineHooks(self._dispatch, self._emit),
+                instance_id=self._instance_id or _default_instance_id(bot, kv),
+                receipts=self._receipts,
+                clock=self._clock,
+                rng=self._rng,
+            )
+            self._engine = engine
+            try:
+                await engine.open()
+            except BaseException:
+                await self._close_kv()
+                raise
+        self._running = True
+
+    async def stop(self) -> None:
+        """Stop the sweeper (letting a pass finish), then close a journal opened here."""
+        if not self._running:
+            return
+        self._running = False
+        if self._engine is not None:
+            await self._engine.close()
+        await self._close_kv()
+
+    async def _close_kv(self) -> None:
+        kv, self._kv = self._kv, None
+        if kv is not None and isinstance(self.journal, str):
+            await kv.close()
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- what it offers ---------------------------------------------------------------------
+
+    @property
+    def durability(self) -> Operations | None:
+        """The operator's handle on the journal (list, replay, retry, discard, metrics);
+        ``None`` without a journal."""
+        if self.journal is None:
+            return None
+        return self._started().operations
+
+    @property
+    def instance_id(self) -> str | None:
+        return self._engine.instance_id if self._engine is not None else self._instance_id
+
+    @property
+    def inbox_retries(self) -> Retries:
+        """The bot's retry decision for inbounds that fail before their handlers."""
+        return self.bot.config.inbox.retry_policy()
+
+    def metrics(self) -> dict[str, int]:
+        ops = self.durability
+        return ops.metrics() if ops is not None else {}
+
+    async def handle(self, message: Inbound) -> Outcome:
+        """Process one inbound: journal it (fail closed), run the handlers, mark it done.
+
+        Returns the ``Outcome``; raises ``JournalUnavailableError`` when it could not be
+        journaled or marked done (do not acknowledge it to the channel: handle it again
+        later), ``BadRecord`` for an inbound that can never be journaled. A handler that
+        raises is reported on ``ErrorEvent`` and the message counts as handled.
+        """
+        if self.journal is None:
+            self._check_running()
+            await self._dispatch(message)
+            return Outcome.HANDLED
+        return await self._started().handle(message)
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str | None = None,
+        *,
+        media: Media | None = None,
+        idempotency_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> Receipt:
+        """Send outside a handler (a random key unless you give one)."""
+        key = check_explicit(idempotency_key) if idempotency_key is not None else random_key()
+        return await self._send(_outbound(chat_id, text, media, options), key, False, None)
+
+    async def enqueue(
+        self,
+        chat_id: str,
+        text: str | None = None,
+        *,
+        media: Media | None = None,
+        idempotency_key: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Journal a send for the background sweeper; a second enqueue of a recorded key is
+        a no-op. Returns the key."""
+        key = check_explicit(idempotency_key) if idempotency_key is not None else random_key()
+        return await self._enqueue(_outbound(chat_id, text, media, options), key, False, None)
+
+    # -- the engine's hooks and the send path ----------------------------------------------
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise DurabilityError(
+                "the bot is not running: use `async with botmesh.run(bot, provider) as app` "
+                "or `await app.start()` first"
+            )
+
+    def _started(self) -> Engine:
+        self._check_running()
+        assert self._engine is not None
+        return self._engine
+
+    async def _dispatch(self, message: Inbound) -> None:
+        ctx = Context(self, message)
+        for predicate, handler in self.bot._handlers:
+            if predicate is not None and not predicate(message):
+                continue
+            try:
+                await handler(ctx)
+            except Exception as exc:
+                log.warning("handler %s failed on %s: %s", handler.__name__, message.id, exc)
+                await self._emit(ErrorEvent(exc, "handler", message.id))
+
+    async def _emit(self, event: Event) -> None:
+        if isinstance(event, SentEvent):
+            for hook in self.bot._after_send:
+                await _call(hook, event.receipt, "after_send")
+        for listener in self.bot._listeners.get(type(event), ()):
+            await _call(listener, event, event.name)
+
+    async def _before(self, message: Outbound) -> Outbound:
+        for hook in self.bot._before_send:
+            result = hook(message)
+            if inspect.isawaitable(result):
+                result = await result
+            if isinstance(result, Outbound):
+                message = result
+        return message
+
+    async def _send(
+        self, message: Outbound, key: str, derived: bool, inbound_id: str | None
+    ) -> Receipt:
+        fp = fingerprint(message) if derived else None
+        if self.bot._before_send:
+            message = await self._before(message)
+        if self.journal is None:
+            return await self._send_plain(message, key, inbound_id)
+        return await self._started().send(
+            message, key=key, derived=derived, fp=fp, inbound_id=inbound_id
+        )
+
+    async def _enqueue(
+        self, message: Outbound, key: str, derived: bool, inbound_id: str | None
+    ) -> str:
+        fp = fingerprint(message) if derived else None
+        if self.bot._before_send:
+            message = await self._before(message)
+        if self.journal is None:
+            await self._send_plain(message, key, inbound_id)
+            return key
+        return await self._started().enqueue(
+            message, key=key, derived=derived, fp=fp, inbound_id=inbound_id
+        )
+
+    async def _send_plain(self, message: Outbound, key: str, inbound_id: str | None) -> Receipt:
+        self._check_running()
+        result = await self.provider.send(message)
+        receipt = Receipt(
+            key=key,
+            chat_id=message.chat_id,
+            message_id=result.message_id,
+            state=OutboxState.SENT,
+            inbound_id=inbound_id,
+        )
+        await self._emit(SentEvent(receipt, False))
+        return receipt
+
+
+async def _call(fn: Any, arg: object, what: str) -> None:
+    try:
+        result = fn(arg)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("%s listener %r failed", what, fn)
+
+
+def _check_provider(provider: object) -> None:
+    missing = [n for n in ("name", "text_limit", "send") if not hasattr(provider, n)]
+    if missing:
+        raise ConfigError(
+            "provider",
+            f"{type(provider).__name__} is not a provider: it lacks {', '.join(missing)} "
+            "(see botmesh.Provider)",
+        )
+
+
+def _default_instance_id(bot: Bot, kv: DurableKv) -> str:
+    base = f"{socket.gethostname()}/{bot.bot_id}/{bot.connection_id}"
+    if getattr(kv, "shared", False):  # replicas on other hosts: never share an id
+        return f"{base}/{uuid.uuid4().hex[:12]}"
+    return base
+
+
+def run(
+    bot: Bot,
+    provider: Provider,
+    *,
+    journal: str | DurableKv | None = "memory://",
+    instance_id: str | None = None,
+    clock: Clock | None = None,
+    rng: random.Random | None = None,
+) -> Runtime:
+    """Run ``bot`` in this process::
+
+        async with botmesh.run(bot, provider, journal="file:///var/lib/bot/journal") as app:
+            outcome = await app.handle(Inbound(id="wamid.1", chat_id="42", text="hi"))
+
+    ``journal`` defaults to ``"memory://"`` (retries, dedupe and dead letters within this
+    process; nothing survives it). Use ``file:///path`` to survive a crash on one host.
+    ``journal=None`` runs without any journal: an explicit opt-out. A bad URL or option is
+    refused here, naming it. ``clock`` and ``rng`` are for tests.
+    """
+    return bot.bind(provider, journal, instance_id=instance_id, clock=clock, rng=rng)

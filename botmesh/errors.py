@@ -1,0 +1,58 @@
+"""Every error botmesh raises on purpose, in one tree (drawn in ``state.errors``)::
+
+from botmesh.errors import SendDeferredError, JournalUnavailableError
+"""
+
+from state.errors import (
+    AppLoadError,
+    BadRecord,
+    BotmeshError,
+    ConfigError,
+    DurabilityError,
+    FencedError,
+    InvalidKeyError,
+    JournalCorruptError,
+    JournalLockedError,
+    JournalUnavailableError,
+    JournalWriteError,
+    MediaUnavailableError,
+    OutsideSessionWindowError,
+    PayloadTooLargeError,
+    ProviderError,
+    ProviderNotLeaderError,
+    RateLimitedError,
+    Reason,
+    RecipientUnreachableError,
+    RecordStateError,
+    SendDeferredError,
+    SendError,
+    UnsupportedContentError,
+    VersionConflictError,
+)
+
+__all__ = [
+    "AppLoadError",
+    "BadRecord",
+    "BotmeshError",
+    "ConfigError",
+    "DurabilityError",
+    "FencedError",
+    "InvalidKeyError",
+    "JournalCorruptError",
+    "JournalLockedError",
+    "JournalUnavailableError",
+    "JournalWriteError",
+    "MediaUnavailableError",
+    "OutsideSessionWindowError",
+    "PayloadTooLargeError",
+    "ProviderError",
+    "ProviderNotLeaderError",
+    "RateLimitedError",
+    "Reason",
+    "RecipientUnreachableError",
+    "RecordStateError",
+    "SendDeferredError",
+    "SendError",
+    "UnsupportedContentError",
+    "VersionConflictError",
+]

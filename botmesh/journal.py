@@ -1,0 +1,38 @@
+"""The journal: where the inbox and the outbox live, and how to read them.
+
+Backends are picked by URL (``memory://``, ``file:///path``) or passed as a ``DurableKv``
+you opened (``MemoryKv()``, ``await open_file_kv(path)``); write your own by implementing
+``DurableKv`` (versioned compare-and-set plus two sorted indexes). Records read back as
+``InboxRecord`` / ``OutboxRecord`` through ``app.durability`` (an ``Operations``).
+"""
+
+from state.backends import check_url, open_backend
+from state.backends.file import FileKv, FileOptions, open_file_kv
+from state.config import BackoffConfig, InboxConfig, OutboxConfig
+from state.kv import Delete, DurableKv, Entry, MemoryKv, Op, Put
+from state.operations import Operations
+from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
+from state.writes import Write
+
+__all__ = [
+    "BackoffConfig",
+    "Delete",
+    "DurableKv",
+    "Entry",
+    "FileKv",
+    "FileOptions",
+    "InboxConfig",
+    "InboxRecord",
+    "InboxState",
+    "MemoryKv",
+    "Op",
+    "Operations",
+    "OutboxConfig",
+    "OutboxRecord",
+    "OutboxState",
+    "Put",
+    "Write",
+    "check_url",
+    "open_backend",
+    "open_file_kv",
+]

@@ -1,0 +1,406 @@
+"""Delivery: calling the provider for a journaled send and recording what came of it.
+
+One retry decision (``OutboxConfig.retry_policy()``) serves the inline path (``ctx.reply``
+retrying up to ``outbox.inline_max``) and the background path (the sweeper); one dead-letter
+path (``dead``) serves final errors, spent retries and parts after a dead part; every
+settled send (``sent``, ``dead``, ``unknown``) goes through ``settle``, which emits its event
+and hands its receipt to the runtime's receipts sink, when there is one.
+
+A part never goes out before the part before it settled: a part waits while the earlier
+one is pending or failed (not charged as an attempt), dies with it when it is dead, and
+becomes ``unknown`` with it when its outcome was lost in a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from state.backoff import GiveUp
+from state.errors import FencedError, Reason, SendDeferredError, VersionConflictError
+from state.events import AmbiguousEvent, DeadEvent, SentEvent
+from state.kv import Entry, Put
+from state.lease import Held
+from state.messages import Outbound, OutboxState, Receipt
+from state.outbox import new_values, part_payloads
+from state.records import SETTLED, decode_outbound, encode_error, error_of, receipt_of
+from state.splitter import split_text
+from state.writes import Write
+
+if TYPE_CHECKING:
+    from state.engine import Engine
+
+__all__ = ["Delivery"]
+
+log = logging.getLogger("botmesh.delivery")
+
+Json = dict[str, Any]
+
+_SETTLE_LABEL = {
+    OutboxState.SENT: Write.OUTBOX_MARK_SENT,
+    OutboxState.DEAD: Write.OUTBOX_MARK_DEAD,
+    OutboxState.UNKNOWN: Write.OUTBOX_MARK_UNKNOWN,
+}
+
+
+def _with(value: Json, now: float, **changes: Any) -> Json:
+    new = dict(value)
+    new.update(changes, updated=now)
+    return new
+
+
+class Delivery:
+    """Provider calls, retries, dead letters and settled sends of one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+        cfg = engine.config.outbox
+        self._retries = cfg.retry_policy()
+        self._lease = cfg.lease
+        self._inline_max = cfg.inline_max
+
+    # -- inline ---------------------------------------------------------------------------
+
+    async def deliver_inline(
+        self, helds: list[Held], outs: list[Outbound], started: float
+    ) -> Receipt:
+        """Deliver the journaled parts of one send in order; the receipt of the first."""
+        e = self._e
+        for held in helds:
+            e.leases.held[held.key] = held
+        first: Receipt | None = None
+        try:
+            for i, held in enumerate(helds):
+                if i > 0:
+                    await e.leases.reclaim(held, self._lease)
+                try:
+                    receipt = await self._attempt_inline(held, outs[i], started)
+                except SendDeferredError:
+                    await self._release(helds[i + 1 :])
+                    raise
+                except FencedError:
+                    raise
+                except Exception as exc:
+                    if held.value.get("state") == OutboxState.DEAD:
+                        await self._cascade(helds[i + 1 :], held.value["key"], exc)
+                    raise
+                first = first or receipt
+        finally:
+            for held in helds:
+                e.leases.held.pop(held.key, None)
+        assert first is not None
+        return first
+
+    async def _attempt_inline(self, held: Held, message: Outbound, started: float) -> Receipt:
+        e = self._e
+        while True:
+            if held.fenced:
+                raise FencedError(held.key, held.token, None)
+            try:
+                result = await e.provider.send(message)
+            except Exception as exc:
+                delay = await self._failed(held, exc, started)
+                if delay is None:
+                    if held.value.get("state") == OutboxState.DEAD:
+                        raise
+                    e.metrics.outbox_deferred += 1
+                    raise SendDeferredError(held.value["key"], str(exc)) from exc
+                await e.clock.sleep(delay)
+                await e.leases.reclaim(held, self._lease)
+                e.metrics.outbox_retried += 1
+                continue
+            return await self.sent(held, result.message_id, background=False)
+
+    async def _failed(self, held: Held, exc: Exception, started: float | None) -> float | None:
+        """Record a failed attempt with the one retry decision. Returns the delay to wait
+        before retrying inline now; ``None`` when the send is dead or left to the sweeper."""
+        e = self._e
+        now = e.clock.now()
+        attempts = int(held.value.get("attempts", 1))
+        decision = self._retries.decide(exc, attempts, e.rng)
+        if isinstance(decision, GiveUp):
+            log.error("send %s dead-lettered: %s", held.value["key"], exc)
+            await self.dead(held, error_of(exc, decision.reason), background=started is None)
+            return None
+        inline = started is not None and now + decision.delay - started <= self._inline_max
+        lease = e.leases.lease(now, decision.delay + self._lease) if inline else None
+        failed = _with(
+            held.value,
+            now,
+            state=OutboxState.FAILED,
+            inflight=False,
+            lease=lease,
+            error=error_of(exc, None),
+        )
+        due = lease["until"] if lease is not None else now + decision.delay
+        await e.leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
+        if inline:
+            return decision.delay
+        e.leases.held.pop(held.key, None)
+        e.outbox.block(failed)
+        e.wake.set()
+        return None
+
+    async def _release(self, helds: list[Held]) -> None:
+        """Later parts of a deferred send: drop our lease, leave them to the sweeper."""
+        e = self._e
+        now = e.clock.now()
+        for held in helds:
+            try:
+                await e.leases.write(
+                    held, _with(held.value, now, lease=None), Write.OUTBOX_RELEASE, due=now
+                )
+            except FencedError:
+                continue
+            finally:
+                e.leases.held.pop(held.key, None)
+
+    async def _cascade(self, helds: list[Held], previous: str, exc: BaseException) -> None:
+        for held in helds:
+            error = encode_error(
+                "PreviousPartDead",
+                f"an earlier part ({previous}) is dead: {exc}",
+                retryable=False,
+                reason=Reason.PREVIOUS_PART_DEAD,
+            )
+            try:
+                await self.dead(held, error, background=False)
+            except FencedError:
+                continue
+
+    # -- settling -------------------------------------------------------------------------
+
+    async def sent(self, held: Held, message_id: str, *, background: bool) -> Receipt:
+        now = self._e.clock.now()
+        value = _with(
+            held.value,
+            now,
+            state=OutboxState.SENT,
+            message_id=message_id,
+            inflight=False,
+            lease=None,
+            error=None,
+        )
+        await self._settle(held, value, now, background=background)
+        return receipt_of(value, now)
+
+    async def dead(self, target: Held | Entry, error: Json, *, background: bool) -> bool:
+        """The one dead-letter path of a send (held, or read by the sweeper)."""
+        e = self._e
+        now = e.clock.now()
+        value = _with(
+            target.value, now, state=OutboxState.DEAD, inflight=False, lease=None, error=error
+        )
+        if not await self._settle(target, value, now, background=background):
+            return False
+        e.metrics.outbox_dead += 1
+        key = value["key"]
+        await e.emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
+        return True
+
+    async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
+        e = self._e
+        taken = e.leases.claimed(entry.value, now, self._lease)
+        value = _with(
+            taken, now, state=OutboxState.UNKNOWN, inflight=False, lease=None, error=error
+        )
+        if ambiguous:
+            value["ambiguous"] = True
+        if not await self._settle(entry, value, now, background=True):
+            return 0
+        if ambiguous:
+            e.metrics.outbox_ambiguous += 1
+            log.warning("send %s is ambiguous after a crash: marked unknown", value["key"])
+            chat = value["payload"]["chat_id"]
+            await e.emit(AmbiguousEvent(value["key"], chat, resent=False))
+        return 1
+
+    async def _settle(
+        self, target: Held | Entry, value: Json, now: float, *, background: bool
+    ) -> bool:
+        """Write a settled state, then tell the world: the event, the receipt, the chat."""
+        e = self._e
+        state = OutboxState(value["state"])
+        due: float | None = None
+        if e.publisher is not None:
+            value["published"] = False
+            due = now + self._lease
+        purge = e.purge_at(now) if state == OutboxState.SENT else None
+        if not await e.leases.write(target, value, _SETTLE_LABEL[state], due=due, purge=purge):
+            return False
+        if isinstance(target, Held):
+            e.leases.held.pop(target.key, None)
+        e.outbox.unblock(value)
+        receipt = receipt_of(value, now)
+        if state == OutboxState.SENT:
+            await e.emit(SentEvent(receipt, background))
+        if e.publisher is not None:
+            await e.publisher.publish(receipt)
+        return True
+
+    async def bypass(
+        self, message: Outbound, key: str, inbound_id: str | None, part: int
+    ) -> Receipt:
+        """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
+        e = self._e
+        e.metrics.outbox_bypassed += 1
+        result = await e.provider.send(message)
+        receipt = Receipt(
+            key=key,
+            chat_id=message.chat_id,
+            message_id=result.message_id,
+            state=OutboxState.SENT,
+            inbound_id=inbound_id,
+            part=part,
+            ts=e.clock.now(),
+        )
+        await e.emit(SentEvent(receipt, False))
+        if e.publisher is not None:
+            await e.publisher.publish(receipt, journaled=False)
+        return receipt
+
+    # -- background (the sweeper) -----------------------------------------------------------
+
+    async def due(self, entry: Entry, now: float) -> int:
+        """A pending or failed send whose time came: wait its turn, resolve an ambiguous
+        send, or deliver it. Returns how many records it acted on."""
+        e = self._e
+        value = entry.value
+        ls = e.leases.state(value, now)
+        if ls == "live" or not (ls == "orphan" or entry.due is None or entry.due <= now):
+            return 0
+        gated = await self._gate(entry, now)
+        if gated is not None:
+            return gated
+        if value.get("inflight") and ls in ("expired", "orphan"):
+            if e.config.outbox.on_ambiguous == "skip":
+                error = encode_error(
+                    "Ambiguous",
+                    "the process stopped between calling the provider and recording it",
+                    retryable=True,
+                    reason=Reason.AMBIGUOUS,
+                )
+                return await self._unknown(entry, now, error, ambiguous=True)
+            return await self._deliver(entry, now, resend=True)
+        return await self._deliver(entry, now, resend=False)
+
+    async def _gate(self, entry: Entry, now: float) -> int | None:
+        """``None`` when the send may go now; else what was done (it waits, or shares the
+        fate of its earlier part)."""
+        e = self._e
+        value = entry.value
+        previous = value.get("previous_part")
+        if previous is not None:
+            prev = await e.kv.get(e.out_prefix + previous)
+            state = prev.value.get("state") if prev is not None else None
+            if state == OutboxState.DEAD:
+                error = encode_error(
+                    "PreviousPartDead",
+                    f"an earlier part ({previous}) is dead",
+                    retryable=False,
+                    reason=Reason.PREVIOUS_PART_DEAD,
+                )
+                return int(await self.dead(entry, error, background=True))
+            if state == OutboxState.UNKNOWN:
+                error = encode_error(
+                    "PreviousPartUnknown",
+                    f"the outcome of an earlier part ({previous}) is unknown",
+                    retryable=True,
+                    reason=Reason.PREVIOUS_PART_UNKNOWN,
+                )
+                return await self._unknown(entry, now, error, ambiguous=False)
+            if prev is not None and state != OutboxState.SENT:
+                await self._wait(entry, prev, now)
+                return 0
+        after = value.get("after")
+        if after is not None:
+            prev = await e.kv.get(e.out_prefix + after)
+            if prev is not None and prev.value.get("state") not in SETTLED:
+                await self._wait(entry, prev, now)
+                return 0
+        return None
+
+    async def _wait(self, entry: Entry, prev: Entry, now: float) -> None:
+        """Look again when the earlier send is due (not an attempt)."""
+        later = max(prev.due or 0.0, now + max(self._e.config.poll, 0.001))
+        value = _with(entry.value, now, lease=None)
+        await self._e.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
+
+    async def _deliver(self, entry: Entry, now: float, *, resend: bool) -> int:
+        e = self._e
+        claimed, extra = await self._claim_value(entry, now, resend=resend)
+        due = now + self._lease
+        try:
+            versions = await e.kv.commit(
+                [Put(entry.key, claimed, expect=entry.version, due=due), *extra],
+                label=Write.OUTBOX_CLAIM,
+            )
+        except VersionConflictError:
+            return 0
+        if resend:
+            e.metrics.outbox_ambiguous += 1
+            log.warning("send %s is ambiguous after a crash: sending it again", claimed["key"])
+            chat = claimed["payload"]["chat_id"]
+            await e.emit(AmbiguousEvent(claimed["key"], chat, resent=True))
+        elif claimed["attempts"] > 1:
+            e.metrics.outbox_retried += 1
+        held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
+        e.leases.held[entry.key] = held
+        message = decode_outbound(claimed["payload"])
+        try:
+            async with e.outbox.chat_lock(message.chat_id):
+                try:
+                    result = await e.provider.send(message)
+                except Exception as exc:
+                    await self._failed(held, exc, None)
+                    return 1
+                await self.sent(held, result.message_id, background=True)
+                return 1
+        finally:
+            e.leases.held.pop(entry.key, None)
+
+    async def _claim_value(
+        self, entry: Entry, now: float, *, resend: bool
+    ) -> tuple[Json, list[Put]]:
+        """The claimed record, and the later parts to journal when its text is over the
+        channel's limit (an older record, or one journaled under a larger limit)."""
+        e = self._e
+        value = entry.value
+        claimed = e.leases.claimed(value, now, self._lease)
+        claimed.update(
+            state=OutboxState.PENDING, inflight=True, attempts=int(value.get("attempts", 0)) + 1
+        )
+        if resend:
+            claimed["ambiguous"] = True
+        text = value["payload"].get("text")
+        limit = e.provider.text_limit
+        if not (
+            isinstance(text, str)
+            and limit
+            and len(text) > limit
+            and value.get("parts", 1) == 1
+            and value.get("previous_part") is None
+        ):
+            return claimed, []
+        texts: list[str | None] = list(split_text(text, limit))
+        payloads = part_payloads(value["payload"], texts)
+        claimed.update(payload=payloads[0], parts=len(texts))
+        rest = new_values(
+            value["key"],
+            payloads[1:],
+            first_part=2,
+            parts=len(texts),
+            fp=None,
+            inbound_id=value.get("inbound_id"),
+            now=now,
+            lease=None,
+            after=None,
+        )
+        rest[0]["previous_part"] = value["key"]
+        existing = await e.kv.get_many([e.out_prefix + v["key"] for v in rest])
+        extra = [
+            Put(e.out_prefix + v["key"], v, expect=0, due=now)
+            for v in rest
+            if e.out_prefix + v["key"] not in existing
+        ]
+        return claimed, extra

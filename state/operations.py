@@ -1,0 +1,159 @@
+"""Operating a running bot's journal: list records, replay an inbound, retry a send,
+discard one, read the counters (``app.durability``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from state.errors import Reason, RecordStateError
+from state.inbox import replay_value
+from state.keys import part_base, part_key
+from state.kv import Delete, Entry, Put
+from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
+from state.writes import Write
+
+if TYPE_CHECKING:
+    from state.engine import Engine
+
+__all__ = ["InboxView", "Operations", "OutboxView"]
+
+Json = dict[str, Any]
+
+_RETRYABLE = frozenset({OutboxState.DEAD, OutboxState.FAILED, OutboxState.UNKNOWN})
+_CASCADED = frozenset({Reason.PREVIOUS_PART_DEAD, Reason.PREVIOUS_PART_UNKNOWN})
+
+
+class InboxView:
+    """``app.durability.inbox``: the inbound journal of this bot's scope."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    async def list(self, state: InboxState | str | None = None) -> list[InboxRecord]:
+        """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
+        entries = await self._e.kv.scan(self._e.in_prefix)
+        return [
+            InboxRecord.from_value(e.value, e.version)
+            for e in entries
+            if state is None or e.value.get("state") == state
+        ]
+
+    async def get(self, inbound_id: str) -> InboxRecord | None:
+        entry = await self._e.kv.get(self._e.in_prefix + inbound_id)
+        return InboxRecord.from_value(entry.value, entry.version) if entry else None
+
+
+class OutboxView:
+    """``app.durability.outbox``: the outbound journal of this bot's scope."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    async def list(self, state: OutboxState | str | None = None) -> list[OutboxRecord]:
+        """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
+        entries = await self._e.kv.scan(self._e.out_prefix)
+        return [
+            OutboxRecord.from_value(e.value, e.version)
+            for e in entries
+            if state is None or e.value.get("state") == state
+        ]
+
+    async def get(self, key: str) -> OutboxRecord | None:
+        entry = await self._e.kv.get(self._e.out_prefix + key)
+        return OutboxRecord.from_value(entry.value, entry.version) if entry else None
+
+    async def discard(self, key: str) -> None:
+        """Forget the send ``key`` (any state). A later send under that key goes out again."""
+        entry = await self._e.kv.get(self._e.out_prefix + key)
+        if entry is None:
+            raise RecordStateError(key, None, "no outbox record under this key in this scope")
+        await self._e.kv.commit(
+            [Delete(entry.key, expect=entry.version)], label=Write.OUTBOX_DISCARD
+        )
+
+
+class Operations:
+    """The operator's handle on one running bot's journal (``app.durability``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+        self.inbox = InboxView(engine)
+        self.outbox = OutboxView(engine)
+
+    @property
+    def scope(self) -> str:
+        return self._e.scope
+
+    @property
+    def instance_id(self) -> str:
+        return self._e.instance_id
+
+    def metrics(self) -> dict[str, int]:
+        """The thirteen counters, under the reference's names."""
+        return self._e.metrics.as_dict()
+
+    async def sweep_once(self, now: float | None = None) -> int:
+        """Run one sweeper pass now (with ``poll=0`` nothing else runs it)."""
+        return await self._e.sweeper.sweep_once(now)
+
+    async def drain(self, max_passes: int = 100) -> int:
+        """Sweep until a pass acts on nothing."""
+        return await self._e.sweeper.drain(max_passes)
+
+    async def replay_inbound(self, inbound_id: str) -> None:
+        """Process inbound ``inbound_id`` again (dead or done), with a fresh attempt budget;
+        its sends that already went out are answered from the outbox."""
+        e = self._e
+        key = e.in_prefix + inbound_id
+        entry = await e.kv.get(key)
+        if entry is None:
+            raise RecordStateError(inbound_id, None, "no inbox record under this id in this scope")
+        now = e.clock.now()
+        state = entry.value.get("state")
+        if state == InboxState.PENDING and e.leases.state(entry.value, now) == "live":
+            raise RecordStateError(inbound_id, state, "it is being processed now; try again later")
+        await e.kv.commit(
+            [Put(key, replay_value(entry.value, now), expect=entry.version, due=now)],
+            label=Write.INBOX_REPLAY,
+        )
+        e.wake.set()
+
+    async def retry_send(self, key: str) -> None:
+        """Send ``key`` again (dead, failed or unknown) with a fresh retry budget; the later
+        parts of its text that died or became unknown because of it come back with it."""
+        e = self._e
+        entry = await e.kv.get(e.out_prefix + key)
+        if entry is None:
+            raise RecordStateError(key, None, "no outbox record under this key in this scope")
+        state = entry.value.get("state")
+        if state not in _RETRYABLE:
+            raise RecordStateError(key, state, "only dead, failed or unknown sends can be retried")
+        now = e.clock.now()
+        revived = [entry, *await self._cascaded_parts(entry.value)]
+        ops = [Put(r.key, _retry_value(r.value, now), expect=r.version, due=now) for r in revived]
+        await e.kv.commit(ops, label=Write.OUTBOX_RETRY)
+        e.wake.set()
+
+    async def _cascaded_parts(self, value: Json) -> list[Entry]:
+        part, parts = value.get("part", 1), value.get("parts", 1)
+        if part >= parts:
+            return []
+        base = part_base(value["key"], part)
+        keys = [self._e.out_prefix + part_key(base, n) for n in range(part + 1, parts + 1)]
+        found = await self._e.kv.get_many(keys)
+        return [
+            entry
+            for k in keys
+            if (entry := found.get(k)) is not None
+            and entry.value.get("state") in _RETRYABLE
+            and (entry.value.get("error") or {}).get("reason") in _CASCADED
+        ]
+
+
+def _retry_value(value: Json, now: float) -> Json:
+    new = dict(value)
+    new.update(
+        state=OutboxState.PENDING, inflight=False, lease=None, error=None, attempts=0, updated=now
+    )
+    new.pop("published", None)
+    return new
