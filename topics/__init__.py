@@ -1,6 +1,9 @@
 """The wire: topic catalog (names from one prefix), record schemas and keying by chat id.
 
-Pure data: no Kafka client and nothing else of ours. ``streams.provision`` creates the topics.
+Pure data: no Kafka client, and of ours only ``state`` (the message model of
+``state.messages`` and the error tree of ``state.errors``). ``streams.provision`` creates the
+topics; the records are ``state.messages.Inbound`` and ``Receipt``, refused ones raise
+``state.errors.BadRecord``.
 """
 
 from topics.catalog import (
@@ -14,12 +17,7 @@ from topics.catalog import (
     prefix_from_env,
 )
 from topics.records import (
-    REASONS,
     SCHEMA_VERSION,
-    BadRecord,
-    InboundRecord,
-    MediaRef,
-    ReceiptRecord,
     chat_key,
     decode_inbound,
     decode_receipt,
@@ -32,15 +30,10 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_PREFIX",
     "PREFIX_ENV",
-    "REASONS",
     "RETRY_TIERS",
     "SCHEMA_VERSION",
     "TABLES",
-    "BadRecord",
     "Catalog",
-    "InboundRecord",
-    "MediaRef",
-    "ReceiptRecord",
     "TopicSpec",
     "chat_key",
     "decode_inbound",

@@ -1,39 +1,45 @@
-"""Record schemas on the wire: decode and validate inbound records, encode and decode receipts.
+"""Records on the wire: decode and validate inbound records, encode and decode receipts.
 
-Values are UTF-8 JSON objects with a version field ``"v": 1``; keys are the chat id (UTF-8), so
-the default partitioner gives a chat one partition. The JSON Schema files are
-``topics/schemas/inbound.v1.json`` and ``receipt.v1.json`` (package data); ``SCHEMAS.md``
-documents both. This module is the validator the worker runs (no jsonschema dependency).
+The records are the message model of :mod:`state.messages` (``Inbound``, ``Media``,
+``Receipt``), defined there once; this module only puts them on the wire and takes them off.
+Values are UTF-8 JSON objects with a version field ``"v": 1``; keys are the chat id (UTF-8),
+so the default partitioner gives a chat one partition. The JSON Schema files
+``topics/schemas/inbound.v1.json`` and ``receipt.v1.json`` are generated from the same structs
+(``python -m topics.schemas``); ``SCHEMAS.md`` documents both.
 
-Every way a record can be bad raises :class:`BadRecord` with a stable ``reason`` code (the
-``reason`` header of the DLQ record) and a ``detail`` that names the field and the fix:
+Decoding is one ``msgspec`` pass that validates as it parses. Only a record that pass refuses
+takes the slow path, which parses it again without types and looks at its structure to say
+why, as a :class:`~state.errors.BadRecord` whose ``reason`` (a :class:`~state.errors.Reason`,
+the DLQ ``reason`` header) is stable and whose ``detail`` names the field and the fix:
 
 ``empty``            no value (a tombstone) or an empty value
 ``bad-json``         the value is not UTF-8 JSON
 ``not-object``       the JSON is not an object
-``unknown-version``  ``v`` is missing or not a version we read
-``missing-chat-id``  no ``chat_id`` (or an empty one)
-``wrong-type``       a field has the wrong type
+``unknown-version``  ``v`` is missing or not a version we read (``1``)
+``missing-chat-id``  no ``chat_id``, or a null or empty one
+``wrong-type``       another field has the wrong type or value (an empty ``id``, a ``kind``
+                     other than ``message``/``interaction``, ``media.data`` not base64…)
+
+One form the structs refuse is accepted on purpose: an inbound ``chat_id`` given as a JSON
+integer is read as its decimal string (chat ids of some channels are numbers). Such a record
+takes the slow path (about three passes instead of one). Unknown fields are ignored.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Final, Literal, TypeVar, cast
+
+import msgspec
+import msgspec.inspect as mi
+
+from state.errors import BadRecord, Reason
+from state.messages import SCHEMA_VERSION, Inbound, Receipt
 
 __all__ = [
-    "REASONS",
     "SCHEMA_VERSION",
-    "BadRecord",
-    "InboundRecord",
-    "MediaRef",
-    "ReceiptRecord",
     "chat_key",
     "decode_inbound",
     "decode_receipt",
@@ -42,64 +48,23 @@ __all__ = [
     "schema",
 ]
 
-SCHEMA_VERSION = 1
-Reason = Literal[
-    "empty", "bad-json", "not-object", "unknown-version", "missing-chat-id", "wrong-type"
-]
-REASONS: tuple[str, ...] = (
-    "empty",
-    "bad-json",
-    "not-object",
-    "unknown-version",
-    "missing-chat-id",
-    "wrong-type",
-)
+
+class _Unversioned(msgspec.Struct, frozen=True, tag_field="v", tag=0):
+    """A record with ``"v": 0``. A tagged struct alone decodes a record whose ``v`` is
+    missing; in a union with this one, msgspec requires ``v``. Decoding to it means
+    ``unknown-version``."""
 
 
-class BadRecord(ValueError):
-    """A record that cannot be decoded: ``reason`` is a stable code, ``detail`` says why."""
-
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(reason, detail)
-        self.reason: Reason = reason
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.detail}"
-
-
-@dataclass(frozen=True, slots=True)
-class MediaRef:
-    url: str | None = None
-    path: str | None = None
-    mime: str | None = None
-    data: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class InboundRecord:
-    """A decoded inbound record (``id`` is ``None`` when the producer gave none)."""
-
-    chat_id: str
-    id: str | None = None
-    text: str | None = None
-    kind: Literal["message", "interaction"] = "message"
-    sender: str | None = None
-    channel: str | None = None
-    ts: float | None = None
-    media: MediaRef | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptRecord:
-    key: str
-    chat_id: str
-    message_id: str | None
-    state: str
-    inbound_id: str | None = None
-    part: int = 1
-    ts: float = 0.0
+_S = TypeVar("_S", bound=msgspec.Struct)
+_INBOUND: Final = msgspec.json.Decoder(Inbound | _Unversioned)
+_RECEIPT: Final = msgspec.json.Decoder(Receipt | _Unversioned)
+_UNTYPED: Final = msgspec.json.Decoder()
+_ENCODER: Final = msgspec.json.Encoder()
+_MISSING: Final = object()
+_NOUN: Final = {"inbound": "message", "receipt": "send"}
+#: Longest piece of a bad value quoted in a ``detail`` (only enum, literal and numeric values
+#: are quoted: free text could hold anything).
+_QUOTE_MAX = 40
 
 
 def schema(name: Literal["inbound", "receipt"], version: int = SCHEMA_VERSION) -> dict[str, Any]:
@@ -114,184 +79,212 @@ def chat_key(chat_id: str) -> bytes:
     return chat_id.encode()
 
 
-def _load(raw: bytes | str | None, what: str) -> dict[str, Any]:
-    if raw is None or len(raw) == 0:
-        raise BadRecord("empty", f"the {what} record has no value; produce a JSON object")
+def decode_inbound(raw: bytes | str | None) -> Inbound:
+    """Decode and validate an inbound record value; raises :class:`~state.errors.BadRecord`.
+
+    ``id`` is ``""`` when the record has none (the worker then uses
+    ``<topic>:<partition>:<offset>``).
+    """
+    if not raw:
+        raise _empty("inbound")
     try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadRecord(
-            "bad-json", f"the {what} value is not UTF-8 JSON ({exc}); produce a JSON object"
-        ) from None
+        msg = _INBOUND.decode(raw)
+    except msgspec.ValidationError as exc:
+        return _diagnose(raw, "inbound", Inbound, str(exc))
+    except msgspec.DecodeError as exc:
+        raise _bad_json("inbound", exc) from None
+    if isinstance(msg, Inbound):
+        return msg
+    return _diagnose(raw, "inbound", Inbound, "v is 0")
+
+
+def decode_receipt(raw: bytes | str | None) -> Receipt:
+    """Decode and validate a receipt value; raises :class:`~state.errors.BadRecord`."""
+    if not raw:
+        raise _empty("receipt")
+    try:
+        rec = _RECEIPT.decode(raw)
+    except msgspec.ValidationError as exc:
+        return _diagnose(raw, "receipt", Receipt, str(exc))
+    except msgspec.DecodeError as exc:
+        raise _bad_json("receipt", exc) from None
+    if isinstance(rec, Receipt):
+        return rec
+    return _diagnose(raw, "receipt", Receipt, "v is 0")
+
+
+def encode_inbound(msg: Inbound) -> bytes:
+    """The wire value of an inbound record: compact JSON, ``"v": 1`` first, defaults left out
+    (an ``id`` of ``""`` is left out too)."""
+    return _ENCODER.encode(msg)
+
+
+def encode_receipt(receipt: Receipt) -> bytes:
+    """The wire value of a receipt: compact JSON, ``"v": 1`` first, every field present."""
+    return _ENCODER.encode(receipt)
+
+
+# -- the slow path: say why a record was refused ---------------------------------------------
+
+
+def _empty(what: str) -> BadRecord:
+    return BadRecord(Reason.EMPTY, f"the {what} record has no value; produce a JSON object")
+
+
+def _bad_json(what: str, exc: msgspec.DecodeError) -> BadRecord:
+    return BadRecord(
+        Reason.BAD_JSON, f"the {what} value is not UTF-8 JSON ({exc}); produce a JSON object"
+    )
+
+
+def _diagnose(raw: bytes | str, what: str, struct: type[_S], why: str) -> _S:
+    """Raise the :class:`BadRecord` that says why the typed decoder refused ``raw`` (``why``
+    is msgspec's message, quoted only when no field explains the refusal).
+
+    The one refused form accepted: an inbound whose ``chat_id`` is an integer, decoded here
+    with the id as its decimal string.
+    """
+    try:
+        value = _UNTYPED.decode(raw)
+    except msgspec.DecodeError as exc:  # the typed decoder stopped before the bad JSON
+        raise _bad_json(what, exc) from None
     if not isinstance(value, dict):
         raise BadRecord(
-            "not-object",
-            f"the {what} value is JSON {type(value).__name__}, not an object; "
-            'produce {"v": 1, "chat_id": ...}',
+            Reason.NOT_OBJECT,
+            f"the {what} value is {_json_type(value)}, not a JSON object; "
+            f'produce {{"v": {SCHEMA_VERSION}, "chat_id": ...}}',
         )
-    version = value.get("v")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
-        got = "missing" if "v" not in value else repr(version)
+    version = value.get("v", _MISSING)
+    if type(version) is not int or version != SCHEMA_VERSION:
+        got = "missing" if version is _MISSING else _quote(version)
         raise BadRecord(
-            "unknown-version",
+            Reason.UNKNOWN_VERSION,
             f"field 'v' is {got}; this worker reads version {SCHEMA_VERSION} "
             f'(set "v": {SCHEMA_VERSION}, or upgrade the worker for newer versions)',
         )
-    return value
-
-
-def _opt_str(obj: Mapping[str, Any], name: str, where: str = "") -> str | None:
-    value = obj.get(name)
-    if value is None or isinstance(value, str):
-        return value
-    raise BadRecord(
-        "wrong-type",
-        f"field '{where}{name}' must be a string or null, got {type(value).__name__}",
-    )
-
-
-def _chat_id(value: dict[str, Any]) -> str:
     chat = value.get("chat_id")
     if chat is None or chat == "":
         raise BadRecord(
-            "missing-chat-id",
-            "field 'chat_id' is required: the chat the message belongs to (a non-empty string)",
+            Reason.MISSING_CHAT_ID,
+            f"field 'chat_id' is required: the chat the {_NOUN[what]} belongs to "
+            "(a non-empty string)",
         )
-    if isinstance(chat, bool) or not isinstance(chat, str | int):
-        raise BadRecord(
-            "wrong-type",
-            f"field 'chat_id' must be a string or an integer, got {type(chat).__name__}",
-        )
-    return str(chat)
-
-
-def decode_inbound(raw: bytes | str | None) -> InboundRecord:
-    """Decode and validate an inbound record value; raises :class:`BadRecord`."""
-    value = _load(raw, "inbound")
-    chat_id = _chat_id(value)
-    rid = _opt_str(value, "id")
-    if rid == "":
-        raise BadRecord("wrong-type", "field 'id' must not be empty (omit it or give the id)")
-    kind = value.get("kind", "message")
-    if kind not in ("message", "interaction"):
-        raise BadRecord(
-            "wrong-type", f"field 'kind' must be 'message' or 'interaction', got {kind!r}"
-        )
-    ts = value.get("ts")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int | float)):
-        raise BadRecord(
-            "wrong-type", f"field 'ts' must be a number (seconds), got {type(ts).__name__}"
-        )
-    data = value.get("data", {})
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise BadRecord("wrong-type", f"field 'data' must be an object, got {type(data).__name__}")
-    return InboundRecord(
-        chat_id=chat_id,
-        id=rid,
-        text=_opt_str(value, "text"),
-        kind=kind,
-        sender=_opt_str(value, "sender"),
-        channel=_opt_str(value, "channel"),
-        ts=float(ts) if ts is not None else None,
-        media=_media(value.get("media")),
-        data=data,
-    )
-
-
-def _media(value: Any) -> MediaRef | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise BadRecord(
-            "wrong-type", f"field 'media' must be an object or null, got {type(value).__name__}"
-        )
-    raw = _opt_str(value, "data", "media.")
-    data: bytes | None = None
-    if raw is not None:
+    if struct is Inbound and not isinstance(chat, str):
+        if type(chat) is not int:
+            raise BadRecord(
+                Reason.WRONG_TYPE,
+                f"field 'chat_id' must be a non-empty string or an integer, got {_json_type(chat)}",
+            )
+        value["chat_id"] = str(chat)
         try:
-            data = base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRecord("wrong-type", "field 'media.data' must be base64") from None
-    return MediaRef(
-        url=_opt_str(value, "url", "media."),
-        path=_opt_str(value, "path", "media."),
-        mime=_opt_str(value, "mime", "media."),
-        data=data,
-    )
+            return cast(_S, _typed(struct).decode(_ENCODER.encode(value)))
+        except msgspec.ValidationError:
+            pass  # another field is wrong too: say which
+    _check_fields(value, struct, "")
+    raise BadRecord(Reason.WRONG_TYPE, f"the {what} record does not fit v1: {why}")
 
 
-def encode_inbound(record: InboundRecord) -> bytes:
-    """The wire value of an inbound record (compact JSON, ``"v": 1``)."""
-    out: dict[str, Any] = {"v": SCHEMA_VERSION, "chat_id": record.chat_id}
-    if record.id is not None:
-        out["id"] = record.id
-    for name in ("text", "sender", "channel", "ts"):
-        value = getattr(record, name)
-        if value is not None:
-            out[name] = value
-    if record.kind != "message":
-        out["kind"] = record.kind
-    if record.media is not None:
-        m = record.media
-        media: dict[str, Any] = {
-            k: v for k, v in (("url", m.url), ("path", m.path), ("mime", m.mime)) if v
-        }
-        if m.data is not None:
-            media["data"] = base64.b64encode(m.data).decode()
-        out["media"] = media
-    if record.data:
-        out["data"] = dict(record.data)
-    return json.dumps(out, separators=(",", ":")).encode()
+def _check_fields(value: dict[str, Any], struct: type[msgspec.Struct], prefix: str) -> None:
+    """``wrong-type`` for the first field of ``value`` that ``struct`` does not accept."""
+    for name, annotation, info in _fields(struct):
+        field = f"{prefix}{name}"
+        if name not in value:
+            if info.required:
+                raise BadRecord(
+                    Reason.WRONG_TYPE,
+                    f"field '{field}' is required: give {_words(info.type)}",
+                )
+            continue
+        got = value[name]
+        try:
+            _typed(annotation).decode(_ENCODER.encode(got))
+        except msgspec.ValidationError:
+            pass
+        else:
+            continue
+        inner = _struct_of(info.type)
+        if inner is not None and isinstance(got, dict):
+            _check_fields(got, inner, f"{field}.")
+        omit = "" if info.required else " (or omit it)"
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            f"field '{field}' must be {_words(info.type)}{omit}, got {_got(got, info.type)}",
+        )
 
 
-def encode_receipt(
-    *,
-    key: str,
-    chat_id: str,
-    message_id: str | None,
-    state: str,
-    inbound_id: str | None,
-    part: int,
-    ts: float | None = None,
-) -> bytes:
-    """The wire value of a sent receipt (``ts`` defaults to now)."""
-    doc = {
-        "v": SCHEMA_VERSION,
-        "key": key,
-        "chat_id": chat_id,
-        "message_id": message_id,
-        "state": state,
-        "inbound_id": inbound_id,
-        "part": part,
-        "ts": time.time() if ts is None else ts,
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
+@cache
+def _fields(struct: type[msgspec.Struct]) -> tuple[tuple[str, Any, mi.Field], ...]:
+    """``(wire name, annotation, inspected field)`` for each field but the tag."""
+    annotations = {f.encode_name: f.type for f in msgspec.structs.fields(struct)}
+    info = mi.type_info(struct)
+    assert isinstance(info, mi.StructType)
+    return tuple((f.encode_name, annotations[f.encode_name], f) for f in info.fields)
 
 
-def decode_receipt(raw: bytes | str | None) -> ReceiptRecord:
-    """Decode a sent receipt; raises :class:`BadRecord`."""
-    value = _load(raw, "receipt")
-    chat_id = _chat_id(value)
-    key = value.get("key")
-    if not isinstance(key, str) or not key:
-        raise BadRecord("wrong-type", "field 'key' must be a non-empty string")
-    state = value.get("state")
-    if not isinstance(state, str):
-        raise BadRecord("wrong-type", "field 'state' must be a string")
-    part = value.get("part", 1)
-    if isinstance(part, bool) or not isinstance(part, int) or part < 1:
-        raise BadRecord("wrong-type", f"field 'part' must be an integer >= 1, got {part!r}")
-    ts = value.get("ts", 0.0)
-    if isinstance(ts, bool) or not isinstance(ts, int | float):
-        raise BadRecord("wrong-type", "field 'ts' must be a number")
-    return ReceiptRecord(
-        key=key,
-        chat_id=chat_id,
-        message_id=_opt_str(value, "message_id"),
-        state=state,
-        inbound_id=_opt_str(value, "inbound_id"),
-        part=part,
-        ts=float(ts),
-    )
+@cache
+def _typed(annotation: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(annotation)
+
+
+def _struct_of(t: mi.Type) -> type[msgspec.Struct] | None:
+    for part in t.types if isinstance(t, mi.UnionType) else (t,):
+        if isinstance(part, mi.StructType):
+            return part.cls
+    return None
+
+
+def _words(t: mi.Type) -> str:
+    """What a field takes, in words (``a non-empty string``, ``a number or null``...)."""
+    if isinstance(t, mi.UnionType):
+        return " or ".join(_words(p) for p in t.types)
+    if isinstance(t, mi.StrType):
+        return "a non-empty string" if t.min_length else "a string"
+    if isinstance(t, mi.IntType):
+        return "an integer" + (f" >= {t.ge}" if t.ge is not None else "")
+    if isinstance(t, mi.FloatType):
+        return "a number"
+    if isinstance(t, mi.BytesType):
+        return "base64 text"
+    if isinstance(t, mi.NoneType):
+        return "null"
+    if isinstance(t, mi.LiteralType | mi.EnumType):
+        values = t.values if isinstance(t, mi.LiteralType) else [m.value for m in t.cls]
+        return "one of " + ", ".join(repr(v) for v in values)
+    if isinstance(t, mi.DictType | mi.StructType):
+        return "an object"
+    return str(t)
+
+
+def _got(value: Any, t: mi.Type) -> str:
+    """The bad value in words: its JSON type, or the value itself when the type was right
+    (an enum string, a number out of range) and it is safe to quote."""
+    if value == "":
+        return "an empty string"
+    kinds = t.types if isinstance(t, mi.UnionType) else (t,)
+    if isinstance(value, str):
+        if any(isinstance(k, mi.BytesType) for k in kinds):
+            return "a string that is not base64"
+        if any(isinstance(k, mi.LiteralType | mi.EnumType) for k in kinds):
+            return _quote(value)
+    if type(value) in (int, float) and any(isinstance(k, mi.IntType) for k in kinds):
+        return _quote(value)
+    return _json_type(value)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _quote(value: Any) -> str:
+    text = _ENCODER.encode(value).decode()
+    return text if len(text) <= _QUOTE_MAX else text[: _QUOTE_MAX - 1] + "…"
