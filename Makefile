@@ -38,7 +38,10 @@ lint: venv ## ruff and mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+schemas: venv ## regenerate topics/schemas/*.json from the message model (state/messages.py)
+	$(BIN)/python -m topics.schemas
+
 bench: venv ## benchmarks (ratios against a baseline in the same run)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-.PHONY: help venv kafka-jars kafka-start kafka-stop run test lint bench
+.PHONY: help venv kafka-jars kafka-start kafka-stop run test lint schemas bench
