@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from botmesh import Bot, Inbound
+from botmesh import Bot, Context, Inbound
 from state.messages import Outbound, SendResult
 from tests.backends import BACKENDS
 
@@ -39,39 +39,36 @@ class LoggingProvider:
         return SendResult(f"child-{os.getpid()}-{message.text}")
 
 
-async def main(backend: str, path: str, log: str, mode: str, policy: str) -> None:
-    kv = await BACKENDS[backend].open(Path(path))
-    bot = Bot(
-        LoggingProvider(Path(log), mode == "hang-after-send"),
-        bot_id="kill",
-        durability={
-            "backend": kv,
-            "instance_id": "k1",
-            "poll": 0,
-            "outbox": {"on_ambiguous": policy},
-        },
-    )
+def make_bot(mode: str, policy: str) -> Bot:
+    bot = Bot("kill", durability={"poll": 0, "outbox": {"on_ambiguous": policy}})
 
     @bot.on_message
-    async def handler(ctx):  # type: ignore[no-untyped-def]
+    async def handler(ctx: Context) -> None:
         await ctx.reply("a")
         if mode == "hang-in-handler":
             print("IN_HANDLER", flush=True)
             await asyncio.sleep(3600)
         await ctx.reply("b")
 
-    await bot.start()  # recovery: replays what the killed process left
-    await bot.handle(Inbound("m1", "chat", "hi"))  # the channel redelivers
-    d = bot.durability
-    assert d is not None
-    await d.drain()
-    summary = {
-        "metrics": d.metrics(),
-        "outbox": {r.key: r.state for r in await d.outbox.list()},
-        "inbox": {r.id: [r.state, r.attempts] for r in await d.inbox.list()},
-    }
+    return bot
+
+
+async def main(backend: str, path: str, log: str, mode: str, policy: str) -> None:
+    kv = await BACKENDS[backend].open(Path(path))
+    provider = LoggingProvider(Path(log), mode == "hang-after-send")
+    async with make_bot(mode, policy).bind(provider, kv, instance_id="k1") as app:
+        # start() recovered what the killed process left; now the channel redelivers
+        await app.handle(Inbound(id="m1", chat_id="chat", text="hi"))
+        d = app.durability
+        assert d is not None
+        await d.drain()
+        summary = {
+            "metrics": d.metrics(),
+            "outbox": {r.key: r.state for r in await d.outbox.list()},
+            "inbox": {r.id: [r.state, r.attempts] for r in await d.inbox.list()},
+        }
+    await kv.close()
     print(json.dumps(summary), flush=True)
-    await bot.stop()
 
 
 if __name__ == "__main__":

@@ -9,15 +9,17 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from botmesh import Bot, Inbound, SendError, UnsupportedContentError
-from botmesh.testing import CrashableKv, ManualClock, MockProvider, SimulatedCrash, crashable
-from state.durability import ScopedDurability
-from state.kv import DurableKv, Put
+from botmesh import Bot, Context, Inbound
+from botmesh.errors import SendError, UnsupportedContentError
+from botmesh.journal import DurableKv, Put
+from botmesh.testing import FaultyKv, ManualClock, MockProvider, SimulatedCrash, crashable
 from state.messages import Outbound, SendResult
 from tests.backends import BACKENDS, BackendHandle
+from tests.kit import App, make_app, policy
 
 pytestmark = pytest.mark.crash
 
@@ -26,7 +28,7 @@ class Channel(MockProvider):
     """Counts accepted texts across incarnations; refuses to work for a dead process;
     can hold a call open (``gate``) and fail on demand."""
 
-    def __init__(self, accepted: dict[str, int], kv: CrashableKv | None, limit: int | None) -> None:
+    def __init__(self, accepted: dict[str, int], kv: FaultyKv | None, limit: int | None) -> None:
         super().__init__(text_limit=limit)
         self.accepted = accepted
         self.kv = kv
@@ -46,36 +48,35 @@ class Channel(MockProvider):
 
 @dataclass
 class World:
-    bot: Bot
-    d: ScopedDurability
+    app: App
     channel: Channel
     clock: ManualClock
+    hold: asyncio.Event | None = None
+    entered: asyncio.Event | None = None
+
+    @property
+    def d(self) -> Any:
+        return self.app.ops
 
 
-def _world(
-    kv: DurableKv, accepted: dict[str, int], clock: ManualClock, policy: str, **opts: object
+async def _world(
+    kv: DurableKv, accepted: dict[str, int], clock: ManualClock, policy_name: str, **opts: Any
 ) -> World:
-    ckv = kv if isinstance(kv, CrashableKv) else None
-    limit = opts.pop("limit", None)
-    channel = Channel(accepted, ckv, limit)  # type: ignore[arg-type]
-    outbox = {"on_ambiguous": policy, "backoff": {"jitter": 0}, **opts.pop("outbox", {})}  # type: ignore[dict-item]
-    bot = Bot(
-        channel,
-        durability={"backend": kv, "instance_id": "x1", "poll": 0, "outbox": outbox, **opts},
-        clock=clock,
-    )
-    gate: dict[str, asyncio.Event] = {}
+    ckv = kv if isinstance(kv, FaultyKv) else None
+    channel = Channel(accepted, ckv, opts.pop("limit", None))
+    outbox = {"on_ambiguous": policy_name, **opts.pop("outbox", {})}
+    bot = Bot("x", durability=policy(outbox=outbox, **opts))
+    world = World(None, channel, clock)  # type: ignore[arg-type]
 
     @bot.on_message
-    async def handler(ctx):  # type: ignore[no-untyped-def]
-        if "hold" in gate:
-            gate["in"].set()
-            await gate["hold"].wait()
-        await ctx.reply(f"re {ctx.message.id}")
+    async def handler(ctx: Context) -> None:
+        if world.hold is not None and world.entered is not None:
+            world.entered.set()
+            await world.hold.wait()
+        await ctx.reply(f"re {ctx.inbound_id}")
 
-    bot.gate = gate  # type: ignore[attr-defined]
-    assert bot.durability is not None
-    return World(bot, bot.durability, channel, clock)
+    world.app = await make_app(channel, kv=kv, clock=clock, bot=bot, instance_id="x1")
+    return world
 
 
 Setup = Callable[[World], Awaitable[None]]
@@ -83,11 +84,11 @@ Setup = Callable[[World], Awaitable[None]]
 
 async def _slow_send(w: World) -> None:
     w.channel.gate = asyncio.Event()
-    task = asyncio.create_task(w.bot.send("c", "slow", idempotency_key="k"))
+    task = asyncio.create_task(w.app.runtime.send("c", "slow", idempotency_key="k"))
     await w.channel.entered.wait()
     w.clock.advance(45)
     try:
-        await w.d.heartbeat_once()
+        await w.app.engine.leases.heartbeat_once(w.clock.now())
     finally:
         w.channel.gate.set()
         with contextlib.suppress(SimulatedCrash):
@@ -95,15 +96,14 @@ async def _slow_send(w: World) -> None:
 
 
 async def _slow_handler(w: World) -> None:
-    hold, entered = asyncio.Event(), asyncio.Event()
-    w.bot.gate.update(hold=hold, **{"in": entered})  # type: ignore[attr-defined]
-    task = asyncio.create_task(w.bot.handle(Inbound("m", "c")))
-    await entered.wait()
+    w.hold, w.entered = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(w.app.runtime.handle(Inbound(id="m", chat_id="c")))
+    await w.entered.wait()
     w.clock.advance(45)
     try:
-        await w.d.heartbeat_once()
+        await w.app.engine.leases.heartbeat_once(w.clock.now())
     finally:
-        hold.set()
+        w.hold.set()
         with contextlib.suppress(SimulatedCrash):
             await task
 
@@ -111,35 +111,36 @@ async def _slow_handler(w: World) -> None:
 async def _deferred_parts(w: World) -> None:
     w.channel.fail_next(SendError("blip"))
     with contextlib.suppress(Exception):
-        await w.bot.send("c", "aaaa bbbb", idempotency_key="k")
+        await w.app.runtime.send("c", "aaaa bbbb", idempotency_key="k")
 
 
 async def _bad_record(w: World) -> None:
     bad = {"t": "in", "id": "bad", "state": "pending", "attempts": 0, "token": 0,
            "lease": None, "message": {"kind": "carrier-pigeon"}, "error": None}  # fmt: skip
-    await w.d.kv.commit([Put(w.d.in_prefix + "bad", bad, expect=0, due=w.clock.now())])
+    e = w.app.engine
+    await e.kv.commit([Put(e.in_prefix + "bad", bad, expect=0, due=w.clock.now())])
     await w.d.sweep_once()
 
 
 async def _replay(w: World) -> None:
-    await w.bot.handle(Inbound("m", "c"))
+    await w.app.runtime.handle(Inbound(id="m", chat_id="c"))
     await w.d.replay_inbound("m")
 
 
 async def _retry(w: World) -> None:
     w.channel.fail_next(UnsupportedContentError("no"))
     with contextlib.suppress(UnsupportedContentError):
-        await w.bot.send("c", "again", idempotency_key="k")
+        await w.app.runtime.send("c", "again", idempotency_key="k")
     await w.d.retry_send("k")
 
 
 async def _discard(w: World) -> None:
-    await w.bot.send("c", "gone", idempotency_key="k")
+    await w.app.runtime.send("c", "gone", idempotency_key="k")
     await w.d.outbox.discard("k")
 
 
 async def _purge(w: World) -> None:
-    await w.bot.handle(Inbound("m", "c"))
+    await w.app.runtime.handle(Inbound(id="m", chat_id="c"))
     w.clock.advance(120)
     await w.d.sweep_once()
 
@@ -214,9 +215,9 @@ CASES: dict[str, tuple[Setup, Check, dict[str, object]]] = {
 }
 
 
-@pytest.mark.parametrize("policy", ["skip", "resend"])
+@pytest.mark.parametrize("policy_name", ["skip", "resend"])
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
-async def test_extra_crash_points(backend_name: str, policy: str, tmp_path: Path) -> None:
+async def test_extra_crash_points(backend_name: str, policy_name: str, tmp_path: Path) -> None:
     for i, (label, (setup, check, opts)) in enumerate(CASES.items()):
         for when in ("before", "after"):
             handle = BackendHandle(BACKENDS[backend_name], tmp_path / f"{i}-{when}")
@@ -225,20 +226,18 @@ async def test_extra_crash_points(backend_name: str, policy: str, tmp_path: Path
             accepted: dict[str, int] = {}
             ckv = crashable(kv)
             (ckv.crash_before if when == "before" else ckv.crash_after)(label)
-            a = _world(ckv, accepted, clock, policy, **dict(opts))
-            await a.bot.start()
+            a = await _world(ckv, accepted, clock, policy_name, **dict(opts))
             with contextlib.suppress(SimulatedCrash):
                 await setup(a)
             assert ckv.crashed is not None, (label, when)
             kv = await handle.reopen()
-            b = _world(kv, accepted, clock, policy, **dict(opts))
-            await b.bot.start()
+            b = await _world(kv, accepted, clock, policy_name, **dict(opts))
             for _ in range(8):
                 clock.advance(61)
                 await b.d.drain()
             try:
-                await check(b, accepted, when, policy)
+                await check(b, accepted, when, policy_name)
             except AssertionError as exc:
                 raise AssertionError(f"{label} {when}: {exc}") from exc
-            await b.bot.stop()
+            await b.app.stop()
             await handle.close()

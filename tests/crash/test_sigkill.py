@@ -2,49 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.backends import BACKENDS
+from tests.kill import Child, python
 
 pytestmark = pytest.mark.crash
 
 PERSISTENT = sorted(n for n, c in BACKENDS.items() if c.persistent)
-ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _child(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.crash.child",
-        *args,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+def _kill_at(marker: str, *args: str) -> None:
+    with Child(python("-m", "tests.crash.child", *args)) as child:
+        child.wait_for(marker)
+        child.kill()
 
 
-async def _kill_at(marker: str, *args: str) -> None:
-    proc = await _child(*args)
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 60)
-    assert line.decode().strip() == marker, line
-    proc.send_signal(signal.SIGKILL)
-    assert await proc.wait() == -signal.SIGKILL
-
-
-async def _recover(*args: str) -> dict:  # type: ignore[type-arg]
-    proc = await _child(*args)
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0
-    return json.loads(out.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+def _recover(*args: str) -> dict[str, Any]:
+    with Child(python("-m", "tests.crash.child", *args)) as child:
+        lines = child.finish()
+    summary: dict[str, Any] = json.loads(lines[-1])
+    return summary
 
 
 def test_there_is_a_persistent_backend() -> None:
@@ -52,10 +34,10 @@ def test_there_is_a_persistent_backend() -> None:
 
 
 @pytest.mark.parametrize("backend_name", PERSISTENT)
-async def test_sigkill_in_the_middle_of_a_handler(backend_name: str, tmp_path: Path) -> None:
+def test_sigkill_in_the_middle_of_a_handler(backend_name: str, tmp_path: Path) -> None:
     args = (backend_name, str(tmp_path / "journal"), str(tmp_path / "sent.log"))
-    await _kill_at("IN_HANDLER", *args, "hang-in-handler", "skip")
-    summary = await _recover(*args, "recover", "skip")
+    _kill_at("IN_HANDLER", *args, "hang-in-handler", "skip")
+    summary = _recover(*args, "recover", "skip")
     assert (tmp_path / "sent.log").read_text().splitlines() == ["a", "b"]  # "a" not repeated
     assert summary["inbox"] == {"m1": ["done", 2]}
     assert summary["outbox"] == {"m1:1": "sent", "m1:2": "sent"}
@@ -65,12 +47,12 @@ async def test_sigkill_in_the_middle_of_a_handler(backend_name: str, tmp_path: P
 
 @pytest.mark.parametrize("policy", ["skip", "resend"])
 @pytest.mark.parametrize("backend_name", PERSISTENT)
-async def test_sigkill_between_provider_and_record(
+def test_sigkill_between_provider_and_record(
     backend_name: str, policy: str, tmp_path: Path
 ) -> None:
     args = (backend_name, str(tmp_path / "journal"), str(tmp_path / "sent.log"))
-    await _kill_at("SENT", *args, "hang-after-send", policy)
-    summary = await _recover(*args, "recover", policy)
+    _kill_at("SENT", *args, "hang-after-send", policy)
+    summary = _recover(*args, "recover", policy)
     sent = (tmp_path / "sent.log").read_text().splitlines()
     assert summary["metrics"]["outboxAmbiguous"] == 1
     assert summary["inbox"]["m1"][0] == "done"

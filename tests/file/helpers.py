@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +12,6 @@ from state.kv import DurableKv
 
 CHILD = Path(__file__).with_name("_child.py")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
 
 
 async def state_of(kv: DurableKv) -> dict[str, tuple[Any, ...]]:

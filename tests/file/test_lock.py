@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,8 @@ import pytest
 from state.backends.file import open_file_kv
 from state.errors import JournalLockedError
 from state.kv import Put
-from tests.file.helpers import spawn
+from tests.file.helpers import CHILD
+from tests.kill import Child, python
 
 
 async def test_second_open_in_this_process_is_refused_until_close(tmp_path: Path) -> None:
@@ -41,28 +41,24 @@ async def test_a_refused_open_leaves_the_holder_working(tmp_path: Path) -> None:
 
 
 async def test_another_live_process_is_refused_with_its_pid(tmp_path: Path) -> None:
-    with spawn("hold", str(tmp_path / "j")) as child:
+    with Child(python(str(CHILD), "hold", str(tmp_path / "j")), stdin=True) as child:
         try:
-            assert child.stdout is not None
-            assert child.stdout.readline().split() == ["ready", str(child.pid)]
+            assert child.wait_for("ready").split() == ["ready", str(child.pid)]
             with pytest.raises(JournalLockedError) as info:
                 await open_file_kv(tmp_path / "j")
             assert info.value.pid == child.pid
             assert f"pid {child.pid}" in str(info.value)
         finally:
-            assert child.stdin is not None
-            child.stdin.close()  # the child closes its journal and exits
-            assert child.wait(timeout=30) == 0
+            child.close_stdin()  # the child closes its journal and exits
+            child.finish(timeout=30)
     kv = await open_file_kv(tmp_path / "j")
     await kv.close()
 
 
 async def test_a_dead_process_lock_is_taken_over(tmp_path: Path) -> None:
-    with spawn("hold", str(tmp_path / "j")) as child:
-        assert child.stdout is not None
-        assert child.stdout.readline().startswith("ready")
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+    with Child(python(str(CHILD), "hold", str(tmp_path / "j")), stdin=True) as child:
+        child.wait_for("ready")
+        child.kill()
     # the dead holder's lock file is still there, with its pid
     assert (tmp_path / "j.lock").read_text().strip() == str(child.pid)
     kv = await open_file_kv(tmp_path / "j")

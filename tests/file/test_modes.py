@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from state.backends.file import FileDurability, FileKv, FileOptions, open_file_kv
+from state.backends.file import FileKv, FileOptions, open_file_kv
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
 from state.kv import Delete, Put
 from tests.file.helpers import CountingOps, state_of
@@ -183,22 +183,14 @@ async def test_a_value_that_is_not_json_fails_its_commit_alone(tmp_path: Path) -
     await kv.close()
 
 
-async def test_file_durability_open_gives_a_backend_over_an_opened_journal(
-    tmp_path: Path,
-) -> None:
-    from state.durability import KvDurability
-
-    backend = await FileDurability.open(tmp_path / "j", append_log=True)
-    assert isinstance(backend, KvDurability) and not backend.shared
-    kv = backend.kv
-    assert isinstance(kv, FileKv) and kv.options.fsync_writes
-    await backend.open()  # what the bot does; the journal is already open
+async def test_open_file_kv_gives_an_opened_journal(tmp_path: Path) -> None:
+    kv = await open_file_kv(tmp_path / "j", append_log=True)
+    assert isinstance(kv, FileKv) and kv.options.fsync_writes and not getattr(kv, "shared", False)
+    await kv.open()  # idempotent: what a runtime does with a journal it was given
     await kv.commit([Put("a", {}, expect=0)])
-    await backend.close()
+    await kv.close()
     with pytest.raises(JournalUnavailableError):
         await kv.get("a")
-    with pytest.raises(TypeError, match=r"FileDurability\.open"):
-        FileDurability()
 
 
 async def test_the_backend_registry_opens_file_urls(tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ check: every commit that returned before the kill is there, nothing is half-appl
 from __future__ import annotations
 
 import random
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +15,8 @@ import pytest
 from state.backends.file import open_file_kv
 from tests.file._child import WRITERS
 from tests.file.conftest import KILL_OUTCOMES
-from tests.file.helpers import spawn, state_of
+from tests.file.helpers import CHILD, state_of
+from tests.kill import Child, python
 
 pytestmark = pytest.mark.crash
 
@@ -28,25 +27,13 @@ def _kill_run(path: Path, mode: str, delay: float) -> list[int]:
     """Run a writing child, SIGKILL it after ``delay`` seconds of writing; return, per
     writer, the highest commit the child reported as returned (-1: none)."""
     acked = [-1] * WRITERS
-    with spawn("write", str(path), mode) as child:
-        assert child.stdout is not None
-        out = child.stdout
-        assert out.readline().strip() == "ready"
-
-        def read() -> None:
-            for line in out:
-                parts = line.split()
-                if len(parts) == 2 and line.endswith("\n"):
-                    w, n = int(parts[0]), int(parts[1])
-                    acked[w] = max(acked[w], n)
-
-        reader = threading.Thread(target=read)
-        reader.start()
+    with Child(python(str(CHILD), "write", str(path), mode)) as child:
+        child.wait_for("ready")
         time.sleep(delay)  # the random moment of the kill; nothing is asserted on time
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-        reader.join(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+        child.kill()
+    for line in child.lines[1:]:  # complete lines only: what the child saw returned
+        w, n = (int(x) for x in line.split())
+        acked[w] = max(acked[w], n)
     return acked
 
 
