@@ -190,9 +190,11 @@ class Runtime:
                 rng=self._rng,
             )
             self._engine = engine
+            self._running = True  # recovery replays inbounds: their handlers send
             try:
                 await engine.open()
             except BaseException:
+                self._running = False
                 await self._close_kv()
                 raise
         self._running = True
