@@ -1,60 +1,364 @@
-"""Imports point down: ``state`` and ``providers`` never load Kafka or Faust, nor our other
-packages; ``topics`` loads nothing of ours."""
+"""Imports point down. ``RULES`` below is the one statement of which of our packages may
+import which; ``NO_KAFKA`` and ``LAZY`` say who never loads a Kafka client and what a module
+must not load when it is imported. Everything else in this file reads those tables.
+
+Two readings of the code check them:
+
+- **The source (AST)** of every module under the packages of ``RULES``: every ``import`` and
+  ``from ... import`` wherever it is (module level, inside functions, under
+  ``if TYPE_CHECKING:``), ``importlib.import_module("...")`` / ``__import__("...")`` with a
+  literal name, and ``"package.module:attr"`` strings naming one of our modules (the journal
+  backend registry imports those when a URL needs them).
+
+  ``if TYPE_CHECKING:`` imports **count for the package rules** (``RULES``, ``NO_KAFKA``):
+  a type-only import is still a dependency of the code, it breaks the layering the day
+  someone moves it out of the block, and mypy reads it. They **do not count as loading at
+  import time** (``LAZY``), nor do imports inside functions and backend strings: the
+  import-time graph is what runs when a module is imported, followed through our modules
+  (parent packages included).
+- **The interpreter**: each package (all its modules) and each ``LAZY`` module is imported
+  in a fresh subprocess and ``sys.modules`` is read. This catches what the source cannot show
+  (a third-party library that loads Kafka, a computed module name).
+"""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
+import tomllib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import pytest
 
-KAFKA = ("faust", "aiokafka", "confluent_kafka", "mode", "rocksdict")
+# -- the rules -------------------------------------------------------------------------------
+
+#: Which of our packages each package may import (itself always). Closed under "imports":
+#: whatever a package may import, it may load through it (checked below).
+RULES: dict[str, frozenset[str]] = {
+    "state": frozenset(),
+    "providers": frozenset({"state"}),
+    "topics": frozenset({"state"}),
+    "streams": frozenset({"state", "topics"}),
+    "botmesh": frozenset({"state", "providers", "topics", "streams"}),
+}
+#: The Kafka and Faust client libraries.
+KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})
+#: Packages that never import a Kafka client, anywhere (functions and TYPE_CHECKING included).
+NO_KAFKA = frozenset({"state", "providers", "topics"})
+#: Importing the key loads none of these (modules, or packages with all their modules): they
+#: load when a command or a URL needs them.
+LAZY: dict[str, frozenset[str]] = {
+    "botmesh": KAFKA,  # a bot module imports botmesh: no Kafka until a worker runs
+    "botmesh._cli": KAFKA,  # the console script: Kafka only for the commands that use it
+    "botmesh.testing": KAFKA,  # a bot's unit tests run without Kafka
+    "state.backends": frozenset({"state.backends.file", "state.backends.urls"}),
+}
+
+# -- reading the source ------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+_TARGET = re.compile(r"^([A-Za-z_][\w.]*):[A-Za-z_]\w*$")
 
 
-def _loaded_after(module: str) -> set[str]:
-    code = (
-        "import json, sys; before = set(sys.modules); "
-        f"import {module}; "
-        "print(json.dumps(sorted(set(sys.modules) - before)))"
+@dataclass(frozen=True)
+class Import:
+    """One import in the source: ``name`` is the module (resolved when relative)."""
+
+    file: str
+    line: int
+    name: str
+    #: ``module`` (runs at import time), ``function``, ``type-checking`` or ``string``.
+    where: str
+
+    @property
+    def top(self) -> str:
+        return self.name.split(".")[0]
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} imports {self.name} ({self.where})"
+
+
+@cache
+def module_files() -> dict[str, Path]:
+    """Every module of the packages in ``RULES``: dotted name -> file."""
+    out = {}
+    for package in RULES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            parts = file.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(json.loads(out.stdout))
+
+
+def read_imports(source: str, module: str, *, is_package: bool, file: str) -> list[Import]:
+    """Every import of ``source`` (the module ``module``), classified by where it runs."""
+    known = set(module_files())
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[Import] = []
+
+    def add(node: ast.AST, name: str, where: str) -> None:
+        found.append(Import(file, getattr(node, "lineno", 0), name, where))
+
+    def resolve(level: int, name: str | None) -> str:
+        if level == 0:
+            return name or ""
+        base = package.split(".")
+        base = base[: len(base) - (level - 1)]
+        return ".".join([*base, name] if name else base)
+
+    def visit(node: ast.AST, where: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            where = "function" if where == "module" else where
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.body:
+                visit(stmt, "type-checking" if where == "module" else where)
+            for stmt in node.orelse:
+                visit(stmt, where)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(node, alias.name, where)
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve(node.level, node.module)
+            add(node, base, where)
+            for alias in node.names:  # ``from pkg import module`` imports pkg.module too
+                if f"{base}.{alias.name}" in known:
+                    add(node, f"{base}.{alias.name}", where)
+        elif isinstance(node, ast.Call) and node.args:
+            func, arg = node.func, node.args[0]
+            dynamic = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+                isinstance(func, ast.Name) and func.id in ("__import__", "import_module")
+            )
+            if dynamic and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                add(node, arg.value, where)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _TARGET.match(node.value)
+            if match and match[1].split(".")[0] in RULES:
+                add(node, match[1], "string")
+        for sub in ast.iter_child_nodes(node):
+            visit(sub, where)
+
+    visit(ast.parse(source, file), "module")
+    return found
+
+
+@cache
+def all_imports() -> tuple[Import, ...]:
+    out: list[Import] = []
+    for module, file in module_files().items():
+        out += read_imports(
+            file.read_text(),
+            module,
+            is_package=file.name == "__init__.py",
+            file=str(file.relative_to(ROOT)),
+        )
+    return tuple(out)
+
+
+def _parents(module: str) -> Iterator[str]:
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        yield ".".join(parts[:i])
+
+
+def module_level_graph() -> dict[str, list[str]]:
+    """Module -> what it imports when it is imported (module-level imports only)."""
+    graph: dict[str, list[str]] = {}
+    for imp in all_imports():
+        if imp.where == "module":
+            graph.setdefault(_module_of(imp.file), []).append(imp.name)
+    return graph
+
+
+def import_time_closure(root: str, graph: dict[str, list[str]] | None = None) -> set[str]:
+    """Every module importing ``root`` runs, followed through ``graph`` (by default
+    ``module_level_graph()``); importing ``a.b`` imports ``a`` first."""
+    graph = module_level_graph() if graph is None else graph
+    seen: set[str] = set()
+    todo = list(_parents(root))
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            for name in graph.get(module, []):
+                todo += _parents(name)
+    return seen
+
+
+def _module_of(file: str) -> str:
+    return next(m for m, f in module_files().items() if str(f.relative_to(ROOT)) == file)
 
 
 def _tops(modules: set[str]) -> set[str]:
     return {m.split(".")[0] for m in modules}
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "state",
-        "state.durability",
-        "state.sweeper",
-        "state.config",
-        "state.backends",
-        "state.backends.file",
-        "providers",
-        "botmesh.testing",
-    ],
-)
-def test_no_kafka_or_faust(module: str) -> None:
-    tops = _tops(_loaded_after(module))
-    assert not tops & set(KAFKA), sorted(tops & set(KAFKA))
+def _hits(modules: set[str], banned: frozenset[str]) -> set[str]:
+    return {m for m in modules if any(m == b or m.startswith(b + ".") for b in banned)}
 
 
-@pytest.mark.parametrize("module", ["state", "state.durability", "state.backends"])
-def test_state_imports_nothing_of_ours_but_itself(module: str) -> None:
-    tops = _tops(_loaded_after(module))
-    assert not tops & {"botmesh", "streams", "topics", "providers"}
+# -- the table itself --------------------------------------------------------------------------
 
 
-def test_providers_import_only_state() -> None:
-    tops = _tops(_loaded_after("providers"))
-    assert not tops & {"botmesh", "streams", "topics"}
+def test_the_table_names_every_package_we_ship() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {p.removesuffix("*") for p in include} == set(RULES)
 
 
-def test_url_backends_load_lazily() -> None:
-    loaded = _loaded_after("state.backends")
-    assert "state.backends.file" not in loaded and "state.backends.urls" not in loaded
+def test_the_rules_are_closed() -> None:
+    for package, allowed in RULES.items():
+        for dep in allowed:
+            assert RULES[dep] <= allowed, f"{package} may import {dep}, which imports more"
+    assert set(NO_KAFKA) <= set(RULES)
+    assert {m.split(".")[0] for m in LAZY} <= set(RULES)
+
+
+# -- the source --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("package", RULES)
+def test_imports_point_down(package: str) -> None:
+    allowed = {package} | RULES[package]
+    bad = [
+        str(imp)
+        for imp in all_imports()
+        if imp.file.startswith(f"{package}/") and imp.top in RULES and imp.top not in allowed
+    ]
+    assert bad == [], f"{package} may import only {sorted(allowed)}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", sorted(NO_KAFKA))
+def test_no_kafka_in_the_source(package: str) -> None:
+    bad = [str(i) for i in all_imports() if i.file.startswith(f"{package}/") and i.top in KAFKA]
+    assert bad == [], f"{package} never imports Kafka clients:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(("module", "banned"), LAZY.items())
+def test_lazy_in_the_source(module: str, banned: frozenset[str]) -> None:
+    closure = import_time_closure(module)
+    loaded = _hits(closure, banned)
+    assert loaded == set(), f"importing {module} imports {sorted(loaded)}; import them lazily"
+    assert module in closure
+
+
+def test_the_reader_sees_every_kind_of_import() -> None:
+    source = (
+        "from __future__ import annotations\n"
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "import state.errors as e\n"
+        "from . import records\n"
+        "from ..state import kv\n"
+        "if TYPE_CHECKING:\n"
+        "    from botmesh import Bot\n"
+        "else:\n"
+        "    import json\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    import faust\n"
+        "def f():\n"
+        "    import aiokafka\n"
+        "    return importlib.import_module('streams.worker')\n"
+        "class C:\n"
+        "    import mode\n"
+        "    g = lambda: __import__('rocksdict')\n"
+        "TARGET = 'providers.console:open'\n"
+        "DOC = 'not state.x:y a target'\n"
+    )
+    found = {
+        (i.name, i.where)
+        for i in read_imports(source, "topics.records", is_package=False, file="x.py")
+    }
+    assert found == {
+        ("__future__", "module"),
+        ("typing", "module"),
+        ("state.errors", "module"),
+        ("topics", "module"),
+        ("topics.records", "module"),
+        ("state", "module"),
+        ("state.kv", "module"),
+        ("botmesh", "type-checking"),
+        ("json", "module"),
+        ("faust", "type-checking"),
+        ("aiokafka", "function"),
+        ("streams.worker", "function"),
+        ("mode", "module"),
+        ("rocksdict", "function"),
+        ("providers.console", "string"),
+    }
+
+
+def test_the_closure_follows_module_level_imports_only() -> None:
+    source = "import b.c\ndef f():\n    import d\nif TYPE_CHECKING:\n    import e\n"
+    graph = {
+        "a": [
+            i.name
+            for i in read_imports(source, "a", is_package=False, file="a.py")
+            if i.where == "module"
+        ],
+        "b": ["g"],
+    }
+    assert import_time_closure("a", graph) == {"a", "b", "b.c", "g"}
+    real = import_time_closure("botmesh._cli")
+    assert {"botmesh", "botmesh._cli", "state", "state.errors"} <= real
+
+
+# -- the interpreter ---------------------------------------------------------------------------
+
+
+def _loaded_after(modules: tuple[str, ...]) -> set[str]:
+    code = (
+        "import json, sys; before = set(sys.modules)\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert out.returncode == 0, f"importing {modules} failed:\n{out.stderr}"
+    return set(json.loads(out.stdout))
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, set[str]]:
+    """``sys.modules`` gained by importing each package (every module of it, ``__main__``
+    excepted: it runs a program) and each ``LAZY`` module, each in a fresh interpreter."""
+    jobs: dict[str, tuple[str, ...]] = {m: (m,) for m in LAZY}
+    for package in RULES:
+        jobs[f"{package}/*"] = tuple(
+            m for m in module_files() if m.split(".")[0] == package and not m.endswith("__main__")
+        )
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(jobs, pool.map(_loaded_after, jobs.values()), strict=True))
+
+
+@pytest.mark.parametrize("package", RULES)
+def test_imports_point_down_at_run_time(package: str, loaded: dict[str, set[str]]) -> None:
+    ours = _tops(loaded[f"{package}/*"]) & set(RULES)
+    allowed = {package} | RULES[package]
+    assert ours <= allowed, f"importing {package} loads {sorted(ours - allowed)}"
+
+
+@pytest.mark.parametrize("package", sorted(NO_KAFKA))
+def test_no_kafka_at_run_time(package: str, loaded: dict[str, set[str]]) -> None:
+    hits = _hits(loaded[f"{package}/*"], KAFKA)
+    assert hits == set(), f"importing {package} loads {sorted(_tops(hits))}"
+
+
+@pytest.mark.parametrize(("module", "banned"), LAZY.items())
+def test_lazy_at_run_time(module: str, banned: frozenset[str], loaded: dict[str, set[str]]) -> None:
+    assert module in loaded[module]
+    hits = _hits(loaded[module], banned)
+    assert hits == set(), f"importing {module} loads {sorted(_tops(hits))}; import them lazily"
