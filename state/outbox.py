@@ -366,19 +366,26 @@ class Outbox:
         e = self._e
         keys = await e.kv.range("due", e.out_prefix, float("inf"), limit=1_000_000)
         entries = await e.kv.get_many(keys)
-        latest: dict[str, tuple[float, int, Json]] = {}
-        for entry in entries.values():
-            v = entry.value
-            waiting = v.get("state") == OutboxState.FAILED or (
-                v.get("state") == OutboxState.PENDING and v.get("after") is not None
+        waiting = [
+            entry.value
+            for entry in entries.values()
+            if entry.value.get("state") == OutboxState.FAILED
+            or (
+                entry.value.get("state") == OutboxState.PENDING
+                and entry.value.get("after") is not None
             )
-            if not waiting:
-                continue
-            rank = (v.get("created", 0.0), v.get("part", 1), v)
+        ]
+        # The tail is the end of the chain of ``after`` links (sends journaled in the same
+        # clock tick share ``created``); the newest breaks a tie between chains.
+        behind = {v["after"] for v in waiting if v.get("after") is not None}
+        latest: dict[str, tuple[tuple[bool, float, int], Json]] = {}
+        for v in waiting:
+            last = part_key(part_base(v["key"], v.get("part", 1)), v.get("parts", 1))
+            rank = (last not in behind, v.get("created", 0.0), v.get("part", 1))
             chat = v["payload"]["chat_id"]
-            if chat not in latest or rank[:2] > latest[chat][:2]:
-                latest[chat] = rank
-        for _, _, v in latest.values():
+            if chat not in latest or rank > latest[chat][0]:
+                latest[chat] = (rank, v)
+        for _, v in latest.values():
             self.block(v)
 
 
