@@ -18,7 +18,16 @@ from state.engine import Engine
 from state.messages import Outbound, SendResult
 from state.receipts import ReceiptSink
 
-__all__ = ["App", "FrozenProvider", "GatedProvider", "ListSink", "make_app", "policy"]
+__all__ = [
+    "App",
+    "FrozenProvider",
+    "GatedProvider",
+    "ListSink",
+    "make_app",
+    "policy",
+    "settle",
+    "texts",
+]
 
 
 def policy(**options: Any) -> dict[str, Any]:
@@ -55,6 +64,18 @@ class App:
 
     async def stop(self) -> None:
         await self.runtime.stop()
+
+
+def texts(provider: MockProvider) -> list[str | None]:
+    """The texts a provider accepted, in call order."""
+    return [m.text for m in provider.sent]
+
+
+async def settle(app: App, *, passes: int = 6, step: float = 61.0) -> None:
+    """Let time pass (``step`` seconds, past a default lease) and drain, ``passes`` times."""
+    for _ in range(passes):
+        app.clock.advance(step)
+        await app.ops.drain()
 
 
 async def make_app(
