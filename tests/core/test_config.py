@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from botmesh import ConfigError, DurabilityConfig
+from botmesh import Bot, DurabilityConfig
+from botmesh.errors import ConfigError
 from state.durations import parse_duration
 
 
@@ -38,13 +40,15 @@ def test_bad_durations_name_the_field(value: object) -> None:
 
 def test_defaults_follow_the_reference() -> None:
     c = DurabilityConfig.from_mapping({})
-    assert c == DurabilityConfig()
-    assert c.backend is None and c.instance_id is None and c.fail_open is False
+    assert c == DurabilityConfig() == DurabilityConfig.of(None) == Bot("b").config
+    assert not hasattr(c, "backend") and not hasattr(c, "instance_id")  # the runtime's
+    assert c.fail_open is False
     assert (c.inbox.lease, c.inbox.max_attempts, c.inbox.media_refs) == (60.0, 5, True)
     assert (c.inbox.backoff.base, c.inbox.backoff.cap, c.inbox.backoff.jitter) == (1.0, 60.0, 0.2)
     assert (c.outbox.retries, c.outbox.inline_max, c.outbox.lease) == (5, 15.0, 60.0)
     assert (c.outbox.on_ambiguous, c.outbox.on_diverged) == ("skip", "send")
     assert c.outbox.max_payload_bytes == 1024 * 1024
+    assert c.outbox.keep_chat_order is True
     assert c.outbox.backoff == c.inbox.backoff
     assert (c.poll, c.retention) == (1.0, 7 * 86400.0)
 
@@ -52,10 +56,15 @@ def test_defaults_follow_the_reference() -> None:
 def test_options_are_parsed_once() -> None:
     c = DurabilityConfig.from_mapping(
         {
-            "instance_id": "bot-1",
             "fail_open": True,
             "inbox": {"lease": "30s", "max_attempts": 3, "backoff": {"base": "2s", "cap": "1m"}},
-            "outbox": {"retries": 2, "inline_max": 500, "on_ambiguous": "resend", "lease": "20ms"},
+            "outbox": {
+                "retries": 2,
+                "inline_max": 500,
+                "on_ambiguous": "resend",
+                "lease": "20ms",
+                "keep_chat_order": False,
+            },
             "poll": "250ms",
             "retention": 0,
         }
@@ -64,6 +73,8 @@ def test_options_are_parsed_once() -> None:
     assert c.outbox.backoff == c.inbox.backoff  # outbox.backoff defaults to inbox.backoff
     assert (c.outbox.retries, c.outbox.inline_max, c.outbox.lease) == (2, 0.5, 0.02)
     assert c.outbox.on_ambiguous == "resend" and c.poll == 0.25 and c.retention == 0.0
+    assert c.fail_open is True and c.outbox.keep_chat_order is False
+    assert c.outbox.retry_policy().max_attempts == 3  # retries after the first attempt
     with pytest.raises(AttributeError):
         c.poll = 3  # type: ignore[misc]
 
@@ -77,6 +88,8 @@ def test_options_are_parsed_once() -> None:
         ({"outbox": {"on_diverged": "both"}}, "outbox.on_diverged"),
         ({"outbox": {"retries": -1}}, "outbox.retries"),
         ({"outbox": {"retries": "5"}}, "outbox.retries"),
+        ({"outbox": {"keep_chat_order": "no"}}, "outbox.keep_chat_order"),
+        ({"outbox": {"max_payload_bytes": 0}}, "outbox.max_payload_bytes"),
         ({"inbox": {"max_attempts": 0}}, "inbox.max_attempts"),
         ({"inbox": {"lease": "0s"}}, "inbox.lease"),
         ({"inbox": {"backoff": {"jitter": 2}}}, "inbox.backoff.jitter"),
@@ -88,18 +101,19 @@ def test_options_are_parsed_once() -> None:
         ({"instance_id": ""}, "instance_id"),
     ],
 )
-def test_bad_options_name_the_field(raw: dict, field: str) -> None:  # type: ignore[type-arg]
+def test_bad_options_name_the_field(raw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         DurabilityConfig.from_mapping(raw)
     assert info.value.field == field, info.value
 
 
-def test_bad_durability_argument_is_refused() -> None:
-    from botmesh import Bot, MockProvider
-
+def test_a_bad_durability_argument_is_refused_by_the_bot() -> None:
     with pytest.raises(ConfigError) as info:
-        Bot(MockProvider(), durability=42)  # type: ignore[arg-type]
+        Bot("b", durability=42)  # type: ignore[arg-type]
     assert info.value.field == "durability"
     with pytest.raises(ConfigError) as info:
-        Bot(MockProvider(), durability={"backend": 3.5})
-    assert info.value.field == "backend"
+        Bot("b", durability={"backend": 3.5})
+    assert info.value.field == "backend" and "botmesh.run" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        Bot("b", durability={"outbox": {"lease": "1ms"}})  # refused where it is given
+    assert info.value.field == "outbox.lease"

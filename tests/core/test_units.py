@@ -1,11 +1,23 @@
-"""Backoff, splitter, keys and records: the pure parts of the engine."""
+"""Backoff, the retry decision, splitter, keys and records: the pure parts of the engine."""
 
 from __future__ import annotations
 
 import random
 
-from state.backoff import Backoff
-from state.keys import derived_key, diverged_key, fingerprint, part_key, random_key, scope_id
+import pytest
+
+from botmesh.errors import InvalidKeyError, RateLimitedError, Reason, SendError
+from state.backoff import Backoff, GiveUp, Retries, Retry
+from state.keys import (
+    check_explicit,
+    derived_key,
+    diverged_key,
+    fingerprint,
+    part_base,
+    part_key,
+    random_key,
+    scope_id,
+)
 from state.messages import Inbound, Media, Outbound
 from state.records import decode_inbound, decode_outbound, encode_inbound, encode_outbound
 from state.splitter import split_text
@@ -23,6 +35,16 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
     assert Backoff(1.0, 60.0, 0.0).delay(10_000) == 60.0
 
 
+def test_the_one_retry_decision() -> None:
+    r = Retries(3, Backoff(1.0, 60.0, 0.0), Reason.RETRIES_EXHAUSTED)
+    assert r.decide(SendError("blip"), 1) == Retry(1.0)
+    assert r.decide(SendError("blip"), 2) == Retry(2.0)
+    assert r.decide(SendError("blip"), 3) == GiveUp(Reason.RETRIES_EXHAUSTED)
+    assert r.decide(SendError("final", retryable=False), 1) == GiveUp(Reason.SEND_REFUSED)
+    assert r.decide(RateLimitedError(retry_after=9.0), 1) == Retry(9.0)
+    assert r.decide(RuntimeError("anything else"), 1) == Retry(1.0)  # retryable unless told
+
+
 def test_splitter_is_deterministic_and_bounded() -> None:
     text = "one two three four five six seven eight nine ten " * 5
     parts = split_text(text, 23)
@@ -37,21 +59,33 @@ def test_splitter_is_deterministic_and_bounded() -> None:
 def test_keys() -> None:
     assert derived_key("in-1", 2) == "in-1:2"
     assert part_key("k", 1) == "k" and part_key("k", 3) == "k#3"
+    assert part_base("k#3", 3) == "k" and part_base("k", 1) == "k"
+    assert part_base("in#1:2#2", 2) == "in#1:2"  # an inbound id may hold '#'
     assert random_key() != random_key()
     assert scope_id("t", "e", "b/x", "c:1") == "t:e:b%2Fx:c%3A1"
     a = fingerprint(Outbound("c", "hello"))
     assert a == fingerprint(Outbound("c", "hello", options={"x": 1}))  # chat + content only
     assert a != fingerprint(Outbound("c", "hellO")) and a != fingerprint(Outbound("d", "hello"))
     assert diverged_key("k", a).startswith("k~")
+    assert check_explicit("invoice:42") == "invoice:42"
+    for bad in ("", "k#2", "#"):
+        with pytest.raises(InvalidKeyError):
+            check_explicit(bad)
 
 
 def test_records_round_trip_with_binary_as_base64() -> None:
-    m = Inbound("i", "c", "t", media=Media(data=b"\x00\xff", mime="image/png"), data={"a": 1})
+    m = Inbound(
+        id="i",
+        chat_id="c",
+        text="t",
+        media=Media(data=b"\x00\xff", mime="image/png"),
+        data={"a": 1},
+    )
     raw = encode_inbound(m)
     assert raw["media"]["data"] == "AP8="
     assert decode_inbound(raw) == m
-    o = Outbound("c", "t", Media(data=b"\x01\x02"), {"idempotency_key": "k", "silent": True})
+    o = Outbound("c", "t", Media(data=b"\x01\x02"), {"silent": True})
     enc = encode_outbound(o)
-    assert "idempotency_key" not in enc["options"] and enc["media"]["data"] == "AQI="
-    assert decode_outbound(enc) == Outbound("c", "t", Media(data=b"\x01\x02"), {"silent": True})
-    assert encode_inbound(m, media_refs=False)["media"] is None
+    assert enc["media"]["data"] == "AQI=" and enc["options"] == {"silent": True}
+    assert decode_outbound(enc) == o
+    assert encode_inbound(m, media_refs=False).get("media") is None
