@@ -131,6 +131,7 @@ async def test_a_sent_record_is_kept_past_retention_until_its_receipt_is_publish
     assert await _journal_states(app) == {}
 
 
+@pytest.mark.crash
 async def test_every_dead_record_has_its_dead_letter() -> None:
     bot = Bot("bot", durability=policy(outbox={"retries": 1}, inbox={"max_attempts": 1}))
     dead: list[DeadEvent] = []
