@@ -1,8 +1,9 @@
 """Journal cost of the durable core, memory backend vs durability off, in one process.
 
 Prints µs per send (CPU time), sends per second, and the ratio durable / off, for a bare
-``bot.send`` and for a whole inbound turn (journal, handler with one reply, done).
-``python bench/bench_core.py [N]``.
+``app.send`` and for a whole inbound turn (journal, handler with one reply, done). "Off" is
+the same runtime with ``journal=None`` (the explicit opt-out); "memory journal" is
+``journal="memory://"``. ``python bench/bench_core.py [N]``.
 """
 
 from __future__ import annotations
@@ -13,45 +14,47 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from botmesh import Bot, Inbound, MockProvider
+import botmesh
+from botmesh import Bot, Context, Inbound
+from botmesh.testing import MockProvider
 
 Run = Callable[[int], Awaitable[None]]
 
 
-def _bot(durable: bool) -> Bot:
-    bot = Bot(MockProvider(), durability={"poll": 0} if durable else None)
+def _app(durable: bool) -> botmesh.Runtime:
+    bot = Bot("bench", durability={"poll": 0})
 
     @bot.on_message
-    async def handler(ctx):  # type: ignore[no-untyped-def]
+    async def handler(ctx: Context) -> None:
         await ctx.reply("thanks, got it")
 
-    return bot
+    return botmesh.run(bot, MockProvider(), journal="memory://" if durable else None)
 
 
-async def _measure(bot: Bot, n: int, turn: bool) -> tuple[float, float]:
-    await bot.start()
+async def _measure(app: botmesh.Runtime, n: int, turn: bool) -> tuple[float, float]:
+    await app.start()
     for i in range(200):  # warm up
-        await bot.send("warm", "x", idempotency_key=f"w{i}")
+        await app.send("warm", "x", idempotency_key=f"w{i}")
     gc.collect()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if turn:
         for i in range(n):
-            await bot.handle(Inbound(f"m{i}", f"chat{i % 50}", "hello"))
+            await app.handle(Inbound(id=f"m{i}", chat_id=f"chat{i % 50}", text="hello"))
     else:
         for i in range(n):
-            await bot.send(f"chat{i % 50}", "hello there", idempotency_key=f"k{i}")
+            await app.send(f"chat{i % 50}", "hello there", idempotency_key=f"k{i}")
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    await bot.stop()
+    await app.stop()
     return cpu, wall
 
 
 async def main(n: int) -> None:
     print(f"botmesh core benchmark: {n} operations each, memory backend, same process")
-    for label, turn in (("bot.send", False), ("inbound turn (1 reply)", True)):
+    for label, turn in (("app.send", False), ("inbound turn (1 reply)", True)):
         best: dict[bool, tuple[float, float]] = {}
         for _ in range(3):  # best of three, alternating, to damp the shared machine's noise
             for durable in (False, True):
-                cpu, wall = await _measure(_bot(durable), n, turn)
+                cpu, wall = await _measure(_app(durable), n, turn)
                 if durable not in best or cpu < best[durable][0]:
                     best[durable] = (cpu, wall)
         off_cpu, off_wall = best[False]

@@ -109,8 +109,8 @@ class OutboxConfig:
     lease: float = 60.0
     #: Keep a chat's sends in order across a deferral (default True): while a send of a
     #: chat waits for a retry, later sends to that chat are journaled behind it and go out
-    #: after it settled (an inline send then raises ``SendDeferredError``). ``False`` lets
-    #: later sends overtake a deferred one.
+    #: after it settled (an inline send then returns a receipt in state ``pending``).
+    #: ``False`` lets later sends overtake a deferred one.
     keep_chat_order: bool = True
 
     def retry_policy(self) -> Retries:

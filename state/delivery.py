@@ -23,7 +23,14 @@ from state.kv import Entry, Put
 from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
 from state.outbox import new_values, part_payloads
-from state.records import SETTLED, decode_outbound, encode_error, error_of, receipt_of
+from state.records import (
+    SETTLED,
+    decode_outbound,
+    encode_error,
+    error_of,
+    receipt_of,
+    revise,
+)
 from state.splitter import split_text
 from state.writes import Write
 
@@ -41,12 +48,6 @@ _SETTLE_LABEL = {
     OutboxState.DEAD: Write.OUTBOX_MARK_DEAD,
     OutboxState.UNKNOWN: Write.OUTBOX_MARK_UNKNOWN,
 }
-
-
-def _with(value: Json, now: float, **changes: Any) -> Json:
-    new = dict(value)
-    new.update(changes, updated=now)
-    return new
 
 
 class Delivery:
@@ -124,11 +125,11 @@ class Delivery:
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
         lease = e.leases.lease(now, decision.delay + self._lease) if inline else None
-        failed = _with(
+        failed = revise(
             held.value,
             now,
             state=OutboxState.FAILED,
-            inflight=False,
+            inflight=None,
             lease=lease,
             error=error_of(exc, None),
         )
@@ -148,7 +149,7 @@ class Delivery:
         for held in helds:
             try:
                 await e.leases.write(
-                    held, _with(held.value, now, lease=None), Write.OUTBOX_RELEASE, due=now
+                    held, revise(held.value, now, lease=None), Write.OUTBOX_RELEASE, due=now
                 )
             except FencedError:
                 continue
@@ -172,26 +173,27 @@ class Delivery:
 
     async def sent(self, held: Held, message_id: str, *, background: bool) -> Receipt:
         now = self._e.clock.now()
-        value = _with(
+        value = revise(
             held.value,
             now,
             state=OutboxState.SENT,
             message_id=message_id,
-            inflight=False,
+            inflight=None,
             lease=None,
             error=None,
         )
-        await self._settle(held, value, now, background=background)
-        return receipt_of(value, now)
+        receipt = await self._settle(held, value, now, background=background)
+        assert receipt is not None  # a holder's write lands or raises FencedError
+        return receipt
 
     async def dead(self, target: Held | Entry, error: Json, *, background: bool) -> bool:
         """The one dead-letter path of a send (held, or read by the sweeper)."""
         e = self._e
         now = e.clock.now()
-        value = _with(
-            target.value, now, state=OutboxState.DEAD, inflight=False, lease=None, error=error
+        value = revise(
+            target.value, now, state=OutboxState.DEAD, inflight=None, lease=None, error=error
         )
-        if not await self._settle(target, value, now, background=background):
+        if await self._settle(target, value, now, background=background) is None:
             return False
         e.metrics.outbox_dead += 1
         key = value["key"]
@@ -201,12 +203,12 @@ class Delivery:
     async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
         e = self._e
         taken = e.leases.claimed(entry.value, now, self._lease)
-        value = _with(
-            taken, now, state=OutboxState.UNKNOWN, inflight=False, lease=None, error=error
+        value = revise(
+            taken, now, state=OutboxState.UNKNOWN, inflight=None, lease=None, error=error
         )
         if ambiguous:
             value["ambiguous"] = True
-        if not await self._settle(entry, value, now, background=True):
+        if await self._settle(entry, value, now, background=True) is None:
             return 0
         if ambiguous:
             e.metrics.outbox_ambiguous += 1
@@ -217,17 +219,18 @@ class Delivery:
 
     async def _settle(
         self, target: Held | Entry, value: Json, now: float, *, background: bool
-    ) -> bool:
-        """Write a settled state, then tell the world: the event, the receipt, the chat."""
+    ) -> Receipt | None:
+        """Write a settled state, then tell the world: the event, the receipt, the chat.
+        ``None`` when someone else wrote the record first (an ``Entry`` target)."""
         e = self._e
-        state = OutboxState(value["state"])
+        state: OutboxState = value["state"]
         due: float | None = None
         if e.publisher is not None:
             value["published"] = False
             due = now + self._lease
         purge = e.purge_at(now) if state == OutboxState.SENT else None
         if not await e.leases.write(target, value, _SETTLE_LABEL[state], due=due, purge=purge):
-            return False
+            return None
         if isinstance(target, Held):
             e.leases.held.pop(target.key, None)
         e.outbox.unblock(value)
@@ -236,7 +239,7 @@ class Delivery:
             await e.emit(SentEvent(receipt, background))
         if e.publisher is not None:
             await e.publisher.publish(receipt)
-        return True
+        return receipt
 
     async def bypass(
         self, message: Outbound, key: str, inbound_id: str | None, part: int
@@ -323,7 +326,7 @@ class Delivery:
     async def _wait(self, entry: Entry, prev: Entry, now: float) -> None:
         """Look again when the earlier send is due (not an attempt)."""
         later = max(prev.due or 0.0, now + max(self._e.config.poll, 0.001))
-        value = _with(entry.value, now, lease=None)
+        value = revise(entry.value, now, lease=None)
         await self._e.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
     async def _deliver(self, entry: Entry, now: float, *, resend: bool) -> int:
@@ -332,7 +335,7 @@ class Delivery:
         due = now + self._lease
         try:
             versions = await e.kv.commit(
-                [Put(entry.key, claimed, expect=entry.version, due=due), *extra],
+                [Put(entry.key, claimed, expect=entry.version, due=due, handover=True), *extra],
                 label=Write.OUTBOX_CLAIM,
             )
         except VersionConflictError:
@@ -399,7 +402,7 @@ class Delivery:
         rest[0]["previous_part"] = value["key"]
         existing = await e.kv.get_many([e.out_prefix + v["key"] for v in rest])
         extra = [
-            Put(e.out_prefix + v["key"], v, expect=0, due=now)
+            Put(e.out_prefix + v["key"], v, expect=0, due=now, handover=True)
             for v in rest
             if e.out_prefix + v["key"] not in existing
         ]

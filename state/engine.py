@@ -31,10 +31,10 @@ from state.clock import Clock, SystemClock
 from state.config import DurabilityConfig
 from state.delivery import Delivery
 from state.events import Event
-from state.inbox import Inbox, Outcome
+from state.inbox import Inbox
 from state.kv import DurableKv
 from state.lease import Leases
-from state.messages import Inbound, Outbound, Receipt
+from state.messages import Inbound
 from state.metrics import Metrics
 from state.operations import Operations
 from state.outbox import Outbox
@@ -97,6 +97,15 @@ class Engine:
         self.sweeper = Sweeper(self)
         self.scheduler = Scheduler(self)
         self.operations = Operations(self)
+        # The runtime's entry points, bound once (no pass-through call on the hot path):
+        #: Journal an inbound, run its handlers, mark it done -> ``Outcome`` (``Inbox.handle``).
+        self.handle = self.inbox.handle
+        #: Journal a send and deliver it now -> ``Receipt`` (``Outbox.send``).
+        self.send = self.outbox.send
+        #: Journal a send for the sweeper -> its key (``Outbox.enqueue``).
+        self.enqueue = self.outbox.enqueue
+        #: Deliver an event to the bot's listeners (never raises).
+        self.emit = hooks.emit
 
     async def open(self) -> None:
         """Recover (the journal is open already), then start the background scheduler."""
@@ -115,37 +124,3 @@ class Engine:
 
     def purge_at(self, now: float) -> float | None:
         return now + self.config.retention if self.config.retention > 0 else None
-
-    async def emit(self, event: Event) -> None:
-        await self.hooks.emit(event)
-
-    # -- the runtime's entry points -------------------------------------------------------
-
-    async def handle(self, message: Inbound) -> Outcome:
-        return await self.inbox.handle(message)
-
-    async def send(
-        self,
-        message: Outbound,
-        *,
-        key: str,
-        derived: bool = False,
-        fp: str | None = None,
-        inbound_id: str | None = None,
-    ) -> Receipt:
-        return await self.outbox.send(
-            message, key=key, derived=derived, fp=fp, inbound_id=inbound_id
-        )
-
-    async def enqueue(
-        self,
-        message: Outbound,
-        *,
-        key: str,
-        derived: bool = False,
-        fp: str | None = None,
-        inbound_id: str | None = None,
-    ) -> str:
-        return await self.outbox.enqueue(
-            message, key=key, derived=derived, fp=fp, inbound_id=inbound_id
-        )

@@ -33,7 +33,14 @@ from state.events import DeadEvent, ErrorEvent
 from state.kv import Entry, Put
 from state.lease import Held
 from state.messages import Inbound
-from state.records import InboxState, decode_inbound, encode_error, encode_inbound, error_of
+from state.records import (
+    InboxState,
+    decode_inbound,
+    encode_error,
+    encode_inbound,
+    error_of,
+    revise,
+)
 from state.writes import Write
 
 if TYPE_CHECKING:
@@ -65,28 +72,20 @@ class Outcome(StrEnum):
 def new_value(message: Json, now: float, lease: Json) -> Json:
     """A new record, journaled and claimed in the same write (attempt 1 charged)."""
     return {
-        "t": "in",
         "id": message["id"],
         "state": InboxState.PENDING,
         "attempts": 1,
         "token": 1,
         "lease": lease,
         "message": message,
-        "error": None,
         "created": now,
         "updated": now,
     }
 
 
-def _with(value: Json, now: float, **changes: Any) -> Json:
-    new = dict(value)
-    new.update(changes, updated=now)
-    return new
-
-
 def replay_value(value: Json, now: float) -> Json:
     """An operator's replay: pending again with a fresh attempt budget."""
-    return _with(value, now, state=InboxState.PENDING, lease=None, error=None, attempts=0)
+    return revise(value, now, state=InboxState.PENDING, lease=None, error=None, attempts=0)
 
 
 class Inbox:
@@ -132,7 +131,8 @@ class Inbox:
         value = new_value(encoded, now, e.leases.lease(now, self._lease))
         try:
             [version] = await e.kv.commit(
-                [Put(key, value, expect=0, due=now + self._lease)], label=Write.INBOX_JOURNAL
+                [Put(key, value, expect=0, due=now + self._lease, handover=True)],
+                label=Write.INBOX_JOURNAL,
             )
         except VersionConflictError:
             return await self._redelivered(key)
@@ -178,7 +178,7 @@ class Inbox:
     async def _mark_done(self, held: Held, inbound_id: str) -> Outcome:
         e = self._e
         now = e.clock.now()
-        done = _with(held.value, now, state=InboxState.DONE, lease=None, error=None)
+        done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
             await e.leases.write(held, done, Write.INBOX_MARK_DONE, purge=e.purge_at(now))
         except FencedError as exc:
@@ -217,7 +217,15 @@ class Inbox:
         claimed.update(attempts=attempts + 1, state=InboxState.PENDING)
         try:
             [version] = await e.kv.commit(
-                [Put(entry.key, claimed, expect=entry.version, due=now + self._lease)],
+                [
+                    Put(
+                        entry.key,
+                        claimed,
+                        expect=entry.version,
+                        due=now + self._lease,
+                        handover=True,
+                    )
+                ],
                 label=Write.INBOX_CLAIM,
             )
         except VersionConflictError:
@@ -243,13 +251,13 @@ class Inbox:
             await self._dead(held, error_of(exc, decision.reason))
             return
         error = error_of(exc, Reason.HANDLE_FAILED)
-        retry = _with(held.value, now, state=InboxState.PENDING, lease=None, error=error)
+        retry = revise(held.value, now, state=InboxState.PENDING, lease=None, error=error)
         await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
 
     async def _dead(self, target: Held | Entry, error: Json) -> None:
         e = self._e
         now = e.clock.now()
-        dead = _with(target.value, now, state=InboxState.DEAD, lease=None, error=error)
+        dead = revise(target.value, now, state=InboxState.DEAD, lease=None, error=error)
         if not await e.leases.write(target, dead, Write.INBOX_MARK_DEAD):
             return
         if isinstance(target, Held):

@@ -17,7 +17,8 @@ Atomicity, per method:
 
 - ``get`` / ``get_many``: each returned entry is one committed version (``get_many`` is
   not a snapshot across keys unless a backend documents it).
-- ``commit``: all of its operations apply, or none does. Each operation's ``expect`` is
+- ``commit``: all of its operations apply, or none does. A ``Put`` marked ``handover`` may
+  be kept without a copy (see ``Put``). Each operation's ``expect`` is
   checked against the committed version, and the whole commit fails with
   ``VersionConflictError`` (naming the first conflicting key) when any check fails. When
   ``commit`` returns, the write is durable to the degree the backend promises (the file
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from state.errors import JournalUnavailableError, VersionConflictError
+from state.messages import OutboxState
+from state.records import InboxState
 
 __all__ = [
     "INDEXES",
@@ -71,13 +74,19 @@ class Entry:
 @dataclass(frozen=True, slots=True)
 class Put:
     """Write ``value`` under ``key`` if its version is ``expect`` (0: the key must not exist;
-    ``None``: no check). ``due`` / ``purge`` set or clear the key's index scores."""
+    ``None``: no check). ``due`` / ``purge`` set or clear the key's index scores.
+
+    ``handover=True`` hands the value to the store: the caller built it for this write and
+    never changes it, nor anything inside it, afterwards. An in-process store may then keep
+    it as it is instead of copying it (the engine hands over every value it writes). Values
+    read back are copies either way."""
 
     key: str
     value: JsonObject
     expect: int | None
     due: float | None = None
     purge: float | None = None
+    handover: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +132,22 @@ class _Table:
     entries: dict[str, Entry] = field(default_factory=dict)
 
 
+#: Leaf types shared, not copied (immutable): the JSON scalars and the record states.
+_LEAVES = frozenset({str, int, float, bool, type(None), OutboxState, InboxState})
+
+
 def copy_json(value: Any) -> Any:
     """A deep copy of a JSON value: dicts and lists rebuilt, scalars shared (they are
-    immutable). Several times faster than ``copy.deepcopy``; anything else falls back to it."""
+    immutable). Several times faster than ``copy.deepcopy``; anything else falls back to it.
+    Leaves are checked inline, so a record costs one call per nested container."""
     t = type(value)
     if t is dict:
-        return {k: copy_json(v) for k, v in value.items()}
+        leaves = _LEAVES
+        return {k: v if type(v) in leaves else copy_json(v) for k, v in value.items()}
     if t is list:
-        return [copy_json(v) for v in value]
-    if t is str or t is int or t is float or t is bool or value is None:
-        return value
-    if isinstance(value, str | int | float):  # a StrEnum state, say: immutable too
+        leaves = _LEAVES
+        return [v if type(v) in leaves else copy_json(v) for v in value]
+    if t in _LEAVES or isinstance(value, str | int | float):  # a StrEnum state: immutable
         return value
     return copy.deepcopy(value)
 
@@ -144,6 +158,18 @@ def apply_ops(entries: dict[str, Entry], ops: Sequence[Op]) -> list[int]:
     Shared by the in-process backends (memory, file) so that they agree exactly on
     version and conflict semantics. Nothing is applied when a check fails.
     """
+    if len(ops) == 1:  # the common case: one record
+        op = ops[0]
+        cur = entries.get(op.key)
+        have = cur.version if cur is not None else 0
+        if op.expect is not None and op.expect != have:
+            raise VersionConflictError(op.key, op.expect, have)
+        if isinstance(op, Put):
+            value = op.value if op.handover else copy_json(op.value)
+            entries[op.key] = Entry(op.key, value, have + 1, op.due, op.purge)
+            return [have + 1]
+        entries.pop(op.key, None)
+        return [0]
     staged: dict[str, Entry | None] = {}
 
     def current(key: str) -> Entry | None:
@@ -156,7 +182,8 @@ def apply_ops(entries: dict[str, Entry], ops: Sequence[Op]) -> list[int]:
         if op.expect is not None and op.expect != have:
             raise VersionConflictError(op.key, op.expect, have)
         if isinstance(op, Put):
-            new = Entry(op.key, copy_json(op.value), have + 1, op.due, op.purge)
+            value = op.value if op.handover else copy_json(op.value)
+            new = Entry(op.key, value, have + 1, op.due, op.purge)
             staged[op.key] = new
             versions.append(new.version)
         else:

@@ -100,7 +100,16 @@ class Leases:
         if isinstance(target, Entry):
             try:
                 await self._e.kv.commit(
-                    [Put(target.key, value, expect=target.version, due=due, purge=purge)],
+                    [
+                        Put(
+                            target.key,
+                            value,
+                            expect=target.version,
+                            due=due,
+                            purge=purge,
+                            handover=True,
+                        )
+                    ],
                     label=label,
                 )
             except VersionConflictError:
@@ -116,7 +125,17 @@ class Leases:
         for _ in range(8):
             try:
                 [version] = await kv.commit(
-                    [Put(held.key, value, expect=held.version, due=due, purge=purge)], label=label
+                    [
+                        Put(
+                            held.key,
+                            value,
+                            expect=held.version,
+                            due=due,
+                            purge=purge,
+                            handover=True,
+                        )
+                    ],
+                    label=label,
                 )
             except VersionConflictError:
                 entry = await kv.get(held.key)
@@ -175,7 +194,8 @@ class Leases:
             )
             try:
                 [version] = await self._e.kv.commit(
-                    [Put(held.key, new, expect=held.version, due=now + held.lease)], label=label
+                    [Put(held.key, new, expect=held.version, due=now + held.lease, handover=True)],
+                    label=label,
                 )
             except VersionConflictError:
                 entry = await self._e.kv.get(held.key)

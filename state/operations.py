@@ -9,7 +9,7 @@ from state.errors import Reason, RecordStateError
 from state.inbox import replay_value
 from state.keys import part_base, part_key
 from state.kv import Delete, Entry, Put
-from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
+from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState, revise
 from state.writes import Write
 
 if TYPE_CHECKING:
@@ -113,7 +113,15 @@ class Operations:
         if state == InboxState.PENDING and e.leases.state(entry.value, now) == "live":
             raise RecordStateError(inbound_id, state, "it is being processed now; try again later")
         await e.kv.commit(
-            [Put(key, replay_value(entry.value, now), expect=entry.version, due=now)],
+            [
+                Put(
+                    key,
+                    replay_value(entry.value, now),
+                    expect=entry.version,
+                    due=now,
+                    handover=True,
+                )
+            ],
             label=Write.INBOX_REPLAY,
         )
         e.wake.set()
@@ -130,7 +138,10 @@ class Operations:
             raise RecordStateError(key, state, "only dead, failed or unknown sends can be retried")
         now = e.clock.now()
         revived = [entry, *await self._cascaded_parts(entry.value)]
-        ops = [Put(r.key, _retry_value(r.value, now), expect=r.version, due=now) for r in revived]
+        ops = [
+            Put(r.key, _retry_value(r.value, now), expect=r.version, due=now, handover=True)
+            for r in revived
+        ]
         await e.kv.commit(ops, label=Write.OUTBOX_RETRY)
         e.wake.set()
 
@@ -151,9 +162,13 @@ class Operations:
 
 
 def _retry_value(value: Json, now: float) -> Json:
-    new = dict(value)
-    new.update(
-        state=OutboxState.PENDING, inflight=False, lease=None, error=None, attempts=0, updated=now
+    return revise(
+        value,
+        now,
+        state=OutboxState.PENDING,
+        inflight=None,
+        lease=None,
+        error=None,
+        attempts=0,
+        published=None,
     )
-    new.pop("published", None)
-    return new

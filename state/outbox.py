@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,6 @@ import msgspec
 from state.errors import (
     DurabilityError,
     JournalUnavailableError,
-    SendDeferredError,
     VersionConflictError,
 )
 from state.keys import diverged_key, part_base, part_key
@@ -78,29 +76,32 @@ def new_values(
     previous: str | None = None
     for i, payload in enumerate(payloads, start=first_part):
         k = part_key(key, i)
-        live = lease is not None and i == first_part
-        values.append(
-            {
-                "t": "out",
-                "key": k,
-                "state": OutboxState.PENDING,
-                "attempts": 1 if live else 0,
-                "token": 1 if lease is not None else 0,
-                "lease": lease,
-                "inflight": live,
-                "payload": payload,
-                "fp": fp if i == first_part else None,
-                "part": i,
-                "parts": parts,
-                "previous_part": previous,
-                "after": after if i == first_part else None,
-                "inbound_id": inbound_id,
-                "message_id": None,
-                "error": None,
-                "created": now,
-                "updated": now,
-            }
-        )
+        value: Json = {
+            "key": k,
+            "state": OutboxState.PENDING,
+            "attempts": 0,
+            "token": 0,
+            "payload": payload,
+            "created": now,
+            "updated": now,
+        }
+        if lease is not None:
+            value["token"] = 1
+            value["lease"] = lease
+            if i == first_part:
+                value.update(attempts=1, inflight=True)
+        if parts > 1:
+            value.update(part=i, parts=parts)
+        if previous is not None:
+            value["previous_part"] = previous
+        if i == first_part:
+            if fp is not None:
+                value["fp"] = fp
+            if after is not None:
+                value["after"] = after
+        if inbound_id is not None:
+            value["inbound_id"] = inbound_id
+        values.append(value)
         previous = k
     return values
 
@@ -125,6 +126,8 @@ class Journaled:
     helds: list[Held]
     #: The key this send waits behind (``keep_chat_order``), or None.
     after: str | None
+    #: The receipt of a send journaled to wait behind ``after`` (state ``pending``).
+    queued: Receipt | None = None
 
 
 class Outbox:
@@ -132,18 +135,21 @@ class Outbox:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._locks: dict[str, _ChatLock] = {}
         #: Chat id -> the key of the last part of the last send that later sends to the chat
         #: must wait behind (while a send of the chat waits for a retry).
         self.tails: dict[str, str] = {}
         self._lease = engine.config.outbox.lease
         self._keep_order = engine.config.outbox.keep_chat_order
+        #: Texts shorter than this fit ``max_payload_bytes`` whatever they hold (6 bytes a
+        #: character at most in JSON, plus the envelope).
+        self._small_text = (engine.config.outbox.max_payload_bytes - 256) // 6
 
-    def chat_lock(self, chat_id: str) -> asyncio.Lock:
+    def chat_lock(self, chat_id: str) -> _ChatLock:
+        """Serializes the deliveries of one chat (inline retries, the sweeper)."""
         lock = self._locks.get(chat_id)
         if lock is None:
-            lock = asyncio.Lock()
-            self._locks[chat_id] = lock
+            lock = self._locks[chat_id] = _ChatLock(self._locks, chat_id)
         return lock
 
     # -- the one path ------------------------------------------------------------------
@@ -160,14 +166,15 @@ class Outbox:
         """Journal the send under ``key`` (in flight), call the provider, record the result.
 
         Answers from the outbox when ``key`` is recorded; retries inline for up to
-        ``outbox.inline_max`` then raises ``SendDeferredError`` (also when it must wait
-        behind a deferred send of its chat); raises the error of a final failure (the
-        record is dead); ``FencedError`` when the lease was taken over. Returns the receipt
-        of the first part.
+        ``outbox.inline_max`` then raises ``SendDeferredError``; raises the error of a final
+        failure (the record is dead); ``FencedError`` when the lease was taken over.
+        Returns the receipt of the first part: ``sent``, or ``pending`` when an earlier
+        send of its chat waits for a retry (``keep_chat_order``): then it is journaled
+        behind that one and the sweeper sends it after it.
         """
         plan = self.plan(message)
         async with self.chat_lock(message.chat_id):
-            first = await self._bypass(plan, key, inbound_id)
+            first = await self._bypass(plan, key, inbound_id) if plan.bypass else None
             if not plan.parts:
                 assert first is not None
                 return first
@@ -182,9 +189,10 @@ class Outbox:
                 return first or receipt
             if isinstance(journaled, Receipt):
                 return first or journaled
-            if journaled.after is not None:
+            if journaled.after is not None:  # its chat waits for a retry: go after it
                 self._e.metrics.outbox_deferred += 1
-                raise SendDeferredError(key, f"waiting behind {journaled.after!r} of its chat")
+                assert journaled.queued is not None
+                return first or journaled.queued
             receipt = await self._e.delivery.deliver_inline(journaled.helds, plan.parts, now)
             return first or receipt
 
@@ -236,7 +244,9 @@ class Outbox:
                 after=after,
             )
             due = now + self._lease if live else now
-            ops = [Put(e.out_prefix + v["key"], v, expect=0, due=due) for v in values]
+            ops = [
+                Put(e.out_prefix + v["key"], v, expect=0, due=due, handover=True) for v in values
+            ]
             try:
                 versions = await e.kv.commit(
                     ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
@@ -252,7 +262,7 @@ class Outbox:
                 self.tails[plan.chat_id] = values[-1]["key"]
             if not live:
                 e.wake.set()
-                return Journaled([], after)
+                return Journaled([], after, receipt_of(values[0], now))
             helds = [
                 Held(op.key, v["token"], ver, v, self._lease, due)
                 for op, v, ver in zip(ops, values, versions, strict=True)
@@ -283,6 +293,13 @@ class Outbox:
 
     def plan(self, message: Outbound) -> Plan:
         """Split the text to the channel's limit, then decide what the journal can hold."""
+        text = message.text
+        if text is not None and message.media is None and not message.options:
+            limit = self._e.provider.text_limit
+            if (limit is None or len(text) <= limit) and len(text) < self._small_text:
+                # the common case: one short text part, no media, no options
+                payload = {"chat_id": message.chat_id, "text": text}
+                return Plan(message.chat_id, parts=[message], payloads=[payload])
         plan = Plan(message.chat_id)
         texts: list[str | None] = (
             [message.text]
@@ -309,10 +326,12 @@ class Outbox:
 
     def _fits(self, payload: Json, message: Outbound) -> bool:
         limit = self._e.config.outbox.max_payload_bytes
-        if message.media is None and not message.options:
-            text = message.text or ""
-            if len(text) * 6 + 256 < limit:
-                return True
+        if (
+            message.media is None
+            and not message.options
+            and len(message.text or "") < self._small_text
+        ):
+            return True
         size = len(msgspec.json.encode(payload))
         if size > limit:
             log.warning(
@@ -387,6 +406,36 @@ class Outbox:
                 latest[chat] = (rank, v)
         for _, v in latest.values():
             self.block(v)
+
+
+class _ChatLock:
+    """An ``asyncio.Lock`` that leaves its table when the last holder releases it, so the
+    table only holds the chats being delivered to right now."""
+
+    __slots__ = ("_chat", "_lock", "_table", "_users")
+
+    def __init__(self, table: dict[str, _ChatLock], chat: str) -> None:
+        self._table = table
+        self._chat = chat
+        self._lock = asyncio.Lock()
+        self._users = 0
+
+    async def __aenter__(self) -> None:
+        self._users += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._table.get(self._chat) is self:
+            del self._table[self._chat]
 
 
 def _part_messages(message: Outbound, texts: list[str | None]) -> list[Outbound]:

@@ -102,6 +102,7 @@ class Publisher:
                 {**entry.value, "published": True},
                 expect=entry.version,
                 purge=entry.purge,
+                handover=True,
             )
             for entry in entries.values()
             if entry.value.get("published") is False

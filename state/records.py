@@ -2,14 +2,19 @@
 
 An inbox record (key ``<scope>/in/<id>``)::
 
-    {"t": "in", "id", "state": InboxState, "attempts", "token", "lease", "message",
-     "error", "created", "updated"}
+    {"id", "state": InboxState, "attempts", "token", "lease", "message", "error",
+     "created", "updated"}
 
 An outbox record (key ``<scope>/out/<key>``)::
 
-    {"t": "out", "key", "state": OutboxState, "attempts", "token", "lease", "inflight",
-     "payload", "fp", "part", "parts", "previous_part", "after", "inbound_id",
-     "message_id", "error", "created", "updated", "ambiguous", "published"}
+    {"key", "state": OutboxState, "attempts", "token", "lease", "inflight", "payload",
+     "fp", "part", "parts", "previous_part", "after", "inbound_id", "message_id", "error",
+     "created", "updated", "ambiguous", "published"}
+
+Records are sparse: a field at its default (``None``, ``False``, part 1 of 1) is left out,
+and readers use ``.get`` with the default; ``revise(value, now, field=None)`` removes a
+field. That keeps every journal write small (the memory backend copies each value; the
+file backend encodes it).
 
 ``lease`` is ``{"owner", "boot", "until"}`` or ``None``; ``token`` is the fencing token,
 raised by every claim. ``inflight`` is true from "about to call the provider" until the
@@ -48,6 +53,7 @@ __all__ = [
     "encode_outbound",
     "error_of",
     "receipt_of",
+    "revise",
 ]
 
 Json = dict[str, Any]
@@ -66,6 +72,19 @@ class InboxState(StrEnum):
 
 #: The outbox states a send ends in; each gets a receipt.
 SETTLED = frozenset({OutboxState.SENT, OutboxState.DEAD, OutboxState.UNKNOWN})
+
+
+def revise(value: Json, now: float, **changes: Any) -> Json:
+    """A copy of a record with ``changes`` applied (a ``None`` change removes the field)
+    and ``updated`` set to ``now``."""
+    new = dict(value)
+    for name, change in changes.items():
+        if change is None:
+            new.pop(name, None)
+        else:
+            new[name] = change
+    new["updated"] = now
+    return new
 
 
 def encode_error(kind: str, message: str, *, retryable: bool, reason: Reason | None) -> Json:
@@ -100,7 +119,6 @@ def decode_inbound(raw: Mapping[str, Any]) -> Inbound:
 def encode_outbound(message: Outbound) -> Json:
     """The journaled payload of a send; raises ``TypeError`` when it is not JSON."""
     value: Json = msgspec.to_builtins(message)
-    value.setdefault("options", {})
     return value
 
 
@@ -108,13 +126,16 @@ def decode_outbound(raw: Mapping[str, Any]) -> Outbound:
     return msgspec.convert(raw, Outbound)
 
 
+_OUTBOX_STATES = {s.value: s for s in OutboxState}
+
+
 def receipt_of(value: Json, now: float) -> Receipt:
-    """The receipt of a settled outbox record."""
+    """The receipt of an outbox record."""
     return Receipt(
         key=value["key"],
         chat_id=value["payload"]["chat_id"],
         message_id=value.get("message_id"),
-        state=OutboxState(value["state"]),
+        state=_OUTBOX_STATES[value["state"]],
         inbound_id=value.get("inbound_id"),
         part=value.get("part", 1),
         ts=now,

@@ -86,6 +86,16 @@ async def test_values_are_copied_both_ways(backend: BackendHandle) -> None:
     assert again.value == {"list": [1, 2], "nested": {"a": "b"}}
 
 
+async def test_a_handed_over_value_still_reads_back_as_copies(backend: BackendHandle) -> None:
+    kv = kv_of(backend)
+    await kv.commit([Put("k", {"nested": {"a": "b"}}, expect=0, handover=True)])
+    first = await kv.get("k")
+    assert first is not None
+    first.value["nested"]["a"] = "changed"
+    again = await kv.get("k")
+    assert again is not None and again.value == {"nested": {"a": "b"}}
+
+
 async def test_json_values_round_trip(backend: BackendHandle) -> None:
     kv = kv_of(backend)
     value = {
