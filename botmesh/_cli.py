@@ -1,15 +1,20 @@
 """The ``botmesh`` command line (also ``python -m botmesh``).
 
-    botmesh worker --app examples.echo_bot:bot [--bootstrap H:P] [--prefix P] [--data-dir D]
-                   [--web-port N] [--partitions N]
+    botmesh worker --app examples.echo_bot:bot [--provider console|mock|module:attr]
+                   [--journal URL] [--instance-id ID] [--bootstrap H:P] [--prefix P]
+                   [--data-dir D] [--web-port N] [--partitions N] [--batch-size N]
     botmesh topics create [--prefix P] [--bootstrap H:P] [--partitions N] [--replication N]
     botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
     botmesh produce [-n 100] [--chats 10] [--text T]      demo traffic on <prefix>.inbound
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
 
+The worker loads a bot *definition* (``--app``) and supplies what it runs on: the provider
+(``--provider`` / ``BOTMESH_PROVIDER``, default ``console``), the journal (``--journal`` /
+``BOTMESH_JOURNAL``, default ``file://<data dir>/journal?append_log=true``; never none and
+never ``memory://``) and the instance id (``--instance-id`` / ``BOTMESH_INSTANCE_ID``).
 Options default to the environment: ``KAFKA_BOOTSTRAP_SERVERS`` (``127.0.0.1:9092``),
 ``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``, ``BOTMESH_WEB_PORT`` (see
-``streams.worker``). Kafka code is imported only by the commands that need it.
+``streams.config``). Kafka code is imported only by the commands that need it.
 """
 
 # Kafka/Faust load only in the commands that need them (import cost ~1 s):
@@ -27,27 +32,28 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
+from state.errors import AppLoadError
+from state.ports import Provider
 from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
 
-__all__ = ["AppLoadError", "load_app", "main"]
+if TYPE_CHECKING:
+    from streams.runner import BotDefinition
+
+__all__ = ["load_app", "load_provider", "main"]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+BUILTIN_PROVIDERS = ("console", "mock")
 
 
-class AppLoadError(Exception):
-    """``--app`` does not name a bot; the message names the module/attribute and the fix."""
-
-
-def load_app(spec: str) -> Any:
-    """Import ``module:attribute`` (the current directory is importable, like uvicorn)."""
+def _import(spec: str, option: str, what: str) -> tuple[ModuleType, str, object]:
+    """Import ``module:attribute`` for ``option`` (the current directory is importable,
+    like uvicorn); returns the module, the attribute path and the object."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise AppLoadError(
-            f"--app {spec!r}: expected 'module:attribute', e.g. 'examples.echo_bot:bot' "
-            "(the module that defines `bot = Bot(...)`, then a colon, then the variable)"
-        )
+        raise AppLoadError(f"{option} {spec!r}: expected 'module:attribute', e.g. '{what}'")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -55,31 +61,75 @@ def load_app(spec: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
             raise AppLoadError(
-                f"--app {spec!r}: cannot import module {module_name!r} ({exc}); check the "
+                f"{option} {spec!r}: cannot import module {module_name!r} ({exc}); check the "
                 "spelling, run from the directory that holds it, or add that directory to "
                 "PYTHONPATH"
             ) from None
         raise AppLoadError(
-            f"--app {spec!r}: module {module_name!r} failed to import: {exc}; install the "
+            f"{option} {spec!r}: module {module_name!r} failed to import: {exc}; install the "
             "missing package"
         ) from None
     try:
-        obj = module
+        obj: object = module
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError:
         names = sorted(n for n in vars(module) if not n.startswith("_"))
         raise AppLoadError(
-            f"--app {spec!r}: module {module_name!r} has no attribute {attr!r} "
-            f"(it has: {', '.join(names[:12]) or 'nothing public'}); define "
-            f"`{attr} = Bot(...)` in it or name the right variable after the colon"
+            f"{option} {spec!r}: module {module_name!r} has no attribute {attr!r} "
+            f"(it has: {', '.join(names[:12]) or 'nothing public'}); name the right "
+            "variable after the colon"
         ) from None
-    from streams.runner import BotLike
+    return module, attr, obj
 
-    if not isinstance(obj, BotLike):
+
+def load_app(spec: str) -> BotDefinition:
+    """The bot definition ``--app module:attribute`` names (a ``botmesh.Bot``)."""
+    from streams.runner import BotDefinition
+
+    module, attr, obj = _import(spec, "--app", "examples.echo_bot:bot")
+    if not isinstance(obj, BotDefinition):
         raise AppLoadError(
-            f"--app {spec!r}: {module_name}.{attr} is a {type(obj).__name__}, not a bot; it "
-            "must be a botmesh.Bot (anything with on, start, stop and async handle)"
+            f"--app {spec!r}: {module.__name__}.{attr} is a {type(obj).__name__}, not a bot; "
+            'it must be a botmesh.Bot (define `bot = Bot("my-bot")` in the module; the '
+            "worker supplies the provider and the journal)"
+        )
+    return obj
+
+
+def load_provider(spec: str, option: str = "--provider") -> Provider:
+    """The provider ``spec`` names: ``console`` (``BOTMESH_CONSOLE_QUIET=1``: count, do not
+    print), ``mock``, or ``module:attribute`` naming a provider or a zero-argument factory."""
+    name = spec.strip()
+    if name == "console":
+        from providers.console import ConsoleProvider
+
+        quiet = os.environ.get("BOTMESH_CONSOLE_QUIET", "").strip() == "1"
+        return ConsoleProvider(quiet=quiet)
+    if name == "mock":
+        from providers.mock import MockProvider
+
+        return MockProvider()
+    if ":" not in name:
+        raise AppLoadError(
+            f"{option} {spec!r}: expected one of {', '.join(BUILTIN_PROVIDERS)} or "
+            "'module:attribute' naming a provider instance or a zero-argument factory"
+        )
+    module, attr, obj = _import(name, option, "mychannel:provider")
+    where = f"{module.__name__}.{attr}"
+    if isinstance(obj, type) or (not isinstance(obj, Provider) and callable(obj)):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise AppLoadError(
+                f"{option} {spec!r}: calling {where}() failed: {type(exc).__name__}: {exc}; "
+                "name a provider instance or a factory that takes no arguments"
+            ) from None
+    if not isinstance(obj, Provider):
+        raise AppLoadError(
+            f"{option} {spec!r}: {where} gave a {type(obj).__name__}, not a provider; it "
+            "must have `name`, `text_limit` and `async def send(message)` (see "
+            "botmesh.Provider), or be a zero-argument factory returning one"
         )
     return obj
 
@@ -106,9 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     w = sub.add_parser("worker", help="run a bot on the inbound topic (Faust worker)")
-    w.add_argument("--app", required=True, help="the bot, as module:attribute")
+    w.add_argument("--app", required=True, help="the bot definition, as module:attribute")
+    w.add_argument(
+        "--provider",
+        help="console (default), mock, or module:attribute naming a provider or a "
+        "zero-argument factory (env BOTMESH_PROVIDER)",
+    )
+    w.add_argument(
+        "--journal",
+        type=_journal_arg,
+        help="journal URL (env BOTMESH_JOURNAL; default file://<data dir>/journal"
+        "?append_log=true); never none, never memory://",
+    )
+    w.add_argument(
+        "--instance-id",
+        help="lease owner and static group member id: stable across restarts, unique per "
+        "replica (env BOTMESH_INSTANCE_ID; default the runtime's)",
+    )
     _common(w)
-    w.add_argument("--data-dir", help="RocksDB table data (env BOTMESH_DATA_DIR)")
+    w.add_argument("--data-dir", help="the journal and Faust's files (env BOTMESH_DATA_DIR)")
     w.add_argument("--web-port", type=int, help="Faust web server on 127.0.0.1:PORT (default off)")
     w.add_argument("--partitions", type=int, help="partitions of topics the worker creates")
     w.add_argument("--batch-size", type=int, help="records per batch (default 500)")
@@ -138,20 +204,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_worker(args: argparse.Namespace) -> int:
-    bot = load_app(args.app)
-    from streams.worker import WorkerConfig, run_worker
+def _journal_arg(value: str) -> str:
+    from streams.config import check_worker_journal
 
+    try:
+        return check_worker_journal(value, "--journal")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from streams.config import WorkerConfig
+
+    bot = load_app(args.app)
+    if args.provider is not None:
+        provider = load_provider(args.provider)
+    else:
+        spec = os.environ.get("BOTMESH_PROVIDER", "").strip()
+        provider = load_provider(spec, "BOTMESH_PROVIDER") if spec else load_provider("console")
+    if args.instance_id is not None and not args.instance_id.strip():
+        raise ValueError("--instance-id: must not be empty; leave it out for the default")
     config = WorkerConfig.from_env(
         bootstrap=args.bootstrap,
         prefix=check_prefix(args.prefix) if args.prefix else None,
         data_dir=Path(args.data_dir) if args.data_dir else None,
+        journal=args.journal,
+        instance_id=args.instance_id,
         web_port=args.web_port,
         partitions=args.partitions,
         batch_size=args.batch_size,
         loglevel=args.loglevel,
     )
-    run_worker(bot, config)
+    from streams.worker import run_worker
+
+    run_worker(bot, provider, config)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Operator tools on aiokafka: demo traffic for the inbound topic and a tail of the receipts.
 
-Used by ``botmesh produce``, ``botmesh receipts``, ``botmesh.demo`` and the benchmark.
+Used by ``botmesh produce``, ``botmesh receipts``, ``examples/demo.py`` and the benchmark.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from aiokafka import (
     TopicPartition,
 )
 
-from topics.records import InboundRecord, ReceiptRecord, chat_key, decode_receipt, encode_inbound
+from state.messages import Inbound, Receipt
+from topics.records import chat_key, decode_receipt, encode_inbound
 
 __all__ = ["Seen", "demo_records", "end_offsets", "produce_inbound", "tail_receipts"]
 
 
-def demo_records(n: int, chats: int, *, run: str = "demo") -> list[InboundRecord]:
+def demo_records(n: int, chats: int, *, run: str = "demo") -> list[Inbound]:
     """``n`` messages spread round-robin over ``chats`` chats; ids ``<run>-<i>``, text ``msg <k>``
     where ``k`` counts the messages of that chat (so a chat's order is checkable)."""
     if n < 0 or chats < 1:
@@ -32,7 +33,7 @@ def demo_records(n: int, chats: int, *, run: str = "demo") -> list[InboundRecord
         c = i % chats
         per_chat[c] += 1
         out.append(
-            InboundRecord(
+            Inbound(
                 chat_id=f"{run}-chat-{c}",
                 id=f"{run}-{i}",
                 text=f"msg {per_chat[c]}",
@@ -45,7 +46,7 @@ def demo_records(n: int, chats: int, *, run: str = "demo") -> list[InboundRecord
 
 
 async def produce_inbound(
-    bootstrap: str, topic: str, records: list[InboundRecord], *, linger_ms: int = 5
+    bootstrap: str, topic: str, records: list[Inbound], *, linger_ms: int = 5
 ) -> float:
     """Produce ``records`` keyed by chat id (acks=all); returns the seconds it took."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms)
@@ -82,7 +83,7 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    receipt: ReceiptRecord
+    receipt: Receipt
     partition: int
     offset: int
     arrived: float  # time.monotonic() when consumed

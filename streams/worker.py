@@ -1,131 +1,113 @@
-"""The Kafka worker: a Faust app whose inbound agent runs a bot's handlers.
+"""The Kafka worker: a Faust app whose inbound agent runs a bot on the journal it chose.
 
-``build_app(bot, WorkerConfig.from_env())`` makes the app; ``run_worker`` provisions the
-topics and runs it with Faust's worker (SIGTERM / Ctrl-C stop it: the agent finishes its batch,
-offsets are committed, then the bot stops).
+``run_worker(bot, provider, WorkerConfig.from_env())`` provisions the topics, binds the bot
+(``bot.bind(provider, config.journal_url, instance_id=..., receipts=KafkaReceipts(...))``)
+and runs it with Faust's worker: the runtime starts before the agent and stops after it
+(SIGTERM / Ctrl-C: the batch in progress finishes, offsets are committed, the runtime
+stops and records its last receipts published).
 
-The agent reads ``<prefix>.inbound`` in batches (``take_events``), decodes each record
-(``topics.records``), runs ``bot.handle`` (per-chat order kept, chats of a batch concurrently),
-produces one receipt per accepted send to ``<prefix>.sent`` and undecodable records to
-``<prefix>.inbound.dlq`` (headers ``reason``, ``detail``, ``source.topic``,
-``source.partition``, ``source.offset``). A batch is acked only after its receipts and dead
-letters are acked by the broker (acks=all). Nothing raised in the batch body reaches Faust
-(which would ack and commit the whole batch): the runner catches handler errors and exits the
-process hard when it cannot write to Kafka, so the broker redelivers.
+The agent reads ``<prefix>.inbound`` in batches (``take_events``) and hands each batch to
+``streams.runner.InboundRunner``, which settles every record (an ``Outcome`` of
+``runtime.handle()``, or a dead letter on ``<prefix>.inbound.dlq``) before the batch is
+acked; see that module for the outcome table, the retries of a journal outage and how far
+a failing chat holds up others. Receipts of every settled send (``sent``, ``dead``,
+``unknown``) go to ``<prefix>.sent``, keyed by chat id, with acks=all; the journal keeps
+each one unpublished until its ack, so a crash loses none.
 
-Known hazard (faust 0.15.3, ``streams.py`` ``take_events``): the batch's events are acked in a
-``finally``, so an agent *cancelled* mid-batch acks events it did not process. A clean stop
-does not cancel mid-batch (``stream_wait_empty``: Faust waits for the batch before stopping
-the consumer); a SIGKILL acks nothing. A hard cancel (shutdown timeout) could; the durable
-inbox journal is what covers that case.
+Nothing raised in the batch body reaches Faust (which would ack and commit the whole
+batch, ``faust-durable-flush.md`` 5.1): a batch that cannot be settled (a retry past the
+batch deadline, a stop while records wait for a retry, a dead letter the broker refused,
+a cancel in the middle of a batch) makes the process exit at once without acking
+(``os._exit``: status 75 for an abandoned batch, 70 otherwise); the broker redelivers the
+batch and the journal answers what was settled already as duplicates.
 
-Environment (``WorkerConfig.from_env``): ``KAFKA_BOOTSTRAP_SERVERS`` (default
-``127.0.0.1:9092``), ``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``
-(``./botmesh-data``: the RocksDB table stores), ``BOTMESH_WEB_PORT`` (unset: web server off;
-else Faust's web server on 127.0.0.1:<port>), ``BOTMESH_PARTITIONS`` (8, for topics the worker
-creates), ``BOTMESH_REPLICATION`` (1), ``BOTMESH_BATCH_SIZE`` (500), ``BOTMESH_LOG_LEVEL``
-(``info``).
+Group membership: with an explicit instance id (``--instance-id`` / ``BOTMESH_INSTANCE_ID``)
+the consumer is a static member (``group.instance.id``): a restarted worker gets its
+partitions back at once, without a rebalance, instead of waiting for the killed member's
+session to time out; a static member does not leave the group when it stops, so its
+partitions wait ``session_timeout`` before another member takes them. Without one it is a
+dynamic member and a killed worker holds its partitions for ``session_timeout``
+(``BOTMESH_SESSION_TIMEOUT``, default 30 s; Faust's own default is 60 s).
+
+Environment: see ``streams.config.WorkerConfig``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, NoReturn
 
 import faust
 
+from state.ports import Provider
+from streams.config import WorkerConfig, group_instance_id
 from streams.provision import ensure_topics
-from streams.runner import BotLike, Headers, InboundRunner, RawRecord
-from topics.catalog import DEFAULT_PARTITIONS, Catalog, prefix_from_env
+from streams.runner import (
+    BatchAbandoned,
+    BotDefinition,
+    Headers,
+    InboundRunner,
+    KafkaReceipts,
+    RawRecord,
+    RuntimeLike,
+    redact,
+)
 
-__all__ = ["DEFAULT_BOOTSTRAP", "WorkerConfig", "build_app", "run_worker"]
+__all__ = ["build_app", "run_worker"]
 
 log = logging.getLogger("botmesh.streams")
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-
-
-def _int_env(env: Mapping[str, str], name: str, default: int | None) -> int | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer; set a number or unset it") from None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """Settings of one worker process (see the module docstring for the environment)."""
-
-    bootstrap: str = DEFAULT_BOOTSTRAP
-    prefix: str = "botmesh"
-    data_dir: Path = field(default_factory=lambda: Path("botmesh-data"))
-    web_port: int | None = None
-    partitions: int = DEFAULT_PARTITIONS
-    replication: int = 1
-    batch_size: int = 500
-    batch_within: float = 0.05
-    handle_attempts: int = 3
-    loglevel: str = "info"
-    provision: bool = True
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
-        env = os.environ if environ is None else environ
-        base = cls(
-            bootstrap=env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip() or DEFAULT_BOOTSTRAP,
-            prefix=prefix_from_env(env),
-            data_dir=Path(env.get("BOTMESH_DATA_DIR", "").strip() or "botmesh-data"),
-            web_port=_int_env(env, "BOTMESH_WEB_PORT", None),
-            partitions=_int_env(env, "BOTMESH_PARTITIONS", DEFAULT_PARTITIONS) or 1,
-            replication=_int_env(env, "BOTMESH_REPLICATION", 1) or 1,
-            batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,
-            loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
-        )
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
-
-    @property
-    def catalog(self) -> Catalog:
-        return Catalog(self.prefix)
+EXIT_ABANDONED = 75  # EX_TEMPFAIL: try again later
+EXIT_SOFTWARE = 70
 
 
 class _BotApp(faust.App):
-    """The Faust app with the bot's lifecycle: started before the agents, stopped after them."""
+    """The Faust app with the runtime's lifecycle: started before the agents, stopped
+    after them (while the producer still runs, so the last receipts are acked)."""
 
-    botmesh_bot: BotLike | None = None
+    botmesh_runtime: RuntimeLike | None = None
     botmesh_runner: InboundRunner | None = None
-    _bot_started = False
+    botmesh_about = ""
+    _runtime_started = False
 
     async def on_start(self) -> None:
         await super().on_start()
-        if self.botmesh_bot is not None and not self._bot_started:
-            await self.botmesh_bot.start()
-            self._bot_started = True
+        if self.botmesh_runtime is not None and not self._runtime_started:
+            await self.botmesh_runtime.start()
+            self._runtime_started = True
+            log.info("runtime started: %s", self.botmesh_about)
+
+    async def on_stop(self) -> None:
+        if self.botmesh_runner is not None:
+            self.botmesh_runner.stopping.set()
+        await super().on_stop()  # stops the consumer, waiting for the batch in progress
+        await self._stop_runtime()
 
     async def on_shutdown(self) -> None:
         await super().on_shutdown()
-        if self.botmesh_bot is not None and self._bot_started:
-            self._bot_started = False
-            await self.botmesh_bot.stop()
+        await self._stop_runtime()
+
+    async def _stop_runtime(self) -> None:
+        if self.botmesh_runtime is not None and self._runtime_started:
+            self._runtime_started = False
+            await self.botmesh_runtime.stop()
 
 
-def _exit_hard(exc: BaseException) -> NoReturn:
-    """Kafka refused a receipt or dead letter: exit without acking, so the batch is redelivered."""
-    log.critical("exiting without committing: %s", exc)
+def _exit_hard(why: str, code: int) -> NoReturn:
+    """Leave without acking anything: the broker redelivers from the committed offsets."""
+    log.critical("exiting without acking the batch in progress: %s", why)
     logging.shutdown()
     sys.stderr.flush()
-    os._exit(70)
+    os._exit(code)
 
 
-def build_app(bot: BotLike, config: WorkerConfig) -> Any:
-    """The Faust app (untyped, hence ``Any``) running ``bot`` on ``config``'s topics."""
+def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> Any:
+    """The Faust app (untyped, hence ``Any``) running ``bot`` on ``config``'s topics; its
+    ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
@@ -135,6 +117,12 @@ def build_app(bot: BotLike, config: WorkerConfig) -> Any:
             "web_host": "127.0.0.1",
             "web_port": config.web_port,
         }
+    membership: dict[str, Any] = {
+        "broker_session_timeout": config.session_timeout,
+        "broker_heartbeat_interval": min(3.0, config.session_timeout / 3),
+    }
+    if config.instance_id is not None:
+        membership["consumer_group_instance_id"] = group_instance_id(config.instance_id)
     app = _BotApp(
         cat.app_id,
         broker=[f"kafka://{b.strip()}" for b in config.bootstrap.split(",") if b.strip()],
@@ -147,9 +135,9 @@ def build_app(bot: BotLike, config: WorkerConfig) -> Any:
         topic_replication_factor=config.replication,
         topic_allow_declare=True,
         worker_redirect_stdouts=False,
+        **membership,
         **web,
     )
-    app.botmesh_bot = bot
 
     def raw_topic(name: str) -> Any:
         return app.topic(
@@ -164,33 +152,45 @@ def build_app(bot: BotLike, config: WorkerConfig) -> Any:
         producer = await app.maybe_start_producer()
         return await producer.send(names[role], key, value, None, None, headers or None)
 
-    runner = InboundRunner(
-        bot, produce, handle_attempts=config.handle_attempts, on_fatal=_exit_hard
+    runtime = bot.bind(
+        provider,
+        config.journal_url,
+        instance_id=config.instance_id,
+        receipts=KafkaReceipts(produce),
     )
+    runner = InboundRunner(runtime, produce, batch_deadline=config.batch_deadline)
+    app.botmesh_runtime = runtime
     app.botmesh_runner = runner
 
     async def process(stream: Any) -> None:
         async for events in stream.take_events(config.batch_size, within=config.batch_within):
-            records = []
-            for ev in events:
-                msg = ev.message
-                records.append(
-                    RawRecord(
-                        topic=msg.topic,
-                        partition=msg.partition,
-                        offset=msg.offset,
-                        key=msg.key,
-                        value=msg.value,
-                        headers=_headers(msg.headers),
-                    )
-                )
+            records = [_raw_record(ev.message) for ev in events]
             try:
                 await runner.run_batch(records)
-            except Exception as exc:  # never let Faust ack a batch that failed
-                _exit_hard(exc)
+            except BatchAbandoned as exc:
+                _exit_hard(str(exc), EXIT_ABANDONED)
+            except asyncio.CancelledError:
+                _exit_hard("cancelled in the middle of a batch", EXIT_SOFTWARE)
+            except BaseException as exc:  # Faust would ack and commit the batch
+                _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_SOFTWARE)
 
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
+    app.botmesh_about = (
+        f"bot {bot.bot_id} on {cat.inbound}, journal {redact(config.journal_url)}, "
+        f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}"
+    )
     return app
+
+
+def _raw_record(msg: Any) -> RawRecord:
+    return RawRecord(
+        topic=msg.topic,
+        partition=msg.partition,
+        offset=msg.offset,
+        key=msg.key,
+        value=msg.value,
+        headers=_headers(msg.headers),
+    )
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes]]:
@@ -200,7 +200,7 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(k), bytes(v) if v is not None else b"") for k, v in items]
 
 
-def run_worker(bot: BotLike, config: WorkerConfig) -> None:
+def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> None:
     """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C."""
     if config.provision:
         result = ensure_topics(
@@ -209,6 +209,6 @@ def run_worker(bot: BotLike, config: WorkerConfig) -> None:
         if result.created:
             log.info("created topics: %s", ", ".join(result.created))
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    app = build_app(bot, config)
+    app = build_app(bot, provider, config)
     worker = faust.Worker(app, loglevel=config.loglevel, redirect_stdouts=False)
     worker.execute_from_commandline()
