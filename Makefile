@@ -28,7 +28,7 @@ kafka-stop: ## stop the local Kafka
 	$(KAFKA) stop
 
 run: venv kafka-jars ## the demo: Kafka, topics, the echo bot worker, demo traffic, receipts (Ctrl-C stops)
-	$(BIN)/python -m botmesh.demo
+	$(BIN)/python -m examples.demo
 
 test: venv kafka-jars ## the whole test suite, Kafka tests included (a local broker is started)
 	$(BIN)/pytest

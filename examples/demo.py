@@ -1,17 +1,22 @@
 """The demo behind ``make run``: Kafka, topics, the echo bot worker, traffic, receipts.
 
-    python -m botmesh.demo [--once] [--messages 300] [--chats 12] [--prefix botmesh]
+    python -m examples.demo [--once] [--messages 300] [--chats 12] [--prefix botmesh]
+
+(from the repository root: the demo and the example bots are not part of the installed
+package).
 
 1. a broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else the local Kafka of
    ``deploy/kafka/kafka.sh`` on 127.0.0.1:9092 (started, and stopped at the end, if it is not
    already running);
 2. the topics of the prefix (``BOTMESH_TOPIC_PREFIX``, default ``botmesh``), created if missing;
-3. ``botmesh worker --app examples.echo_bot:bot`` as a subprocess (log in the data dir);
+3. ``botmesh worker --app examples.echo_bot:bot`` as a subprocess (log in the data dir),
+   on a file journal in the data dir (``<data dir>/worker/journal``, append log);
 4. demo inbound messages over several chats, and each receipt as it comes back;
 5. a summary: receipts, per-chat order, messages per second.
 
-Then it keeps showing receipts (``botmesh produce`` sends more) until Ctrl-C, and stops the
-worker and the broker it started. ``--once`` exits after the summary (exit status 1 when a
+Then it keeps showing receipts (``botmesh produce`` sends more) until Ctrl-C, stops the
+worker and the broker it started, and reads the worker's journal back: every inbound
+``done``, every send ``sent``. ``--once`` exits after the summary (exit status 1 when a
 receipt is missing or out of order).
 """
 
@@ -30,11 +35,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from examples.echo_bot import bot as echo_bot
+from state.backends.file import open_file_kv
+from streams.config import default_journal
 from streams.provision import ensure_topics
 from streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
 from topics.catalog import Catalog, prefix_from_env
 
-__all__ = ["main"]
+__all__ = ["journal_summary", "main", "stop_process", "worker_command"]
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
@@ -80,7 +88,8 @@ def _start_worker(
     bootstrap: str, prefix: str, data_dir: Path
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log_path = data_dir / "worker.log"
-    env = dict(os.environ, BOTMESH_ECHO_QUIET="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, BOTMESH_CONSOLE_QUIET="1", PYTHONUNBUFFERED="1")
+    env.pop("BOTMESH_JOURNAL", None)  # the demo shows the default: a file journal
     cmd = worker_command(
         "--bootstrap",
         bootstrap,
@@ -96,7 +105,24 @@ def _start_worker(
             cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     print(f"demo: worker pid {proc.pid}: {' '.join(cmd[2:])}  (log {log_path})")
+    print(f"demo: the worker's journal: {default_journal(data_dir / 'worker')}")
     return proc, log_path
+
+
+async def journal_summary(path: Path, scope: str) -> dict[str, dict[str, int]]:
+    """``{"inbound": {state: n}, "sends": {state: n}}`` of one bot scope in a file journal
+    (read after the worker stopped: the journal is locked while it runs)."""
+    kv = await open_file_kv(path)
+    try:
+        inbound = [e.value.get("state", "?") for e in await kv.scan(f"{scope}/in/")]
+        sends = [e.value.get("state", "?") for e in await kv.scan(f"{scope}/out/")]
+    finally:
+        await kv.close()
+    return {"inbound": _count(inbound), "sends": _count(sends)}
+
+
+def _count(states: list[str]) -> dict[str, int]:
+    return {s: states.count(s) for s in sorted(set(states))}
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
@@ -183,13 +209,26 @@ async def _run(
     return True
 
 
+def _show_journal(worker_dir: Path) -> None:
+    path = worker_dir / "journal"
+    if not path.exists():
+        return
+    try:
+        summary = asyncio.run(journal_summary(path, echo_bot.scope))
+    except Exception as exc:  # the demo's last line; the worker's log says more
+        print(f"demo: cannot read the journal {path}: {exc}", file=sys.stderr)
+        return
+    shown = {k: ", ".join(f"{n} {s}" for s, n in v.items()) or "none" for k, v in summary.items()}
+    print(f"demo: journal {path}: inbound {shown['inbound']}; sends {shown['sends']}")
+
+
 def _sigterm(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m botmesh.demo", description=__doc__.split("\n")[0]
+        prog="python -m examples.demo", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--once", action="store_true", help="exit after the summary")
     parser.add_argument("--messages", type=int, default=300)
@@ -223,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if proc is not None:
             stop_process(proc)
             print(f"demo: worker stopped (exit {proc.returncode})")
+            _show_journal(data_dir / "worker")
         if started:
             subprocess.run([str(KAFKA_SH), "stop"], check=False)
             print("demo: local Kafka stopped")

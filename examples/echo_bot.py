@@ -1,16 +1,18 @@
 """The echo bot of the demo: replies ``echo: <text>`` in the same chat.
 
-Run it on Kafka with ``botmesh worker --app examples.echo_bot:bot`` (from the repository root).
-``BOTMESH_ECHO_QUIET=1`` stops the console provider printing each reply.
+A definition only: where it runs chooses the provider and the journal.
+
+- on Kafka: ``botmesh worker --app examples.echo_bot:bot`` (from the repository root; the
+  console provider by default, ``BOTMESH_CONSOLE_QUIET=1`` to count without printing; a
+  file journal in the data dir);
+- in this process: ``async with botmesh.run(bot, provider, journal="file:///...") as app``.
 """
 
 from __future__ import annotations
 
-import os
+from botmesh import Bot, Context
 
-from botmesh import Bot, ConsoleProvider, Context
-
-bot = Bot(ConsoleProvider(quiet=os.environ.get("BOTMESH_ECHO_QUIET", "") == "1"), bot_id="echo")
+bot = Bot("echo")
 
 
 @bot.on_message
