@@ -1,0 +1,340 @@
+"""The worker's inbound path (``streams.runner``) without Kafka: plain records through the
+REAL runtime (``bot.bind``) on a journal from the fault kit (``botmesh.testing.crashable``),
+which fails or dies for real inside the engine.
+
+The producer is the one stand-in: ``Produced`` keeps what would go to Kafka and acks it at
+once. "Acked" below means ``run_batch`` returned: the worker acks a batch only then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import botmesh
+from botmesh import Bot, Context, Inbound, Outcome
+from botmesh.errors import BadRecord, Reason
+from botmesh.journal import MemoryKv, OutboxState, Write
+from botmesh.testing import MockProvider, SimulatedCrash, crashable
+from streams.runner import (
+    BatchAbandoned,
+    InboundRunner,
+    KafkaReceipts,
+    RawRecord,
+    redact,
+)
+from topics.records import decode_receipt, encode_inbound
+
+TOPIC = "t.inbound"
+
+
+@dataclass
+class Produced:
+    """What the runner hands to the producer, by role; every record is acked at once."""
+
+    records: list[tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]] = field(
+        default_factory=list
+    )
+
+    async def __call__(
+        self, role: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> Awaitable[Any]:
+        self.records.append((role, key, value, headers))
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ack.set_result(None)
+        return ack
+
+    def dead(self) -> list[dict[str, str]]:
+        """The dead letters' headers (decoded), in produce order."""
+        return [
+            {k: v.decode() for k, v in headers}
+            for role, _, _, headers in self.records
+            if role == "dlq"
+        ]
+
+    def receipts(self) -> list[botmesh.Receipt]:
+        return [decode_receipt(value) for role, _, value, _ in self.records if role == "sent"]
+
+
+class Seen(list[str]):
+    """The handler runs, in order; ``await seen.reach(n)`` waits for the n-th."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._grew = asyncio.Event()
+
+    def append(self, item: str) -> None:
+        super().append(item)
+        self._grew.set()
+
+    async def reach(self, n: int) -> None:
+        while len(self) < n:
+            self._grew.clear()
+            await self._grew.wait()
+
+
+def make_bot(seen: list[str], **inbox: Any) -> Bot:
+    """A bot whose handler records each run in ``seen`` and replies once."""
+    inbox.setdefault("backoff", {"base": 10, "cap": 40, "jitter": 0})
+    bot = Bot("runner", durability={"poll": 0, "inbox": inbox})
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        seen.append(ctx.inbound_id)
+        await ctx.reply(f"re {ctx.text}")
+
+    return bot
+
+
+def record(offset: int, chat: str, mid: str | None = None, text: str = "hi") -> RawRecord:
+    value = encode_inbound(Inbound(id=mid or "", chat_id=chat, text=text))
+    return RawRecord(TOPIC, 0, offset, chat.encode(), value, [("trace", b"t-1")])
+
+
+class Waits:
+    """The runner's sleep between attempts: records each delay (``entered`` is set), then
+    waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.entered = asyncio.Event()
+        self.go = asyncio.Event()
+        self.go.set()
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        self.entered.set()
+        await self.go.wait()
+
+
+async def test_a_failing_chat_retries_while_the_other_chats_of_the_batch_are_handled() -> None:
+    seen = Seen()
+    kv = crashable(MemoryKv())
+    produced, waits = Produced(), Waits()
+    waits.go.clear()  # A1 waits for its retry until we say so
+    async with make_bot(seen).bind(MockProvider(), kv, instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=waits)
+        kv.fail(Write.INBOX_JOURNAL, times=1)  # the first journal write (A1's) fails
+        records = [record(0, "A", "A1"), record(1, "B", "B1"), record(2, "A", "A2")]
+        records.append(record(3, "B", "B2"))
+        batch = asyncio.ensure_future(runner.run_batch(records))
+        await waits.entered.wait()
+        await seen.reach(2)
+        # chat B was handled while A1 waits for its retry; A2 waits behind A1; nothing acked
+        assert seen == ["B1", "B2"]
+        assert not batch.done()
+        assert waits.delays == [0.01]  # the bot's inbox backoff, attempt 1
+        waits.go.set()
+        await batch
+    assert seen == ["B1", "B2", "A1", "A2"]
+    assert runner.outcomes == {Outcome.HANDLED: 4}
+    assert runner.retried == 1
+    assert produced.dead() == []
+
+
+async def test_a_record_is_not_acked_before_it_has_an_outcome() -> None:
+    """A batch with a record the journal refuses does not return (is not acked) until the
+    record was handled on a later attempt; the handlers ran once."""
+    seen: list[str] = []
+    kv = crashable(MemoryKv())
+    produced, waits = Produced(), Waits()
+    waits.go.clear()
+    async with make_bot(seen).bind(MockProvider(), kv, instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=waits)
+        kv.down = True
+        batch = asyncio.ensure_future(runner.run_batch([record(0, "A", "A1")]))
+        await waits.entered.wait()
+        assert not batch.done() and seen == []
+        kv.down = False
+        waits.go.set()
+        await batch
+    assert seen == ["A1"]
+    assert runner.outcomes == {Outcome.HANDLED: 1}
+
+
+async def test_after_the_inbox_budget_the_record_goes_to_the_dlq_and_the_chat_goes_on() -> None:
+    seen: list[str] = []
+    kv = crashable(MemoryKv())
+    produced, waits = Produced(), Waits()
+    async with make_bot(seen, max_attempts=3).bind(MockProvider(), kv, instance_id="w") as rt:
+        runner = InboundRunner(rt, produced, sleep=waits)
+        kv.fail(Write.INBOX_JOURNAL, times=3)  # A1's three attempts; A2 journals fine
+        await runner.run_batch([record(7, "A", "A1"), record(8, "A", "A2")])
+    assert seen == ["A2"]
+    assert waits.delays == [0.01, 0.02]  # backoff after attempts 1 and 2, then the budget
+    [dead] = produced.dead()
+    assert dead["reason"] == Reason.JOURNAL_UNAVAILABLE.value == "journal-unavailable"
+    assert dead["error.class"] == "JournalUnavailableError"
+    assert "journal down" in dead["error.message"]
+    assert dead["attempts"] == "3"
+    assert (dead["source.topic"], dead["source.partition"], dead["source.offset"]) == (
+        TOPIC,
+        "0",
+        "7",
+    )
+    assert dead["trace"] == "t-1"  # the record's own headers are kept
+    role, key, value, _ = produced.records[0]
+    assert (role, key, value) == ("dlq", b"A", record(7, "A", "A1").value)
+    assert runner.dead_letters == {Reason.JOURNAL_UNAVAILABLE: 1}
+    assert runner.outcomes == {Outcome.HANDLED: 1}
+
+
+async def test_an_unexpected_error_from_handle_dead_letters_as_handle_failed() -> None:
+    """The runtime was never started: ``handle`` raises a ``DurabilityError`` that is not a
+    journal outage; after the budget the record goes to the DLQ as ``handle-failed``."""
+    seen: list[str] = []
+    runtime = make_bot(seen, max_attempts=2).bind(MockProvider(), MemoryKv(), instance_id="w")
+    produced, waits = Produced(), Waits()
+    await InboundRunner(runtime, produced, sleep=waits).run_batch([record(0, "A", "A1")])
+    [dead] = produced.dead()
+    assert dead["reason"] == "handle-failed"
+    assert dead["error.class"] == "DurabilityError"
+    assert "not running" in dead["error.message"]
+    assert seen == [] and waits.delays == [0.01]
+
+
+async def test_undecodable_records_go_to_the_dlq_at_once_and_the_next_one_is_handled() -> None:
+    seen: list[str] = []
+    produced = Produced()
+    bad = [
+        (b"{not json", "bad-json"),
+        (b'{"v": 1, "text": "no chat"}', "missing-chat-id"),
+        (b'{"v": 7, "chat_id": "c"}', "unknown-version"),
+        (None, "empty"),
+    ]
+    records = [RawRecord(TOPIC, 0, i, b"c", v) for i, (v, _) in enumerate(bad)]
+    records.append(record(len(bad), "c", "ok"))
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch(records)
+    assert [d["reason"] for d in produced.dead()] == [reason for _, reason in bad]
+    assert all(d["error.class"] == "BadRecord" and d["detail"] for d in produced.dead())
+    assert seen == ["ok"]
+    assert runner.retried == 0
+
+
+async def test_a_record_without_an_id_is_journaled_under_its_offset() -> None:
+    seen: list[str] = []
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, Produced(), sleep=Waits())
+        await runner.run_batch([record(41, "c")])
+        await runner.run_batch([record(41, "c")])  # redelivered: the journal knows it
+    assert seen == [f"{TOPIC}:0:41"]
+    assert runner.outcomes == {Outcome.HANDLED: 1, Outcome.DUPLICATE: 1}
+
+
+async def test_an_inbound_the_journal_dead_lettered_goes_to_the_dlq_as_attempts_exhausted() -> None:
+    """A real crash after the inbound was journaled, with ``inbox.max_attempts=1``: the next
+    start dead-letters it in the journal, and its redelivery is the outcome ``dead``."""
+    seen: list[str] = []
+    shared = MemoryKv()
+    kv = crashable(shared)
+    kv.crash_after(Write.INBOX_JOURNAL)
+    bot = make_bot(seen, max_attempts=1)
+    first = bot.bind(MockProvider(), kv, instance_id="w")
+    await first.start()
+    with pytest.raises(SimulatedCrash):  # not an Exception: nothing of the batch is acked
+        await InboundRunner(first, Produced()).run_batch([record(0, "A", "A1")])
+    produced = Produced()
+    async with bot.bind(MockProvider(), shared, instance_id="w") as second:
+        runner = InboundRunner(second, produced, sleep=Waits())
+        await runner.run_batch([record(0, "A", "A1")])
+    assert runner.outcomes == {Outcome.DEAD: 1}
+    [dead] = produced.dead()
+    assert dead["reason"] == "attempts-exhausted"
+    assert "error.class" not in dead
+    assert seen == []
+
+
+async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
+    """The one path the real engine gives no way to reach from the wire (every decoded
+    record can be journaled): a runtime that refuses the record, as the protocol allows."""
+
+    class Refusing:
+        inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
+
+        async def start(self) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        async def handle(self, message: Inbound) -> Outcome:
+            raise BadRecord(Reason.WRONG_TYPE, f"cannot journal {message.id}")
+
+    produced = Produced()
+    runner = InboundRunner(Refusing(), produced, sleep=Waits())
+    await runner.run_batch([record(0, "A", "A1")])
+    [dead] = produced.dead()
+    assert (dead["reason"], dead["detail"], dead["attempts"]) == (
+        "wrong-type",
+        "cannot journal A1",
+        "1",
+    )
+
+
+async def test_a_stop_while_a_record_waits_for_a_retry_abandons_the_batch() -> None:
+    kv = crashable(MemoryKv())
+    async with make_bot([]).bind(MockProvider(), kv, instance_id="w") as runtime:
+        runner = InboundRunner(runtime, Produced())  # the real, stop-aware wait
+        runner.stopping.set()
+        kv.down = True
+        with pytest.raises(BatchAbandoned, match="stopping"):
+            await runner.run_batch([record(0, "A", "A1")])
+        kv.down = False
+
+
+async def test_a_retry_past_the_batch_deadline_abandons_the_batch() -> None:
+    kv = crashable(MemoryKv())
+    async with make_bot([]).bind(MockProvider(), kv, instance_id="w") as runtime:
+        runner = InboundRunner(runtime, Produced(), batch_deadline=0.0, sleep=Waits())
+        kv.down = True
+        with pytest.raises(BatchAbandoned, match="retried for 0s"):
+            await runner.run_batch([record(0, "A", "A1"), record(1, "B", "B1")])
+        kv.down = False
+
+
+async def test_receipts_go_to_the_sink_and_are_recorded_published_at_the_end_of_the_batch() -> None:
+    seen: list[str] = []
+    produced = Produced()
+    kv = MemoryKv()
+    bot = make_bot(seen)
+    async with bot.bind(
+        MockProvider(), kv, instance_id="w", receipts=KafkaReceipts(produced)
+    ) as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch([record(i, f"c{i % 3}", f"m{i}") for i in range(9)])
+        journal = await kv.scan(f"{bot.scope}/out/")
+    receipts = produced.receipts()
+    assert sorted(r.key for r in receipts) == sorted(f"m{i}:1" for i in range(9))
+    assert {r.state for r in receipts} == {OutboxState.SENT}
+    keys = {role: key for role, key, _, _ in produced.records}
+    assert keys == {"sent": b"c2"}  # the last; every receipt is keyed by its chat id
+    assert len(journal) == 9
+    assert all(e.value["published"] is True for e in journal)
+
+
+def test_credentials_in_urls_never_reach_a_dead_letter() -> None:
+    text = "cannot reach postgresql://bot:s3cret@db:5432/journal (timeout)"
+    assert redact(text) == "cannot reach postgresql://***@db:5432/journal (timeout)"
+
+
+async def test_the_echo_bot_and_the_test_bot_run_in_process_unchanged(tmp_path: Path) -> None:
+    """The modules ``botmesh worker --app`` runs are plain definitions: ``botmesh.run``
+    runs them in this process, on a file journal, without an edit."""
+    from examples.echo_bot import bot as echo
+    from tests.kafka.bot import FileProvider
+    from tests.kafka.bot import bot as test_bot
+
+    provider = MockProvider()
+    async with botmesh.run(echo, provider, journal=f"file://{tmp_path}/echo") as app:
+        assert await app.handle(Inbound(id="m1", chat_id="42", text="hi")) == Outcome.HANDLED
+    assert [m.text for m in provider.sent] == ["echo: hi"]
+
+    sends = tmp_path / "sends.jsonl"
+    async with botmesh.run(test_bot, FileProvider(str(sends)), journal="memory://") as app:
+        assert await app.handle(Inbound(id="m2", chat_id="42", text="yo")) == Outcome.HANDLED
+    assert '"text": "echo m2: yo"' in sends.read_text()
