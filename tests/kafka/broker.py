@@ -88,7 +88,7 @@ def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
     if len(body) < 6:
         return False
     got_corr, error_code = struct.unpack(">ih", body[:6])
-    return got_corr == correlation and error_code == 0
+    return bool(got_corr == correlation and error_code == 0)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -198,7 +198,7 @@ def _docker_answers() -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import docker
+            import docker  # type: ignore[import-untyped]
 
             client = docker.from_env(timeout=3)
             try:
@@ -339,7 +339,7 @@ def create_topics(
     per-topic config, e.g. ``{"cleanup.policy": "compact"}``.
     """
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import NewTopic
+    from confluent_kafka.cimpl import NewTopic
 
     names = list(names)
     admin = _admin(bootstrap)

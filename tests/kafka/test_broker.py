@@ -46,7 +46,7 @@ def _consumer(bootstrap: str, *topics: str, **kw: object) -> AIOKafkaConsumer:
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

@@ -1,127 +1,35 @@
-"""End-to-end on a real broker: the Faust worker (``botmesh worker``, a subprocess) running
-``examples/recording_bot.py``: receipts and per-chat order, the inbound DLQ, restart from
-committed offsets. Each test has its own topic prefix and worker data dir."""
+"""End-to-end on a real broker: ``botmesh worker`` (a subprocess) running the test bot
+(``tests/kafka/bot.py``) on its file journal: receipts and per-chat order, the inbound DLQ,
+restart from committed offsets. Each test has its own topic prefix and data dir."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import signal
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
+from botmesh import Inbound
 from streams.provision import ensure_topics
-from streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
+from streams.tools import demo_records, end_offsets, produce_inbound
+from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets
-from topics import Catalog, InboundRecord, encode_inbound
+from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, dead_letters
+from topics import Catalog, encode_inbound
 
 pytestmark = pytest.mark.kafka
 
-REPO = Path(__file__).resolve().parents[2]
-PARTITIONS = 4
-WAIT_S = 120.0  # hang guard only: every wait ends as soon as its condition holds
-
-
-class Worker:
-    """``botmesh worker --app examples.recording_bot:bot`` as a subprocess."""
-
-    def __init__(self, bootstrap: str, prefix: str, tmp: Path) -> None:
-        self.bootstrap, self.prefix, self.tmp = bootstrap, prefix, tmp
-        self.record_file = tmp / "handled.txt"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.runs = 0
-
-    def start(self) -> None:
-        self.runs += 1
-        self.log = self.tmp / f"worker{self.runs}.log"
-        env = dict(os.environ, BOTMESH_RECORD_FILE=str(self.record_file), PYTHONUNBUFFERED="1")
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "botmesh",
-                    "worker",
-                    "--app",
-                    "examples.recording_bot:bot",
-                    "--bootstrap",
-                    self.bootstrap,
-                    "--prefix",
-                    self.prefix,
-                    "--data-dir",
-                    str(self.tmp / "data"),
-                    "--partitions",
-                    str(PARTITIONS),
-                    "--loglevel",
-                    "warning",
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            pytest.fail(
-                f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
-            )
-
-    def stop(self) -> int:
-        """SIGTERM (a clean stop: the batch finishes, offsets are committed); the exit status."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                pytest.fail(f"worker ignored SIGTERM for 60 s:\n{self.log.read_text()[-3000:]}")
-        return self.proc.returncode
-
-    def handled(self) -> collections.Counter[str]:
-        if not self.record_file.exists():
-            return collections.Counter()
-        return collections.Counter(self.record_file.read_text().split())
-
 
 @pytest.fixture
-def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
     ensure_topics(kafka_bootstrap, Catalog(topic_prefix).specs(partitions=PARTITIONS))
     w = Worker(kafka_bootstrap, topic_prefix, tmp_path)
     yield w
-    if w.proc is not None and w.proc.poll() is None:
-        w.stop()
-
-
-async def collect(worker: Worker, topic: str, start: dict[int, int], want: set[str]) -> list[Seen]:
-    """Receipts on ``topic`` from ``start`` until every inbound id in ``want`` has one."""
-    seen: list[Seen] = []
-    missing = set(want)
-    receipts = tail_receipts(worker.bootstrap, topic, start=start)
-    deadline = time.monotonic() + WAIT_S
-    try:
-        while missing:
-            task = asyncio.ensure_future(anext(receipts))
-            while not task.done():
-                worker.check_alive()
-                if time.monotonic() > deadline:
-                    task.cancel()
-                    pytest.fail(f"{len(missing)} receipts missing, e.g. {sorted(missing)[:5]}")
-                await asyncio.wait({task}, timeout=0.5)
-            s = task.result()
-            seen.append(s)
-            missing.discard(s.receipt.inbound_id or "")
-    finally:
-        await receipts.aclose()
-    return seen
+    w.close()
 
 
 async def test_receipts_for_1000_messages_keep_per_chat_order(worker: Worker) -> None:
@@ -130,7 +38,7 @@ async def test_receipts_for_1000_messages_keep_per_chat_order(worker: Worker) ->
     records = demo_records(1000, 20, run="a")
     await produce_inbound(worker.bootstrap, cat.inbound, records)
     worker.start()
-    seen = await collect(worker, cat.sent, start, {r.id or "" for r in records})
+    seen = await collect(worker, cat.sent, start, {r.id for r in records})
     assert worker.stop() == 0
 
     assert len(seen) == 1000
@@ -149,28 +57,27 @@ async def test_receipts_for_1000_messages_keep_per_chat_order(worker: Worker) ->
         parts[s.receipt.chat_id].add(s.partition)
     assert all(len(p) == 1 for p in parts.values())
     assert set(worker.handled().values()) == {1}
+    texts = {r.id: r.text for r in records}
+    assert sorted(s["text"] for s in worker.sends()) == sorted(
+        reply_text(i, t) for i, t in texts.items()
+    )
 
 
 async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed(
     worker: Worker,
 ) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
     cat = Catalog(worker.prefix)
     start = await end_offsets(worker.bootstrap, cat.sent)
     good = [
-        InboundRecord(chat_id="c1", id=f"ok-{i}", text="fail" if i == 2 else f"t{i}")
-        for i in range(5)
+        Inbound(chat_id="c1", id=f"ok-{i}", text="fail" if i == 2 else f"t{i}") for i in range(5)
     ]
-    down = InboundRecord(chat_id="c1", id="down-1", text="journal-down")
     bad = [
         (b"{not json", "bad-json"),
         (b'{"v": 1, "text": "no chat"}', "missing-chat-id"),
         (b'{"v": 7, "chat_id": "c1"}', "unknown-version"),
-        (encode_inbound(down), "handle-failed"),
     ]
-    # good0, bad-json, good1, missing-chat-id, good2 (handler raises), unknown-version,
-    # good3, journal-down (bot.handle raises), good4
+    # good0, bad-json, good1, missing-chat-id, good2 (the handler raises), unknown-version,
+    # good3, good4
     values = [
         encode_inbound(good[0]),
         bad[0][0],
@@ -179,7 +86,6 @@ async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed
         encode_inbound(good[2]),
         bad[2][0],
         encode_inbound(good[3]),
-        bad[3][0],
         encode_inbound(good[4]),
     ]
     producer = AIOKafkaProducer(bootstrap_servers=worker.bootstrap, acks="all")
@@ -197,27 +103,17 @@ async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed
     assert [s.receipt.inbound_id for s in seen] == ["ok-0", "ok-1", "ok-3", "ok-4"]
     assert worker.handled() == {f"ok-{i}": 1 for i in range(5)}
 
-    consumer = AIOKafkaConsumer(
-        cat.inbound_dlq, bootstrap_servers=worker.bootstrap, auto_offset_reset="earliest"
+    dead = await dead_letters(
+        worker.bootstrap, cat.inbound_dlq, lambda d: len(d) >= 3, worker.check_alive
     )
-    await consumer.start()
-    try:
-        dead = []
-        deadline = time.monotonic() + WAIT_S
-        while len(dead) < 4 and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            dead += [m for msgs in batch.values() for m in msgs]
-    finally:
-        await consumer.stop()
     assert worker.stop() == 0
-    assert len(dead) == 4
+    assert len(dead) == 3
     dead.sort(key=lambda m: int(dict(m.headers)["source.offset"]))
-    for m, (value, reason), src in zip(dead, bad, [offsets[i] for i in (1, 3, 5, 7)], strict=True):
+    for m, (value, reason), src in zip(dead, bad, [offsets[i] for i in (1, 3, 5)], strict=True):
         h = dict(m.headers)
         assert h["reason"].decode() == reason
         assert h["detail"]
-        if reason == "handle-failed":
-            assert b"ConnectionError: journal unavailable" in h["detail"]
+        assert h["error.class"] == b"BadRecord"
         assert h["source.topic"].decode() == cat.inbound
         assert (int(h["source.partition"]), int(h["source.offset"])) == src
         assert m.value == value and m.key == b"c1"
@@ -229,7 +125,7 @@ async def test_restart_continues_from_committed_offsets(worker: Worker) -> None:
     first = demo_records(300, 10, run="r1")
     await produce_inbound(worker.bootstrap, cat.inbound, first)
     worker.start()
-    await collect(worker, cat.sent, start, {r.id or "" for r in first})
+    await collect(worker, cat.sent, start, {r.id for r in first})
     # wait until the group committed everything (Faust commits every 2.8 s), then stop
     ends = await end_offsets(worker.bootstrap, cat.inbound)
     deadline = time.monotonic() + WAIT_S
@@ -247,7 +143,7 @@ async def test_restart_continues_from_committed_offsets(worker: Worker) -> None:
     second = demo_records(300, 10, run="r2")
     await produce_inbound(worker.bootstrap, cat.inbound, second)
     worker.start()
-    seen = await collect(worker, cat.sent, start, {r.id or "" for r in first + second})
+    seen = await collect(worker, cat.sent, start, {r.id for r in first + second})
     assert worker.stop() == 0
 
     handled = worker.handled()

@@ -1,0 +1,87 @@
+"""The bot of the Kafka end-to-end tests and its provider, run by a real worker process:
+
+    botmesh worker --app tests.kafka.bot:bot --provider tests.kafka.bot:provider
+
+The handler appends ``<inbound id>`` to ``$BOTMESH_TEST_HANDLED`` on every run and replies
+``echo <inbound id>: <text>`` (one send per inbound, key ``<inbound id>:1``); a message whose
+text is ``fail`` makes it raise after recording the run (the runtime reports it and the
+inbound counts as handled, with no send). The provider appends one JSON line per accepted
+send to ``$BOTMESH_TEST_SENDS`` before it returns, so a test, a separate process, sees
+every provider call, including one whose result the worker never recorded (it was killed).
+
+The inbox policy comes from the environment so a test can make a journal outage short or
+long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
+milliseconds, default 200; the cap is 4 x the base, no jitter).
+
+The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
+one process unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+from botmesh import Bot, Context, Outbound, SendResult
+
+__all__ = ["FileProvider", "bot", "provider", "reply_text"]
+
+
+def _policy() -> dict[str, object]:
+    attempts = int(os.environ.get("BOTMESH_TEST_INBOX_ATTEMPTS", "5"))
+    base_ms = float(os.environ.get("BOTMESH_TEST_INBOX_BACKOFF_MS", "200"))
+    backoff = {"base": base_ms, "cap": base_ms * 4, "jitter": 0}
+    return {"inbox": {"max_attempts": attempts, "backoff": backoff}}
+
+
+bot = Bot("kafka-test", durability=_policy())
+
+
+def reply_text(inbound_id: str, text: str | None) -> str:
+    """What the handler sends for one inbound (unique per inbound, so a send is traceable)."""
+    return f"echo {inbound_id}: {text}"
+
+
+def _append(path: str, line: str) -> None:
+    """One unbuffered append: on disk (in the page cache) before the caller goes on, so a
+    SIGKILL right after it cannot lose it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+@bot.on_message
+async def echo(ctx: Context) -> None:
+    handled = os.environ.get("BOTMESH_TEST_HANDLED", "")
+    if handled:
+        _append(handled, ctx.inbound_id)
+    if ctx.text == "fail":
+        raise RuntimeError("the handler failed on purpose")
+    await ctx.reply(reply_text(ctx.inbound_id, ctx.text))
+
+
+class FileProvider:
+    """Accepts every send and appends ``{"chat_id", "text", "message_id"}`` to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.name = "file"
+        self.text_limit: int | None = None
+        self.path = path
+        self._ids = itertools.count(1)
+
+    async def send(self, message: Outbound) -> SendResult:
+        mid = f"file-{os.getpid()}-{next(self._ids)}"
+        line = {"chat_id": message.chat_id, "text": message.text, "message_id": mid}
+        _append(self.path, json.dumps(line))
+        return SendResult(mid)
+
+
+def provider() -> FileProvider:
+    """The worker's ``--provider tests.kafka.bot:provider`` (a zero-argument factory)."""
+    path = os.environ.get("BOTMESH_TEST_SENDS", "")
+    if not path:
+        raise RuntimeError("set BOTMESH_TEST_SENDS to the file that records the sends")
+    return FileProvider(path)
