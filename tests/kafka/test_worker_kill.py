@@ -1,0 +1,154 @@
+"""SIGKILL of a real worker while it handles a stream, on a real broker; then the receipts
+topic is checked against the worker's own file journal.
+
+The worker (the test bot, its file journal in the data dir, append log) is killed with
+SIGKILL several times while messages keep arriving, restarted each time, left to finish and
+stopped cleanly. Then, with the worker gone, the test opens its journal
+(``state.backends.file.open_file_kv``) and reads ``<prefix>.sent`` and the provider's file:
+
+- every settled send of the journal (``sent``, ``dead``, ``unknown``) has at least one
+  receipt with its key and its state, and every receipt names a send of the journal;
+- no send reached the provider twice (``on_ambiguous="skip"``: at most once), every
+  provider call is a send the journal knows, and every ``sent`` send was one provider call
+  whose message id the journal recorded;
+- every inbound is done in the journal (or dead and in the inbound DLQ), and nothing is left
+  pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from botmesh.journal import OutboxState, open_file_kv
+from streams.provision import ensure_topics
+from streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
+from tests.kafka.bot import bot
+from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, read_all
+from topics import Catalog, decode_inbound, decode_receipt
+
+pytestmark = [pytest.mark.kafka, pytest.mark.crash]
+
+
+async def dead_lettered(bootstrap: str, topic: str) -> set[str]:
+    """The inbound ids on the inbound DLQ."""
+    return {decode_inbound(m.value).id for m in await read_all(bootstrap, topic)}
+
+
+MESSAGES = 1500
+CHATS = 30
+KILLS = 4
+SETTLED = {OutboxState.SENT, OutboxState.DEAD, OutboxState.UNKNOWN}
+_REPLY = re.compile(r"^echo (?P<id>\S+): ")
+
+
+async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
+    records = demo_records(MESSAGES, CHATS, run="k")
+    ids = {r.id for r in records}
+    rng = random.Random(20260207)
+
+    start = await end_offsets(kafka_bootstrap, cat.sent)
+    seen: list[Seen] = []
+    answered: set[str] = set()
+
+    async def watch() -> None:
+        async for s in tail_receipts(kafka_bootstrap, cat.sent, start=start):
+            seen.append(s)
+            answered.add(s.receipt.inbound_id or "")
+
+    async def stream() -> None:  # the traffic keeps coming while the worker dies
+        for i in range(0, MESSAGES, 100):
+            await produce_inbound(kafka_bootstrap, cat.inbound, records[i : i + 100])
+            await asyncio.sleep(0.05)
+
+    async def until(done: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while len(answered & ids) < done:
+            worker.check_alive()
+            assert time.monotonic() < deadline, f"{len(answered & ids)}/{done} answered"
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.ensure_future(watch())
+    producing = asyncio.ensure_future(stream())
+    worker.start()
+    try:
+        for k in range(KILLS):
+            await until((k + 1) * MESSAGES // (KILLS + 2))
+            await asyncio.sleep(rng.uniform(0.0, 0.3))  # a different moment each time
+            worker.kill()
+            worker.start()
+        await producing
+        # the end: every inbound answered (sent or unknown), or dead-lettered
+        deadline = time.monotonic() + WAIT_S
+        while ids - answered - await dead_lettered(kafka_bootstrap, cat.inbound_dlq):
+            worker.check_alive()
+            assert time.monotonic() < deadline, f"unanswered: {sorted(ids - answered)[:5]}"
+            await asyncio.sleep(0.5)
+        assert worker.stop() == 0
+    finally:
+        watcher.cancel()
+        producing.cancel()
+        worker.close()
+
+    # -- the evidence, read after the worker exited ----------------------------------------
+    receipts = [decode_receipt(m.value) for m in await read_all(kafka_bootstrap, cat.sent)]
+    dlq = await read_all(kafka_bootstrap, cat.inbound_dlq)
+    kv = await open_file_kv(worker.data_dir / "journal", append_log=True)
+    try:
+        inbox = {e.value["id"]: e.value for e in await kv.scan(f"{bot.scope}/in/")}
+        outbox = {e.value["key"]: e.value for e in await kv.scan(f"{bot.scope}/out/")}
+    finally:
+        await kv.close()
+    calls = worker.sends()
+
+    # every inbound done, or dead in the journal and in the DLQ; nothing left pending
+    states = collections.Counter(v["state"] for v in inbox.values())
+    assert set(inbox) == ids
+    assert set(states) <= {"done", "dead"}, states
+    dead_ids = {i for i, v in inbox.items() if v["state"] == "dead"}
+    assert dead_ids <= {decode_inbound(m.value).id for m in dlq}
+    assert {v["state"] for v in outbox.values()} <= SETTLED, collections.Counter(
+        v["state"] for v in outbox.values()
+    )
+
+    # every settled send has a receipt with its key and its state; no receipt from nowhere
+    by_key: dict[str, set[str]] = collections.defaultdict(set)
+    for r in receipts:
+        by_key[r.key].add(r.state)
+    missing = [
+        (key, v["state"]) for key, v in outbox.items() if v["state"] not in by_key.get(key, ())
+    ]
+    assert missing == [], f"{len(missing)} settled sends without their receipt: {missing[:5]}"
+    assert set(by_key) <= set(outbox)
+    assert all(v.get("published") is not False for v in outbox.values())
+
+    # the provider: each send at most once, each call a send the journal knows
+    texts = collections.Counter(c["text"] for c in calls)
+    assert [t for t, n in texts.items() if n > 1] == [], "a send reached the provider twice"
+    for call in calls:
+        match = _REPLY.match(call["text"])
+        assert match is not None, call
+        record = outbox.get(f"{match['id']}:1")
+        assert record is not None, f"a provider call the journal does not know: {call}"
+        assert record["state"] in (OutboxState.SENT, OutboxState.UNKNOWN), record
+    called = {c["message_id"] for c in calls}
+    for key, v in outbox.items():
+        if v["state"] == OutboxState.SENT:
+            assert v["message_id"] in called, f"{key} is sent but the provider never saw it"
+    unknown = [k for k, v in outbox.items() if v["state"] == OutboxState.UNKNOWN]
+    print(
+        f"\n{KILLS} kills: {len(calls)} provider calls, {len(outbox)} sends "
+        f"({len(unknown)} unknown), {len(receipts)} receipts for {len(by_key)} keys, "
+        f"inbox {dict(states)}, {len(dlq)} dead letters"
+    )
