@@ -1,6 +1,8 @@
 # botmesh worker image: `docker build -t botmesh .`
-# Runs the example echo bot; override the command for your own bot:
-#   docker run -e KAFKA_BOOTSTRAP_SERVERS=kafka:9092 botmesh botmesh worker --app mybot:bot
+# Runs the example echo bot; override the command for your own bot and provider:
+#   docker run -e KAFKA_BOOTSTRAP_SERVERS=kafka:9092 botmesh \
+#       botmesh worker --app mybot:bot --provider mychannel:provider
+# The journal is a file in the data volume (BOTMESH_DATA_DIR/journal): keep the volume.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \

@@ -1,6 +1,7 @@
 """docker-compose.yml and the Dockerfile cannot run here (no Docker engine), so these tests
 keep them in step with the code: the same Kafka release, the environment the worker reads,
-an app that loads, every package copied into the image."""
+an app that loads, every package copied into the image, a journal that survives the
+container (in its volume)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
-from botmesh.cli import load_app
-from streams.worker import WorkerConfig
+from botmesh._cli import load_app
+from streams.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +42,10 @@ def test_compose_kafka_is_the_release_we_test() -> None:
 
 def test_compose_worker_environment_is_what_the_worker_reads() -> None:
     env = {k: str(v) for k, v in compose()["services"]["worker"]["environment"].items()}
-    source = (ROOT / "streams/worker.py").read_text() + (ROOT / "topics/catalog.py").read_text()
+    source = "".join(
+        (ROOT / f).read_text()
+        for f in ("streams/config.py", "topics/catalog.py", "botmesh/_cli.py")
+    )
     for name in env:
         assert f'"{name}"' in source, f"{name} is set in docker-compose.yml but never read"
     config = WorkerConfig.from_env(env)
@@ -49,13 +53,26 @@ def test_compose_worker_environment_is_what_the_worker_reads() -> None:
     assert config.prefix == env["BOTMESH_TOPIC_PREFIX"]
     assert str(config.data_dir) == env["BOTMESH_DATA_DIR"]
     assert config.partitions == int(env["BOTMESH_PARTITIONS"])
+    assert config.instance_id == env["BOTMESH_INSTANCE_ID"]
+
+
+def test_the_worker_journal_lives_in_the_data_volume() -> None:
+    worker = compose()["services"]["worker"]
+    data_dir = str(worker["environment"]["BOTMESH_DATA_DIR"])
+    assert f"worker-data:{data_dir}" in worker["volumes"]
+    assert "BOTMESH_JOURNAL" not in worker["environment"]  # the default: in the data dir
+    config = WorkerConfig.from_env({k: str(v) for k, v in worker["environment"].items()})
+    assert config.journal_url == f"file://{data_dir}/journal?append_log=true"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"BOTMESH_DATA_DIR={data_dir}" in dockerfile
+    assert f'VOLUME ["{data_dir}"]' in dockerfile
 
 
 def test_worker_command_loads_and_matches_the_image() -> None:
     command = compose()["services"]["worker"]["command"]
     assert command[:2] == ["botmesh", "worker"]
     app = command[command.index("--app") + 1]
-    assert hasattr(load_app(app), "handle")
+    assert hasattr(load_app(app), "bind")
     dockerfile = (ROOT / "Dockerfile").read_text()
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
     assert cmd is not None and yaml.safe_load(cmd.group(1)) == command

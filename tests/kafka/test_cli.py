@@ -1,4 +1,5 @@
-"""The ``botmesh`` command line against a real broker, and ``--app`` errors (no broker)."""
+"""The ``botmesh`` command line against a real broker, and the worker's refusals of a bad
+``--app``, ``--provider`` or ``--journal`` (no broker needed: they come first)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from botmesh.demo import worker_command
+from examples.demo import worker_command
 from topics import Catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,13 +35,37 @@ def botmesh(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("examples.echo_bot", "expected 'module:attribute'"),
         ("examples.no_such_bot:bot", "cannot import module 'examples.no_such_bot'"),
         ("examples.echo_bot:bott", "has no attribute 'bott'"),
-        ("examples.echo_bot:os", "is a module, not a bot"),
+        ("examples.echo_bot:echo", "is a function, not a bot"),
     ],
 )
 def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> None:
     out = botmesh("worker", "--app", app)
     assert out.returncode == 2
     assert words in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (["--provider", "telegram"], {}, "--provider 'telegram': expected one of console, mock"),
+        (["--provider", "examples.echo_bot:bot"], {}, "gave a Bot, not a provider"),
+        (["--provider", "examples.nope:p"], {}, "cannot import module 'examples.nope'"),
+        (["--provider", "tests.kafka.bot:provider"], {}, "set BOTMESH_TEST_SENDS"),
+        ([], {"BOTMESH_PROVIDER": "smtp"}, "BOTMESH_PROVIDER 'smtp': expected one of"),
+        (["--journal", "memory://"], {}, "argument --journal: --journal 'memory://': the memory"),
+        (["--journal", "none"], {}, "never runs without a journal"),
+        (["--journal", "redis://x"], {}, "unknown journal scheme 'redis://'"),
+        (["--journal", "file://relative/j"], {}, "not a file journal URL"),
+        ([], {"BOTMESH_JOURNAL": "memory://"}, "BOTMESH_JOURNAL 'memory://': the memory"),
+    ],
+)
+def test_the_worker_refuses_a_bad_provider_or_journal_naming_it(
+    args: list[str], env: dict[str, str], words: str
+) -> None:
+    out = botmesh("worker", "--app", "examples.echo_bot:bot", *args, env=env)
+    assert out.returncode == 2, out.stderr
+    assert words in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -85,7 +110,7 @@ def test_produce_and_receipts_through_a_worker(
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "BOTMESH_TOPIC_PREFIX": topic_prefix,
-        "BOTMESH_ECHO_QUIET": "1",
+        "BOTMESH_CONSOLE_QUIET": "1",
     }
     assert botmesh("topics", "create", "--partitions", "2", env=env).returncode == 0
     produced = botmesh("produce", "-n", "30", "--chats", "3", "--run", "cli", env=env)
