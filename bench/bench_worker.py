@@ -1,15 +1,17 @@
-"""Faust worker path vs a bare aiokafka consume→produce loop, same broker, same 10k records.
+"""The durable worker path vs a bare aiokafka consume→produce loop, same broker, same records.
 
     .venv/bin/python bench/bench_worker.py [-n 10000] [--batch-size 500]
 
 Both run as a subprocess consuming one 4-partition input topic (records of ~200 B keyed by
-chat id) and producing one record per input (acks=all): the bare loop copies each record to an
-output topic (getmany → send → commit); the worker is ``botmesh worker --app
-examples.echo_bot:bot`` (decode, ``bot.handle``, echo reply through the console provider,
-receipt). Each side is warmed up (one record through it) before the clock starts; the clock
-runs from the first produced record to the last output record seen. Prints the rates and the
-ratio worker / bare. Broker: ``KAFKA_BOOTSTRAP_SERVERS``, else the local Kafka (started and
-stopped here if it is not running).
+chat id, 50 chats) and producing one record per input (acks=all): the bare loop copies each
+record to an output topic (getmany → send → commit); the worker is ``botmesh worker --app
+examples.echo_bot:bot`` on its default journal, a file journal with an append log and fsync
+in its data dir (decode, inbound journaled, handler, send journaled before the console
+provider is called and recorded after, receipt journaled, produced and marked published,
+inbound marked done). Each side is warmed up (one record through it) before the clock
+starts; the clock runs from the first produced record to the last output record seen.
+Prints the rates and the ratio worker / bare. Broker: ``KAFKA_BOOTSTRAP_SERVERS``, else the
+local Kafka (started and stopped here if it is not running).
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from botmesh.demo import stop_process as stop  # noqa: E402
-from botmesh.demo import worker_command  # noqa: E402
+from examples.demo import stop_process as stop  # noqa: E402
+from examples.demo import worker_command  # noqa: E402
+from state.messages import Inbound  # noqa: E402
+from streams.config import default_journal  # noqa: E402
 from streams.provision import ensure_topics  # noqa: E402
 from streams.tools import end_offsets  # noqa: E402
-from topics import Catalog, InboundRecord, chat_key, encode_inbound  # noqa: E402
+from topics import Catalog, chat_key, encode_inbound  # noqa: E402
 
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 PARTITIONS = 4
@@ -44,10 +48,10 @@ def records(n: int, run: str, chats: int = 50) -> list[tuple[bytes, bytes]]:
     out = []
     for i in range(n):
         chat = f"{run}-chat-{i % chats}"
-        rec = InboundRecord(chat_id=chat, id=f"{run}-{i}", text="x", sender="bench", channel="b")
+        rec = Inbound(chat_id=chat, id=f"{run}-{i}", text="x", sender="bench", channel="b")
         raw = encode_inbound(rec)
         pad = max(0, 200 - len(raw))
-        rec = InboundRecord(
+        rec = Inbound(
             chat_id=chat, id=f"{run}-{i}", text="x" * (1 + pad), sender="bench", channel="b"
         )
         out.append((chat_key(chat), encode_inbound(rec)))
@@ -196,7 +200,10 @@ def main() -> int:
                     "warning",
                 ),
                 cwd=REPO,
-                env=dict(os.environ, BOTMESH_ECHO_QUIET="1"),
+                env={
+                    **{k: v for k, v in os.environ.items() if k != "BOTMESH_JOURNAL"},
+                    "BOTMESH_CONSOLE_QUIET": "1",
+                },
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -209,7 +216,7 @@ def main() -> int:
         print(f"records: {args.n} x ~200 B, {PARTITIONS} partitions, broker {bootstrap}")
         print(f"bare aiokafka consume->produce loop: {bare_rate:8.0f} records/s")
         print(
-            f"faust worker (batch {args.batch_size}, bot.handle + receipt): "
+            f"durable worker (batch {args.batch_size}, journal {default_journal(tmp / 'data')}): "
             f"{faust_rate:8.0f} records/s"
         )
         print(f"ratio worker / bare: {faust_rate / bare_rate:.2f}")
