@@ -19,7 +19,9 @@ batch, ``faust-durable-flush.md`` 5.1): a batch that cannot be settled (a retry 
 batch deadline, a stop while records wait for a retry, a dead letter the broker refused,
 a cancel in the middle of a batch) makes the process exit at once without acking
 (``os._exit``: status 75 for an abandoned batch, 70 otherwise); the broker redelivers the
-batch and the journal answers what was settled already as duplicates.
+batch and the journal answers what was settled already as duplicates. A journal that cannot
+be opened at start (a missing folder, another process holding it, a corrupt file) stops the
+worker with its message and status 2.
 
 Group membership: with an explicit instance id (``--instance-id`` / ``BOTMESH_INSTANCE_ID``)
 the consumer is a static member (``group.instance.id``): a restarted worker gets its
@@ -43,6 +45,7 @@ from typing import Any, NoReturn
 
 import faust
 
+from state.errors import ConfigError, DurabilityError
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
 from streams.provision import ensure_topics
@@ -61,6 +64,7 @@ __all__ = ["build_app", "run_worker"]
 
 log = logging.getLogger("botmesh.streams")
 
+EXIT_CONFIG = 2  # as the CLI's refusals: the journal cannot be opened (missing, locked...)
 EXIT_ABANDONED = 75  # EX_TEMPFAIL: try again later
 EXIT_SOFTWARE = 70
 
@@ -77,7 +81,13 @@ class _BotApp(faust.App):
     async def on_start(self) -> None:
         await super().on_start()
         if self.botmesh_runtime is not None and not self._runtime_started:
-            await self.botmesh_runtime.start()
+            try:
+                await self.botmesh_runtime.start()
+            except (DurabilityError, ConfigError) as exc:  # the operator's to fix: no traceback
+                print(
+                    f"botmesh worker: cannot start the bot on its journal: {exc}", file=sys.stderr
+                )
+                _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_CONFIG)
             self._runtime_started = True
             log.info("runtime started: %s", self.botmesh_about)
 

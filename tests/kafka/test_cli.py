@@ -141,6 +141,27 @@ def test_produce_and_receipts_through_a_worker(
     assert proc.returncode == 0
 
 
+@pytest.mark.kafka
+def test_a_journal_the_worker_cannot_open_stops_it_with_the_reason(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "BOTMESH_TOPIC_PREFIX": topic_prefix}
+    missing = tmp_path / "missing" / "journal"
+    out = botmesh(
+        "worker",
+        "--app",
+        "examples.echo_bot:bot",
+        "--journal",
+        f"file://{missing}",
+        "--data-dir",
+        str(tmp_path / "data"),
+        env=env,
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"the folder of the journal {missing} does not exist; create it first" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def _free_port() -> int:
     import socket
 

@@ -201,3 +201,27 @@ async def test_a_journal_down_past_the_inbox_budget_dead_letters_and_the_worker_
         reply_text("warm", "hi"),
         reply_text("after", "x"),
     ]
+
+
+async def test_a_stop_while_a_record_waits_for_the_journal_acks_nothing_and_the_next_run_handles_it(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, journal: Outage
+) -> None:
+    worker = make_worker(kafka_bootstrap, topic_prefix, tmp_path, journal, attempts=100_000)
+    cat = Catalog(topic_prefix)
+    worker.start()
+    try:
+        await warm_up(worker, cat)
+        start = await end_offsets(kafka_bootstrap, cat.sent)
+        journal.begin()
+        await produce(kafka_bootstrap, cat.inbound, [Inbound(id="s-1", chat_id="a", text="x")])
+        wait_line(worker, "inbound s-1 at ", "failed (attempt 2)")
+        # SIGTERM: the batch cannot be settled, so the worker leaves without acking it
+        assert worker.stop() == 75
+        assert [line for line in worker.lines() if "exiting without acking" in line]
+        journal.end()
+        worker.start()
+        await collect(worker, cat.sent, start, {"s-1"})
+        assert worker.stop() == 0
+    finally:
+        worker.close()
+    assert worker.handled() == {"warm": 1, "s-1": 1}
