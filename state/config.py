@@ -85,6 +85,16 @@ class InboxConfig:
         """The decision for failures before the handlers (a journal outage, say)."""
         return self.backoff.retries(self.max_attempts, Reason.ATTEMPTS_EXHAUSTED)
 
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> InboxConfig:
+        _known(raw, "inbox", ("lease", "max_attempts", "backoff", "media_refs"))
+        return cls(
+            lease=parse_duration(raw.get("lease", "60s"), "inbox.lease"),
+            max_attempts=_int(raw.get("max_attempts", 5), "inbox.max_attempts"),
+            backoff=BackoffConfig.from_value(raw.get("backoff", {}), "inbox.backoff"),
+            media_refs=_bool(raw.get("media_refs", True), "inbox.media_refs"),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxConfig:
@@ -116,6 +126,27 @@ class OutboxConfig:
     def retry_policy(self) -> Retries:
         """The one retry decision of a send, inline and in the background."""
         return self.backoff.retries(self.retries + 1, Reason.RETRIES_EXHAUSTED)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], inbox_backoff: BackoffConfig) -> OutboxConfig:
+        """The ``outbox`` options; ``backoff`` defaults to the inbox's."""
+        _known(raw, "outbox", tuple(f.name for f in dataclasses.fields(cls)))
+        return cls(
+            retries=_int(raw.get("retries", 5), "outbox.retries"),
+            backoff=(
+                BackoffConfig.from_value(raw["backoff"], "outbox.backoff")
+                if "backoff" in raw
+                else inbox_backoff
+            ),
+            inline_max=parse_duration(raw.get("inline_max", "15s"), "outbox.inline_max"),
+            on_ambiguous=raw.get("on_ambiguous", "skip"),
+            on_diverged=raw.get("on_diverged", "send"),
+            max_payload_bytes=_int(
+                raw.get("max_payload_bytes", 1024 * 1024), "outbox.max_payload_bytes"
+            ),
+            lease=parse_duration(raw.get("lease", "60s"), "outbox.lease"),
+            keep_chat_order=_bool(raw.get("keep_chat_order", True), "outbox.keep_chat_order"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,49 +205,8 @@ class DurabilityConfig:
                     f"botmesh.run(bot, provider, {arg}=...) or `botmesh worker {flag} ...`",
                 )
         _known(raw, "", ("fail_open", "inbox", "outbox", "poll", "retention"))
-        inbox_raw = _mapping(raw.get("inbox", {}), "inbox")
-        outbox_raw = _mapping(raw.get("outbox", {}), "outbox")
-        _known(inbox_raw, "inbox", ("lease", "max_attempts", "backoff", "media_refs"))
-        _known(
-            outbox_raw,
-            "outbox",
-            (
-                "retries",
-                "backoff",
-                "inline_max",
-                "on_ambiguous",
-                "on_diverged",
-                "max_payload_bytes",
-                "lease",
-                "keep_chat_order",
-            ),
-        )
-        inbox_backoff = BackoffConfig.from_value(inbox_raw.get("backoff", {}), "inbox.backoff")
-        outbox_backoff = (
-            BackoffConfig.from_value(outbox_raw["backoff"], "outbox.backoff")
-            if "backoff" in outbox_raw
-            else inbox_backoff
-        )
-        inbox = InboxConfig(
-            lease=parse_duration(inbox_raw.get("lease", "60s"), "inbox.lease"),
-            max_attempts=_int(inbox_raw.get("max_attempts", 5), "inbox.max_attempts"),
-            backoff=inbox_backoff,
-            media_refs=_bool(inbox_raw.get("media_refs", True), "inbox.media_refs"),
-        )
-        outbox = OutboxConfig(
-            retries=_int(outbox_raw.get("retries", 5), "outbox.retries"),
-            backoff=outbox_backoff,
-            inline_max=parse_duration(outbox_raw.get("inline_max", "15s"), "outbox.inline_max"),
-            on_ambiguous=outbox_raw.get("on_ambiguous", "skip"),
-            on_diverged=outbox_raw.get("on_diverged", "send"),
-            max_payload_bytes=_int(
-                outbox_raw.get("max_payload_bytes", 1024 * 1024), "outbox.max_payload_bytes"
-            ),
-            lease=parse_duration(outbox_raw.get("lease", "60s"), "outbox.lease"),
-            keep_chat_order=_bool(
-                outbox_raw.get("keep_chat_order", True), "outbox.keep_chat_order"
-            ),
-        )
+        inbox = InboxConfig.from_mapping(_mapping(raw.get("inbox", {}), "inbox"))
+        outbox = OutboxConfig.from_mapping(_mapping(raw.get("outbox", {}), "outbox"), inbox.backoff)
         return cls(
             fail_open=_bool(raw.get("fail_open", False), "fail_open"),
             inbox=inbox,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from state.backoff import GiveUp
 from state.errors import FencedError, Reason, SendDeferredError, VersionConflictError
 from state.events import AmbiguousEvent, DeadEvent, SentEvent
-from state.kv import Entry, Put
+from state.kv import Entry, Put, handover
 from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
 from state.outbox import new_values, part_payloads
@@ -48,6 +48,23 @@ _SETTLE_LABEL = {
     OutboxState.DEAD: Write.OUTBOX_MARK_DEAD,
     OutboxState.UNKNOWN: Write.OUTBOX_MARK_UNKNOWN,
 }
+
+
+def _closed(value: Json, now: float, state: OutboxState, **changes: Any) -> Json:
+    """A send's record in a settled ``state``: no longer in flight, no longer leased."""
+    return revise(value, now, state=state, inflight=None, lease=None, **changes)
+
+
+def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
+    """The error of a part that shares the fate of an earlier part, dead or unknown."""
+    dead = state == OutboxState.DEAD
+    what = "is dead" if dead else "has an unknown outcome"
+    return encode_error(
+        "PreviousPartDead" if dead else "PreviousPartUnknown",
+        f"an earlier part ({previous}) {what}" + (f": {cause}" if cause else ""),
+        retryable=not dead,
+        reason=Reason.PREVIOUS_PART_DEAD if dead else Reason.PREVIOUS_PART_UNKNOWN,
+    )
 
 
 class Delivery:
@@ -158,12 +175,7 @@ class Delivery:
 
     async def _cascade(self, helds: list[Held], previous: str, exc: BaseException) -> None:
         for held in helds:
-            error = encode_error(
-                "PreviousPartDead",
-                f"an earlier part ({previous}) is dead: {exc}",
-                retryable=False,
-                reason=Reason.PREVIOUS_PART_DEAD,
-            )
+            error = _fate_of(previous, OutboxState.DEAD, exc)
             try:
                 await self.dead(held, error, background=False)
             except FencedError:
@@ -173,15 +185,7 @@ class Delivery:
 
     async def sent(self, held: Held, message_id: str, *, background: bool) -> Receipt:
         now = self._e.clock.now()
-        value = revise(
-            held.value,
-            now,
-            state=OutboxState.SENT,
-            message_id=message_id,
-            inflight=None,
-            lease=None,
-            error=None,
-        )
+        value = _closed(held.value, now, OutboxState.SENT, message_id=message_id, error=None)
         receipt = await self._settle(held, value, now, background=background)
         assert receipt is not None  # a holder's write lands or raises FencedError
         return receipt
@@ -190,9 +194,7 @@ class Delivery:
         """The one dead-letter path of a send (held, or read by the sweeper)."""
         e = self._e
         now = e.clock.now()
-        value = revise(
-            target.value, now, state=OutboxState.DEAD, inflight=None, lease=None, error=error
-        )
+        value = _closed(target.value, now, OutboxState.DEAD, error=error)
         if await self._settle(target, value, now, background=background) is None:
             return False
         e.metrics.outbox_dead += 1
@@ -203,19 +205,19 @@ class Delivery:
     async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
         e = self._e
         taken = e.leases.claimed(entry.value, now, self._lease)
-        value = revise(
-            taken, now, state=OutboxState.UNKNOWN, inflight=None, lease=None, error=error
-        )
-        if ambiguous:
-            value["ambiguous"] = True
+        value = _closed(taken, now, OutboxState.UNKNOWN, error=error, ambiguous=ambiguous or None)
         if await self._settle(entry, value, now, background=True) is None:
             return 0
         if ambiguous:
-            e.metrics.outbox_ambiguous += 1
-            log.warning("send %s is ambiguous after a crash: marked unknown", value["key"])
-            chat = value["payload"]["chat_id"]
-            await e.emit(AmbiguousEvent(value["key"], chat, resent=False))
+            await self._ambiguous(value, resent=False)
         return 1
+
+    async def _ambiguous(self, value: Json, *, resent: bool) -> None:
+        e = self._e
+        e.metrics.outbox_ambiguous += 1
+        what = "sending it again" if resent else "marked unknown"
+        log.warning("send %s is ambiguous after a crash: %s", value["key"], what)
+        await e.emit(AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent))
 
     async def _settle(
         self, target: Held | Entry, value: Json, now: float, *, background: bool
@@ -297,20 +299,10 @@ class Delivery:
             prev = await e.kv.get(e.out_prefix + previous)
             state = prev.value.get("state") if prev is not None else None
             if state == OutboxState.DEAD:
-                error = encode_error(
-                    "PreviousPartDead",
-                    f"an earlier part ({previous}) is dead",
-                    retryable=False,
-                    reason=Reason.PREVIOUS_PART_DEAD,
-                )
+                error = _fate_of(previous, OutboxState.DEAD)
                 return int(await self.dead(entry, error, background=True))
             if state == OutboxState.UNKNOWN:
-                error = encode_error(
-                    "PreviousPartUnknown",
-                    f"the outcome of an earlier part ({previous}) is unknown",
-                    retryable=True,
-                    reason=Reason.PREVIOUS_PART_UNKNOWN,
-                )
+                error = _fate_of(previous, OutboxState.UNKNOWN)
                 return await self._unknown(entry, now, error, ambiguous=False)
             if prev is not None and state != OutboxState.SENT:
                 await self._wait(entry, prev, now)
@@ -335,16 +327,13 @@ class Delivery:
         due = now + self._lease
         try:
             versions = await e.kv.commit(
-                [Put(entry.key, claimed, expect=entry.version, due=due, handover=True), *extra],
+                [handover(entry.key, claimed, expect=entry.version, due=due), *extra],
                 label=Write.OUTBOX_CLAIM,
             )
         except VersionConflictError:
             return 0
         if resend:
-            e.metrics.outbox_ambiguous += 1
-            log.warning("send %s is ambiguous after a crash: sending it again", claimed["key"])
-            chat = claimed["payload"]["chat_id"]
-            await e.emit(AmbiguousEvent(claimed["key"], chat, resent=True))
+            await self._ambiguous(claimed, resent=True)
         elif claimed["attempts"] > 1:
             e.metrics.outbox_retried += 1
         held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
@@ -402,7 +391,7 @@ class Delivery:
         rest[0]["previous_part"] = value["key"]
         existing = await e.kv.get_many([e.out_prefix + v["key"] for v in rest])
         extra = [
-            Put(e.out_prefix + v["key"], v, expect=0, due=now, handover=True)
+            handover(e.out_prefix + v["key"], v, expect=0, due=now)
             for v in rest
             if e.out_prefix + v["key"] not in existing
         ]

@@ -100,10 +100,8 @@ class Engine:
         # The runtime's entry points, bound once (no pass-through call on the hot path):
         #: Journal an inbound, run its handlers, mark it done -> ``Outcome`` (``Inbox.handle``).
         self.handle = self.inbox.handle
-        #: Journal a send and deliver it now -> ``Receipt`` (``Outbox.send``).
-        self.send = self.outbox.send
-        #: Journal a send for the sweeper -> its key (``Outbox.enqueue``).
-        self.enqueue = self.outbox.enqueue
+        #: Journal a send, inline or for the sweeper -> ``Receipt`` (``Outbox.submit``).
+        self.submit = self.outbox.submit
         #: Deliver an event to the bot's listeners (never raises).
         self.emit = hooks.emit
 

@@ -30,7 +30,7 @@ from state.errors import (
     VersionConflictError,
 )
 from state.events import DeadEvent, ErrorEvent
-from state.kv import Entry, Put
+from state.kv import Entry, handover
 from state.lease import Held
 from state.messages import Inbound
 from state.records import (
@@ -131,7 +131,7 @@ class Inbox:
         value = new_value(encoded, now, e.leases.lease(now, self._lease))
         try:
             [version] = await e.kv.commit(
-                [Put(key, value, expect=0, due=now + self._lease, handover=True)],
+                [handover(key, value, expect=0, due=now + self._lease)],
                 label=Write.INBOX_JOURNAL,
             )
         except VersionConflictError:
@@ -217,15 +217,7 @@ class Inbox:
         claimed.update(attempts=attempts + 1, state=InboxState.PENDING)
         try:
             [version] = await e.kv.commit(
-                [
-                    Put(
-                        entry.key,
-                        claimed,
-                        expect=entry.version,
-                        due=now + self._lease,
-                        handover=True,
-                    )
-                ],
+                [handover(entry.key, claimed, expect=entry.version, due=now + self._lease)],
                 label=Write.INBOX_CLAIM,
             )
         except VersionConflictError:

@@ -52,6 +52,7 @@ __all__ = [
     "Op",
     "Put",
     "apply_ops",
+    "handover",
 ]
 
 IndexName = Literal["due", "purge"]
@@ -87,6 +88,17 @@ class Put:
     due: float | None = None
     purge: float | None = None
     handover: bool = False
+
+
+def handover(
+    key: str,
+    value: JsonObject,
+    expect: int | None,
+    due: float | None = None,
+    purge: float | None = None,
+) -> Put:
+    """A ``Put`` that hands ``value`` over to the store (see ``Put.handover``)."""
+    return Put(key, value, expect, due, purge, True)
 
 
 @dataclass(frozen=True, slots=True)

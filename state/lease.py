@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from state.errors import DurabilityError, FencedError, VersionConflictError
-from state.kv import Entry, Put
+from state.kv import Entry, handover
 from state.writes import Write
 
 if TYPE_CHECKING:
@@ -100,16 +100,7 @@ class Leases:
         if isinstance(target, Entry):
             try:
                 await self._e.kv.commit(
-                    [
-                        Put(
-                            target.key,
-                            value,
-                            expect=target.version,
-                            due=due,
-                            purge=purge,
-                            handover=True,
-                        )
-                    ],
+                    [handover(target.key, value, expect=target.version, due=due, purge=purge)],
                     label=label,
                 )
             except VersionConflictError:
@@ -125,16 +116,7 @@ class Leases:
         for _ in range(8):
             try:
                 [version] = await kv.commit(
-                    [
-                        Put(
-                            held.key,
-                            value,
-                            expect=held.version,
-                            due=due,
-                            purge=purge,
-                            handover=True,
-                        )
-                    ],
+                    [handover(held.key, value, expect=held.version, due=due, purge=purge)],
                     label=label,
                 )
             except VersionConflictError:
@@ -194,7 +176,7 @@ class Leases:
             )
             try:
                 [version] = await self._e.kv.commit(
-                    [Put(held.key, new, expect=held.version, due=now + held.lease, handover=True)],
+                    [handover(held.key, new, expect=held.version, due=now + held.lease)],
                     label=label,
                 )
             except VersionConflictError:

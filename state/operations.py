@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from state.errors import Reason, RecordStateError
 from state.inbox import replay_value
 from state.keys import part_base, part_key
-from state.kv import Delete, Entry, Put
+from state.kv import Delete, Entry, handover
 from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState, revise
 from state.writes import Write
 
@@ -113,15 +113,7 @@ class Operations:
         if state == InboxState.PENDING and e.leases.state(entry.value, now) == "live":
             raise RecordStateError(inbound_id, state, "it is being processed now; try again later")
         await e.kv.commit(
-            [
-                Put(
-                    key,
-                    replay_value(entry.value, now),
-                    expect=entry.version,
-                    due=now,
-                    handover=True,
-                )
-            ],
+            [handover(key, replay_value(entry.value, now), expect=entry.version, due=now)],
             label=Write.INBOX_REPLAY,
         )
         e.wake.set()
@@ -139,8 +131,7 @@ class Operations:
         now = e.clock.now()
         revived = [entry, *await self._cascaded_parts(entry.value)]
         ops = [
-            Put(r.key, _retry_value(r.value, now), expect=r.version, due=now, handover=True)
-            for r in revived
+            handover(r.key, _retry_value(r.value, now), expect=r.version, due=now) for r in revived
         ]
         await e.kv.commit(ops, label=Write.OUTBOX_RETRY)
         e.wake.set()

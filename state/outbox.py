@@ -27,13 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from state.errors import (
-    DurabilityError,
-    JournalUnavailableError,
-    VersionConflictError,
-)
+from state.errors import DurabilityError, JournalUnavailableError, VersionConflictError
 from state.keys import diverged_key, part_base, part_key
-from state.kv import Put
+from state.kv import handover
 from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
 from state.records import encode_outbound, receipt_of
@@ -121,15 +117,6 @@ class Plan:
     total: int = 1
 
 
-@dataclass(slots=True)
-class Journaled:
-    helds: list[Held]
-    #: The key this send waits behind (``keep_chat_order``), or None.
-    after: str | None
-    #: The receipt of a send journaled to wait behind ``after`` (state ``pending``).
-    queued: Receipt | None = None
-
-
 class Outbox:
     """Journals sends; answers a recorded key from the outbox; keeps per-chat order."""
 
@@ -154,25 +141,31 @@ class Outbox:
 
     # -- the one path ------------------------------------------------------------------
 
-    async def send(
+    async def submit(
         self,
         message: Outbound,
-        *,
         key: str,
+        *,
+        inline: bool,
         derived: bool = False,
         fp: str | None = None,
         inbound_id: str | None = None,
     ) -> Receipt:
-        """Journal the send under ``key`` (in flight), call the provider, record the result.
+        """Journal a send under ``key``; the one path of ``ctx.reply`` / ``send`` (``inline``:
+        delivered now) and ``enqueue`` (left to the sweeper). Returns the receipt of its
+        first part: answered from the outbox when ``key`` is recorded; ``pending`` for an
+        enqueued send, or an inline one that must wait behind a send of its chat that waits
+        for a retry (``keep_chat_order``); else ``sent``.
 
-        Answers from the outbox when ``key`` is recorded; retries inline for up to
-        ``outbox.inline_max`` then raises ``SendDeferredError``; raises the error of a final
-        failure (the record is dead); ``FencedError`` when the lease was taken over.
-        Returns the receipt of the first part: ``sent``, or ``pending`` when an earlier
-        send of its chat waits for a retry (``keep_chat_order``): then it is journaled
-        behind that one and the sweeper sends it after it.
+        Inline, it retries up to ``outbox.inline_max`` then raises ``SendDeferredError``;
+        raises the error of a final failure (the record is dead); ``FencedError`` when the
+        lease was taken over.
         """
         plan = self.plan(message)
+        if not inline and not plan.bypass:  # enqueue returns at once: no chat lock
+            queued = await self._journal(plan, key, derived, fp, inbound_id, inline=False)
+            assert isinstance(queued, Receipt)
+            return queued
         async with self.chat_lock(message.chat_id):
             first = await self._bypass(plan, key, inbound_id) if plan.bypass else None
             if not plan.parts:
@@ -180,41 +173,16 @@ class Outbox:
                 return first
             now = self._e.clock.now()
             try:
-                journaled = await self._journal(plan, key, derived, fp, inbound_id, inline=True)
+                result = await self._journal(plan, key, derived, fp, inbound_id, inline=inline)
             except JournalUnavailableError:
-                if not self._e.config.fail_open:
+                if not (inline and self._e.config.fail_open):
                     raise
                 log.warning("send %r not journaled; sent anyway (fail_open)", key)
-                receipt = await self._send_unjournaled(plan.parts, key, plan.first_part, inbound_id)
-                return first or receipt
-            if isinstance(journaled, Receipt):
-                return first or journaled
-            if journaled.after is not None:  # its chat waits for a retry: go after it
-                self._e.metrics.outbox_deferred += 1
-                assert journaled.queued is not None
-                return first or journaled.queued
-            receipt = await self._e.delivery.deliver_inline(journaled.helds, plan.parts, now)
-            return first or receipt
-
-    async def enqueue(
-        self,
-        message: Outbound,
-        *,
-        key: str,
-        derived: bool = False,
-        fp: str | None = None,
-        inbound_id: str | None = None,
-    ) -> str:
-        """Journal the send for the sweeper and return its key at once (a recorded key is
-        a no-op)."""
-        plan = self.plan(message)
-        if plan.bypass:
-            async with self.chat_lock(message.chat_id):
-                await self._bypass(plan, key, inbound_id)
-        if not plan.parts:
-            return key
-        journaled = await self._journal(plan, key, derived, fp, inbound_id, inline=False)
-        return journaled.key if isinstance(journaled, Receipt) else key
+                parts, start = plan.parts, plan.first_part
+                return first or await self._send_unjournaled(parts, key, start, inbound_id)
+            if not isinstance(result, Receipt):
+                result = await self._e.delivery.deliver_inline(result, plan.parts, now)
+            return first or result
 
     async def _journal(
         self,
@@ -225,7 +193,10 @@ class Outbox:
         inbound_id: str | None,
         *,
         inline: bool,
-    ) -> Journaled | Receipt:
+    ) -> list[Held] | Receipt:
+        """Journal the parts: the records journaled in flight (to deliver now), or a
+        receipt: of the send already recorded under ``key``, or of the send left to the
+        sweeper (``pending``: enqueued, or waiting behind a send of its chat)."""
         e = self._e
         for _ in range(4):
             now = e.clock.now()
@@ -244,9 +215,7 @@ class Outbox:
                 after=after,
             )
             due = now + self._lease if live else now
-            ops = [
-                Put(e.out_prefix + v["key"], v, expect=0, due=due, handover=True) for v in values
-            ]
+            ops = [handover(e.out_prefix + v["key"], v, expect=0, due=due) for v in values]
             try:
                 versions = await e.kv.commit(
                     ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
@@ -262,12 +231,13 @@ class Outbox:
                 self.tails[plan.chat_id] = values[-1]["key"]
             if not live:
                 e.wake.set()
-                return Journaled([], after, receipt_of(values[0], now))
-            helds = [
+                if inline:  # its chat waits for a retry: it goes after that send
+                    e.metrics.outbox_deferred += 1
+                return receipt_of(values[0], now)
+            return [
                 Held(op.key, v["token"], ver, v, self._lease, due)
                 for op, v, ver in zip(ops, values, versions, strict=True)
             ]
-            return Journaled(helds, None)
         raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
 
     async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from state.errors import VersionConflictError
-from state.kv import Entry, Put
+from state.kv import Entry, handover
 from state.messages import OutboxState, Receipt
 from state.records import receipt_of
 from state.writes import Write
@@ -97,12 +97,11 @@ class Publisher:
             return 0
         entries = await e.kv.get_many([e.out_prefix + k for k in acked])
         ops = [
-            Put(
+            handover(
                 entry.key,
                 {**entry.value, "published": True},
                 expect=entry.version,
                 purge=entry.purge,
-                handover=True,
             )
             for entry in entries.values()
             if entry.value.get("published") is False

@@ -142,19 +142,10 @@ def receipt_of(value: Json, now: float) -> Receipt:
     )
 
 
-def _lease_view(value: Mapping[str, Any]) -> tuple[str | None, float | None]:
-    lease = value.get("lease")
-    if not lease:
-        return None, None
-    return lease.get("owner"), lease.get("until")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RecordView:
+    """What inbox and outbox records have in common."""
 
-
-@dataclass(frozen=True, slots=True)
-class InboxRecord:
-    """A read-only view of one inbox record (``app.durability.inbox.list()``)."""
-
-    id: str
-    state: InboxState
     attempts: int
     token: int
     lease_owner: str | None
@@ -162,81 +153,79 @@ class InboxRecord:
     error: Mapping[str, Any] | None
     created: float
     updated: float
-    message: Mapping[str, Any]
     version: int
+
+    @staticmethod
+    def _common(value: Mapping[str, Any], version: int) -> dict[str, Any]:
+        lease = value.get("lease") or {}
+        return {
+            "attempts": value.get("attempts", 0),
+            "token": value.get("token", 0),
+            "lease_owner": lease.get("owner"),
+            "lease_until": lease.get("until"),
+            "error": value.get("error"),
+            "created": value.get("created", 0.0),
+            "updated": value.get("updated", 0.0),
+            "version": version,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxRecord(_RecordView):
+    """A read-only view of one inbox record (``app.durability.inbox.list()``)."""
+
+    id: str
+    state: InboxState
+    message: Mapping[str, Any]
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any], version: int) -> InboxRecord:
-        owner, until = _lease_view(value)
         return cls(
             id=value["id"],
             state=InboxState(value["state"]),
-            attempts=value.get("attempts", 0),
-            token=value.get("token", 0),
-            lease_owner=owner,
-            lease_until=until,
-            error=value.get("error"),
-            created=value.get("created", 0.0),
-            updated=value.get("updated", 0.0),
             message=value.get("message", {}),
-            version=version,
+            **cls._common(value, version),
         )
 
     def inbound(self) -> Inbound:
         return decode_inbound(self.message)
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxRecord:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxRecord(_RecordView):
     """A read-only view of one outbox record (``app.durability.outbox.list()``)."""
 
     key: str
     state: OutboxState
     chat_id: str
-    attempts: int
-    token: int
     inflight: bool
-    lease_owner: str | None
-    lease_until: float | None
     part: int
     parts: int
     previous_part: str | None
     after: str | None
     inbound_id: str | None
     message_id: str | None
-    error: Mapping[str, Any] | None
-    created: float
-    updated: float
     payload: Mapping[str, Any]
-    version: int
     ambiguous: bool = False
     published: bool = True
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any], version: int) -> OutboxRecord:
-        owner, until = _lease_view(value)
         return cls(
             key=value["key"],
             state=OutboxState(value["state"]),
             chat_id=value["payload"]["chat_id"],
-            attempts=value.get("attempts", 0),
-            token=value.get("token", 0),
             inflight=bool(value.get("inflight")),
-            lease_owner=owner,
-            lease_until=until,
             part=value.get("part", 1),
             parts=value.get("parts", 1),
             previous_part=value.get("previous_part"),
             after=value.get("after"),
             inbound_id=value.get("inbound_id"),
             message_id=value.get("message_id"),
-            error=value.get("error"),
-            created=value.get("created", 0.0),
-            updated=value.get("updated", 0.0),
             payload=value["payload"],
-            version=version,
             ambiguous=bool(value.get("ambiguous")),
             published=value.get("published", True) is not False,
+            **cls._common(value, version),
         )
 
     def outbound(self) -> Outbound:
