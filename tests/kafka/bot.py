@@ -7,7 +7,9 @@ The handler appends ``<inbound id>`` to ``$BOTMESH_TEST_HANDLED`` on every run a
 text is ``fail`` makes it raise after recording the run (the runtime reports it and the
 inbound counts as handled, with no send). The provider appends one JSON line per accepted
 send to ``$BOTMESH_TEST_SENDS`` before it returns, so a test, a separate process, sees
-every provider call, including one whose result the worker never recorded (it was killed).
+every provider call, including one whose result the worker never recorded (it was killed);
+it refuses for good (``RecipientUnreachableError``) a send whose text is ``refuse``, so the
+send ends ``dead``.
 
 The inbox policy comes from the environment so a test can make a journal outage short or
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
@@ -24,6 +26,7 @@ import json
 import os
 
 from botmesh import Bot, Context, Outbound, SendResult
+from botmesh.errors import RecipientUnreachableError
 
 __all__ = ["FileProvider", "bot", "provider", "reply_text"]
 
@@ -73,6 +76,8 @@ class FileProvider:
         self._ids = itertools.count(1)
 
     async def send(self, message: Outbound) -> SendResult:
+        if (message.text or "").endswith(": refuse"):
+            raise RecipientUnreachableError("the test provider refuses this send")
         mid = f"file-{os.getpid()}-{next(self._ids)}"
         line = {"chat_id": message.chat_id, "text": message.text, "message_id": mid}
         _append(self.path, json.dumps(line))

@@ -2,8 +2,9 @@
 topic is checked against the worker's own file journal.
 
 The worker (the test bot, its file journal in the data dir, append log) is killed with
-SIGKILL several times while messages keep arriving, restarted each time, left to finish and
-stopped cleanly. Then, with the worker gone, the test opens its journal
+SIGKILL several times while messages keep arriving (one in 15 is refused for good by the
+provider, so its send ends ``dead``), restarted each time, left to finish and stopped
+cleanly. Then, with the worker gone, the test opens its journal
 (``state.backends.file.open_file_kv``) and reads ``<prefix>.sent`` and the provider's file:
 
 - every settled send of the journal (``sent``, ``dead``, ``unknown``) has at least one
@@ -24,6 +25,7 @@ import re
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from botmesh.journal import OutboxState, open_file_kv
@@ -54,7 +56,10 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
     cat = Catalog(topic_prefix)
     ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
-    records = demo_records(MESSAGES, CHATS, run="k")
+    records = [
+        msgspec.structs.replace(r, text="refuse") if i % 15 == 7 else r
+        for i, r in enumerate(demo_records(MESSAGES, CHATS, run="k"))
+    ]
     ids = {r.id for r in records}
     rng = random.Random(20260207)
 
@@ -147,8 +152,12 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
         if v["state"] == OutboxState.SENT:
             assert v["message_id"] in called, f"{key} is sent but the provider never saw it"
     unknown = [k for k, v in outbox.items() if v["state"] == OutboxState.UNKNOWN]
+    dead = [k for k, v in outbox.items() if v["state"] == OutboxState.DEAD]
+    refused = {f"{r.id}:1" for r in records if r.text == "refuse"}
+    assert set(dead) <= refused and len(dead) >= len(refused) - len(unknown)
     print(
         f"\n{KILLS} kills: {len(calls)} provider calls, {len(outbox)} sends "
-        f"({len(unknown)} unknown), {len(receipts)} receipts for {len(by_key)} keys, "
+        f"({len(unknown)} unknown, {len(dead)} dead), {len(receipts)} receipts for "
+        f"{len(by_key)} keys, "
         f"inbox {dict(states)}, {len(dlq)} dead letters"
     )
