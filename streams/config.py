@@ -133,7 +133,8 @@ class WorkerConfig:
             raise ValueError("instance id: must not be empty; leave it out for the default")
         if not 6.0 <= self.session_timeout <= 1800.0:
             raise ValueError(
-                f"session timeout {self.session_timeout}: Kafka accepts 6 to 1800 seconds"
+                f"session timeout (BOTMESH_SESSION_TIMEOUT) {self.session_timeout:g}s: Kafka "
+                "accepts 6 to 1800 seconds"
             )
 
     @classmethod

@@ -1,0 +1,65 @@
+"""``streams.config``: the worker's settings and its journal rule (no broker, no Faust)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streams.config import WorkerConfig, check_worker_journal, group_instance_id
+
+
+def test_the_default_journal_is_a_file_journal_in_the_data_dir(tmp_path: Path) -> None:
+    config = WorkerConfig.from_env({"BOTMESH_DATA_DIR": str(tmp_path / "d")})
+    assert config.journal_url == f"file://{tmp_path}/d/journal?append_log=true"
+    relative = WorkerConfig.from_env({})
+    assert (
+        relative.journal_url == f"file://{Path('botmesh-data').resolve()}/journal?append_log=true"
+    )
+
+
+def test_the_journal_comes_from_the_option_then_the_environment() -> None:
+    env = {"BOTMESH_JOURNAL": "file:///srv/env-journal"}
+    assert WorkerConfig.from_env(env).journal_url == "file:///srv/env-journal"
+    # the option wins, and a bad variable it overrides is not even read
+    chosen = WorkerConfig.from_env({"BOTMESH_JOURNAL": "memory://"}, journal="file:///srv/j")
+    assert chosen.journal_url == "file:///srv/j"
+    assert WorkerConfig.from_env({"BOTMESH_JOURNAL": " "}).journal is None  # empty: unset
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("memory://", "the memory journal forgets everything at a restart"),
+        ("none", "never runs without a journal"),
+        ("", "never runs without a journal"),
+        ("sqlite:///x", "unknown journal scheme 'sqlite://'"),
+        ("file:///j?fsync=maybe", "must be true or false"),
+    ],
+)
+def test_a_journal_the_worker_cannot_run_on_is_refused_naming_the_source(
+    url: str, words: str
+) -> None:
+    with pytest.raises(ValueError, match=r"^--journal") as refused:
+        check_worker_journal(url)
+    assert words in str(refused.value)
+    if url.strip():
+        with pytest.raises(ValueError, match=r"^BOTMESH_JOURNAL"):
+            WorkerConfig.from_env({"BOTMESH_JOURNAL": url})
+
+
+def test_settings_from_the_environment_are_checked_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="BOTMESH_SESSION_TIMEOUT"):
+        WorkerConfig.from_env({"BOTMESH_SESSION_TIMEOUT": "3"})
+    with pytest.raises(ValueError, match=r"BOTMESH_BATCH_SIZE=.many."):
+        WorkerConfig.from_env({"BOTMESH_BATCH_SIZE": "many"})
+    with pytest.raises(ValueError, match="bad topic prefix"):
+        WorkerConfig.from_env({}, prefix="no spaces")
+    config = WorkerConfig.from_env({"BOTMESH_INSTANCE_ID": "echo-0", "BOTMESH_WEB_PORT": "6066"})
+    assert (config.instance_id, config.web_port) == ("echo-0", 6066)
+
+
+def test_the_group_instance_id_is_the_instance_id_in_the_characters_kafka_takes() -> None:
+    assert group_instance_id("echo-0") == "echo-0"
+    assert group_instance_id("host-a/echo/default") == "host-a_echo_default"
+    assert len(group_instance_id("x" * 400)) == 249
