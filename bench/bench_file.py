@@ -1,7 +1,7 @@
 """The file journal: snapshot mode vs append log, at 1k / 10k / 100k records, fsync on/off.
 
-A send is the engine's own ``send`` (``KvDurability`` bound to a ``MockProvider``): the
-journal writes it makes (``outbox.journal`` before the provider call, ``outbox.mark_sent``
+A send is the runtime's own ``send`` (a bot on a ``MockProvider`` and the file journal):
+the journal writes it makes (``outbox.journal`` before the provider call, ``outbox.mark_sent``
 after) plus the mock provider call. The journal is filled beforehand with N records of
 ~300 bytes (outside the bot's scope, so that only their size counts). Sends run one after
 another (the latency a single chat sees); one extra line shows group commit with 64 sends
@@ -18,18 +18,18 @@ is shared, absolute numbers move.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import botmesh
+from botmesh import Bot
 from providers.mock import MockProvider
 from state.backends.file import open_file_kv
-from state.config import DurabilityConfig
-from state.durability import EngineHooks, KvDurability, ScopedDurability
 from state.kv import Put
-from state.messages import Outbound
 
 SIZES = [1_000, 10_000, 100_000]
 PAYLOAD = {
@@ -67,53 +67,49 @@ async def populate(path: Path, records: int) -> None:
     await kv.close()  # folds into the snapshot
 
 
-async def _nothing(*_: object) -> None:
-    return None
+def journal_url(path: Path, *, append_log: bool, fsync: bool) -> str:
+    options = f"append_log={str(append_log).lower()}&fsync={str(fsync).lower()}"
+    return f"file://{os.path.abspath(path)}?{options}"
 
 
-async def engine(path: Path, *, append_log: bool, fsync: bool) -> ScopedDurability:
-    kv = await open_file_kv(path, append_log=append_log, fsync=fsync)
-    backend = KvDurability(kv, shared=False, name="file")
-    scoped = backend.bind(
-        scope="bench",
-        config=DurabilityConfig(poll=0),
-        provider=MockProvider(),
-        hooks=EngineHooks(_nothing, _nothing, _nothing),
-    )
-    await scoped.open()
-    return scoped
+async def engine(path: Path, *, append_log: bool, fsync: bool) -> botmesh.Runtime:
+    """A runtime on the file journal; the journal is closed with the runtime (URL-opened)."""
+    url = journal_url(path, append_log=append_log, fsync=fsync)
+    app = botmesh.run(Bot("bench", durability={"poll": 0}), MockProvider(), journal=url)
+    await app.start()
+    return app
 
 
-async def send(scoped: ScopedDurability, chat: str, key: str) -> None:
-    await scoped.send(Outbound(chat, text=str(PAYLOAD["text"])), key=key)
+async def send(app: botmesh.Runtime, chat: str, key: str) -> None:
+    await app.send(chat, str(PAYLOAD["text"]), idempotency_key=key)
 
 
 async def measure(
     path: Path, *, append_log: bool, fsync: bool, min_sends: int, max_sends: int, budget: float
 ) -> Result:
-    scoped = await engine(path, append_log=append_log, fsync=fsync)
+    app = await engine(path, append_log=append_log, fsync=fsync)
     try:
         n = 0
         start = time.perf_counter()
         while n < max_sends and (n < min_sends or time.perf_counter() - start < budget):
-            await send(scoped, "chat-1", f"send-{n}")
+            await send(app, "chat-1", f"send-{n}")
             n += 1
         return Result(n, time.perf_counter() - start)
     finally:
-        await scoped.close()
+        await app.stop()
 
 
 async def measure_group(path: Path, concurrency: int, rounds: int) -> Result:
-    scoped = await engine(path, append_log=True, fsync=True)
+    app = await engine(path, append_log=True, fsync=True)
     try:
         start = time.perf_counter()
         for r in range(rounds):
             await asyncio.gather(
-                *(send(scoped, f"chat-{c}", f"group-{r}-{c}") for c in range(concurrency))
+                *(send(app, f"chat-{c}", f"group-{r}-{c}") for c in range(concurrency))
             )
         return Result(concurrency * rounds, time.perf_counter() - start)
     finally:
-        await scoped.close()
+        await app.stop()
 
 
 async def main(quick: bool) -> None:

@@ -75,9 +75,10 @@ async def test_same_key_twice_in_one_commit(backend: BackendHandle) -> None:
 
 async def test_values_are_copied_both_ways(backend: BackendHandle) -> None:
     kv = kv_of(backend)
-    value = {"list": [1, 2], "nested": {"a": "b"}}
+    items = [1, 2]
+    value = {"list": items, "nested": {"a": "b"}}
     await kv.commit([Put("k", value, expect=0)])
-    value["list"].append(3)
+    items.append(3)
     first = await kv.get("k")
     assert first is not None
     first.value["nested"]["a"] = "changed"

@@ -21,7 +21,7 @@ from tests.backends import BACKENDS
 
 class LoggingProvider:
     name = "child"
-    text_limit = None
+    text_limit: int | None = None
 
     def __init__(self, log: Path, hang_after_send: bool) -> None:
         self.log = log

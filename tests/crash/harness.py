@@ -98,7 +98,7 @@ class ReceiptLog:
 
 class ScenarioProvider:
     name = "scenario"
-    text_limit = LIMIT
+    text_limit: int | None = LIMIT
 
     def __init__(self, log: ChannelLog, kv: FaultyKv | None = None) -> None:
         self.log = log

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -34,7 +35,7 @@ def _named_points(labels: list[str]) -> list[Point]:
     for label in labels:
         seen[label] = seen.get(label, 0) + 1
         for when in ("before", "after"):
-            points.append(("label", (label, seen[label]), when))  # type: ignore[arg-type]
+            points.append(("label", (label, seen[label]), when))
     return points
 
 
@@ -52,28 +53,21 @@ async def test_every_named_crash_point(backend_name: str, policy: str, tmp_path:
 
 #: Writes that only a recovering incarnation makes: crash A in the window (or mid-way),
 #: then crash B at these, then let C recover.
-RECOVERY_POINTS: list[tuple[Point, Point]] = (
-    [
-        (("label", ("outbox.journal", 1), "after"), ("label", ("outbox.mark_unknown", 1), w))
-        for w in ("before", "after")
-    ]
-    + [
-        (("label", ("outbox.journal", 1), "after"), ("label", ("outbox.claim", 1), w))
-        for w in ("before", "after")
-    ]
-    + [
-        (("label", ("inbox.journal", 2), "after"), ("label", ("inbox.claim", 1), w))
-        for w in ("before", "after")
-    ]
-    + [
-        (("label", ("outbox.journal", 3), "before"), ("label", ("outbox.wait", 1), w))
-        for w in ("before", "after")
-    ]
-    + [
-        (("label", ("outbox.mark_sent", 2), "before"), ("label", ("outbox.mark_sent", 1), w))
-        for w in ("before", "after")
-    ]
-)
+def _at(label: str, occurrence: int, when: Literal["before", "after"]) -> Point:
+    return ("label", (label, occurrence), when)
+
+
+RECOVERY_POINTS: list[tuple[Point, Point]] = [
+    (first, _at(second, 1, when))
+    for first, second in (
+        (_at("outbox.journal", 1, "after"), "outbox.mark_unknown"),
+        (_at("outbox.journal", 1, "after"), "outbox.claim"),
+        (_at("inbox.journal", 2, "after"), "inbox.claim"),
+        (_at("outbox.journal", 3, "before"), "outbox.wait"),
+        (_at("outbox.mark_sent", 2, "before"), "outbox.mark_sent"),
+    )
+    for when in ("before", "after")
+]
 
 
 @pytest.mark.parametrize("policy", POLICIES)

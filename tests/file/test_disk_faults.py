@@ -48,7 +48,7 @@ async def test_a_failed_write_fails_loudly_and_leaves_the_journal_readable(
     await good.close()
 
     ops = FaultyOps(call, nth=1, err=err, short=short)
-    kv = await open_file_kv(path, file_ops=ops, **options)  # type: ignore[arg-type]
+    kv = await open_file_kv(path, file_ops=ops, **options)
     ops.seen = 0  # count from the first commit on, not from open
     before = await state_of(kv)
     with pytest.raises(JournalWriteError) as info:
