@@ -338,8 +338,8 @@ class Runtime:
             message = await self._before(message)
         if self.journal is None:
             return await self._send_plain(message, key, inbound_id)
-        return await self._started().send(
-            message, key=key, derived=derived, fp=fp, inbound_id=inbound_id
+        return await self._started().submit(
+            message, key, inline=True, derived=derived, fp=fp, inbound_id=inbound_id
         )
 
     async def _enqueue(
@@ -351,9 +351,10 @@ class Runtime:
         if self.journal is None:
             await self._send_plain(message, key, inbound_id)
             return key
-        return await self._started().enqueue(
-            message, key=key, derived=derived, fp=fp, inbound_id=inbound_id
+        receipt = await self._started().submit(
+            message, key, inline=False, derived=derived, fp=fp, inbound_id=inbound_id
         )
+        return receipt.key
 
     async def _send_plain(self, message: Outbound, key: str, inbound_id: str | None) -> Receipt:
         self._check_running()
