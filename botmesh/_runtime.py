@@ -184,7 +184,7 @@ class Runtime:
                 config=bot.config,
                 provider=self.provider,
                 hooks=EngineHooks(self._dispatch, self._emit),
-                instance_id=self._instance_id or _default_instance_id(bot, kv),
+                instance_id=self.instance_id,
                 receipts=self._receipts,
                 clock=self._clock,
                 rng=self._rng,
@@ -236,8 +236,21 @@ class Runtime:
         return self._started().operations
 
     @property
-    def instance_id(self) -> str | None:
-        return self._engine.instance_id if self._engine is not None else self._instance_id
+    def instance_id(self) -> str:
+        """The lease owner: the one given, else the default (known before start)."""
+        if self._engine is not None:
+            return self._engine.instance_id
+        if self._instance_id is None:
+            self._instance_id = _default_instance_id(self.bot, self.journal)
+        return self._instance_id
+
+    async def flush_receipts(self) -> int:
+        """Wait for every receipt handed to the receipts sink so far, and record the
+        acknowledged ones published; returns how many. 0 without a sink."""
+        engine = self._started() if self.journal is not None else None
+        if engine is None or engine.publisher is None:
+            return 0
+        return await engine.publisher.flush()
 
     @property
     def inbox_retries(self) -> Retries:
@@ -389,10 +402,10 @@ def _check_provider(provider: object) -> None:
         )
 
 
-def _default_instance_id(bot: Bot, kv: DurableKv) -> str:
+def _default_instance_id(bot: Bot, journal: str | DurableKv | None) -> str:
     base = f"{socket.gethostname()}/{bot.bot_id}/{bot.connection_id}"
-    if getattr(kv, "shared", False):  # replicas on other hosts: never share an id
-        return f"{base}/{uuid.uuid4().hex[:12]}"
+    if journal is not None and not isinstance(journal, str) and getattr(journal, "shared", False):
+        return f"{base}/{uuid.uuid4().hex[:12]}"  # replicas on other hosts: never share an id
     return base
 
 

@@ -44,8 +44,10 @@ class BackoffConfig:
     def backoff(self) -> Backoff:
         return Backoff(self.base, self.cap, self.jitter)
 
-    def retries(self, max_attempts: int, exhausted: Reason) -> Retries:
-        return Retries(max_attempts, self.backoff(), exhausted)
+    def retries(
+        self, max_attempts: int, exhausted: Reason, refused: Reason = Reason.SEND_REFUSED
+    ) -> Retries:
+        return Retries(max_attempts, self.backoff(), exhausted, refused)
 
     @classmethod
     def from_value(cls, value: object, field: str) -> BackoffConfig:
@@ -83,7 +85,9 @@ class InboxConfig:
 
     def retry_policy(self) -> Retries:
         """The decision for failures before the handlers (a journal outage, say)."""
-        return self.backoff.retries(self.max_attempts, Reason.ATTEMPTS_EXHAUSTED)
+        return self.backoff.retries(
+            self.max_attempts, Reason.ATTEMPTS_EXHAUSTED, refused=Reason.HANDLE_FAILED
+        )
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> InboxConfig:

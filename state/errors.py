@@ -234,6 +234,8 @@ class RecordStateError(DurabilityError):
 class FencedError(DurabilityError):
     """This holder's lease was taken over under a newer fencing token. Stop; never retry."""
 
+    retryable = False
+
     def __init__(self, key: str, token: int, current: int | None) -> None:
         super().__init__(key, token, current)
         self.key = key

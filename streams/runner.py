@@ -42,7 +42,7 @@ broker redelivers it and the journal answers what was already settled as duplica
 
 Receipts: the runtime publishes every settled send through :class:`KafkaReceipts` (a
 ``state.receipts.ReceiptSink``); at the end of each batch the runner waits for the broker's
-acks and has them recorded in the journal (:func:`flush_receipts`). A receipt that was not
+acks and has them recorded in the journal (``runtime.flush_receipts()``). A receipt that was not
 acked stays unpublished in the journal and is published again by the runtime's sweeper:
 receipts are at least once, never lost.
 """
@@ -77,7 +77,6 @@ __all__ = [
     "KafkaReceipts",
     "RawRecord",
     "RuntimeLike",
-    "flush_receipts",
 ]
 
 log = logging.getLogger("botmesh.streams")
@@ -98,6 +97,8 @@ class RuntimeLike(Protocol):
     async def stop(self) -> None: ...
 
     async def handle(self, message: Inbound) -> Outcome: ...
+
+    async def flush_receipts(self) -> int: ...
 
     @property
     def inbox_retries(self) -> Retries: ...
@@ -151,21 +152,6 @@ class KafkaReceipts:
         ack = await self._produce("sent", chat_key(receipt.chat_id), encode_receipt(receipt), [])
         self.published += 1
         return ack
-
-
-async def flush_receipts(runtime: object) -> int:
-    """Wait for the ack of every receipt handed to the sink so far and record them
-    published in the journal; returns how many were recorded.
-
-    Uses ``runtime.flush_receipts()`` when the runtime has it, else its engine's publisher
-    (an adapter until ``botmesh.Runtime`` offers the method)."""
-    method = getattr(runtime, "flush_receipts", None)
-    if method is not None:
-        return int(await method())
-    publisher = getattr(getattr(runtime, "_engine", None), "publisher", None)
-    if publisher is None:
-        return 0
-    return int(await publisher.flush())
 
 
 def redact(text: str) -> str:
@@ -234,7 +220,7 @@ class InboundRunner:
                 raise failed.exceptions[0] from None
         await self.drain()
         try:
-            await asyncio.wait_for(flush_receipts(self.runtime), self.ack_timeout)
+            await asyncio.wait_for(self.runtime.flush_receipts(), self.ack_timeout)
         except Exception as exc:  # they stay unpublished in the journal: published again
             log.warning("receipts not recorded as published yet (%s: %s)", type(exc).__name__, exc)
 

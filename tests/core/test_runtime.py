@@ -198,3 +198,41 @@ async def test_a_send_needs_text_or_media() -> None:
     with pytest.raises(ValueError, match="text or media"):
         await app.runtime.enqueue("c")
     assert app.provider.calls == [] and await app.ops.outbox.list() == []
+
+
+async def test_the_instance_id_is_known_before_start() -> None:
+    bot = Bot("hd", connection_id="wa")
+    app = botmesh.run(bot, MockProvider())
+    assert app.instance_id == f"{socket.gethostname()}/hd/wa"  # what the worker needs early
+    async with app:
+        assert app.durability is not None
+        assert app.durability.instance_id == app.instance_id
+    given = botmesh.run(bot, MockProvider(), instance_id="hd-0")
+    assert given.instance_id == "hd-0"
+
+
+async def test_flush_receipts_records_what_the_sink_acknowledged() -> None:
+    from tests.kit import ListSink
+
+    sink = ListSink(hold=True)
+    app = await make_app(reply="hello", receipts=sink)
+    await app.runtime.handle(Inbound(id="m", chat_id="c"))
+    [record] = await app.ops.outbox.list()
+    assert not record.published  # handed to the sink, not acknowledged yet
+    for ack in sink.acks:
+        ack.set_result(None)
+    assert await app.runtime.flush_receipts() == 1
+    [record] = await app.ops.outbox.list()
+    assert record.published and sink.keys("sent") == ["m:1"]
+    plain = botmesh.run(Bot("p"), MockProvider(), journal=None)
+    async with plain:
+        assert await plain.flush_receipts() == 0  # no journal, no sink: nothing to record
+    await app.stop()
+
+
+def test_a_fenced_holder_is_never_retried() -> None:
+    from botmesh.errors import FencedError, Reason
+    from state.backoff import GiveUp
+
+    decision = Bot("x").config.inbox.retry_policy().decide(FencedError("k", 1, 2), 1)
+    assert decision == GiveUp(Reason.HANDLE_FAILED)

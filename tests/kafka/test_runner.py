@@ -265,6 +265,9 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
         async def handle(self, message: Inbound) -> Outcome:
             raise BadRecord(Reason.WRONG_TYPE, f"cannot journal {message.id}")
 
+        async def flush_receipts(self) -> int:
+            return 0
+
     produced = Produced()
     runner = InboundRunner(Refusing(), produced, sleep=Waits())
     await runner.run_batch([record(0, "A", "A1")])
