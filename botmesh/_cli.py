@@ -1,5 +1,7 @@
 """The ``botmesh`` command line (also ``python -m botmesh``).
 
+    botmesh run --app examples.echo_bot:bot [--provider ...] [--journal URL] [--chat ID]
+                [--json] [--instance-id ID]                the bot in this process, on stdin
     botmesh worker --app examples.echo_bot:bot [--provider console|mock|module:attr]
                    [--journal URL] [--instance-id ID] [--bootstrap H:P] [--prefix P]
                    [--data-dir D] [--web-port N] [--partitions N] [--batch-size N]
@@ -7,6 +9,13 @@
     botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
     botmesh produce [-n 100] [--chats 10] [--text T]      demo traffic on <prefix>.inbound
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
+
+``run`` runs the bot in this process (``botmesh.run``), with stdin as its transport: each
+line is one inbound message (plain text to ``--chat``, or with ``--json`` an inbound record
+as on the inbound topic), and the sends go to the provider (``console`` prints them). Its
+journal defaults to ``file://<data dir>/console.journal``, so a message handled before is
+answered from the outbox after a restart, not twice; ``--journal memory://`` keeps nothing,
+``--journal none`` runs without a journal.
 
 The worker loads a bot *definition* (``--app``) and supplies what it runs on: the provider
 (``--provider`` / ``BOTMESH_PROVIDER``, default ``console``), the journal (``--journal`` /
@@ -155,6 +164,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    c = sub.add_parser("run", help="run a bot in this process, one inbound message per stdin line")
+    c.add_argument("--app", required=True, help="the bot definition, as module:attribute")
+    c.add_argument("--provider", help="console (default), mock, or module:attribute")
+    c.add_argument(
+        "--journal",
+        type=_run_journal_arg,
+        help="journal URL (default file://<data dir>/console.journal?append_log=true); "
+        "memory:// keeps nothing across runs, none runs without a journal",
+    )
+    c.add_argument("--data-dir", help="where the default journal lives (env BOTMESH_DATA_DIR)")
+    c.add_argument("--chat", default="console", help="chat id of plain-text lines")
+    c.add_argument("--json", action="store_true", help="each line is an inbound record (JSON, v 1)")
+    c.add_argument("--instance-id", help="lease owner (default the runtime's)")
+
     w = sub.add_parser("worker", help="run a bot on the inbound topic (Faust worker)")
     w.add_argument("--app", required=True, help="the bot definition, as module:attribute")
     w.add_argument(
@@ -213,15 +236,60 @@ def _journal_arg(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _run_journal_arg(value: str) -> str:
+    """A journal URL, or ``none`` (no journal: the explicit opt-out)."""
+    from state.backends import check_url
+    from state.errors import ConfigError
+
+    value = value.strip()
+    if value.lower() == "none":
+        return "none"
+    try:
+        return check_url(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"--journal {value!r}: {exc.message}") from None
+
+
+def _provider_of(args: argparse.Namespace) -> Provider:
+    if args.provider is not None:
+        return load_provider(args.provider)
+    spec = os.environ.get("BOTMESH_PROVIDER", "").strip()
+    return load_provider(spec, "BOTMESH_PROVIDER") if spec else load_provider("console")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from botmesh._bot import Bot
+    from botmesh._console import run_console
+
+    bot = load_app(args.app)
+    if not isinstance(bot, Bot):
+        raise AppLoadError(f"--app {args.app!r}: `botmesh run` runs a botmesh.Bot")
+    provider = _provider_of(args)
+    journal: str | None = args.journal
+    if journal is None:  # the default: a file journal in the data dir
+        env = os.environ.get("BOTMESH_DATA_DIR", "").strip()
+        data_dir = Path(args.data_dir or env or "botmesh-data").resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        journal = f"file://{data_dir}/console.journal?append_log=true"
+    elif journal == "none":
+        journal = None
+    return asyncio.run(
+        run_console(
+            bot,
+            provider,
+            journal=journal,
+            chat=args.chat,
+            json_lines=args.json,
+            instance_id=args.instance_id,
+        )
+    )
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from streams.config import WorkerConfig
 
     bot = load_app(args.app)
-    if args.provider is not None:
-        provider = load_provider(args.provider)
-    else:
-        spec = os.environ.get("BOTMESH_PROVIDER", "").strip()
-        provider = load_provider(spec, "BOTMESH_PROVIDER") if spec else load_provider("console")
+    provider = _provider_of(args)
     if args.instance_id is not None and not args.instance_id.strip():
         raise ValueError("--instance-id: must not be empty; leave it out for the default")
     config = WorkerConfig.from_env(
@@ -314,6 +382,7 @@ def _cmd_receipts(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
+        "run": _cmd_run,
         "worker": _cmd_worker,
         "topics": _cmd_topics,
         "produce": _cmd_produce,
