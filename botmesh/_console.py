@@ -4,8 +4,8 @@ Each line of stdin is one inbound message: plain text for one chat, or (``json_l
 inbound record as it travels on the inbound topic (``{"v": 1, "id": ..., "chat_id": ...}``).
 A line read from a file or a pipe gets the id ``stdin:<chat>:<line number>:<hash of the
 text>``, so feeding the same file twice replays the same messages (they are answered from
-the journal, not twice); a line typed at a terminal gets a fresh id. At the end of input the runtime finishes
-what is due (enqueued sends, retries that are due now) and stops.
+the journal, not twice); a line typed at a terminal gets a fresh id. At the end of input
+the runtime finishes what is due (enqueued sends, retries that are due now) and stops.
 
 An outcome other than ``handled`` and every error is reported on stderr; a record that
 cannot be decoded is skipped with its reason. The exit status is 0, or 1 when a message

@@ -1,7 +1,6 @@
-"""A durable helpdesk bot: the README's example. The module defines the bot; a runtime runs it.
-
-    botmesh run --app examples.helpdesk:bot           # in this process, one message per line
-    botmesh worker --app examples.helpdesk:bot        # the same bot on Kafka
+"""A durable helpdesk bot, the README's example: the module defines the bot, a runtime runs
+it. ``botmesh run --app examples.helpdesk:bot`` runs it in this process (one message per
+line of stdin); ``botmesh worker --app examples.helpdesk:bot`` runs the same bot on Kafka.
 """
 
 from botmesh import Bot, Context, DeadEvent
