@@ -12,21 +12,23 @@ import inspect
 import logging
 import random
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from state.backends import check_url, open_backend
 from state.backoff import Retries
 from state.clock import Clock
+from state.delivery import send_direct
 from state.engine import Engine, EngineHooks
 from state.errors import ConfigError, DurabilityError
 from state.events import ErrorEvent, Event, SentEvent
 from state.inbox import Outcome
 from state.keys import check_explicit, derived_key, fingerprint, random_key
 from state.kv import DurableKv
-from state.messages import Inbound, Media, Outbound, OutboxState, Receipt
+from state.messages import Inbound, Media, Outbound, Receipt
 from state.operations import Operations
 from state.ports import Provider
 from state.receipts import ReceiptSink
@@ -34,7 +36,7 @@ from state.receipts import ReceiptSink
 if TYPE_CHECKING:
     from botmesh._bot import Bot
 
-__all__ = ["Context", "Runtime", "run"]
+__all__ = ["Context", "Runtime", "SendOptions", "run"]
 
 log = logging.getLogger("botmesh")
 
@@ -71,55 +73,49 @@ class Context:
             return check_explicit(idempotency_key), False
         return derived_key(self.message.id, self._sends), True
 
-    async def reply(
-        self,
-        text: str | None = None,
-        *,
-        media: Media | None = None,
-        idempotency_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> Receipt:
+    async def reply(self, text: str | None = None, **opts: Unpack[SendOptions]) -> Receipt:
         """Send to this message's chat; returns the receipt of the (first part of the) send."""
-        return await self.send(
-            self.chat_id, text, media=media, idempotency_key=idempotency_key, options=options
-        )
+        return await self.send(self.chat_id, text, **opts)
 
     async def send(
-        self,
-        chat_id: str,
-        text: str | None = None,
-        *,
-        media: Media | None = None,
-        idempotency_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
+        self, chat_id: str, text: str | None = None, **opts: Unpack[SendOptions]
     ) -> Receipt:
         """Send to any chat, now (retried inline up to ``outbox.inline_max``)."""
-        key, derived = self._key(idempotency_key)
-        message = _outbound(chat_id, text, media, options)
-        return await self._runtime._send(message, key, derived, self.message.id)
+        return await self._submit(chat_id, text, opts, inline=True)
 
     async def enqueue(
-        self,
-        chat_id: str,
-        text: str | None = None,
-        *,
-        media: Media | None = None,
-        idempotency_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
+        self, chat_id: str, text: str | None = None, **opts: Unpack[SendOptions]
     ) -> str:
         """Journal a send for the background sweeper and return its key at once."""
-        key, derived = self._key(idempotency_key)
-        message = _outbound(chat_id, text, media, options)
-        return await self._runtime._enqueue(message, key, derived, self.message.id)
+        return (await self._submit(chat_id, text, opts, inline=False)).key
+
+    async def _submit(
+        self, chat_id: str, text: str | None, opts: SendOptions, *, inline: bool
+    ) -> Receipt:
+        key, derived = self._key(opts.get("idempotency_key"))
+        message = _outbound(chat_id, text, opts)
+        return await self._runtime._submit(message, key, derived, self.message.id, inline=inline)
 
 
-def _outbound(
-    chat_id: str, text: str | None, media: Media | None, options: Mapping[str, Any] | None
-) -> Outbound:
+class SendOptions(TypedDict, total=False):
+    """The keyword options of every send (``ctx.reply``, ``ctx.send``, ``ctx.enqueue``,
+    ``app.send``, ``app.enqueue``)."""
+
+    #: A media reference (URL, path or inline bytes) sent with the text, or instead of it.
+    media: Media | None
+    #: The send's name (no ``#``); default ``<inbound id>:<n>`` in a handler, else random.
+    idempotency_key: str | None
+    #: Channel options passed to the provider as they are (``parse_mode``, ``reply_to``…).
+    options: Mapping[str, Any] | None
+
+
+def _outbound(chat_id: str, text: str | None, opts: SendOptions) -> Outbound:
+    media = opts.get("media")
     if text is None and media is None:
         raise ValueError("a send needs text or media")
-    opts = {k: v for k, v in options.items() if k != "idempotency_key"} if options else {}
-    return Outbound(chat_id, text, media, opts)
+    options = opts.get("options")
+    channel = {k: v for k, v in options.items() if k != "idempotency_key"} if options else {}
+    return Outbound(chat_id, text, media, channel)
 
 
 class Runtime:
@@ -276,31 +272,24 @@ class Runtime:
         return await self._started().handle(message)
 
     async def send(
-        self,
-        chat_id: str,
-        text: str | None = None,
-        *,
-        media: Media | None = None,
-        idempotency_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
+        self, chat_id: str, text: str | None = None, **opts: Unpack[SendOptions]
     ) -> Receipt:
         """Send outside a handler (a random key unless you give one)."""
-        key = check_explicit(idempotency_key) if idempotency_key is not None else random_key()
-        return await self._send(_outbound(chat_id, text, media, options), key, False, None)
+        return await self._submit_outside(chat_id, text, opts, inline=True)
 
     async def enqueue(
-        self,
-        chat_id: str,
-        text: str | None = None,
-        *,
-        media: Media | None = None,
-        idempotency_key: str | None = None,
-        options: Mapping[str, Any] | None = None,
+        self, chat_id: str, text: str | None = None, **opts: Unpack[SendOptions]
     ) -> str:
         """Journal a send for the background sweeper; a second enqueue of a recorded key is
         a no-op. Returns the key."""
-        key = check_explicit(idempotency_key) if idempotency_key is not None else random_key()
-        return await self._enqueue(_outbound(chat_id, text, media, options), key, False, None)
+        return (await self._submit_outside(chat_id, text, opts, inline=False)).key
+
+    async def _submit_outside(
+        self, chat_id: str, text: str | None, opts: SendOptions, *, inline: bool
+    ) -> Receipt:
+        given = opts.get("idempotency_key")
+        key = check_explicit(given) if given is not None else random_key()
+        return await self._submit(_outbound(chat_id, text, opts), key, False, None, inline=inline)
 
     # -- the engine's hooks and the send path ----------------------------------------------
 
@@ -343,42 +332,28 @@ class Runtime:
                 message = result
         return message
 
-    async def _send(
-        self, message: Outbound, key: str, derived: bool, inbound_id: str | None
+    async def _submit(
+        self,
+        message: Outbound,
+        key: str,
+        derived: bool,
+        inbound_id: str | None,
+        *,
+        inline: bool,
     ) -> Receipt:
         fp = fingerprint(message) if derived else None
         if self.bot._before_send:
             message = await self._before(message)
-        if self.journal is None:
+        if self.journal is None:  # no journal: every send goes out now, enqueued or not
             return await self._send_plain(message, key, inbound_id)
         return await self._started().submit(
-            message, key, inline=True, derived=derived, fp=fp, inbound_id=inbound_id
+            message, key, inline=inline, derived=derived, fp=fp, inbound_id=inbound_id
         )
-
-    async def _enqueue(
-        self, message: Outbound, key: str, derived: bool, inbound_id: str | None
-    ) -> str:
-        fp = fingerprint(message) if derived else None
-        if self.bot._before_send:
-            message = await self._before(message)
-        if self.journal is None:
-            await self._send_plain(message, key, inbound_id)
-            return key
-        receipt = await self._started().submit(
-            message, key, inline=False, derived=derived, fp=fp, inbound_id=inbound_id
-        )
-        return receipt.key
 
     async def _send_plain(self, message: Outbound, key: str, inbound_id: str | None) -> Receipt:
         self._check_running()
-        result = await self.provider.send(message)
-        receipt = Receipt(
-            key=key,
-            chat_id=message.chat_id,
-            message_id=result.message_id,
-            state=OutboxState.SENT,
-            inbound_id=inbound_id,
-        )
+        now = self._clock.now() if self._clock is not None else time.time()
+        receipt = await send_direct(self.provider, message, key, inbound_id, part=1, now=now)
         await self._emit(SentEvent(receipt, False))
         return receipt
 

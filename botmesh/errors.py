@@ -1,58 +1,9 @@
 """Every error botmesh raises on purpose, in one tree (drawn in ``state.errors``)::
 
-from botmesh.errors import SendDeferredError, JournalUnavailableError
+    from botmesh.errors import SendDeferredError, JournalUnavailableError
 """
 
-from state.errors import (
-    AppLoadError,
-    BadRecord,
-    BotmeshError,
-    ConfigError,
-    DurabilityError,
-    FencedError,
-    InvalidKeyError,
-    JournalCorruptError,
-    JournalLockedError,
-    JournalUnavailableError,
-    JournalWriteError,
-    MediaUnavailableError,
-    OutsideSessionWindowError,
-    PayloadTooLargeError,
-    ProviderError,
-    ProviderNotLeaderError,
-    RateLimitedError,
-    Reason,
-    RecipientUnreachableError,
-    RecordStateError,
-    SendDeferredError,
-    SendError,
-    UnsupportedContentError,
-    VersionConflictError,
-)
+from state import errors as _tree
+from state.errors import *  # noqa: F403 - the tree is re-exported whole, as it is defined
 
-__all__ = [
-    "AppLoadError",
-    "BadRecord",
-    "BotmeshError",
-    "ConfigError",
-    "DurabilityError",
-    "FencedError",
-    "InvalidKeyError",
-    "JournalCorruptError",
-    "JournalLockedError",
-    "JournalUnavailableError",
-    "JournalWriteError",
-    "MediaUnavailableError",
-    "OutsideSessionWindowError",
-    "PayloadTooLargeError",
-    "ProviderError",
-    "ProviderNotLeaderError",
-    "RateLimitedError",
-    "Reason",
-    "RecipientUnreachableError",
-    "RecordStateError",
-    "SendDeferredError",
-    "SendError",
-    "UnsupportedContentError",
-    "VersionConflictError",
-]
+__all__ = _tree.__all__

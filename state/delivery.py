@@ -23,6 +23,7 @@ from state.kv import Entry, Put, handover
 from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
 from state.outbox import new_values, part_payloads
+from state.ports import Provider
 from state.records import (
     SETTLED,
     decode_outbound,
@@ -37,7 +38,7 @@ from state.writes import Write
 if TYPE_CHECKING:
     from state.engine import Engine
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "send_direct"]
 
 log = logging.getLogger("botmesh.delivery")
 
@@ -53,6 +54,28 @@ _SETTLE_LABEL = {
 def _closed(value: Json, now: float, state: OutboxState, **changes: Any) -> Json:
     """A send's record in a settled ``state``: no longer in flight, no longer leased."""
     return revise(value, now, state=state, inflight=None, lease=None, **changes)
+
+
+async def send_direct(
+    provider: Provider,
+    message: Outbound,
+    key: str,
+    inbound_id: str | None,
+    *,
+    part: int,
+    now: float,
+) -> Receipt:
+    """Call the provider for a send that is not journaled; its receipt."""
+    result = await provider.send(message)
+    return Receipt(
+        key=key,
+        chat_id=message.chat_id,
+        message_id=result.message_id,
+        state=OutboxState.SENT,
+        inbound_id=inbound_id,
+        part=part,
+        ts=now,
+    )
 
 
 def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
@@ -249,16 +272,8 @@ class Delivery:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
         e = self._e
         e.metrics.outbox_bypassed += 1
-        result = await e.provider.send(message)
-        receipt = Receipt(
-            key=key,
-            chat_id=message.chat_id,
-            message_id=result.message_id,
-            state=OutboxState.SENT,
-            inbound_id=inbound_id,
-            part=part,
-            ts=e.clock.now(),
-        )
+        now = e.clock.now()
+        receipt = await send_direct(e.provider, message, key, inbound_id, part=part, now=now)
         await e.emit(SentEvent(receipt, False))
         if e.publisher is not None:
             await e.publisher.publish(receipt, journaled=False)

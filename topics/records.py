@@ -85,32 +85,29 @@ def decode_inbound(raw: bytes | str | None) -> Inbound:
     ``id`` is ``""`` when the record has none (the worker then uses
     ``<topic>:<partition>:<offset>``).
     """
-    if not raw:
-        raise _empty("inbound")
-    try:
-        msg = _INBOUND.decode(raw)
-    except msgspec.ValidationError as exc:
-        return _diagnose(raw, "inbound", Inbound, str(exc))
-    except msgspec.DecodeError as exc:
-        raise _bad_json("inbound", exc) from None
-    if isinstance(msg, Inbound):
-        return msg
-    return _diagnose(raw, "inbound", Inbound, "v is 0")
+    return _decode(raw, "inbound", Inbound, _INBOUND)
 
 
 def decode_receipt(raw: bytes | str | None) -> Receipt:
     """Decode and validate a receipt value; raises :class:`~state.errors.BadRecord`."""
+    return _decode(raw, "receipt", Receipt, _RECEIPT)
+
+
+def _decode(
+    raw: bytes | str | None, what: str, struct: type[_S], decoder: msgspec.json.Decoder[Any]
+) -> _S:
+    """One typed decode on the valid path; the reason worked out on refusal."""
     if not raw:
-        raise _empty("receipt")
+        raise _empty(what)
     try:
-        rec = _RECEIPT.decode(raw)
+        value = decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        return _diagnose(raw, "receipt", Receipt, str(exc))
+        return _diagnose(raw, what, struct, str(exc))
     except msgspec.DecodeError as exc:
-        raise _bad_json("receipt", exc) from None
-    if isinstance(rec, Receipt):
-        return rec
-    return _diagnose(raw, "receipt", Receipt, "v is 0")
+        raise _bad_json(what, exc) from None
+    if isinstance(value, struct):
+        return value
+    return _diagnose(raw, what, struct, "v is 0")
 
 
 def encode_inbound(msg: Inbound) -> bytes:
