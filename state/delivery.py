@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from state import records
 from state.backoff import GiveUp
 from state.errors import FencedError, Reason, SendDeferredError, VersionConflictError
 from state.events import AmbiguousEvent, DeadEvent, SentEvent
@@ -24,14 +25,7 @@ from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
 from state.outbox import new_values, part_payloads
 from state.ports import Provider
-from state.records import (
-    SETTLED,
-    decode_outbound,
-    encode_error,
-    error_of,
-    receipt_of,
-    revise,
-)
+from state.records import SETTLED, Json, revise
 from state.splitter import split_text
 from state.writes import Write
 
@@ -42,7 +36,6 @@ __all__ = ["Delivery", "send_direct"]
 
 log = logging.getLogger("botmesh.delivery")
 
-Json = dict[str, Any]
 
 _SETTLE_LABEL = {
     OutboxState.SENT: Write.OUTBOX_MARK_SENT,
@@ -82,7 +75,7 @@ def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
     """The error of a part that shares the fate of an earlier part, dead or unknown."""
     dead = state == OutboxState.DEAD
     what = "is dead" if dead else "has an unknown outcome"
-    return encode_error(
+    return records.encode_error(
         "PreviousPartDead" if dead else "PreviousPartUnknown",
         f"an earlier part ({previous}) {what}" + (f": {cause}" if cause else ""),
         retryable=not dead,
@@ -161,7 +154,9 @@ class Delivery:
         decision = self._retries.decide(exc, attempts, e.rng)
         if isinstance(decision, GiveUp):
             log.error("send %s dead-lettered: %s", held.value["key"], exc)
-            await self.dead(held, error_of(exc, decision.reason), background=started is None)
+            await self.dead(
+                held, records.error_of(exc, decision.reason), background=started is None
+            )
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
         lease = e.leases.lease(now, decision.delay + self._lease) if inline else None
@@ -171,7 +166,7 @@ class Delivery:
             state=OutboxState.FAILED,
             inflight=None,
             lease=lease,
-            error=error_of(exc, None),
+            error=records.error_of(exc, None),
         )
         due = lease["until"] if lease is not None else now + decision.delay
         await e.leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
@@ -259,7 +254,7 @@ class Delivery:
         if isinstance(target, Held):
             e.leases.held.pop(target.key, None)
         e.outbox.unblock(value)
-        receipt = receipt_of(value, now)
+        receipt = records.receipt_of(value, now)
         if state == OutboxState.SENT:
             await e.emit(SentEvent(receipt, background))
         if e.publisher is not None:
@@ -294,7 +289,7 @@ class Delivery:
             return gated
         if value.get("inflight") and ls in ("expired", "orphan"):
             if e.config.outbox.on_ambiguous == "skip":
-                error = encode_error(
+                error = records.encode_error(
                     "Ambiguous",
                     "the process stopped between calling the provider and recording it",
                     retryable=True,
@@ -353,7 +348,7 @@ class Delivery:
             e.metrics.outbox_retried += 1
         held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
         e.leases.held[entry.key] = held
-        message = decode_outbound(claimed["payload"])
+        message = records.decode_outbound(claimed["payload"])
         try:
             async with e.outbox.chat_lock(message.chat_id):
                 try:

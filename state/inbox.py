@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from state.backoff import GiveUp
 from state.errors import (
@@ -35,6 +35,7 @@ from state.lease import Held
 from state.messages import Inbound
 from state.records import (
     InboxState,
+    Json,
     decode_inbound,
     encode_error,
     encode_inbound,
@@ -49,8 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["Inbox", "Outcome"]
 
 log = logging.getLogger("botmesh.inbox")
-
-Json = dict[str, Any]
 
 
 class Outcome(StrEnum):

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from state.errors import DurabilityError, FencedError, VersionConflictError
 from state.kv import Entry, handover
+from state.records import Json
 from state.writes import Write
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ __all__ = ["Held", "LeaseState", "Leases"]
 
 log = logging.getLogger("botmesh.lease")
 
-Json = dict[str, Any]
 
 #: ``free``: no lease; ``live``: held and not expired; ``expired``: held, past ``until``;
 #: ``orphan``: held by this instance id under an earlier boot (reclaimable at once).

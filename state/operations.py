@@ -3,13 +3,13 @@ discard one, read the counters (``app.durability``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from state.errors import Reason, RecordStateError
 from state.inbox import replay_value
 from state.keys import part_base, part_key
 from state.kv import Delete, Entry, handover
-from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState, revise
+from state.records import InboxRecord, InboxState, Json, OutboxRecord, OutboxState, revise
 from state.writes import Write
 
 if TYPE_CHECKING:
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InboxView", "Operations", "OutboxView"]
 
-Json = dict[str, Any]
 
 _RETRYABLE = frozenset({OutboxState.DEAD, OutboxState.FAILED, OutboxState.UNKNOWN})
 _CASCADED = frozenset({Reason.PREVIOUS_PART_DEAD, Reason.PREVIOUS_PART_UNKNOWN})

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -32,7 +32,7 @@ from state.keys import diverged_key, part_base, part_key
 from state.kv import handover
 from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
-from state.records import encode_outbound, receipt_of
+from state.records import Json, encode_outbound, receipt_of
 from state.splitter import split_text
 from state.writes import Write
 
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["Outbox", "Plan", "new_values", "part_payloads"]
 
 log = logging.getLogger("botmesh.outbox")
-
-Json = dict[str, Any]
 
 
 def part_payloads(payload: Json, texts: list[str | None]) -> list[Json]:

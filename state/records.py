@@ -44,6 +44,7 @@ __all__ = [
     "SETTLED",
     "InboxRecord",
     "InboxState",
+    "Json",
     "OutboxRecord",
     "OutboxState",
     "decode_inbound",
@@ -56,6 +57,7 @@ __all__ = [
     "revise",
 ]
 
+#: A journal record: a JSON object.
 Json = dict[str, Any]
 
 
