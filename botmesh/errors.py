@@ -1,7 +1,5 @@
-"""Every error botmesh raises on purpose, in one tree (drawn in ``state.errors``)::
-
-    from botmesh.errors import SendDeferredError, JournalUnavailableError
-"""
+"""Every error botmesh raises on purpose, in one tree (drawn in ``state.errors``), for
+example ``from botmesh.errors import SendDeferredError, JournalUnavailableError``."""
 
 from state import errors as _tree
 from state.errors import *  # noqa: F403 - the tree is re-exported whole, as it is defined
