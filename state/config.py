@@ -108,7 +108,7 @@ class OutboxConfig:
     retries: int = 5
     #: Backoff between send attempts; a ``RateLimitedError`` waits at least ``retry_after``.
     backoff: BackoffConfig = field(default_factory=BackoffConfig)
-    #: How long ``ctx.reply`` / ``bot.send`` retry inline before ``SendDeferredError``
+    #: How long ``ctx.reply`` / ``ctx.send`` retry inline before ``SendDeferredError``
     #: (seconds, default 15 s).
     inline_max: float = 15.0
     #: A send found in flight after a crash: ``"skip"`` marks it ``unknown`` (never a
