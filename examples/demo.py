@@ -10,14 +10,14 @@ package).
    already running);
 2. the topics of the prefix (``BOTMESH_TOPIC_PREFIX``, default ``botmesh``), created if missing;
 3. ``botmesh worker --app examples.echo_bot:bot`` as a subprocess (log in the data dir),
-   on a file journal in the data dir (``<data dir>/worker/journal``, append log);
+   on its default journal, on Kafka (``<prefix>.worker-journal-changelog``);
 4. demo inbound messages over several chats, and each receipt as it comes back;
 5. a summary: receipts, per-chat order, messages per second.
 
-Then it keeps showing receipts (``botmesh produce`` sends more) until Ctrl-C, stops the
-worker and the broker it started, and reads the worker's journal back: every inbound
-``done``, every send ``sent``. ``--once`` exits after the summary (exit status 1 when a
-receipt is missing or out of order).
+Then it keeps showing receipts (``botmesh produce`` sends more) until Ctrl-C, reads the
+worker's journal back from its changelog (every inbound ``done``, every send ``sent``), and
+stops the worker and the broker it started. ``--once`` exits after the summary (exit status
+1 when a receipt is missing or out of order).
 """
 
 from __future__ import annotations
@@ -36,10 +36,16 @@ from pathlib import Path
 from types import FrameType
 
 from examples.echo_bot import bot as echo_bot
-from state.backends.file import open_file_kv
-from streams.config import default_journal
 from streams.provision import ensure_topics
-from streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
+from streams.table_kv import changelog_topic
+from streams.tools import (
+    Seen,
+    demo_records,
+    end_offsets,
+    produce_inbound,
+    read_journal,
+    tail_receipts,
+)
 from topics.catalog import Catalog, prefix_from_env
 
 __all__ = ["journal_summary", "main", "stop_process", "worker_command"]
@@ -89,7 +95,7 @@ def _start_worker(
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log_path = data_dir / "worker.log"
     env = dict(os.environ, BOTMESH_CONSOLE_QUIET="1", PYTHONUNBUFFERED="1")
-    env.pop("BOTMESH_JOURNAL", None)  # the demo shows the default: a file journal
+    env.pop("BOTMESH_JOURNAL", None)  # the demo shows the default: the journal on Kafka
     cmd = worker_command(
         "--bootstrap",
         bootstrap,
@@ -105,19 +111,18 @@ def _start_worker(
             cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     print(f"demo: worker pid {proc.pid}: {' '.join(cmd[2:])}  (log {log_path})")
-    print(f"demo: the worker's journal: {default_journal(data_dir / 'worker')}")
+    print(f"demo: the worker's journal: on Kafka, {changelog_topic(Catalog(prefix))}")
     return proc, log_path
 
 
-async def journal_summary(path: Path, scope: str) -> dict[str, dict[str, int]]:
-    """``{"inbound": {state: n}, "sends": {state: n}}`` of one bot scope in a file journal
-    (read after the worker stopped: the journal is locked while it runs)."""
-    kv = await open_file_kv(path)
-    try:
-        inbound = [e.value.get("state", "?") for e in await kv.scan(f"{scope}/in/")]
-        sends = [e.value.get("state", "?") for e in await kv.scan(f"{scope}/out/")]
-    finally:
-        await kv.close()
+async def journal_summary(bootstrap: str, cat: Catalog, scope: str) -> dict[str, dict[str, int]]:
+    """``{"inbound": {state: n}, "sends": {state: n}}`` of one bot scope in the worker's
+    journal, read from its changelog topic."""
+    journal = await read_journal(bootstrap, changelog_topic(cat), f"{scope}/")
+    inbound = [
+        e.value.get("state", "?") for k, e in journal.items() if k.startswith(f"{scope}/in/")
+    ]
+    sends = [e.value.get("state", "?") for k, e in journal.items() if k.startswith(f"{scope}/out/")]
     return {"inbound": _count(inbound), "sends": _count(sends)}
 
 
@@ -209,17 +214,16 @@ async def _run(
     return True
 
 
-def _show_journal(worker_dir: Path) -> None:
-    path = worker_dir / "journal"
-    if not path.exists():
-        return
+def _show_journal(bootstrap: str, cat: Catalog) -> None:
     try:
-        summary = asyncio.run(journal_summary(path, echo_bot.scope))
+        summary = asyncio.run(journal_summary(bootstrap, cat, echo_bot.scope))
     except Exception as exc:  # the demo's last line; the worker's log says more
-        print(f"demo: cannot read the journal {path}: {exc}", file=sys.stderr)
+        print(f"demo: cannot read the journal: {exc}", file=sys.stderr)
         return
     shown = {k: ", ".join(f"{n} {s}" for s, n in v.items()) or "none" for k, v in summary.items()}
-    print(f"demo: journal {path}: inbound {shown['inbound']}; sends {shown['sends']}")
+    print(
+        f"demo: journal {changelog_topic(cat)}: inbound {shown['inbound']}; sends {shown['sends']}"
+    )
 
 
 def _sigterm(_signum: int, _frame: FrameType | None) -> None:
@@ -242,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="botmesh-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     started = False
+    bootstrap = ""
     proc: subprocess.Popen[bytes] | None = None
     ok = False
     try:
@@ -262,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if proc is not None:
             stop_process(proc)
             print(f"demo: worker stopped (exit {proc.returncode})")
-            _show_journal(data_dir / "worker")
+            _show_journal(bootstrap, cat)
         if started:
             subprocess.run([str(KAFKA_SH), "stop"], check=False)
             print("demo: local Kafka stopped")

@@ -32,7 +32,7 @@ from state.config import DurabilityConfig
 from state.delivery import Delivery
 from state.events import Event
 from state.inbox import Inbox
-from state.kv import DurableKv
+from state.kv import DurableKv, Partitioned, anywhere
 from state.lease import Leases
 from state.messages import Inbound
 from state.metrics import Metrics
@@ -75,6 +75,8 @@ class Engine:
         rng: random.Random | None = None,
     ) -> None:
         self.kv = kv
+        #: The context of the work on one record found by a scan (``Partitioned.near``).
+        self.near = kv.near if isinstance(kv, Partitioned) else anywhere
         self.scope = scope
         self.config = config
         self.provider = provider
@@ -107,9 +109,16 @@ class Engine:
 
     async def open(self) -> None:
         """Recover (the journal is open already), then start the background scheduler."""
-        await self.outbox.rebuild_tails()
-        await self.sweeper.sweep_once(recovering=True)
+        await self.recover()
         self.scheduler.start()
+
+    async def recover(self) -> int:
+        """The recovery pass over what the journal holds now (at start; on the Kafka worker
+        also for each partition it is given): per-chat order rebuilt, leases of this
+        instance's earlier boots reclaimed, inbounds replayed, sends in flight resolved,
+        receipts published again. Returns how many records it acted on."""
+        await self.outbox.rebuild_tails()
+        return await self.sweeper.sweep_once(recovering=True)
 
     async def close(self) -> None:
         """Stop the scheduler (letting a pass finish) and record the receipts published."""

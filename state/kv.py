@@ -32,6 +32,7 @@ Atomicity, per method:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,7 @@ __all__ = [
     "IndexName",
     "MemoryKv",
     "Op",
+    "Partitioned",
     "Put",
     "apply_ops",
     "handover",
@@ -135,6 +137,21 @@ class DurableKv(Protocol):
     ) -> list[str]: ...
 
     async def scan(self, prefix: str) -> list[Entry]: ...
+
+
+@runtime_checkable
+class Partitioned(Protocol):
+    """A journal split in partitions that go with the chats (the Kafka worker's table
+    journal): a record's follow-up writes (a replayed inbound's sends) belong in the record's
+    partition. ``near(key)`` is a context manager the engine wraps around the work on one
+    record it found by a scan (the sweeper's visits, an operator's replay or retry)."""
+
+    def near(self, key: str) -> contextlib.AbstractContextManager[None]: ...
+
+
+def anywhere(key: str) -> contextlib.AbstractContextManager[None]:
+    """``near`` of an unpartitioned journal: nothing to choose."""
+    return contextlib.nullcontext()
 
 
 @dataclass(slots=True)

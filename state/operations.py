@@ -99,6 +99,11 @@ class Operations:
         """Sweep until a pass acts on nothing."""
         return await self._e.sweeper.drain(max_passes)
 
+    async def recover(self) -> int:
+        """Run the recovery pass now, over what the journal holds (``Engine.recover``): the
+        Kafka worker runs it for each journal partition it is given."""
+        return await self._e.recover()
+
     async def replay_inbound(self, inbound_id: str) -> None:
         """Process inbound ``inbound_id`` again (dead or done), with a fresh attempt budget;
         its sends that already went out are answered from the outbox."""

@@ -72,8 +72,9 @@ class Sweeper:
         if nb is not None and nb > now:
             return 0
         try:
-            entry = await e.kv.get(key)
-            acted = 0 if entry is None else await self._route(entry, now, recovering)
+            with e.near(key):
+                entry = await e.kv.get(key)
+                acted = 0 if entry is None else await self._route(entry, now, recovering)
         except Exception as exc:
             count = self._fail_counts.get(key, 0) + 1
             self._fail_counts[key] = count

@@ -4,8 +4,11 @@
 A bad value is refused here, naming the variable or the option and the fix.
 
 The worker never runs without a journal, and never on one that forgets: ``memory://`` and
-"none" are refused (a restarted worker must find what the last run journaled). The default
-is a file journal in the data dir, ``file://<BOTMESH_DATA_DIR>/journal?append_log=true``.
+"none" are refused (a restarted worker must find what the last run journaled). The default,
+``kafka``, is the journal on Kafka itself (``streams.table_kv``: a Faust table in RocksDB,
+changelogged, following the inbound partitions), which every worker of the group shares. A
+``file://`` journal stays possible for one worker alone (several workers in one group, each
+with its own file, would not see each other's records when partitions move).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_fro
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
+    "KAFKA_JOURNAL",
     "WorkerConfig",
     "check_worker_journal",
     "default_journal",
@@ -32,6 +36,9 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 #: Seconds a killed member holds its partitions when it has no static id (Faust: 60 s).
 DEFAULT_SESSION_TIMEOUT = 30.0
 _NONE = {"", "none", "null", "off", "no"}
+#: The journal on Kafka (the worker's default).
+KAFKA_JOURNAL = "kafka"
+_KAFKA = {"kafka", "kafka:", "kafka://", "table"}
 
 
 def default_journal(data_dir: Path) -> str:
@@ -42,16 +49,18 @@ def default_journal(data_dir: Path) -> str:
 def check_worker_journal(url: str, source: str = "--journal") -> str:
     """Refuse a journal the worker cannot run on (``ValueError`` naming ``source``)."""
     value = url.strip()
+    if value.lower() in _KAFKA:
+        return KAFKA_JOURNAL
     if value.lower() in _NONE:
         raise ValueError(
             f"{source}: the Kafka worker never runs without a journal; leave it out for the "
-            "default (a file journal in the data dir) or give file:///absolute/path"
+            "default (the journal on Kafka, 'kafka') or give file:///absolute/path"
         )
     if value.startswith("memory://"):
         raise ValueError(
             f"{source} {value!r}: the memory journal forgets everything at a restart, and a "
-            "restarted worker must find what the last run journaled; use "
-            "file:///absolute/path/journal (the default: <data dir>/journal)"
+            "restarted worker must find what the last run journaled; leave it out for the "
+            "journal on Kafka (the default, 'kafka'), or use file:///absolute/path/journal"
         )
     try:
         check_url(value)
@@ -99,7 +108,8 @@ class WorkerConfig:
     #: ``BOTMESH_DATA_DIR`` (default ``./botmesh-data``): the journal (by default) and
     #: Faust's own files.
     data_dir: Path = field(default_factory=lambda: Path("botmesh-data"))
-    #: ``BOTMESH_JOURNAL``: the journal URL (default ``file://<data dir>/journal?append_log=true``).
+    #: ``BOTMESH_JOURNAL``: ``kafka`` (the default: the journal on Kafka, shared by the
+    #: group) or a ``file://`` URL (one worker alone).
     journal: str | None = None
     #: ``BOTMESH_INSTANCE_ID``: the lease owner in the journal and the consumer's static
     #: ``group.instance.id``. Stable across restarts of one replica, unique per replica.
@@ -167,5 +177,12 @@ class WorkerConfig:
 
     @property
     def journal_url(self) -> str:
-        """The journal the worker runs on (``journal``, else the file journal in the data dir)."""
-        return self.journal if self.journal is not None else default_journal(self.data_dir)
+        """The journal the worker runs on: ``kafka`` (the default) or a ``file://`` URL."""
+        if self.journal is None:
+            return KAFKA_JOURNAL
+        return check_worker_journal(self.journal, "journal")
+
+    @property
+    def kafka_journal(self) -> bool:
+        """The worker journals on Kafka (a Faust table), not in a file."""
+        return self.journal_url == KAFKA_JOURNAL

@@ -66,8 +66,10 @@ from state.errors import BadRecord, JournalUnavailableError, Reason
 from state.inbox import Outcome
 from state.kv import DurableKv
 from state.messages import Inbound, Receipt
+from state.operations import Operations
 from state.ports import Provider
 from state.receipts import ReceiptSink
+from streams.table_kv import in_partition
 from topics.records import chat_key, decode_inbound, encode_receipt
 
 __all__ = [
@@ -102,6 +104,9 @@ class RuntimeLike(Protocol):
 
     @property
     def inbox_retries(self) -> Retries: ...
+
+    @property
+    def durability(self) -> Operations | None: ...
 
 
 @runtime_checkable
@@ -165,7 +170,9 @@ class InboundRunner:
     ``produce`` hands dead letters to the producer. ``stopping`` (an event the worker sets
     when it stops) ends retry waits: the batch is abandoned rather than acked unsettled.
     ``sleep(delay)`` waits between attempts (tests pass their own; the default ends early,
-    raising ``BatchAbandoned``, when ``stopping`` is set).
+    raising ``BatchAbandoned``, when ``stopping`` is set). ``owns(partition)`` says whether
+    this worker still owns a record's partition: a record that fails on a partition taken
+    from it is neither retried nor dead-lettered here (``BatchAbandoned``).
     """
 
     def __init__(
@@ -177,8 +184,10 @@ class InboundRunner:
         batch_deadline: float = 600.0,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        owns: Callable[[int], bool] | None = None,
     ) -> None:
         self.runtime = runtime
+        self._owns = owns
         self._produce = produce
         self._retries = runtime.inbox_retries
         self.ack_timeout = ack_timeout
@@ -226,7 +235,8 @@ class InboundRunner:
 
     async def _run_chat(self, items: list[tuple[RawRecord, Inbound]], deadline: float) -> None:
         for raw, message in items:
-            await self._settle(raw, message, deadline)
+            with in_partition(raw.partition):  # the chat's journal partition
+                await self._settle(raw, message, deadline)
 
     async def _settle(self, raw: RawRecord, message: Inbound, deadline: float) -> None:
         attempt = 0
@@ -238,6 +248,11 @@ class InboundRunner:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad, attempts=attempt)
                 return
             except Exception as exc:
+                if self._owns is not None and not self._owns(raw.partition):
+                    raise BatchAbandoned(
+                        f"partition {raw.partition} was taken from this worker while "
+                        f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
+                    ) from exc
                 decision = self._retries.decide(exc, attempt, self._rng)
                 if isinstance(decision, GiveUp):
                     reason = (

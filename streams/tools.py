@@ -1,6 +1,8 @@
-"""Operator tools on aiokafka: demo traffic for the inbound topic and a tail of the receipts.
+"""Operator tools on aiokafka: demo traffic for the inbound topic, a tail of the receipts,
+and the worker's journal read back from its changelog.
 
-Used by ``botmesh produce``, ``botmesh receipts``, ``examples/demo.py`` and the benchmark.
+Used by ``botmesh produce``, ``botmesh receipts``, ``examples/demo.py``, the tests and the
+benchmark.
 """
 
 from __future__ import annotations
@@ -16,10 +18,19 @@ from aiokafka import (
     TopicPartition,
 )
 
+from state.kv import Entry
 from state.messages import Inbound, Receipt
+from streams.table_kv import decode_entry
 from topics.records import chat_key, decode_receipt, encode_inbound
 
-__all__ = ["Seen", "demo_records", "end_offsets", "produce_inbound", "tail_receipts"]
+__all__ = [
+    "Seen",
+    "demo_records",
+    "end_offsets",
+    "produce_inbound",
+    "read_journal",
+    "tail_receipts",
+]
 
 
 def demo_records(n: int, chats: int, *, run: str = "demo") -> list[Inbound]:
@@ -73,6 +84,42 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         return {tp.partition: off for tp, off in ends.items()}
     finally:
         await consumer.stop()
+
+
+async def read_journal(bootstrap: str, changelog: str, prefix: str = "") -> dict[str, Entry]:
+    """The worker's journal as its changelog holds it now (the last record of each key up
+    to the end offsets; deleted keys left out), keys under ``prefix`` only. Reads with
+    ``read_uncommitted``: every record the broker acked."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    found: dict[str, Entry] = {}
+    try:
+        parts = await _partitions(consumer, changelog)
+        tps = [TopicPartition(changelog, p) for p in sorted(parts)]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        todo = {tp for tp in tps if ends[tp] > 0}
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.seek_to_beginning(tp)
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=1000)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    key = (m.key or b"").decode()
+                    if not key.startswith(prefix):
+                        continue
+                    entry = decode_entry(m.key or b"", m.value)
+                    if entry is None:
+                        found.pop(key, None)
+                    else:
+                        found[key] = entry
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+    finally:
+        await consumer.stop()
+    return found
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:

@@ -44,8 +44,10 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import faust
+from faust.types import TP
 
 from state.errors import ConfigError, DurabilityError
+from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
 from streams.provision import ensure_topics
@@ -59,6 +61,7 @@ from streams.runner import (
     RuntimeLike,
     redact,
 )
+from streams.table_kv import TABLE_NAME, TableKv
 
 __all__ = ["build_app", "run_worker"]
 
@@ -105,6 +108,60 @@ class _BotApp(faust.App):
         if self.botmesh_runtime is not None and self._runtime_started:
             self._runtime_started = False
             await self.botmesh_runtime.stop()
+
+
+class JournalTable(faust.Table):  # type: ignore[type-arg]
+    """The Faust table under the worker's journal (``streams.table_kv.TableKv``): Faust
+    restores its RocksDB partitions from the changelog; the journal writes the changelog
+    itself (through ``produce``) and is told when partitions come and go."""
+
+    botmesh_kv: TableKv | None = None
+
+    async def on_rebalance(
+        self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
+    ) -> None:
+        kv = self.botmesh_kv
+        if kv is not None:  # before Faust touches the databases: no write of ours lands late
+            topic = self.changelog_topic_name
+            actives = {
+                tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic
+            }
+            gone = {tp.partition for tp in revoked if tp.topic == topic}
+            kv.revoke(p for p in kv.owned if p in gone or p not in actives)
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+
+    async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        kv = self.botmesh_kv
+        if kv is not None:  # before the inbound partitions resume
+            await kv.assign(tp.partition for tp in active_tps)
+
+    # -- streams.table_kv.ChangelogPort ----------------------------------------------------
+
+    async def produce(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        producer = await self.app.maybe_start_producer()
+        topic = self.changelog_topic_name
+        fut = await producer.send(topic, key, value, partition, None, None)
+        fut.add_done_callback(lambda f: self._acked(partition, key, value, f))
+        return fut
+
+    def _acked(self, partition: int, key: bytes, value: bytes | None, fut: Any) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        self.persist(partition, key, value, fut.result().offset)
+
+    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
+        store: Any = self.data  # Faust's RocksDB store (its per-partition databases)
+        db = store._db_for_partition(partition)
+        if value is None:
+            db.delete(key)
+        else:
+            db.put(key, value)
+        store.set_persisted_offset(TP(self.changelog_topic_name, partition), offset)
+
+    def stored(self, partition: int) -> Any:
+        store: Any = self.data
+        return store._visible_items(store._db_for_partition(partition))
 
 
 def _exit_hard(why: str, code: int) -> NoReturn:
@@ -162,13 +219,41 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         producer = await app.maybe_start_producer()
         return await producer.send(names[role], key, value, None, None, headers or None)
 
+    journal: str | DurableKv = config.journal_url
+    kv: TableKv | None = None
+    if config.kafka_journal:
+        table = JournalTable(
+            app,
+            name=TABLE_NAME,
+            beacon=app.tables.beacon,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=config.partitions,
+            extra_topic_configs={"min.insync.replicas": "2" if config.replication >= 3 else "1"},
+        )
+        app.tables.add(table)
+        journal = kv = table.botmesh_kv = TableKv(table)
     runtime = bot.bind(
         provider,
-        config.journal_url,
+        journal,
         instance_id=config.instance_id,
         receipts=KafkaReceipts(produce),
     )
-    runner = InboundRunner(runtime, produce, batch_deadline=config.batch_deadline)
+    if kv is not None:
+
+        async def recover(partition: int) -> None:
+            ops = runtime.durability if app._runtime_started else None
+            if ops is not None:
+                acted = await ops.recover()
+                log.info("journal partition %d recovered (%d records acted on)", partition, acted)
+
+        kv.on_assigned = recover
+    runner = InboundRunner(
+        runtime,
+        produce,
+        batch_deadline=config.batch_deadline,
+        owns=kv.owns if kv is not None else None,
+    )
     app.botmesh_runtime = runtime
     app.botmesh_runner = runner
 
@@ -186,7 +271,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
 
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
     app.botmesh_about = (
-        f"bot {bot.bot_id} on {cat.inbound}, journal {redact(config.journal_url)}, "
+        f"bot {bot.bot_id} on {cat.inbound}, journal {redact(config.journal_url)}"
+        f"{' (' + cat.changelog(TABLE_NAME) + ')' if kv is not None else ''}, "
         f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}"
     )
     return app

@@ -12,8 +12,9 @@ topic                                     cleanup     purpose
 ``.10m``
 ``<prefix>.inbound.dlq``                  delete 30d  undecodable / failed inbound records
 ``<prefix>.outbox.dlq``                   delete 30d  sends that failed for good
-``<prefix>.worker-inbox-changelog``       compact     Faust table changelogs (``inbox``,
-``<prefix>.worker-outbox-changelog``                  ``outbox``); partitions = inbound's
+``<prefix>.worker-journal-changelog``     compact     the worker's journal (a Faust table:
+                                                      inbox, outbox and lease records);
+                                                      partitions = inbound's
 ========================================  ==========  =================================
 
 The prefix comes from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``). The worker's consumer
@@ -47,8 +48,9 @@ DEFAULT_PARTITIONS = 8
 #: whose delay is at least its backoff; the tier's consumer holds a record until it is due.
 RETRY_TIERS: tuple[tuple[str, float], ...] = (("5s", 5.0), ("1m", 60.0), ("10m", 600.0))
 
-#: The Faust tables of the worker; each has a compacted changelog topic.
-TABLES: tuple[str, ...] = ("inbox", "outbox")
+#: The Faust tables of the worker; each has a compacted changelog topic. One table, the
+#: journal, holds the inbox, outbox and lease records (``streams.table_kv``).
+TABLES: tuple[str, ...] = ("journal",)
 
 _DAY_MS = 24 * 3600 * 1000
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

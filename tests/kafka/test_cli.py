@@ -99,7 +99,7 @@ def test_topics_create_is_idempotent_and_list_shows_them(
     listed = botmesh("topics", "list", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix)
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()}
     assert set(rows) == set(names)
-    assert rows[f"{topic_prefix}.worker-outbox-changelog"][2] == "compact"
+    assert rows[f"{topic_prefix}.worker-journal-changelog"][2] == "compact"
     assert all(r[3] == "2" for r in rows.values())
 
 

@@ -9,13 +9,13 @@ import pytest
 from streams.config import WorkerConfig, check_worker_journal, group_instance_id
 
 
-def test_the_default_journal_is_a_file_journal_in_the_data_dir(tmp_path: Path) -> None:
+def test_the_default_journal_is_the_journal_on_kafka(tmp_path: Path) -> None:
     config = WorkerConfig.from_env({"BOTMESH_DATA_DIR": str(tmp_path / "d")})
-    assert config.journal_url == f"file://{tmp_path}/d/journal?append_log=true"
-    relative = WorkerConfig.from_env({})
-    assert (
-        relative.journal_url == f"file://{Path('botmesh-data').resolve()}/journal?append_log=true"
-    )
+    assert (config.journal_url, config.kafka_journal) == ("kafka", True)
+    for spelled in ("kafka", "kafka://", " Kafka ", "table"):
+        assert WorkerConfig.from_env({"BOTMESH_JOURNAL": spelled}).journal_url == "kafka"
+    on_file = WorkerConfig.from_env({"BOTMESH_JOURNAL": f"file://{tmp_path}/j"})
+    assert (on_file.journal_url, on_file.kafka_journal) == (f"file://{tmp_path}/j", False)
 
 
 def test_the_journal_comes_from_the_option_then_the_environment() -> None:

@@ -1,5 +1,5 @@
 """``make run`` in short: ``python -m examples.demo --once`` against the test broker; the echo
-bot runs on a file journal, which the demo reads back once the worker stopped."""
+bot runs on its default journal, on Kafka, which the demo reads back from the changelog."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_demo_once(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> N
     assert "200/200 receipts, 8 chats, per-chat order OK" in out.stdout
     assert "worker stopped (exit 0)" in out.stdout
     assert out.stdout.count("] sent ") == 200
-    journal = tmp_path / "worker" / "journal"
-    assert f"the worker's journal: file://{journal}?append_log=true" in out.stdout
+    changelog = f"{topic_prefix}.worker-journal-changelog"
+    assert f"the worker's journal: on Kafka, {changelog}" in out.stdout
     # the warm-up message and the 200: journaled, done, their replies sent
-    assert f"demo: journal {journal}: inbound 201 done; sends 201 sent" in out.stdout
+    assert f"demo: journal {changelog}: inbound 201 done; sends 201 sent" in out.stdout

@@ -257,6 +257,7 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
 
     class Refusing:
         inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
+        durability = None
 
         async def start(self) -> None: ...
 

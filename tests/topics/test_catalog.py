@@ -19,7 +19,7 @@ def test_names_derive_from_the_prefix() -> None:
         "acme.prod.outbox.retry.10m",
     )
     assert cat.app_id == cat.group == "acme.prod.worker"
-    assert cat.changelog("outbox") == "acme.prod.worker-outbox-changelog"
+    assert cat.changelog("journal") == "acme.prod.worker-journal-changelog"
 
 
 def test_default_prefix_and_env() -> None:
@@ -41,11 +41,11 @@ def test_unknown_retry_tier() -> None:
 
 def test_specs_cover_every_topic_with_policies() -> None:
     specs = {s.name: s for s in Catalog("p").specs(partitions=6, replication=3)}
-    assert len(specs) == 2 + len(RETRY_TIERS) + 2 + 2
+    assert len(specs) == 2 + len(RETRY_TIERS) + 2 + 1
     assert all(s.partitions == 6 and s.replication == 3 for s in specs.values())
     assert all(s.config["min.insync.replicas"] == "2" for s in specs.values())
     changelogs = [s for s in specs.values() if s.role == "changelog"]
-    assert {s.name for s in changelogs} == {"p.worker-inbox-changelog", "p.worker-outbox-changelog"}
+    assert {s.name for s in changelogs} == {"p.worker-journal-changelog"}
     assert all(s.compacted for s in changelogs)
     assert not specs["p.inbound"].compacted
     dlq = int(specs["p.inbound.dlq"].config["retention.ms"])

@@ -1,0 +1,340 @@
+"""The worker's journal: the ``DurableKv`` SPI over a Faust table stored in RocksDB and
+changelogged to Kafka (``<prefix>.worker-journal-changelog``, compacted).
+
+**The journal follows the partition.** The changelog has as many partitions as the inbound
+topic, and a chat's records (its inbox, outbox and lease records) live in the changelog
+partition of the chat's inbound partition. Whichever worker owns inbound partition ``p``
+owns changelog partition ``p``: Faust assigns them together, restores the partition's
+RocksDB database from the changelog before the worker gets the next inbound record of
+``p`` (``JournalTable.on_recovery_completed`` in ``streams.worker``), and the journal then
+loads the partition (``assign``) and runs the engine's recovery pass over it (leases the old
+owner left are reclaimed once they expire, or at once when this instance held them; sends
+left in flight are resolved by the ambiguity policy). A revoked partition is dropped from
+memory (``revoke``): a later write of its records by this worker is refused (a lease
+holder's write becomes ``FencedError``, counted in ``staleLeases``).
+
+Which partition a write goes to: the one named by ``in_partition(p)`` around the work (the
+runner wraps each inbound record; the recovery pass and the engine's sweeper visits wrap
+each record through ``near``), else the partition that holds the key already. A new key
+with neither is refused: nothing is written to a partition nobody chose.
+
+**Journal before acting.** ``commit`` applies its operations to the partition's entries in
+memory (the compare-and-set is checked there: this worker is the partition's only writer),
+produces one changelog record per operation and returns only when the broker acked every
+one of them (the producer runs with acks=all). Concurrent commits (the chats of a batch)
+share the producer's batches: their records go out in the same produce requests, so they
+wait on one round trip together (group commit). When an ack does not come (the broker is
+down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
+are undone in memory where nothing overwrote them since; the caller does not act on it
+(the provider is not called, the inbound is not acked).
+
+Only an acked record reaches RocksDB: the ack's callback writes the value into the
+partition's database and then records the changelog offset as persisted, in that order and
+in the order of the acks, so a worker restarted on the same data dir restores only what
+was produced after its last acked write, and a deleted data dir is rebuilt from the
+changelog whole.
+
+Changelog records: key = the journal key (UTF-8), value = ``{"v": version, "d": due,
+"p": purge, "r": value}`` as JSON, a tombstone for a delete (``decode_entry`` reads one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+import msgspec
+
+from state.errors import JournalUnavailableError, VersionConflictError
+from state.kv import Delete, Entry, IndexName, Op, apply_ops, copy_entry, range_of
+from topics.catalog import Catalog
+
+__all__ = [
+    "CURRENT_PARTITION",
+    "ChangelogPort",
+    "TableKv",
+    "changelog_topic",
+    "decode_entry",
+    "encode_entry",
+    "in_partition",
+]
+
+log = logging.getLogger("botmesh.journal")
+
+#: The partition the work in progress belongs to (the inbound record's, the swept record's).
+CURRENT_PARTITION: ContextVar[int | None] = ContextVar("botmesh_partition", default=None)
+
+#: The Faust table's name: its changelog is ``<app id>-journal-changelog``.
+TABLE_NAME = "journal"
+
+
+def changelog_topic(catalog: Catalog) -> str:
+    """The journal's changelog topic for a topic catalog (Faust's naming)."""
+    return catalog.changelog(TABLE_NAME)
+
+
+@contextlib.contextmanager
+def in_partition(partition: int | None) -> Iterator[None]:
+    """Run the body with ``partition`` as the partition of new journal records."""
+    token = CURRENT_PARTITION.set(partition)
+    try:
+        yield
+    finally:
+        CURRENT_PARTITION.reset(token)
+
+
+class _Stored(msgspec.Struct, frozen=True):
+    v: int
+    r: dict[str, Any]
+    d: float | None = None
+    p: float | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(_Stored).decode
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """The changelog value of one committed version."""
+    return _encode(_Stored(entry.version, entry.value, entry.due, entry.purge))
+
+
+def decode_entry(key: bytes, value: bytes | None) -> Entry | None:
+    """One changelog record as an ``Entry`` (``None`` for a tombstone)."""
+    if value is None:
+        return None
+    s = _decode(value)
+    return Entry(key.decode(), s.r, s.v, s.d, s.p)
+
+
+class ChangelogPort(Protocol):
+    """What the journal needs from the Faust side (``streams.worker.JournalTable``)."""
+
+    async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
+        """Hand one changelog record to the producer; the awaitable resolves on its ack."""
+        ...
+
+    def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
+        """The partition's records in the local RocksDB database (restored)."""
+        ...
+
+    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
+        """Write one acked record into the partition's database, then its offset."""
+        ...
+
+
+#: Called for each newly loaded partition (inside ``in_partition``): the recovery pass.
+OnAssigned = Callable[[int], Awaitable[object]]
+
+
+class TableKv:
+    """The ``DurableKv`` of the Kafka worker (see the module docstring)."""
+
+    def __init__(self, port: ChangelogPort, *, ack_timeout: float = 30.0) -> None:
+        self._port = port
+        self.ack_timeout = ack_timeout
+        self._parts: dict[int, dict[str, Entry]] = {}
+        self._where: dict[str, int] = {}
+        self._closed = False
+        self.on_assigned: OnAssigned | None = None
+        #: Changelog records acked, and commits that failed for want of an ack.
+        self.acked = 0
+        self.failed = 0
+
+    # -- partitions -----------------------------------------------------------------------
+
+    @property
+    def owned(self) -> frozenset[int]:
+        """The partitions loaded here (owned by this worker)."""
+        return frozenset(self._parts)
+
+    def owns(self, partition: int) -> bool:
+        return partition in self._parts
+
+    async def assign(self, partitions: Iterable[int]) -> list[int]:
+        """Load the partitions not loaded yet from their (restored) databases, then run
+        ``on_assigned`` for each, inside ``in_partition``; returns the new ones."""
+        new = sorted(p for p in set(partitions) if p not in self._parts)
+        for p in new:
+            entries: dict[str, Entry] = {}
+            for key, value in self._port.stored(p):
+                entry = decode_entry(key, value)
+                if entry is not None:
+                    entries[entry.key] = entry
+            self._parts[p] = entries
+            for k in entries:
+                self._where[k] = p
+            log.info("journal partition %d loaded: %d records", p, len(entries))
+        if self.on_assigned is not None:
+            for p in new:
+                if p not in self._parts:  # revoked again meanwhile
+                    continue
+                with in_partition(p):
+                    try:
+                        await self.on_assigned(p)
+                    except Exception:
+                        log.exception(
+                            "recovery of journal partition %d failed; the sweeper tries again", p
+                        )
+        return new
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Forget the partitions another worker owns now."""
+        for p in partitions:
+            entries = self._parts.pop(p, None)
+            if entries is None:
+                continue
+            for k in entries:
+                if self._where.get(k) == p:
+                    del self._where[k]
+            log.info("journal partition %d revoked: %d records dropped", p, len(entries))
+
+    def near(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """The partition of ``key`` for the work on it (``state.kv.Partitioned``)."""
+        p = self._where.get(key)
+        if p is None or CURRENT_PARTITION.get() == p:
+            return contextlib.nullcontext()
+        return in_partition(p)
+
+    # -- the SPI --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+
+    def _check(self) -> None:
+        if self._closed:
+            raise JournalUnavailableError("the worker's journal is closed (the worker stopped)")
+
+    def _entries_for(self, key: str) -> dict[str, Entry] | None:
+        p = CURRENT_PARTITION.get()
+        if p is None:
+            p = self._where.get(key)
+        return None if p is None else self._parts.get(p)
+
+    async def get(self, key: str) -> Entry | None:
+        self._check()
+        entries = self._entries_for(key)
+        e = entries.get(key) if entries is not None else None
+        return copy_entry(e) if e is not None else None
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        self._check()
+        found: dict[str, Entry] = {}
+        for k in keys:
+            entries = self._entries_for(k)
+            if entries is not None and (e := entries.get(k)) is not None:
+                found[k] = copy_entry(e)
+        return found
+
+    def _partition_of(self, ops: Sequence[Op]) -> int:
+        p = CURRENT_PARTITION.get()
+        if p is None:
+            p = self._where.get(ops[0].key)
+        if p is None:
+            raise JournalUnavailableError(
+                f"journal write of {ops[0].key!r} has no partition: a new record is written "
+                "while its chat's inbound (or request) record is handled on the worker"
+            )
+        return p
+
+    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
+        self._check()
+        if not ops:
+            return []
+        p = self._partition_of(ops)
+        entries = self._parts.get(p)
+        if entries is None:
+            op = ops[0]
+            if op.expect:  # a holder's compare-and-set: the record is not ours any more
+                raise VersionConflictError(op.key, op.expect, None)
+            raise JournalUnavailableError(
+                f"journal partition {p} is not owned by this worker (it was revoked); "
+                f"{op.key!r} not written"
+            )
+        before = {op.key: entries.get(op.key) for op in ops}
+        versions = apply_ops(entries, ops)
+        after = {op.key: entries.get(op.key) for op in ops}
+        for op in ops:
+            if isinstance(op, Delete):
+                if self._where.get(op.key) == p:
+                    del self._where[op.key]
+            else:
+                self._where[op.key] = p
+        try:
+            await self._produce_and_wait(p, after)
+        except BaseException as exc:
+            self._undo(p, before, after)
+            self.failed += 1
+            if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
+                raise JournalUnavailableError(
+                    f"journal write {label or '(unlabelled)'} of {ops[0].key!r} not acked by "
+                    f"the broker: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        return versions
+
+    async def _produce_and_wait(self, p: int, after: dict[str, Entry | None]) -> None:
+        acks: list[Awaitable[Any]] = []
+        for key, entry in after.items():
+            k = key.encode()
+            v = encode_entry(entry) if entry is not None else None
+            acks.append(await self._port.produce(p, k, v))
+        if len(acks) == 1:
+            await asyncio.wait_for(acks[0], self.ack_timeout)
+        else:
+            await asyncio.wait_for(asyncio.gather(*acks), self.ack_timeout)
+        self.acked += len(acks)
+
+    def _undo(
+        self, p: int, before: dict[str, Entry | None], after: dict[str, Entry | None]
+    ) -> None:
+        """Put back what a failed commit replaced, where nothing overwrote it since."""
+        entries = self._parts.get(p)
+        if entries is None:
+            return
+        for key, old in before.items():
+            if entries.get(key) is not after[key]:
+                continue
+            if old is None:
+                entries.pop(key, None)
+                if self._where.get(key) == p:
+                    del self._where[key]
+            else:
+                entries[key] = old
+                self._where[key] = p
+
+    async def range(
+        self, index: IndexName, prefix: str, until: float, limit: int = 100
+    ) -> list[str]:
+        self._check()
+        p = CURRENT_PARTITION.get()
+        if p is not None:
+            entries = self._parts.get(p)
+            return range_of(entries, index, prefix, until, limit) if entries else []
+        per = [_scored(entries, index, prefix, until, limit) for entries in self._parts.values()]
+        return [key for _, key in heapq.merge(*per)][: max(limit, 0)]
+
+    async def scan(self, prefix: str) -> list[Entry]:
+        self._check()
+        p = CURRENT_PARTITION.get()
+        parts = [self._parts.get(p, {})] if p is not None else list(self._parts.values())
+        found = [
+            copy_entry(e) for entries in parts for k, e in entries.items() if k.startswith(prefix)
+        ]
+        found.sort(key=lambda e: e.key)
+        return found
+
+
+def _scored(
+    entries: dict[str, Entry], index: IndexName, prefix: str, until: float, limit: int
+) -> list[tuple[float, str]]:
+    keys = range_of(entries, index, prefix, until, limit)
+    return [(getattr(entries[k], index), k) for k in keys]
