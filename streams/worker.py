@@ -50,6 +50,7 @@ from state.errors import ConfigError, DurabilityError
 from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
+from streams.faust_defects import guard_commit_holes
 from streams.provision import ensure_topics
 from streams.runner import (
     BatchAbandoned,
@@ -176,6 +177,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     """The Faust app (untyped, hence ``Any``) running ``bot`` on ``config``'s topics; its
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
+    guard_commit_holes()
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {

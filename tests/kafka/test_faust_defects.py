@@ -1,0 +1,59 @@
+"""The faust-streaming defects of ``streams.faust_defects``, each shown on Faust's own code
+and met by botmesh's workaround (no broker needed: the consumer is not started)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+import pytest
+from faust.types import TP
+
+from streams.faust_defects import _ORIGINAL, guard_commit_holes, held_commit
+
+TPX = TP("t.inbound", 0)
+
+
+@pytest.fixture
+async def consumer() -> Any:
+    """Faust's consumer, never started (built inside the test's event loop)."""
+    app = faust.App("defects", broker="kafka://127.0.0.1:1", store="memory://")
+    return app.consumer
+
+
+def acked(consumer: Any, committed: int | None, offsets: list[int]) -> None:
+    consumer._committed_offset[TPX] = committed
+    consumer._acked[TPX] = list(offsets)
+    consumer._acked_index[TPX] = set(offsets)
+
+
+async def test_faust_commits_past_a_hole_of_one_offset_and_the_guard_holds_the_commit(
+    consumer: Any,
+) -> None:
+    # committed = 7651 is the next offset to read: 7651 never reached the agent
+    acked(consumer, 7651, [7652, 7653])
+    assert _ORIGINAL(consumer, TPX) == 7654  # the defect: 7651 would be lost at a restart
+    acked(consumer, 7651, [7652, 7653])
+    guard_commit_holes()
+    assert held_commit(consumer, TPX)
+    assert consumer._new_offset(TPX) is None  # held: the next start redelivers 7651
+    acked(consumer, 7651, [7651, 7652, 7653])
+    assert consumer._new_offset(TPX) == 7654  # no hole: committed as Faust would
+
+
+async def test_a_committed_offset_of_zero_is_not_checked_by_faust_and_is_by_the_guard(
+    consumer: Any,
+) -> None:
+    acked(consumer, 0, [1, 2])
+    assert _ORIGINAL(consumer, TPX) == 3  # the defect: offset 0 skipped
+    acked(consumer, 0, [1, 2])
+    guard_commit_holes()
+    assert consumer._new_offset(TPX) is None
+
+
+async def test_a_gap_faust_recorded_itself_is_left_to_faust(consumer: Any) -> None:
+    guard_commit_holes()
+    acked(consumer, 10, [12, 13])
+    consumer._gap[TPX].addi(10, 12)  # e.g. a transaction marker it saw in the stream
+    assert not held_commit(consumer, TPX)
+    assert consumer._new_offset(TPX) == 14
