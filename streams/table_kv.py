@@ -238,6 +238,8 @@ class TableKv:
         p = CURRENT_PARTITION.get()
         if p is None:
             p = self._where.get(ops[0].key)
+        if p is None and ops[0].expect:  # a record this worker had: its partition moved
+            raise VersionConflictError(ops[0].key, ops[0].expect, None)
         if p is None:
             raise JournalUnavailableError(
                 f"journal write of {ops[0].key!r} has no partition: a new record is written "

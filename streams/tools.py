@@ -99,10 +99,11 @@ async def read_journal(bootstrap: str, changelog: str, prefix: str = "") -> dict
         parts = await _partitions(consumer, changelog)
         tps = [TopicPartition(changelog, p) for p in sorted(parts)]
         ends = await consumer.end_offsets(tps) if tps else {}
-        todo = {tp for tp in tps if ends[tp] > 0}
+        starts = await consumer.beginning_offsets(tps) if tps else {}
+        todo = {tp for tp in tps if ends[tp] > starts[tp]}
         consumer.assign(tps)
-        for tp in tps:
-            await consumer.seek_to_beginning(tp)
+        for tp in tps:  # explicit offsets: seek_to_beginning can lose to the initial reset
+            consumer.seek(tp, starts[tp])
         while todo:
             batch = await consumer.getmany(*todo, timeout_ms=1000)
             for tp, msgs in batch.items():

@@ -1,0 +1,231 @@
+"""``streams.table_kv.TableKv`` on a real broker, without Faust: the DurableKv contract, the
+partitions it owns, a revoked partition fencing its old holder, and a write the broker does
+not ack.
+
+The journal writes through a ``ChangelogPort``; here the port is plain aiokafka on a real
+compacted topic (acks=all), and a partition's records are read back from the topic, as
+Faust's restore does, when the journal is given the partition. ``reopen`` is a new journal
+restored from the topic alone (a worker on a wiped data dir).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from botmesh import Bot, Context, Inbound, Outcome
+from botmesh.testing import MockProvider
+from state.errors import JournalUnavailableError, VersionConflictError
+from state.kv import DurableKv, Entry, IndexName, Op, Put
+from streams.table_kv import TableKv, in_partition
+from tests.backends import BackendCase, BackendHandle
+from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
+from tests.kafka.broker import create_topics
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 2
+
+
+class KafkaChangelog:
+    """A ``ChangelogPort`` on plain aiokafka: records produced with acks=all; a partition's
+    records read back from the topic (the last value of each key)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.producer: AIOKafkaProducer | None = None
+        self.restored: dict[int, dict[bytes, bytes]] = {}
+
+    async def start(self) -> None:
+        create_topics(
+            self.bootstrap, [self.topic], PARTITIONS, config={"cleanup.policy": "compact"}
+        )
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+        await self.producer.start()
+        await self._restore()
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
+
+    async def _restore(self) -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            starts = await consumer.beginning_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, starts[tp])  # explicit: seek_to_beginning can lose to a reset
+                records = self.restored.setdefault(tp.partition, {})
+                while await consumer.position(tp) < ends[tp]:
+                    for m in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                        if m.value is None:
+                            records.pop(m.key or b"", None)
+                        else:
+                            records[m.key or b""] = m.value
+        finally:
+            await consumer.stop()
+
+    async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
+        assert self.producer is not None, "the changelog is stopped"
+        return await self.producer.send(self.topic, value, key=key, partition=partition)
+
+    def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
+        return list(self.restored.get(partition, {}).items())
+
+    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
+        raise AssertionError("the journal never persists by itself: the table's ack does")
+
+
+class InPartition:
+    """A ``DurableKv`` view of one partition of a ``TableKv`` (as the runner's records see it)."""
+
+    def __init__(self, kv: TableKv, port: KafkaChangelog, partition: int = 0) -> None:
+        self.kv, self.port, self.partition = kv, port, partition
+
+    async def open(self) -> None:
+        await self.kv.open()
+
+    async def close(self) -> None:
+        await self.kv.close()
+        await self.port.stop()
+
+    async def get(self, key: str) -> Entry | None:
+        with in_partition(self.partition):
+            return await self.kv.get(key)
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        with in_partition(self.partition):
+            return await self.kv.get_many(keys)
+
+    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
+        with in_partition(self.partition):
+            return await self.kv.commit(ops, label=label)
+
+    async def range(
+        self, index: IndexName, prefix: str, until: float, limit: int = 100
+    ) -> list[str]:
+        with in_partition(self.partition):
+            return await self.kv.range(index, prefix, until, limit)
+
+    async def scan(self, prefix: str) -> list[Entry]:
+        with in_partition(self.partition):
+            return await self.kv.scan(prefix)
+
+
+_bootstrap: list[str] = []
+
+
+async def open_table(path: Path) -> DurableKv:
+    topic = "tkv-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    port = KafkaChangelog(_bootstrap[0], topic)
+    await port.start()
+    kv = TableKv(port, ack_timeout=20.0)
+    await kv.open()
+    await kv.assign(range(PARTITIONS))
+    return InPartition(kv, port)
+
+
+@pytest.fixture
+async def backend(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[BackendHandle]:
+    _bootstrap[:] = [kafka_bootstrap]
+    handle = BackendHandle(BackendCase("kafka-table", open_table, persistent=True), tmp_path)
+    await handle.open()
+    try:
+        yield handle
+    finally:
+        await handle.close()
+
+
+def table_of(backend: BackendHandle) -> tuple[TableKv, KafkaChangelog]:
+    view = backend.kv
+    assert isinstance(view, InPartition)
+    return view.kv, view.port
+
+
+async def test_records_stay_in_their_partition_and_a_scan_without_one_sees_all(
+    backend: BackendHandle,
+) -> None:
+    kv, _ = table_of(backend)
+    with in_partition(0):
+        await kv.commit([Put("s/a", {"n": 0}, expect=0, due=2.0)])
+    with in_partition(1):
+        await kv.commit([Put("s/b", {"n": 1}, expect=0, due=1.0)])
+        assert await kv.get("s/a") is None  # partition 1 does not see partition 0's record
+    assert [e.key for e in await kv.scan("s/")] == ["s/a", "s/b"]
+    assert await kv.range("due", "s/", 10.0) == ["s/b", "s/a"]  # merged by score
+    # a known key is written in its own partition with no partition named
+    assert await kv.commit([Put("s/a", {"n": 2}, expect=1)]) == [2]
+    with pytest.raises(JournalUnavailableError, match="has no partition"):
+        await kv.commit([Put("s/new", {}, expect=0)])
+    restored = await backend.reopen()  # a new journal from the topic alone
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        entry = await restored.kv.get("s/a")
+    assert entry is not None and (entry.value, entry.version) == ({"n": 2}, 2)
+
+
+async def test_a_revoked_partition_refuses_its_old_holder(backend: BackendHandle) -> None:
+    kv, _ = table_of(backend)
+    with in_partition(1):
+        [v] = await kv.commit([Put("s/held", {"lease": "mine"}, expect=0)])
+    kv.revoke([1])
+    assert kv.owned == {0}
+    with pytest.raises(VersionConflictError):  # a holder's compare-and-set: fenced upstream
+        await kv.commit([Put("s/held", {"done": True}, expect=v)])
+    with in_partition(1), pytest.raises(JournalUnavailableError, match="not owned"):
+        await kv.commit([Put("s/other", {}, expect=0)])
+
+
+async def test_a_write_the_broker_does_not_ack_is_refused_and_undone(
+    backend: BackendHandle,
+) -> None:
+    kv, port = table_of(backend)
+    with in_partition(0):
+        await kv.commit([Put("s/k", {"v": 1}, expect=0)])
+    await port.stop()  # no producer: nothing can be acked
+    with in_partition(0):
+        with pytest.raises(JournalUnavailableError, match="not acked"):
+            await kv.commit([Put("s/k", {"v": 2}, expect=1), Put("s/n", {}, expect=0)])
+        entry = await kv.get("s/k")
+        assert entry is not None and (entry.value, entry.version) == ({"v": 1}, 1)
+        assert await kv.get("s/n") is None
+    assert kv.failed == 1
+
+
+async def test_a_turn_finished_after_its_partition_moved_is_fenced_and_counted(
+    backend: BackendHandle,
+) -> None:
+    """The real engine on the journal: the inbound's partition is revoked while its handler
+    runs; its reply and its ``done`` are refused, counted in ``staleLeases``."""
+    kv, _ = table_of(backend)
+    started, release = asyncio.Event(), asyncio.Event()
+    bot = Bot("fence")
+
+    @bot.on_message
+    async def slow(ctx: Context) -> None:
+        started.set()
+        await release.wait()
+        await ctx.reply("too late")
+
+    provider = MockProvider()
+    async with bot.bind(provider, kv, instance_id="w1") as runtime:
+        with in_partition(1):
+            turn = asyncio.ensure_future(runtime.handle(Inbound(id="m1", chat_id="c1", text="hi")))
+            await started.wait()
+        kv.revoke([1])  # another worker owns the chat now
+        release.set()
+        outcome = await turn
+        assert outcome == Outcome.FENCED
+        assert provider.sent == []  # the reply was never journaled here, so never sent
+        assert runtime.metrics()["staleLeases"] == 1
