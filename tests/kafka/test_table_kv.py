@@ -78,7 +78,10 @@ class KafkaChangelog:
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
         assert self.producer is not None, "the changelog is stopped"
-        return await self.producer.send(self.topic, value, key=key, partition=partition)
+        ack: Awaitable[Any] = await self.producer.send(
+            self.topic, value, key=key, partition=partition
+        )
+        return ack
 
     def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
         return list(self.restored.get(partition, {}).items())
