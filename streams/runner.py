@@ -1,5 +1,6 @@
-"""The inbound path without Faust: decode a batch of records, settle each through the
-runtime, dead-letter what cannot be settled, publish receipts.
+"""The inbound path without Faust: decode a batch of records (inbound messages and send
+requests), settle each through the runtime, dead-letter what cannot be settled, publish
+receipts.
 
 ``InboundRunner.run_batch`` takes plain :class:`RawRecord` tuples, so the Faust agent
 (``streams.worker``) and tests drive the same code. It **returns only when every record of
@@ -27,6 +28,30 @@ The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts
 ``detail``, ``error.class``, ``error.message``, ``attempts``, ``source.topic``,
 ``source.partition``, ``source.offset``, ``dead.ts`` (credentials in URLs are masked).
 
+**Send requests** (records of ``requests_topic``, ``<prefix>.requests``: a send from outside
+a handler, ``topics.records.SendRequest``) go the same way: decoded with
+``decode_request``, put in their chat's sequence, and settled by ``runtime.send(chat_id,
+text, media=, options=, idempotency_key=<key, else req:<id>>)`` inside the record's journal
+partition; a request delivered or produced again is answered from the outbox and sends
+nothing twice. A request is settled when ``send`` returned a receipt (counted in
+``requests`` by its state: ``sent``, ``pending`` (journaled, delivery left to the sweeper),
+or ``dead``/``unknown`` answered from the outbox), or raised ``SendDeferredError``
+(``deferred``: journaled, the sweeper retries it), ``FencedError`` (``fenced``: another
+holder delivers it) or any other error that is not the journal's (``refused``: the provider
+refused it for good and the send is journaled dead with its receipt, or a before-send hook
+raised, as a handler's error counts as handled). A ``DurabilityError`` (the journal) is
+retried and dead-lettered as for an inbound (``journal-unavailable``, ``handle-failed``); an
+undecodable request goes at once, with its ``BadRecord`` reason. A request's dead letters go
+to ``<prefix>.requests.dlq`` (produce role ``"requests-dlq"``), so each DLQ holds the
+records of one topic and is redriven to it.
+
+**A chat's order across the two topics.** Kafka orders a partition, not two topics: the
+consumer hands over inbound and request records of one batch round-robin by topic. Within a
+batch the runner settles a chat's records in the order of their timestamps (producer time,
+``RawRecord.timestamp``), each topic-partition's records keeping their offset order (a merge,
+never a sort of one partition: clock skew between producers changes only how the two
+sequences interleave). Records of different batches are settled batch after batch.
+
 **How far a failing chat blocks others.** The records of one chat run one after the other,
 in offset order; the chats of a batch run concurrently. A record that waits for a retry
 holds up only the later records of its own chat *within the batch*: every other chat of the
@@ -50,27 +75,35 @@ receipts are at least once, never lost.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
 from state.backoff import GiveUp, Retries
-from state.errors import BadRecord, JournalUnavailableError, Reason
+from state.errors import (
+    BadRecord,
+    DurabilityError,
+    FencedError,
+    JournalUnavailableError,
+    Reason,
+    SendDeferredError,
+)
 from state.inbox import Outcome
 from state.kv import DurableKv
-from state.messages import Inbound, Receipt
+from state.messages import Inbound, Media, Receipt
 from state.operations import Operations
 from state.ports import Provider
 from state.receipts import ReceiptSink
 from streams.table_kv import in_partition
-from topics.records import chat_key, decode_inbound, encode_receipt
+from topics.records import SendRequest, chat_key, decode_inbound, decode_request, encode_receipt
 
 __all__ = [
     "BatchAbandoned",
@@ -79,14 +112,18 @@ __all__ = [
     "KafkaReceipts",
     "RawRecord",
     "RuntimeLike",
+    "in_time_order",
 ]
 
 log = logging.getLogger("botmesh.streams")
 
 Headers = list[tuple[str, bytes]]
-#: ``produce(role, key, value, headers)`` hands a record to the producer (role ``"sent"`` or
-#: ``"dlq"``) and returns an awaitable that resolves on the broker's ack.
+#: ``produce(role, key, value, headers)`` hands a record to the producer (role ``"sent"``,
+#: ``"dlq"`` or ``"requests-dlq"``) and returns an awaitable that resolves on the broker's ack.
 Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]]]
+#: What one record of a batch is, once decoded.
+Item = tuple["RawRecord", Inbound | SendRequest]
+_T = TypeVar("_T")
 DETAIL_MAX = 400
 _CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
@@ -101,6 +138,16 @@ class RuntimeLike(Protocol):
     async def handle(self, message: Inbound) -> Outcome: ...
 
     async def flush_receipts(self) -> int: ...
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str | None = None,
+        *,
+        media: Media | None = ...,
+        idempotency_key: str | None = ...,
+        options: Mapping[str, Any] | None = ...,
+    ) -> Receipt: ...
 
     @property
     def inbox_retries(self) -> Retries: ...
@@ -134,6 +181,9 @@ class RawRecord:
     key: bytes | None
     value: bytes | None
     headers: Sequence[tuple[str, bytes]] = ()
+    #: The record's timestamp in seconds (Kafka's, producer time), when known: it orders a
+    #: chat's inbound and request records of one batch.
+    timestamp: float | None = None
 
     @property
     def where(self) -> str:
@@ -172,7 +222,8 @@ class InboundRunner:
     ``sleep(delay)`` waits between attempts (tests pass their own; the default ends early,
     raising ``BatchAbandoned``, when ``stopping`` is set). ``owns(partition)`` says whether
     this worker still owns a record's partition: a record that fails on a partition taken
-    from it is neither retried nor dead-lettered here (``BatchAbandoned``).
+    from it is neither retried nor dead-lettered here (``BatchAbandoned``). Records of
+    ``requests_topic`` are send requests (see the module doc).
     """
 
     def __init__(
@@ -185,8 +236,10 @@ class InboundRunner:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         owns: Callable[[int], bool] | None = None,
+        requests_topic: str | None = None,
     ) -> None:
         self.runtime = runtime
+        self.requests_topic = requests_topic
         self._owns = owns
         self._produce = produce
         self._retries = runtime.inbox_retries
@@ -200,6 +253,9 @@ class InboundRunner:
         self.outcomes: Counter[str] = Counter()
         #: How many dead letters were produced, by reason.
         self.dead_letters: Counter[str] = Counter()
+        #: How many send requests were settled, by how (see the module doc): ``sent``,
+        #: ``pending``, ``dead``, ``unknown``, ``deferred``, ``fenced``, ``refused``.
+        self.requests: Counter[str] = Counter()
         #: Failed attempts that were retried.
         self.retried = 0
 
@@ -208,16 +264,25 @@ class InboundRunner:
     async def run_batch(self, records: Sequence[RawRecord]) -> None:
         """Settle every record of ``records``; return only when all are (then ack them)."""
         deadline = time.monotonic() + self.batch_deadline
-        chats: dict[str, list[tuple[RawRecord, Inbound]]] = {}
+        chats: dict[str, list[Item]] = {}
+        mixed: set[str] = set()  # chats with requests: their records are merged by time
+        requests = self.requests_topic
         for raw in records:
+            item: Inbound | SendRequest
             try:
-                message = decode_inbound(raw.value)
+                if raw.topic == requests:
+                    item = decode_request(raw.value)
+                    mixed.add(item.chat_id)
+                else:
+                    item = decode_inbound(raw.value)
+                    if not item.id:
+                        item = msgspec.structs.replace(item, id=raw.where)
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad)
                 continue
-            if not message.id:
-                message = msgspec.structs.replace(message, id=raw.where)
-            chats.setdefault(message.chat_id, []).append((raw, message))
+            chats.setdefault(item.chat_id, []).append((raw, item))
+        for chat in mixed:
+            chats[chat] = in_time_order(chats[chat])
         if len(chats) == 1:
             await self._run_chat(next(iter(chats.values())), deadline)
         elif chats:
@@ -233,20 +298,72 @@ class InboundRunner:
         except Exception as exc:  # they stay unpublished in the journal: published again
             log.warning("receipts not recorded as published yet (%s: %s)", type(exc).__name__, exc)
 
-    async def _run_chat(self, items: list[tuple[RawRecord, Inbound]], deadline: float) -> None:
-        for raw, message in items:
+    async def _run_chat(self, items: list[Item], deadline: float) -> None:
+        for raw, item in items:
             with in_partition(raw.partition):  # the chat's journal partition
-                await self._settle(raw, message, deadline)
+                if isinstance(item, Inbound):
+                    await self._settle(raw, item, deadline)
+                else:
+                    await self._settle_request(raw, item, deadline)
 
     async def _settle(self, raw: RawRecord, message: Inbound, deadline: float) -> None:
+        handle = self.runtime.handle
+        done = await self._attempts(raw, message.id, lambda: handle(message), deadline)
+        if done is None:
+            return
+        outcome, attempt = done
+        self.outcomes[outcome] += 1
+        if outcome == Outcome.DEAD:
+            await self.dead_letter(
+                raw,
+                Reason.ATTEMPTS_EXHAUSTED,
+                f"the journal dead-lettered inbound {message.id!r}: inbox.max_attempts "
+                "runs were charged without completing",
+                attempts=attempt,
+            )
+
+    async def _settle_request(self, raw: RawRecord, request: SendRequest, deadline: float) -> None:
+        done = await self._attempts(raw, request.id, lambda: self._send(request), deadline)
+        if done is not None:
+            self.requests[done[0]] += 1
+
+    async def _send(self, request: SendRequest) -> str:
+        """One attempt at a request: how it settled, or the journal's error (retried)."""
+        key = request.idempotency_key
+        try:
+            receipt = await self.runtime.send(
+                request.chat_id,
+                request.text,
+                media=request.media,
+                idempotency_key=key,
+                options=request.options or None,
+            )
+        except SendDeferredError:
+            return "deferred"
+        except FencedError:
+            return "fenced"
+        except DurabilityError:
+            raise
+        except Exception as exc:  # the provider's final refusal (journaled dead), or a hook
+            log.warning(
+                "request %s (key %s) refused: %s: %s", request.id, key, type(exc).__name__, exc
+            )
+            return "refused"
+        return str(receipt.state)
+
+    async def _attempts(
+        self, raw: RawRecord, name: str, call: Callable[[], Awaitable[_T]], deadline: float
+    ) -> tuple[_T, int] | None:
+        """``call()`` until it returns (its result and the attempt); ``None`` when the record
+        was dead-lettered instead (a ``BadRecord``, or the retry budget spent)."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                outcome = await self.runtime.handle(message)
+                return await call(), attempt
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad, attempts=attempt)
-                return
+                return None
             except Exception as exc:
                 if self._owns is not None and not self._owns(raw.partition):
                     raise BatchAbandoned(
@@ -262,10 +379,11 @@ class InboundRunner:
                     )
                     detail = f"not settled in {attempt} attempts: {type(exc).__name__}: {exc}"
                     await self.dead_letter(raw, reason, detail, error=exc, attempts=attempt)
-                    return
+                    return None
                 log.warning(
-                    "inbound %s at %s failed (attempt %d): %s: %s; retrying in %.2fs",
-                    message.id,
+                    "%s %s at %s failed (attempt %d): %s: %s; retrying in %.2fs",
+                    self._noun(raw),
+                    name,
                     raw.where,
                     attempt,
                     type(exc).__name__,
@@ -273,23 +391,15 @@ class InboundRunner:
                     decision.delay,
                 )
                 self.retried += 1
-                await self._wait(decision.delay, deadline, message.id)
-                continue
-            self.outcomes[outcome] += 1
-            if outcome == Outcome.DEAD:
-                await self.dead_letter(
-                    raw,
-                    Reason.ATTEMPTS_EXHAUSTED,
-                    f"the journal dead-lettered inbound {message.id!r}: inbox.max_attempts "
-                    "runs were charged without completing",
-                    attempts=attempt,
-                )
-            return
+                await self._wait(decision.delay, deadline, f"{self._noun(raw)} {name!r}")
 
-    async def _wait(self, delay: float, deadline: float, inbound_id: str) -> None:
+    def _noun(self, raw: RawRecord) -> str:
+        return "request" if raw.topic == self.requests_topic else "inbound"
+
+    async def _wait(self, delay: float, deadline: float, what: str) -> None:
         if time.monotonic() + delay > deadline:
             raise BatchAbandoned(
-                f"inbound {inbound_id!r} still fails after the batch retried for "
+                f"{what} still fails after the batch retried for "
                 f"{self.batch_deadline:g}s; nothing of the batch is acked"
             )
         await self._sleep(delay)
@@ -316,7 +426,8 @@ class InboundRunner:
         error: BaseException | None = None,
         attempts: int | None = None,
     ) -> None:
-        """Copy ``raw`` to the inbound DLQ with the reason and the error in its headers."""
+        """Copy ``raw`` to its DLQ (the inbound's, or the requests' for a send request) with
+        the reason and the error in its headers."""
         detail = redact(detail)[:DETAIL_MAX]
         headers: Headers = [("reason", str(reason).encode()), ("detail", detail.encode())]
         if error is not None:
@@ -332,11 +443,13 @@ class InboundRunner:
         ]
         ours = {k for k, _ in headers}
         headers += [(k, v) for k, v in raw.headers if k not in ours]
-        log.warning("inbound %s -> DLQ (%s: %s)", raw.where, reason, detail)
+        noun = self._noun(raw)
+        log.warning("%s %s -> DLQ (%s: %s)", noun, raw.where, reason, detail)
+        role = "requests-dlq" if noun == "request" else "dlq"
         try:
-            ack = await self._produce("dlq", raw.key, raw.value or b"", headers)
+            ack = await self._produce(role, raw.key, raw.value or b"", headers)
         except Exception as exc:
-            raise BatchAbandoned(f"cannot produce to the inbound DLQ: {exc}") from exc
+            raise BatchAbandoned(f"cannot produce to the {noun} DLQ: {exc}") from exc
         self._pending.add(ack)
         self.dead_letters[reason] += 1
 
@@ -348,3 +461,21 @@ class InboundRunner:
                 await asyncio.wait_for(asyncio.gather(*batch), self.ack_timeout)
             except Exception as exc:
                 raise BatchAbandoned(f"a dead letter was not acked by the broker: {exc}") from exc
+
+
+def in_time_order(items: list[Item]) -> list[Item]:
+    """A chat's records merged by timestamp, each topic-partition's records keeping their
+    (offset) order; as they are when a timestamp is missing or they come from one place."""
+    sources: dict[tuple[str, int], list[Item]] = {}
+    for item in items:
+        raw = item[0]
+        if raw.timestamp is None:
+            return items
+        sources.setdefault((raw.topic, raw.partition), []).append(item)
+    if len(sources) < 2:
+        return items
+    return list(heapq.merge(*sources.values(), key=_timestamp))
+
+
+def _timestamp(item: Item) -> float:
+    return item[0].timestamp or 0.0

@@ -2,8 +2,8 @@
 
 Pure data: no Kafka client, and of ours only ``state`` (the message model of
 ``state.messages`` and the error tree of ``state.errors``). ``streams.provision`` creates the
-topics; the records are ``state.messages.Inbound`` and ``Receipt``, refused ones raise
-``state.errors.BadRecord``.
+topics; the records are ``state.messages.Inbound`` and ``Receipt`` and the send request
+``SendRequest`` (defined here), refused ones raise ``state.errors.BadRecord``.
 """
 
 from topics.catalog import (
@@ -18,11 +18,14 @@ from topics.catalog import (
 )
 from topics.records import (
     SCHEMA_VERSION,
+    SendRequest,
     chat_key,
     decode_inbound,
     decode_receipt,
+    decode_request,
     encode_inbound,
     encode_receipt,
+    encode_request,
     schema,
 )
 
@@ -34,12 +37,15 @@ __all__ = [
     "SCHEMA_VERSION",
     "TABLES",
     "Catalog",
+    "SendRequest",
     "TopicSpec",
     "chat_key",
     "decode_inbound",
     "decode_receipt",
+    "decode_request",
     "encode_inbound",
     "encode_receipt",
+    "encode_request",
     "prefix_from_env",
     "schema",
 ]

@@ -7,10 +7,14 @@ Pure data (no Kafka client): ``streams.provision`` creates what this module desc
 topic                                     cleanup     purpose
 ========================================  ==========  =================================
 ``<prefix>.inbound``                      delete 7d   inbound messages, keyed by chat id
+``<prefix>.requests``                     delete 7d   send requests (sends from outside a
+                                                      handler), keyed by chat id;
+                                                      partitions = inbound's
 ``<prefix>.sent``                         delete 7d   sent receipts, keyed by chat id
 ``<prefix>.outbox.retry.5s`` / ``.1m`` /  delete 1d   outbox retry tiers (backoff)
 ``.10m``
 ``<prefix>.inbound.dlq``                  delete 30d  undecodable / failed inbound records
+``<prefix>.requests.dlq``                 delete 30d  undecodable / failed send requests
 ``<prefix>.outbox.dlq``                   delete 30d  sends that failed for good
 ``<prefix>.worker-journal-changelog``     compact     the worker's journal (a Faust table:
                                                       inbox, outbox and lease records);
@@ -55,7 +59,7 @@ TABLES: tuple[str, ...] = ("journal",)
 _DAY_MS = 24 * 3600 * 1000
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
-Role = Literal["inbound", "sent", "retry", "dlq", "changelog"]
+Role = Literal["inbound", "requests", "sent", "retry", "dlq", "changelog"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +111,23 @@ class Catalog:
         return f"{self.prefix}.inbound"
 
     @property
+    def requests(self) -> str:
+        """Send requests: sends from outside a handler, keyed by chat id; the worker reads
+        them with the inbound (same partitions, so a chat's requests and messages have one
+        owner)."""
+        return f"{self.prefix}.requests"
+
+    @property
     def sent(self) -> str:
         return f"{self.prefix}.sent"
 
     @property
     def inbound_dlq(self) -> str:
         return f"{self.prefix}.inbound.dlq"
+
+    @property
+    def requests_dlq(self) -> str:
+        return f"{self.prefix}.requests.dlq"
 
     @property
     def outbox_dlq(self) -> str:
@@ -143,9 +158,10 @@ class Catalog:
         return f"{self.app_id}-{table}-changelog"
 
     def specs(self, partitions: int = DEFAULT_PARTITIONS, replication: int = 1) -> list[TopicSpec]:
-        """Every topic of the catalog. Changelogs and retry tiers get the inbound's partition
-        count (Faust co-partitions a table with its source); DLQs and receipts too, so a
-        chat keeps one partition everywhere."""
+        """Every topic of the catalog. Requests, changelogs and retry tiers get the inbound's
+        partition count (Faust co-partitions a table with its sources, and the worker reads
+        requests with the inbound); DLQs and receipts too, so a chat keeps one partition
+        everywhere."""
         if partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {partitions}")
         if replication < 1:
@@ -162,6 +178,12 @@ class Catalog:
                 "inbound",
                 {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
                 "inbound messages and interactions, keyed by chat id",
+            ),
+            spec(
+                self.requests,
+                "requests",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "send requests (sends from outside a handler), keyed by chat id",
             ),
             spec(
                 self.sent,
@@ -185,6 +207,12 @@ class Catalog:
                 "dlq",
                 {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
                 "inbound records that could not be decoded or handled (header 'reason')",
+            ),
+            spec(
+                self.requests_dlq,
+                "dlq",
+                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                "send requests that could not be decoded or settled (header 'reason')",
             ),
             spec(
                 self.outbox_dlq,

@@ -1,11 +1,14 @@
-"""Records on the wire: decode and validate inbound records, encode and decode receipts.
+"""Records on the wire: decode and validate inbound records and send requests, encode and
+decode receipts.
 
-The records are the message model of :mod:`state.messages` (``Inbound``, ``Media``,
-``Receipt``), defined there once; this module only puts them on the wire and takes them off.
-Values are UTF-8 JSON objects with a version field ``"v": 1``; keys are the chat id (UTF-8),
-so the default partitioner gives a chat one partition. The JSON Schema files
-``topics/schemas/inbound.v1.json`` and ``receipt.v1.json`` are generated from the same structs
-(``python -m topics.schemas``); ``SCHEMAS.md`` documents both.
+The inbound and receipt records are the message model of :mod:`state.messages` (``Inbound``,
+``Media``, ``Receipt``), defined there once; the send request (:class:`SendRequest`, a send
+from outside a handler, on ``<prefix>.requests``) is defined here, on the same ``Media``.
+This module only puts them on the wire and takes them off. Values are UTF-8 JSON objects with
+a version field ``"v": 1``; keys are the chat id (UTF-8), so the default partitioner gives a
+chat one partition. The JSON Schema files ``topics/schemas/inbound.v1.json``,
+``receipt.v1.json`` and ``request.v1.json`` are generated from the same structs
+(``python -m topics.schemas``); ``SCHEMAS.md`` documents them.
 
 Decoding is one ``msgspec`` pass that validates as it parses. Only a record that pass refuses
 takes the slow path, which parses it again without types and looks at its structure to say
@@ -18,11 +21,13 @@ the DLQ ``reason`` header) is stable and whose ``detail`` names the field and th
 ``unknown-version``  ``v`` is missing or not a version we read (``1``)
 ``missing-chat-id``  no ``chat_id``, or a null or empty one
 ``wrong-type``       another field has the wrong type or value (an empty ``id``, a ``kind``
-                     other than ``message``/``interaction``, ``media.data`` not base64…)
+                     other than ``message``/``interaction``, ``media.data`` not base64, a
+                     request without ``text`` or ``media``, a ``#`` in a request's key…)
 
-One form the structs refuse is accepted on purpose: an inbound ``chat_id`` given as a JSON
-integer is read as its decimal string (chat ids of some channels are numbers). Such a record
-takes the slow path (about three passes instead of one). Unknown fields are ignored.
+One form the structs refuse is accepted on purpose: a ``chat_id`` (of an inbound or a
+request) given as a JSON integer is read as its decimal string (chat ids of some channels are
+numbers). Such a record takes the slow path (about three passes instead of one). Unknown
+fields are ignored.
 """
 
 from __future__ import annotations
@@ -30,23 +35,57 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Annotated, Any, Final, Literal, TypeVar, cast
 
 import msgspec
 import msgspec.inspect as mi
 
 from state.errors import BadRecord, Reason
-from state.messages import SCHEMA_VERSION, Inbound, Receipt
+from state.messages import SCHEMA_VERSION, Inbound, Media, Receipt
 
 __all__ = [
+    "REQUEST_KEY_PREFIX",
     "SCHEMA_VERSION",
+    "SendRequest",
     "chat_key",
     "decode_inbound",
     "decode_receipt",
+    "decode_request",
     "encode_inbound",
     "encode_receipt",
+    "encode_request",
     "schema",
 ]
+
+#: The idempotency key of a request that gives none is ``req:<request id>``.
+REQUEST_KEY_PREFIX = "req:"
+
+_NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class SendRequest(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="v", tag=1
+):
+    """A send from outside a handler (another service, a cron, an operator), on
+    ``<prefix>.requests`` keyed by chat id: the chat's owner journals it and delivers it in
+    order with the chat's other sends.
+
+    ``id`` names the request (stable when it is produced again); ``key`` is the send's
+    idempotency key, default ``req:<id>`` (:attr:`idempotency_key`), so a request delivered
+    or produced twice sends once. It needs ``text`` or ``media``.
+    """
+
+    id: _NonEmpty
+    chat_id: _NonEmpty
+    text: str | None = None
+    media: Media | None = None
+    key: _NonEmpty | None = None
+    options: dict[str, Any] = {}
+
+    @property
+    def idempotency_key(self) -> str:
+        """The send's idempotency key: ``key``, else ``req:<id>``."""
+        return self.key if self.key is not None else REQUEST_KEY_PREFIX + self.id
 
 
 class _Unversioned(msgspec.Struct, frozen=True, tag_field="v", tag=0):
@@ -58,16 +97,21 @@ class _Unversioned(msgspec.Struct, frozen=True, tag_field="v", tag=0):
 _S = TypeVar("_S", bound=msgspec.Struct)
 _INBOUND: Final = msgspec.json.Decoder(Inbound | _Unversioned)
 _RECEIPT: Final = msgspec.json.Decoder(Receipt | _Unversioned)
+_REQUEST: Final = msgspec.json.Decoder(SendRequest | _Unversioned)
 _UNTYPED: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
 _MISSING: Final = object()
-_NOUN: Final = {"inbound": "message", "receipt": "send"}
+_NOUN: Final = {"inbound": "message", "receipt": "send", "request": "send"}
+#: The structs whose ``chat_id`` may be given as an integer (read as its decimal string).
+_INT_CHAT: Final = (Inbound, SendRequest)
 #: Longest piece of a bad value quoted in a ``detail`` (only enum, literal and numeric values
 #: are quoted: free text could hold anything).
 _QUOTE_MAX = 40
 
 
-def schema(name: Literal["inbound", "receipt"], version: int = SCHEMA_VERSION) -> dict[str, Any]:
+def schema(
+    name: Literal["inbound", "receipt", "request"], version: int = SCHEMA_VERSION
+) -> dict[str, Any]:
     """The JSON Schema document shipped as ``topics/schemas/<name>.v<version>.json``."""
     text = resources.files("topics").joinpath(f"schemas/{name}.v{version}.json").read_text()
     doc: dict[str, Any] = json.loads(text)
@@ -91,6 +135,27 @@ def decode_inbound(raw: bytes | str | None) -> Inbound:
 def decode_receipt(raw: bytes | str | None) -> Receipt:
     """Decode and validate a receipt value; raises :class:`~state.errors.BadRecord`."""
     return _decode(raw, "receipt", Receipt, _RECEIPT)
+
+
+def decode_request(raw: bytes | str | None) -> SendRequest:
+    """Decode and validate a send request value; raises :class:`~state.errors.BadRecord`
+    (beyond the struct: it needs ``text`` or ``media``, and neither its ``id`` nor its
+    ``key`` may hold ``#``, which botmesh keeps for the parts of a split text)."""
+    request = _decode(raw, "request", SendRequest, _REQUEST)
+    if request.text is None and request.media is None:
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            "the request has neither 'text' nor 'media': give a string 'text', a 'media' "
+            "object, or both",
+        )
+    for field, value in (("id", request.id), ("key", request.key)):
+        if value is not None and "#" in value:
+            raise BadRecord(
+                Reason.WRONG_TYPE,
+                f"field '{field}' must not contain '#' (botmesh names the parts of a split "
+                "text 'key#2', 'key#3'…); use another separator, e.g. ':' or '/'",
+            )
+    return request
 
 
 def _decode(
@@ -121,6 +186,11 @@ def encode_receipt(receipt: Receipt) -> bytes:
     return _ENCODER.encode(receipt)
 
 
+def encode_request(request: SendRequest) -> bytes:
+    """The wire value of a send request: compact JSON, ``"v": 1`` first, defaults left out."""
+    return _ENCODER.encode(request)
+
+
 # -- the slow path: say why a record was refused ---------------------------------------------
 
 
@@ -138,8 +208,8 @@ def _diagnose(raw: bytes | str, what: str, struct: type[_S], why: str) -> _S:
     """Raise the :class:`BadRecord` that says why the typed decoder refused ``raw`` (``why``
     is msgspec's message, quoted only when no field explains the refusal).
 
-    The one refused form accepted: an inbound whose ``chat_id`` is an integer, decoded here
-    with the id as its decimal string.
+    The one refused form accepted: an inbound or a request whose ``chat_id`` is an integer,
+    decoded here with the id as its decimal string.
     """
     try:
         value = _UNTYPED.decode(raw)
@@ -166,7 +236,7 @@ def _diagnose(raw: bytes | str, what: str, struct: type[_S], why: str) -> _S:
             f"field 'chat_id' is required: the chat the {_NOUN[what]} belongs to "
             "(a non-empty string)",
         )
-    if struct is Inbound and not isinstance(chat, str):
+    if struct in _INT_CHAT and not isinstance(chat, str):
         if type(chat) is not int:
             raise BadRecord(
                 Reason.WRONG_TYPE,

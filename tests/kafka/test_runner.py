@@ -9,6 +9,7 @@ once. "Acked" below means ``run_batch`` returned: the worker acks a batch only t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 
 import botmesh
-from botmesh import Bot, Context, Inbound, Outcome
-from botmesh.errors import BadRecord, Reason
+from botmesh import Bot, Context, Inbound, Outcome, Receipt
+from botmesh.errors import BadRecord, Reason, RecipientUnreachableError
 from botmesh.journal import MemoryKv, OutboxState, Write
 from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from streams.runner import (
@@ -26,9 +27,10 @@ from streams.runner import (
     InboundRunner,
     KafkaReceipts,
     RawRecord,
+    in_time_order,
     redact,
 )
-from topics.records import decode_receipt, encode_inbound
+from topics.records import SendRequest, decode_receipt, encode_inbound, encode_request
 
 TOPIC = "t.inbound"
 
@@ -269,6 +271,9 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
         async def flush_receipts(self) -> int:
             return 0
 
+        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
+            raise AssertionError("no request in this batch")
+
     produced = Produced()
     runner = InboundRunner(Refusing(), produced, sleep=Waits())
     await runner.run_batch([record(0, "A", "A1")])
@@ -342,3 +347,124 @@ async def test_the_echo_bot_and_the_test_bot_run_in_process_unchanged(tmp_path: 
     async with botmesh.run(test_bot, FileProvider(str(sends)), journal="memory://") as app:
         assert await app.handle(Inbound(id="m2", chat_id="42", text="yo")) == Outcome.HANDLED
     assert '"text": "echo m2: yo"' in sends.read_text()
+
+
+# -- send requests (<prefix>.requests) -----------------------------------------------------
+
+REQUESTS = "t.requests"
+
+
+def request(offset: int, ts: float, chat: str, rid: str, text: str, **more: Any) -> RawRecord:
+    value = encode_request(SendRequest(id=rid, chat_id=chat, text=text, **more))
+    return RawRecord(REQUESTS, 0, offset, chat.encode(), value, [("trace", b"r-1")], ts)
+
+
+def timed(offset: int, ts: float, chat: str, mid: str, text: str = "hi") -> RawRecord:
+    return dataclasses.replace(record(offset, chat, mid, text), timestamp=ts)
+
+
+async def test_requests_are_sent_in_time_order_with_the_chats_replies() -> None:
+    """One batch, as the consumer hands it over (inbound records first, then the requests):
+    each chat's records are settled in producer-time order, each topic in offset order."""
+    seen: list[str] = []
+    provider, produced = MockProvider(), Produced()
+    bot = make_bot(seen)
+    async with bot.bind(
+        provider, MemoryKv(), instance_id="w", receipts=KafkaReceipts(produced)
+    ) as rt:
+        runner = InboundRunner(rt, produced, sleep=Waits(), requests_topic=REQUESTS)
+        batch = [
+            timed(0, 1.0, "A", "A1", "one"),
+            timed(1, 3.0, "A", "A2", "three"),
+            timed(2, 2.0, "B", "B1", "b"),
+            request(0, 2.0, "A", "r1", "two"),
+            request(1, 4.0, "A", "r2", "four"),
+            request(2, 1.0, "B", "rb", "first in B", key="nudge:B"),
+        ]
+        await runner.run_batch(batch)
+    texts = [(m.chat_id, m.text) for m in provider.sent]
+    assert [t for c, t in texts if c == "A"] == ["re one", "two", "re three", "four"]
+    assert [t for c, t in texts if c == "B"] == ["first in B", "re b"]
+    assert runner.requests == {"sent": 3}
+    assert runner.outcomes == {Outcome.HANDLED: 3}
+    keys = {r.key for r in produced.receipts() if r.inbound_id is None}
+    assert keys == {"req:r1", "req:r2", "nudge:B"}
+
+
+async def test_a_request_delivered_again_sends_nothing_twice() -> None:
+    provider, kv = MockProvider(), MemoryKv()
+    async with make_bot([]).bind(provider, kv, instance_id="w") as rt:
+        runner = InboundRunner(rt, Produced(), sleep=Waits(), requests_topic=REQUESTS)
+        twice = [request(0, 1.0, "A", "r1", "hello"), request(1, 2.0, "A", "r1", "hello")]
+        await runner.run_batch(twice)
+        await runner.run_batch([request(0, 1.0, "A", "r1", "hello")])  # redelivered
+        deduped = rt.metrics()["outboxDeduped"]
+    assert [m.text for m in provider.sent] == ["hello"]
+    assert runner.requests == {"sent": 3}  # the copies answered from the outbox
+    assert deduped == 2
+
+
+async def test_a_malformed_request_goes_to_the_requests_dlq_and_the_chat_goes_on() -> None:
+    provider, produced = MockProvider(), Produced()
+    async with make_bot([]).bind(provider, MemoryKv(), instance_id="w") as rt:
+        runner = InboundRunner(rt, produced, sleep=Waits(), requests_topic=REQUESTS)
+        bad = RawRecord(REQUESTS, 3, 9, b"A", b'{"v": 1, "chat_id": "A", "text": "x"}')
+        await runner.run_batch([bad, request(10, 2.0, "A", "r2", "after")])
+    assert [m.text for m in provider.sent] == ["after"]
+    [(role, key, value, headers)] = [r for r in produced.records if r[0] != "sent"]
+    assert (role, key, value) == ("requests-dlq", b"A", bad.value)
+    dead = {k: v.decode() for k, v in headers}
+    assert dead["reason"] == "wrong-type"
+    assert "field 'id' is required" in dead["detail"]
+    assert dead["error.class"] == "BadRecord"
+    assert (dead["source.topic"], dead["source.partition"], dead["source.offset"]) == (
+        REQUESTS,
+        "3",
+        "9",
+    )
+    assert produced.dead() == []  # nothing on the inbound DLQ
+    assert runner.dead_letters == {Reason.WRONG_TYPE: 1}
+
+
+async def test_a_request_the_journal_refuses_is_retried_then_dead_lettered() -> None:
+    kv = crashable(MemoryKv())
+    provider, produced, waits = MockProvider(), Produced(), Waits()
+    async with make_bot([], max_attempts=2).bind(provider, kv, instance_id="w") as rt:
+        runner = InboundRunner(rt, produced, sleep=waits, requests_topic=REQUESTS)
+        kv.fail(Write.OUTBOX_JOURNAL, times=1)  # r1's first attempt; its retry journals
+        await runner.run_batch([request(0, 1.0, "A", "r1", "one")])
+        kv.fail(Write.OUTBOX_JOURNAL, times=2)  # r2: both attempts
+        await runner.run_batch([request(1, 2.0, "A", "r2", "two")])
+    assert [m.text for m in provider.sent] == ["one"]
+    assert waits.delays == [0.01, 0.01]
+    assert runner.requests == {"sent": 1} and runner.retried == 2
+    [(role, _, _, headers)] = [r for r in produced.records if r[0] != "sent"]
+    dead = {k: v.decode() for k, v in headers}
+    assert role == "requests-dlq"
+    assert (dead["reason"], dead["attempts"]) == ("journal-unavailable", "2")
+    assert dead["error.class"] == "JournalUnavailableError"
+
+
+async def test_a_request_the_provider_refuses_is_settled_dead_not_dead_lettered() -> None:
+    provider, produced = MockProvider(), Produced()
+    provider.fail_next(RecipientUnreachableError("blocked the bot"))
+    bot = make_bot([])
+    async with bot.bind(
+        provider, MemoryKv(), instance_id="w", receipts=KafkaReceipts(produced)
+    ) as rt:
+        runner = InboundRunner(rt, produced, sleep=Waits(), requests_topic=REQUESTS)
+        await runner.run_batch([request(0, 1.0, "A", "r1", "x"), request(1, 2.0, "A", "r1", "x")])
+    assert runner.requests == {"refused": 1, "dead": 1}  # the copy: answered from the outbox
+    assert [(r.key, r.state) for r in produced.receipts()] == [("req:r1", OutboxState.DEAD)]
+    assert [r for r in produced.records if r[0] != "sent"] == []
+
+
+def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:
+    """Timestamps out of order within one partition (two producers' clocks) are not sorted:
+    only how the two sequences interleave follows the timestamps."""
+    a1, a2 = timed(0, 5.0, "A", "a1"), timed(1, 1.0, "A", "a2")  # a2 stamped earlier
+    r1, r2 = request(0, 2.0, "A", "r1", "x"), request(1, 6.0, "A", "r2", "y")
+    items: list[Any] = [(raw, None) for raw in (a1, a2, r1, r2)]
+    assert [raw for raw, _ in in_time_order(items)] == [r1, a1, a2, r2]
+    untimed: list[Any] = [(record(0, "A", "a"), None), (r1, None)]
+    assert in_time_order(untimed) == untimed  # no timestamp: as they came

@@ -12,6 +12,8 @@ def test_names_derive_from_the_prefix() -> None:
     assert cat.inbound == "acme.prod.inbound"
     assert cat.sent == "acme.prod.sent"
     assert cat.inbound_dlq == "acme.prod.inbound.dlq"
+    assert cat.requests == "acme.prod.requests"
+    assert cat.requests_dlq == "acme.prod.requests.dlq"
     assert cat.outbox_dlq == "acme.prod.outbox.dlq"
     assert cat.retries == (
         "acme.prod.outbox.retry.5s",
@@ -41,7 +43,7 @@ def test_unknown_retry_tier() -> None:
 
 def test_specs_cover_every_topic_with_policies() -> None:
     specs = {s.name: s for s in Catalog("p").specs(partitions=6, replication=3)}
-    assert len(specs) == 2 + len(RETRY_TIERS) + 2 + 1
+    assert len(specs) == 3 + len(RETRY_TIERS) + 3 + 1
     assert all(s.partitions == 6 and s.replication == 3 for s in specs.values())
     assert all(s.config["min.insync.replicas"] == "2" for s in specs.values())
     changelogs = [s for s in specs.values() if s.role == "changelog"]
@@ -51,6 +53,15 @@ def test_specs_cover_every_topic_with_policies() -> None:
     dlq = int(specs["p.inbound.dlq"].config["retention.ms"])
     assert dlq > int(specs["p.inbound"].config["retention.ms"])
     assert dlq == int(specs["p.outbox.dlq"].config["retention.ms"]) >= 30 * 24 * 3600 * 1000
+    assert dlq == int(specs["p.requests.dlq"].config["retention.ms"])
+    requests = specs["p.requests"]
+    assert requests.role == "requests" and not requests.compacted
+    assert requests.config["retention.ms"] == specs["p.inbound"].config["retention.ms"]
+    assert [s.name for s in specs.values() if s.role == "dlq"] == [
+        "p.inbound.dlq",
+        "p.requests.dlq",
+        "p.outbox.dlq",
+    ]
 
 
 def test_single_replica_specs_allow_one_in_sync_replica() -> None:

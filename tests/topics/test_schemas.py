@@ -18,25 +18,42 @@ import pytest
 
 import topics.schemas
 from state.errors import Reason
-from state.messages import Inbound, OutboxState, Receipt
+from state.messages import Inbound, Media, OutboxState, Receipt
 from tests.topics.test_records import BAD_INBOUND
-from topics import decode_inbound, decode_receipt, encode_inbound, encode_receipt, schema
+from tests.topics.test_requests import BAD_REQUESTS
+from topics import (
+    SendRequest,
+    decode_inbound,
+    decode_receipt,
+    decode_request,
+    encode_inbound,
+    encode_receipt,
+    encode_request,
+    schema,
+)
 from topics.schemas import NAMES, Name, build, path, render, stale, write
 from topics.schemas.__main__ import main as check
 
 DOC = Path(topics.schemas.__file__).parent.parent / "SCHEMAS.md"
-STRUCTS: dict[Name, type[msgspec.Struct]] = {"inbound": Inbound, "receipt": Receipt}
+STRUCTS: dict[Name, type[msgspec.Struct]] = {
+    "inbound": Inbound,
+    "receipt": Receipt,
+    "request": SendRequest,
+}
+DECODERS = {"inbound": decode_inbound, "receipt": decode_receipt, "request": decode_request}
 #: The SCHEMAS.md sections that hold examples and field tables, and their record.
 SECTIONS: dict[str, Name] = {
     "Inbound message or interaction (`<prefix>.inbound`)": "inbound",
+    "Send request (`<prefix>.requests`)": "request",
     "Receipt (`<prefix>.sent`)": "receipt",
 }
+DEAD_LETTERS = "Dead letters (`<prefix>.inbound.dlq`, `<prefix>.requests.dlq`)"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_schema_file_is_in_step_with_the_struct(name: Name) -> None:
     assert path(name).read_text() == render(name), (
-        f"{path(name)} is out of step with state.messages.{STRUCTS[name].__name__}: "
+        f"{path(name)} is out of step with {STRUCTS[name].__name__}: "
         "run `make schemas` and commit the file"
     )
 
@@ -57,9 +74,9 @@ def test_required_fields_are_the_structs_required_fields() -> None:
 
 def test_write_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(topics.schemas, "path", lambda name: tmp_path / f"{name}.v1.json")
-    assert set(stale()) == {tmp_path / "inbound.v1.json", tmp_path / "receipt.v1.json"}
+    assert set(stale()) == {tmp_path / f"{name}.v1.json" for name in NAMES}
     assert check(["--check"]) == 1
-    assert len(write()) == 2
+    assert len(write()) == 3
     assert stale() == [] and write() == []
     assert check(["--check"]) == 0
     (tmp_path / "receipt.v1.json").write_text("{}\n")
@@ -105,7 +122,7 @@ def test_examples_only_where_a_record_is_documented() -> None:
 def test_examples_decode_and_validate(heading: str, name: Name) -> None:
     examples = _examples(_sections()[heading])
     assert examples, f"no example under '{heading}'"
-    decode = decode_inbound if name == "inbound" else decode_receipt
+    decode = DECODERS[name]
     for doc in examples:
         decode(json.dumps(doc))
         _validate(doc, build(name))
@@ -122,9 +139,9 @@ def test_field_tables_list_every_field(heading: str, name: Name) -> None:
 
 
 def test_dead_letter_reasons_are_reasons() -> None:
-    text = _sections()["Dead letters (`<prefix>.inbound.dlq`)"].split("| `reason` | when |")[1]
+    text = _sections()[DEAD_LETTERS].split("| `reason` | when |")[1]
     listed = set(re.findall(r"^\| `([a-z-]+)` \|", text, flags=re.M))
-    decoded = {reason for _, reason, _ in BAD_INBOUND}
+    decoded = {reason for _, reason, _ in BAD_INBOUND + BAD_REQUESTS}
     assert listed <= {r.value for r in Reason}, listed - {r.value for r in Reason}
     assert listed >= {r.value for r in decoded} | {Reason.JOURNAL_UNAVAILABLE.value}
 
@@ -150,6 +167,33 @@ def test_the_schema_refuses_what_the_decoder_refuses(raw: bytes) -> None:
         return  # not JSON: nothing for a schema to say
     with pytest.raises(_Invalid):
         _validate(doc, build("inbound"))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [raw for raw, _, _ in BAD_REQUESTS if isinstance(raw, bytes) and raw not in SCHEMA_BLIND],
+)
+def test_the_request_schema_refuses_what_the_decoder_refuses(raw: bytes) -> None:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return
+    with pytest.raises(_Invalid):
+        _validate(doc, build("request"))
+
+
+def test_the_request_schema_accepts_what_the_encoder_writes() -> None:
+    full = SendRequest(
+        id="r",
+        chat_id="c",
+        text="t",
+        media=Media(url="u", data=b"\x00"),
+        key="k:1",
+        options={"parse_mode": "HTML"},
+    )
+    for request in (full, SendRequest(id="r", chat_id="c", media=Media(path="/p"))):
+        _validate(json.loads(encode_request(request)), build("request"))
+    _validate({"v": 1, "id": "r", "chat_id": 42, "text": ""}, build("request"))
 
 
 def test_the_schema_accepts_what_the_encoders_write() -> None:
@@ -205,6 +249,9 @@ def _validate(value: Any, node: dict[str, Any], root: dict[str, Any] | None = No
         elif key == "minLength":
             if isinstance(value, str) and len(value) < arg:
                 raise _Invalid(f"{value!r} shorter than {arg}")
+        elif key == "pattern":
+            if isinstance(value, str) and not re.search(arg, value):
+                raise _Invalid(f"{value!r} does not match {arg}")
         elif key == "minimum":
             if _TYPES["number"](value) and value < arg:
                 raise _Invalid(f"{value!r} below {arg}")
@@ -240,7 +287,7 @@ def test_the_validator_can_refuse() -> None:
     with pytest.raises(_Invalid):
         _validate(json.loads(encode_receipt(_receipt(part=1))) | {"part": 0}, build("receipt"))
     with pytest.raises(AssertionError, match="teach"):
-        _validate({}, {"pattern": "x"})
+        _validate({}, {"multipleOf": 2})
 
 
 def _receipt(part: int) -> Receipt:

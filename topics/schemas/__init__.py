@@ -1,9 +1,11 @@
 """JSON Schema files of the wire records, generated from the message model.
 
-``inbound.v1.json`` and ``receipt.v1.json`` (package data; ``topics.schema(name)`` loads one)
-are ``msgspec.json.schema`` of ``state.messages.Inbound`` and ``Receipt``, with a title, an
-``$id``, a description per field and the one form the decoder accepts beyond the struct (an
-inbound ``chat_id`` given as an integer). Regenerate them with ``python -m topics.schemas``
+``inbound.v1.json``, ``receipt.v1.json`` and ``request.v1.json`` (package data;
+``topics.schema(name)`` loads one) are ``msgspec.json.schema`` of ``state.messages.Inbound``,
+``Receipt`` and ``topics.records.SendRequest``, with a title, an ``$id``, a description per
+field, the one form the decoder accepts beyond the struct (a ``chat_id`` given as an integer,
+inbound or request) and what the request decoder checks beyond it (``text`` or ``media``; no
+``#`` in ``id`` or ``key``). Regenerate them with ``python -m topics.schemas``
 (``make schemas``); ``tests/topics/test_schemas.py`` fails when a file is out of step.
 """
 
@@ -16,17 +18,25 @@ from typing import Any, Final, Literal
 import msgspec
 
 from state.messages import SCHEMA_VERSION, Inbound, Receipt
+from topics.records import SendRequest
 
 __all__ = ["NAMES", "Name", "build", "path", "render", "stale", "write"]
 
-Name = Literal["inbound", "receipt"]
-NAMES: Final[tuple[Name, ...]] = ("inbound", "receipt")
+Name = Literal["inbound", "receipt", "request"]
+NAMES: Final[tuple[Name, ...]] = ("inbound", "receipt", "request")
 
-_STRUCTS: Final[dict[Name, type[msgspec.Struct]]] = {"inbound": Inbound, "receipt": Receipt}
+_STRUCTS: Final[dict[Name, type[msgspec.Struct]]] = {
+    "inbound": Inbound,
+    "receipt": Receipt,
+    "request": SendRequest,
+}
 _TITLES: Final[dict[Name, str]] = {
     "inbound": "botmesh inbound message or interaction",
     "receipt": "botmesh receipt of a settled send",
+    "request": "botmesh send request (a send from outside a handler)",
 }
+#: An id or key without ``#`` (botmesh keeps it for the parts of a split text).
+_NO_HASH: Final = "^[^#]+$"
 _DESCRIPTIONS: Final[dict[Name, str]] = {
     "inbound": (
         "Value of a record on <prefix>.inbound; the record key is the chat id (UTF-8). "
@@ -38,6 +48,12 @@ _DESCRIPTIONS: Final[dict[Name, str]] = {
         "(state sent, dead or unknown); the record key is the chat id (UTF-8). Consumers drop "
         "copies by `key`. Unknown fields are ignored. Generated from state.messages.Receipt by "
         "`python -m topics.schemas`: do not edit."
+    ),
+    "request": (
+        "Value of a record on <prefix>.requests: a send from outside a handler, journaled and "
+        "delivered by the worker that owns the chat, in order with the chat's other sends; the "
+        "record key is the chat id (UTF-8). It needs text or media. Unknown fields are ignored. "
+        "Generated from topics.records.SendRequest by `python -m topics.schemas`: do not edit."
     ),
 }
 #: What each field means. Every field of a struct needs one (``build`` refuses a struct field
@@ -87,6 +103,23 @@ _FIELDS: Final[dict[str, dict[str, str]]] = {
             "when a receipt left unpublished by a crash was published again"
         ),
     },
+    "SendRequest": {
+        "v": "schema version",
+        "id": (
+            "request id, unique per request and the same when the request is produced again; "
+            "the send's idempotency key is req:<id> unless key is given"
+        ),
+        "chat_id": (
+            "the chat to send to, also the record key; an integer is read as its decimal string"
+        ),
+        "text": "the text to send (text or media is required)",
+        "media": "a media reference sent with the text, or instead of it",
+        "key": (
+            "the send's idempotency key (default req:<id>): a second request with a recorded "
+            "key is answered from the outbox, not sent again; its receipts carry it"
+        ),
+        "options": "channel options passed to the provider as they are (parse_mode, reply_to...)",
+    },
 }
 
 
@@ -99,12 +132,21 @@ def build(name: Name) -> dict[str, Any]:
     for def_name, definition in [(struct.__name__, top), *defs.items()]:
         _describe(def_name, definition)
     props = top["properties"]
-    if name == "inbound":
+    if name in ("inbound", "request"):
         # The one form the decoder accepts beyond the struct (topics.records).
         text = props["chat_id"].pop("description")
         props["chat_id"] = {"anyOf": [props["chat_id"], {"type": "integer"}], "description": text}
+    if name == "inbound":
         # The struct's default "" means "none given"; on the wire the field is left out.
         del props["id"]["default"]
+    if name == "request":
+        # What decode_request checks beyond the struct.
+        props["id"]["pattern"] = _NO_HASH
+        props["key"]["anyOf"][0]["pattern"] = _NO_HASH
+        top["anyOf"] = [
+            {"required": ["text"], "properties": {"text": {"type": "string"}}},
+            {"required": ["media"], "properties": {"media": {"type": "object"}}},
+        ]
     doc: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://botmesh.dev/schemas/{name}.v{SCHEMA_VERSION}.json",

@@ -14,7 +14,7 @@ from topics.schemas import stale, write
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m topics.schemas",
-        description="Regenerate topics/schemas/*.json from state.messages.",
+        description="Regenerate topics/schemas/*.json from the structs.",
     )
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if a file is out of step"
