@@ -8,6 +8,8 @@
     botmesh topics create [--prefix P] [--bootstrap H:P] [--partitions N] [--replication N]
     botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
     botmesh produce [-n 100] [--chats 10] [--text T]      demo traffic on <prefix>.inbound
+    botmesh send --chat-id ID --text T [--key K] [--id ID] [--media-url U] [--option K=V]
+                                                          a send from outside a handler
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
 
 ``run`` runs the bot in this process (``botmesh.run``), with stdin as its transport: each
@@ -24,6 +26,11 @@ never ``memory://``) and the instance id (``--instance-id`` / ``BOTMESH_INSTANCE
 Options default to the environment: ``KAFKA_BOOTSTRAP_SERVERS`` (``127.0.0.1:9092``),
 ``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``, ``BOTMESH_WEB_PORT`` (see
 ``streams.config``). Kafka code is imported only by the commands that need it.
+
+``send`` produces one send request on ``<prefix>.requests`` (acks=all; the worker that owns
+the chat journals and delivers it in order with the chat's other sends) and prints the
+request id and the send's idempotency key (``--key``, else ``req:<request id>``): run it
+again with the same ``--id`` or ``--key`` and the bot still sends once.
 """
 
 # Kafka/Faust load only in the commands that need them (import cost ~1 s):
@@ -219,6 +226,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chats", type=int, default=10)
     p.add_argument("--run", help="id prefix of the messages (default random)")
 
+    s = sub.add_parser(
+        "send", help="ask the bot to send to a chat (a request on <prefix>.requests)"
+    )
+    _common(s)
+    s.add_argument("--chat-id", required=True, help="the chat to send to")
+    s.add_argument("--text", help="the text to send (--text or --media-url is required)")
+    s.add_argument("--media-url", help="a media URL to send with the text, or instead of it")
+    s.add_argument("--media-mime", help="the media's MIME type, e.g. image/png")
+    s.add_argument("--key", help="the send's idempotency key (default req:<request id>); no '#'")
+    s.add_argument(
+        "--id",
+        dest="request_id",
+        help="the request id (default random); the same id again sends once",
+    )
+    s.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a channel option passed to the provider (repeatable; VALUE is JSON if it "
+        "parses, else a string)",
+    )
+
     r = sub.add_parser("receipts", help="tail the sent-receipts topic (JSON lines)")
     _common(r)
     r.add_argument("--from-beginning", action="store_true")
@@ -345,6 +375,45 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options(pairs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--option {pair!r}: expected NAME=VALUE, e.g. parse_mode=HTML")
+        try:
+            out[name] = json.loads(raw)
+        except ValueError:
+            out[name] = raw
+    return out
+
+
+def _cmd_send(args: argparse.Namespace) -> int:
+    from state.messages import Media
+    from streams.tools import request_send
+    from topics.records import REQUEST_KEY_PREFIX
+
+    cat, bootstrap = _catalog(args), _bootstrap(args)
+    if args.text is None and args.media_url is None:
+        raise ValueError("give --text, --media-url, or both")
+    media = Media(url=args.media_url, mime=args.media_mime) if args.media_url else None
+    request_id = asyncio.run(
+        request_send(
+            bootstrap,
+            cat.prefix,
+            args.chat_id,
+            args.text,
+            key=args.key,
+            media=media,
+            options=_options(args.option),
+            request_id=args.request_id,
+        )
+    )
+    key = args.key if args.key is not None else REQUEST_KEY_PREFIX + request_id
+    print(f"request {request_id} key {key} (chat {args.chat_id}, on {cat.requests})")
+    return 0
+
+
 def _cmd_receipts(args: argparse.Namespace) -> int:
     from streams.tools import tail_receipts
 
@@ -386,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "worker": _cmd_worker,
         "topics": _cmd_topics,
         "produce": _cmd_produce,
+        "send": _cmd_send,
         "receipts": _cmd_receipts,
     }
     try:

@@ -1,16 +1,21 @@
-"""Operator tools on aiokafka: demo traffic for the inbound topic, a tail of the receipts,
-and the worker's journal read back from its changelog.
+"""Operator tools on aiokafka: demo traffic for the inbound topic, send requests (sends from
+outside a handler), a tail of the receipts, and the worker's journal read back from its
+changelog.
 
-Used by ``botmesh produce``, ``botmesh receipts``, ``examples/demo.py``, the tests and the
-benchmark.
+Used by ``botmesh produce``, ``botmesh send``, ``botmesh receipts``, ``examples/demo.py``,
+the tests and the benchmark. :func:`request_send` is the API of other services: it asks the
+bot to send to a chat through ``<prefix>.requests``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable
+import uuid
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import (
     AIOKafkaConsumer,
@@ -19,16 +24,26 @@ from aiokafka import (
 )
 
 from state.kv import Entry
-from state.messages import Inbound, Receipt
+from state.messages import Inbound, Media, Receipt
 from streams.table_kv import decode_entry
-from topics.records import chat_key, decode_receipt, encode_inbound
+from topics.catalog import Catalog
+from topics.records import (
+    SendRequest,
+    chat_key,
+    decode_receipt,
+    decode_request,
+    encode_inbound,
+    encode_request,
+)
 
 __all__ = [
     "Seen",
     "demo_records",
     "end_offsets",
     "produce_inbound",
+    "produce_requests",
     "read_journal",
+    "request_send",
     "tail_receipts",
 ]
 
@@ -60,17 +75,105 @@ async def produce_inbound(
     bootstrap: str, topic: str, records: list[Inbound], *, linger_ms: int = 5
 ) -> float:
     """Produce ``records`` keyed by chat id (acks=all); returns the seconds it took."""
+    values = [(chat_key(r.chat_id), encode_inbound(r)) for r in records]
+    return await _produce(bootstrap, topic, values, linger_ms=linger_ms)
+
+
+async def produce_requests(
+    bootstrap: str, topic: str, requests: list[SendRequest], *, linger_ms: int = 5
+) -> float:
+    """Produce send ``requests`` to ``topic`` (``<prefix>.requests``) keyed by chat id
+    (acks=all, in order); returns the seconds it took. No check of the topic or of the
+    requests: :func:`request_send` is the checked way for one request."""
+    values = [(chat_key(r.chat_id), encode_request(r)) for r in requests]
+    return await _produce(bootstrap, topic, values, linger_ms=linger_ms)
+
+
+async def _produce(
+    bootstrap: str, topic: str, values: list[tuple[bytes, bytes]], *, linger_ms: int
+) -> float:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms)
     await producer.start()
     t0 = time.monotonic()
     try:
-        futs = [
-            await producer.send(topic, encode_inbound(r), key=chat_key(r.chat_id)) for r in records
-        ]
+        futs = [await producer.send(topic, value, key=key) for key, value in values]
         await asyncio.gather(*futs)
     finally:
         await producer.stop()
     return time.monotonic() - t0
+
+
+async def request_send(
+    bootstrap: str,
+    prefix: str,
+    chat_id: str,
+    text: str | None = None,
+    *,
+    key: str | None = None,
+    media: Media | None = None,
+    options: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> str:
+    """Ask the bot to send ``text`` (and/or ``media``) to ``chat_id`` from outside a handler:
+    one send request on ``<prefix>.requests``, keyed by the chat id, produced with acks=all.
+    Returns the request id (``request_id``, else a new random one) once the broker acked it.
+
+    The worker that owns the chat journals the send and delivers it in order with the chat's
+    other sends, under the idempotency key ``key``, else ``req:<request id>``: producing the
+    same request again (same ``request_id`` or same ``key``, e.g. after a timeout here) sends
+    once. Its receipt comes on ``<prefix>.sent`` with that key.
+
+    Raises ``BadRecord`` (a ``ValueError``) for a request the worker would refuse (neither
+    text nor media, a ``#`` in the key…), ``LookupError`` when the topic does not exist
+    (run ``botmesh topics create``), ``ValueError`` when it has another partition count than
+    the inbound, ``ConnectionError`` when the broker cannot be reached.
+    """
+    cat = Catalog(prefix)
+    request = SendRequest(
+        id=request_id if request_id is not None else uuid.uuid4().hex,
+        chat_id=chat_id,
+        text=text,
+        media=media,
+        key=key,
+        options=dict(options) if options else {},
+    )
+    value = encode_request(request)
+    decode_request(value)  # the worker's checks, here: refused before it is produced
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        await producer.start()
+    except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise ConnectionError(
+            f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running and "
+            "KAFKA_BOOTSTRAP_SERVERS right?"
+        ) from exc
+    try:
+        await _check_requests_topic(producer, cat)
+        await producer.send_and_wait(cat.requests, value, key=chat_key(request.chat_id))
+    finally:
+        await producer.stop()
+    return request.id
+
+
+async def _check_requests_topic(producer: AIOKafkaProducer, cat: Catalog) -> None:
+    """The requests topic exists (never created by a produce: a broker that auto-creates
+    topics would give it its default partitions) with the inbound's partition count."""
+    metadata = await producer.client.fetch_all_metadata()
+    requests = metadata.partitions_for_topic(cat.requests)
+    if not requests:
+        raise LookupError(
+            f"topic {cat.requests!r} does not exist; run `botmesh topics create "
+            f"--prefix {cat.prefix}` (or start the worker, which creates it)"
+        )
+    inbound = metadata.partitions_for_topic(cat.inbound)
+    if inbound and len(inbound) != len(requests):
+        raise ValueError(
+            f"topic {cat.requests!r} has {len(requests)} partitions but {cat.inbound!r} has "
+            f"{len(inbound)}: a chat's requests would not reach the worker of its messages; "
+            f"recreate {cat.requests!r} with {len(inbound)} partitions"
+        )
 
 
 async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:

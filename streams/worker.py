@@ -6,11 +6,16 @@ and runs it with Faust's worker: the runtime starts before the agent and stops a
 (SIGTERM / Ctrl-C: the batch in progress finishes, offsets are committed, the runtime
 stops and records its last receipts published).
 
-The agent reads ``<prefix>.inbound`` in batches (``take_events``) and hands each batch to
+The agent reads ``<prefix>.inbound`` and ``<prefix>.requests`` (sends from outside a
+handler) as one Faust topic, in batches (``take_events``), and hands each batch to
 ``streams.runner.InboundRunner``, which settles every record (an ``Outcome`` of
-``runtime.handle()``, or a dead letter on ``<prefix>.inbound.dlq``) before the batch is
-acked; see that module for the outcome table, the retries of a journal outage and how far
-a failing chat holds up others. Receipts of every settled send (``sent``, ``dead``,
+``runtime.handle()``, a request's send through ``runtime.send()``, or a dead letter on
+``<prefix>.inbound.dlq`` / ``<prefix>.requests.dlq``) before the batch is acked; see that
+module for the outcome table, the retries of a journal outage and how far a failing chat
+holds up others. Both topics have the inbound's partition count, so Faust's assignor
+co-partitions them with the journal's changelog: whoever owns partition ``p`` of the
+inbound owns ``p`` of the requests and of the journal (the worker refuses to start when the
+requests topic has another partition count). Receipts of every settled send (``sent``, ``dead``,
 ``unknown``) go to ``<prefix>.sent``, keyed by chat id, with acks=all; the journal keeps
 each one unpublished until its ack, so a crash loses none.
 
@@ -41,6 +46,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import faust
@@ -51,7 +57,7 @@ from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
 from streams.faust_defects import guard_commit_holes
-from streams.provision import ensure_topics
+from streams.provision import ensure_topics, existing_topics
 from streams.runner import (
     BatchAbandoned,
     BotDefinition,
@@ -63,6 +69,7 @@ from streams.runner import (
     redact,
 )
 from streams.table_kv import TABLE_NAME, TableKv
+from topics.catalog import Catalog, TopicSpec
 
 __all__ = ["build_app", "run_worker"]
 
@@ -208,13 +215,14 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         **web,
     )
 
-    def raw_topic(name: str) -> Any:
+    def raw_topic(*names: str) -> Any:
         return app.topic(
-            name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+            *names, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
         )
 
-    inbound = raw_topic(cat.inbound)
-    names = {"sent": cat.sent, "dlq": cat.inbound_dlq}
+    # one topic object, two names: Faust co-partitions them (and the journal's changelog)
+    inbound = raw_topic(cat.inbound, cat.requests)
+    names = {"sent": cat.sent, "dlq": cat.inbound_dlq, "requests-dlq": cat.requests_dlq}
 
     async def produce(role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
         # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record
@@ -255,6 +263,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         produce,
         batch_deadline=config.batch_deadline,
         owns=kv.owns if kv is not None else None,
+        requests_topic=cat.requests,
     )
     app.botmesh_runtime = runtime
     app.botmesh_runner = runner
@@ -273,7 +282,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
 
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
     app.botmesh_about = (
-        f"bot {bot.bot_id} on {cat.inbound}, journal {redact(config.journal_url)}"
+        f"bot {bot.bot_id} on {cat.inbound} and {cat.requests}, "
+        f"journal {redact(config.journal_url)}"
         f"{' (' + cat.changelog(TABLE_NAME) + ')' if kv is not None else ''}, "
         f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}"
     )
@@ -288,6 +298,7 @@ def _raw_record(msg: Any) -> RawRecord:
         key=msg.key,
         value=msg.value,
         headers=_headers(msg.headers),
+        timestamp=msg.timestamp,
     )
 
 
@@ -298,14 +309,41 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(k), bytes(v) if v is not None else b"") for k, v in items]
 
 
+def _specs(config: WorkerConfig, have: Mapping[str, int]) -> list[TopicSpec]:
+    """The catalog's topics; a requests topic still to create gets the partition count the
+    inbound has (an existing deployment gets it added beside its inbound)."""
+    cat = config.catalog
+    specs = cat.specs(config.partitions, config.replication)
+    inbound = have.get(cat.inbound)
+    if inbound is None or cat.requests in have:
+        return specs
+    return [replace(s, partitions=inbound) if s.name == cat.requests else s for s in specs]
+
+
+def _check_copartitioned(cat: Catalog, have: Mapping[str, int]) -> None:
+    """Refuse to run when the requests topic and the inbound have other partition counts: a
+    chat's requests would land on another partition than its messages and its journal."""
+    inbound, requests = have.get(cat.inbound), have.get(cat.requests)
+    if inbound is not None and requests is not None and inbound != requests:
+        raise ConfigError(
+            "topics",
+            f"{cat.requests} has {requests} partitions but {cat.inbound} has {inbound}: a "
+            "chat's send requests must land on the partition of its inbound messages; once "
+            f"{cat.requests} is drained, delete it and let the worker create it again (with "
+            f"{inbound} partitions)",
+        )
+
+
 def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> None:
     """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C."""
     if config.provision:
-        result = ensure_topics(
-            config.bootstrap, config.catalog.specs(config.partitions, config.replication)
-        )
+        have = existing_topics(config.bootstrap)
+        specs = _specs(config, have)
+        result = ensure_topics(config.bootstrap, specs)
         if result.created:
             log.info("created topics: %s", ", ".join(result.created))
+        made = {s.name: s.partitions for s in specs if s.name in result.created}
+        _check_copartitioned(config.catalog, {**have, **made})
     config.data_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(bot, provider, config)
     worker = faust.Worker(app, loglevel=config.loglevel, redirect_stdouts=False)
