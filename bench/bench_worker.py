@@ -1,30 +1,82 @@
-"""The durable worker path vs a bare aiokafka consume→produce loop, same broker, same records.
+"""The durable worker against bare baselines, same broker, same records, one run.
 
-    .venv/bin/python bench/bench_worker.py [-n 10000] [--batch-size 500]
+    .venv/bin/python bench/bench_worker.py [--quick] [--journal default|file|URL[@LEVEL]]...
+                                           [-n N] [--rounds R] [--batch-size 500] [--keep]
+    .venv/bin/python bench/bench_worker.py --profile [-n N] [--journal ...]   under cProfile
 
-Both run as a subprocess consuming one 4-partition input topic (records of ~200 B keyed by
-chat id, 50 chats) and producing one record per input (acks=all): the bare loop copies each
-record to an output topic (getmany → send → commit); the worker is ``botmesh worker --app
-examples.echo_bot:bot`` on its default journal, a file journal with an append log and fsync
-in its data dir (decode, inbound journaled, handler, send journaled before the console
-provider is called and recorded after, receipt journaled, produced and marked published,
-inbound marked done). Each side is warmed up (one record through it) before the clock
-starts; the clock runs from the first produced record to the last output record seen.
-Prints the rates and the ratio worker / bare. Broker: ``KAFKA_BOOTSTRAP_SERVERS``, else the
-local Kafka (started and stopped here if it is not running).
+``--quick`` takes about a minute and a half (N=4000, one round), the default a few minutes
+(N=15000, three rounds, more restarts and chat counts). Every side consumes its own
+4-partition input topic (records of ~200 B of JSON keyed by chat id, 50 chats) and produces
+one record per input with acks=all, in a child process:
+
+- ``aiokafka``: a bare consume->produce loop (getmany -> send each -> wait for the acks ->
+  commit), no decoding, no journal;
+- ``faust/event``: a bare per-event Faust agent with the worker's app settings
+  (at_least_once, acks=all): ``async for event in stream.events()``, one send per event;
+- ``worker``: ``botmesh worker --app examples.echo_bot:bot --provider mock --instance-id ...``
+  (``python -m botmesh``, as a user runs it, at its default log level) on the journal of
+  ``--journal`` (one worker side per value, all in the same run): ``default`` (no option:
+  the worker's default journal), ``file`` (a file journal with an append log in its data
+  dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``.
+  Per record: inbound journaled, handler, send journaled before the mock provider is called
+  and recorded after, receipt produced to ``<prefix>.sent`` and recorded published, inbound
+  marked done;
+- ``exactly_once``: only if ``streams.config.WorkerConfig`` has a ``processing_guarantee``
+  setting; else reported as not available (nothing is faked).
+
+Figures (ratios matter: the machine is noisy; every side runs in the same run):
+
+1. throughput, records/s: each side warmed (one record through it), then N records (4N for
+   the aiokafka loop, so that its run is not a blip) produced at once; the clock runs from
+   the first send to the last output record seen. ``--rounds`` rounds, sides interleaved;
+   the median per side and of the per-round ratios worker/aiokafka (target >= 0.5) and
+   worker/faust-event (target >= 3). Per record: CPU of the child and of the broker (when it
+   is the local ``kafka.sh`` one), from /proc, and for a worker the records it wrote to its
+   topics (receipts, changelog) per inbound;
+2. added latency: records paced at half the first worker's median rate, p50/p99/max from the
+   send call to the output record (for a worker: the receipt) seen by the bench's consumer,
+   every side at the same rate;
+3. restart to first reply: SIGKILL a worker (a static group member: ``--instance-id``) while
+   records trickle in (50/s), restart it with the same command, and time from the restart
+   (and from the kill) to the first receipt the new process produced (target <= 5 s); then
+   check that every trickled record got its receipt. A worker on the journal on Kafka is
+   also restarted once on an empty data dir (its journal restored from the changelog);
+4. a 50 ms provider (``bench._worker_baselines:slow_provider``): throughput against in-flight
+   limit / latency, for a few chat counts. The worker's in-flight limit: a batch
+   (``--batch-size``, ``BOTMESH_BATCH_SIZE``) runs its chats concurrently and each chat's
+   records one after the other, and the next batch waits for the whole batch, so at most
+   min(batch size, chats in the batch) sends are in flight; a ratio under 1 means each slot
+   is held longer than the provider call (journal writes, batch boundaries), and the time a
+   chat's record took is printed.
+
+``--profile`` runs only a worker, in-process under ``cProfile`` (``bench/_worker_baselines.py
+profile``), for N records, and prints where the time goes: by package, and the top functions
+with calls, own and cumulative microseconds per record (cProfile counts every resumption of a
+coroutine as a call; the wait in ``epoll`` is idle time; threads, such as the file journal's
+fsyncs, are not profiled).
+
+Broker: ``KAFKA_BOOTSTRAP_SERVERS``, else the local Kafka of ``deploy/kafka/kafka.sh``
+(``KAFKA_PORT``, ``KAFKA_DATA_DIR``; started and stopped here if it is not running).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import os
+import pstats
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,195 +84,798 @@ sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from examples.demo import stop_process as stop  # noqa: E402
-from examples.demo import worker_command  # noqa: E402
+from examples.demo import stop_process, worker_command  # noqa: E402
+from state.errors import BadRecord  # noqa: E402
 from state.messages import Inbound  # noqa: E402
-from streams.config import default_journal  # noqa: E402
+from streams.config import KAFKA_JOURNAL, WorkerConfig  # noqa: E402
 from streams.provision import ensure_topics  # noqa: E402
+from streams.runner import redact  # noqa: E402
 from streams.tools import end_offsets  # noqa: E402
 from topics import Catalog, chat_key, encode_inbound  # noqa: E402
+from topics.records import decode_inbound, decode_receipt  # noqa: E402
 
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
+BASELINES = REPO / "bench" / "_worker_baselines.py"
 PARTITIONS = 4
+CHATS = 50
+RECORD_BYTES = 200
+PROVIDER_DELAY = 0.05
+START_TIMEOUT = 120.0
+TARGET_VS_AIOKAFKA = 0.5
+TARGET_VS_FAUST = 3.0
+TARGET_RESTART = 5.0
 
 
-def records(n: int, run: str, chats: int = 50) -> list[tuple[bytes, bytes]]:
-    out = []
-    for i in range(n):
-        chat = f"{run}-chat-{i % chats}"
-        rec = Inbound(chat_id=chat, id=f"{run}-{i}", text="x", sender="bench", channel="b")
-        raw = encode_inbound(rec)
-        pad = max(0, 200 - len(raw))
-        rec = Inbound(
-            chat_id=chat, id=f"{run}-{i}", text="x" * (1 + pad), sender="bench", channel="b"
+# -- records --------------------------------------------------------------------------------
+
+
+def record(run: str, i: int, chats: int = CHATS) -> tuple[str, bytes, bytes]:
+    """Inbound record ``run-i`` of ~200 B in chat ``run-chat-<i % chats>``: (id, key, value)."""
+    chat, rid = f"{run}-chat-{i % chats}", f"{run}-{i}"
+    bare = encode_inbound(Inbound(chat_id=chat, id=rid, text="x", sender="bench", channel="b"))
+    text = "x" * (1 + max(0, RECORD_BYTES - len(bare)))
+    rec = Inbound(chat_id=chat, id=rid, text=text, sender="bench", channel="b")
+    return rid, chat_key(chat), encode_inbound(rec)
+
+
+def records(n: int, run: str, chats: int = CHATS) -> list[tuple[str, bytes, bytes]]:
+    return [record(run, i, chats) for i in range(n)]
+
+
+def copied_id(value: bytes | None) -> str:
+    return decode_inbound(value).id
+
+
+def receipt_id(value: bytes | None) -> str:
+    return decode_receipt(value).inbound_id or ""
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a live process (all its threads), 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker() -> tuple[str, bool, int | None]:
+    """(bootstrap, started here, broker pid when it is the local kafka.sh one)."""
+    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if env:
+        return env, False, None
+    bootstrap = f"127.0.0.1:{os.environ.get('KAFKA_PORT', '9092')}"
+    running = subprocess.run([str(KAFKA_SH), "status"], capture_output=True, check=False)
+    started = running.returncode != 0
+    if started:
+        subprocess.run([str(KAFKA_SH), "start"], check=True)
+    data = Path(os.environ.get("KAFKA_DATA_DIR", str(REPO / "deploy/kafka/.run/single")))
+    try:
+        pid: int | None = int((data.resolve() / "kafka.pid").read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    return bootstrap, started, pid
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOTMESH_")}
+    return {**env, "PYTHONUNBUFFERED": "1", "BOTMESH_CONSOLE_QUIET": "1", **extra}
+
+
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=env or child_env(), stdout=out, stderr=subprocess.STDOUT
         )
-        out.append((chat_key(chat), encode_inbound(rec)))
-    return out
 
 
-async def bare_loop(bootstrap: str, src: str, dst: str, group: str) -> None:
-    consumer = AIOKafkaConsumer(
-        src,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await consumer.start()
-    await producer.start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+def log_tail(log: Path, lines: int = 25) -> str:
     try:
-        while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=100, max_records=1000)
-            futs = [
-                await producer.send(dst, m.value, key=m.key)
-                for msgs in batch.values()
-                for m in msgs
-            ]
-            if futs:
-                await asyncio.gather(*futs)
-                await consumer.commit()
-    finally:
-        await producer.stop()
-        await consumer.stop()
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
-async def produce(bootstrap: str, topic: str, recs: list[tuple[bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futs = [await producer.send(topic, v, key=k) for k, v in recs]
-        await asyncio.gather(*futs)
-    finally:
-        await producer.stop()
+# -- output topics --------------------------------------------------------------------------
 
 
-async def count_until(
-    bootstrap: str, topic: str, start: dict[int, int], n: int, proc: subprocess.Popen[bytes]
-) -> float:
-    """Consume ``topic`` from ``start`` until ``n`` records; the monotonic time of the last."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(start)]
+@dataclass(frozen=True, slots=True)
+class Seen:
+    at: float  # monotonic, when the bench's consumer got it
+    ts: float  # the record's timestamp (the producing process's wall clock), seconds
+    id: str  # the inbound id it answers
+
+
+class Tail:
+    """Reads one output topic from its end for the whole run; ``seen`` grows."""
+
+    def __init__(self, bootstrap: str, topic: str, decode: Callable[[bytes | None], str]):
+        self.bootstrap, self.topic, self.decode = bootstrap, topic, decode
+        self.seen: list[Seen] = []
+        self.changed = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        start = await end_offsets(self.bootstrap, self.topic)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
+        )
+        await consumer.start()
+        tps = [TopicPartition(self.topic, p) for p in sorted(start)]
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, start[tp.partition])
-        got, last, deadline = 0, time.monotonic(), time.monotonic() + 300
-        while got < n:
-            if proc.poll() is not None:
-                raise SystemExit(f"the process under test exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {got}/{n} output records after 300 s")
-            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
-            k = sum(len(v) for v in batch.values())
-            if k:
-                got += k
-                last = time.monotonic()
-        return last
+        self._consumer = consumer
+        self._task = asyncio.ensure_future(self._run(consumer))
+
+    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=100, max_records=5000)
+            now = time.monotonic()
+            for msgs in batch.values():
+                for m in msgs:
+                    try:
+                        rid = self.decode(m.value)
+                    except BadRecord:
+                        rid = ""
+                    self.seen.append(Seen(now, m.timestamp / 1000.0, rid))
+            if batch:
+                self.changed.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def collect(
+        self,
+        mark: int,
+        want: Callable[[Seen], bool],
+        n: int,
+        proc: Callable[[], subprocess.Popen[bytes]],
+        within: float,
+    ) -> dict[str, Seen]:
+        """The first sighting of each of ``n`` distinct ids ``want`` accepts in ``seen[mark:]``."""
+        got: dict[str, Seen] = {}
+        deadline = time.monotonic() + within
+        cursor = mark
+        while True:
+            for s in self.seen[cursor:]:
+                if s.id not in got and want(s):
+                    got[s.id] = s
+            cursor = len(self.seen)
+            if len(got) >= n:
+                return got
+            if (rc := proc().poll()) is not None:
+                raise SystemExit(f"{self.topic}: the process under test exited with status {rc}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SystemExit(f"{self.topic}: {len(got)}/{n} output records after {within:g} s")
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(left, 0.5))
+
+
+# -- sides ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    name: str
+    cat: Catalog
+    cmd: list[str]
+    log: Path
+    decode: Callable[[bytes | None], str]
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    tail: Tail | None = None
+    rates: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # child CPU s per record
+    broker_cpu: list[float] = field(default_factory=list)
+
+    def alive(self) -> subprocess.Popen[bytes]:
+        assert self.proc is not None
+        return self.proc
+
+    @property
+    def output(self) -> Tail:
+        assert self.tail is not None
+        return self.tail
+
+    def start(self) -> None:
+        self.proc = spawn(self.cmd, self.log, self.env)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+
+class Bench:
+    def __init__(self, bootstrap: str, broker_pid: int | None) -> None:
+        self.bootstrap = bootstrap
+        self.broker_pid = broker_pid
+        self._producer: AIOKafkaProducer | None = None
+
+    async def __aenter__(self) -> Bench:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        assert self._producer is not None
+        return self._producer
+
+    async def send_all(self, topic: str, recs: Sequence[tuple[str, bytes, bytes]]) -> None:
+        futs = [await self.producer.send(topic, v, key=k) for _, k, v in recs]
+        await asyncio.gather(*futs)
+
+    async def start(self, side: Side, warm_run: str) -> None:
+        side.tail = Tail(self.bootstrap, side.cat.sent, side.decode)
+        await side.tail.start()
+        side.start()
+        await self.warm(side, warm_run)
+
+    async def warm(self, side: Side, run: str) -> None:
+        mark = len(side.output.seen)
+        await self.send_all(side.cat.inbound, records(1, run))
+        try:
+            await side.output.collect(
+                mark, lambda s: s.id.startswith(f"{run}-"), 1, side.alive, START_TIMEOUT
+            )
+        except SystemExit:
+            print(f"--- {side.name} log ({side.log}):\n{log_tail(side.log)}", file=sys.stderr)
+            raise
+
+    async def throughput(self, side: Side, n: int, run: str, chats: int = CHATS) -> float:
+        recs = records(n, run, chats)
+        mark = len(side.output.seen)
+        pid = side.alive().pid
+        c0, b0 = cpu_seconds(pid), cpu_seconds(self.broker_pid)
+        t0 = time.monotonic()
+        producing = asyncio.ensure_future(self.send_all(side.cat.inbound, recs))
+        got = await side.output.collect(
+            mark, lambda s: s.id.startswith(f"{run}-"), n, side.alive, 60 + n / 50
+        )
+        t_last = max(s.at for s in got.values())
+        await producing
+        side.cpu.append((cpu_seconds(pid) - c0) / n)
+        side.broker_cpu.append((cpu_seconds(self.broker_pid) - b0) / n)
+        rate = n / (t_last - t0)
+        side.rates.append(rate)
+        return rate
+
+    async def paced(
+        self, topic: str, recs: Sequence[tuple[str, bytes, bytes]], rate: float
+    ) -> dict[str, float]:
+        """Send ``recs`` at ``rate`` per second; the monotonic send time per id."""
+        sent_at: dict[str, float] = {}
+        futs = []
+        t0 = time.monotonic()
+        for i, (rid, key, value) in enumerate(recs):
+            delay = t0 + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent_at[rid] = time.monotonic()
+            futs.append(await self.producer.send(topic, value, key=key))
+        await asyncio.gather(*futs)
+        return sent_at
+
+    async def latency(self, side: Side, rate: float, seconds: float, run: str) -> list[float]:
+        """Added latencies (s) of records paced at ``rate``, send call -> output seen."""
+        recs = records(max(1, int(rate * seconds)), run)
+        mark = len(side.output.seen)
+        sent_at = await self.paced(side.cat.inbound, recs, rate)
+        got = await side.output.collect(
+            mark, lambda s: s.id in sent_at, len(recs), side.alive, 120.0
+        )
+        return sorted(s.at - sent_at[rid] for rid, s in got.items())
+
+    async def restart(
+        self, side: Side, rate: float, run: str, wipe: Path | None = None
+    ) -> tuple[float, float, int]:
+        """SIGKILL ``side`` while records trickle in, restart it (after deleting ``wipe``);
+        (s from restart to the first output of the new process, s from the kill, trickled
+        records, all answered)."""
+        mark0 = len(side.output.seen)
+        stop = asyncio.Event()
+        sent: list[str] = []
+
+        async def trickle() -> None:
+            i = 0
+            while not stop.is_set():
+                rid, key, value = record(run, i)
+                await self.producer.send(side.cat.inbound, value, key=key)
+                sent.append(rid)
+                i += 1
+                await asyncio.sleep(1.0 / rate)
+
+        trickling = asyncio.ensure_future(trickle())
+        await side.output.collect(mark0, lambda s: s.id.startswith(f"{run}-"), 10, side.alive, 60.0)
+        mark = len(side.output.seen)
+        wall_kill, t_kill = time.time(), time.monotonic()
+        side.alive().send_signal(signal.SIGKILL)
+        side.alive().wait()
+        if wipe is not None:
+            shutil.rmtree(wipe)
+        t_spawn = time.monotonic()
+        side.start()
+        first = await side.output.collect(
+            mark, lambda s: s.ts >= wall_kill, 1, side.alive, START_TIMEOUT
+        )
+        t_first = min(s.at for s in first.values())
+        await asyncio.sleep(1.0)
+        stop.set()
+        await trickling
+        await self.producer.flush()
+        total = len(sent)
+        await side.output.collect(
+            mark0, lambda s: s.id.startswith(f"{run}-"), total, side.alive, 120.0
+        )
+        return t_first - t_spawn, t_first - t_kill, total
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    k = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
+    return sorted(values)[k]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:7.1f} ms"
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def exactly_once_available() -> bool:
+    return any(f.name == "processing_guarantee" for f in dataclasses.fields(WorkerConfig))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    n: int
+    rounds: int
+    latency_s: float
+    restarts: int
+    slow_chats: tuple[int, ...]
+    slow_seconds: float
+
+
+QUICK = Plan(n=4000, rounds=1, latency_s=6.0, restarts=1, slow_chats=(50,), slow_seconds=3.0)
+FULL = Plan(
+    n=15000, rounds=3, latency_s=15.0, restarts=2, slow_chats=(10, 50, 500), slow_seconds=5.0
+)
+
+
+def worker_args(
+    bootstrap: str, cat: Catalog, data_dir: Path, *, batch: int, instance: str, provider: str
+) -> list[str]:
+    return [
+        "--bootstrap",
+        bootstrap,
+        "--prefix",
+        cat.prefix,
+        "--data-dir",
+        str(data_dir),
+        "--partitions",
+        str(PARTITIONS),
+        "--batch-size",
+        str(batch),
+        "--provider",
+        provider,
+        "--instance-id",
+        instance,
+    ]
+
+
+def catalog(name: str, bootstrap: str) -> Catalog:
+    cat = Catalog(name)
+    ensure_topics(bootstrap, cat.specs(partitions=PARTITIONS))
+    return cat
+
+
+def journal_url(cmd: Sequence[str]) -> str:
+    """The journal a worker command line runs on."""
+    given = cmd[cmd.index("--journal") + 1] if "--journal" in cmd else None
+    return WorkerConfig(journal=given).journal_url
+
+
+def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
+    """(label, worker options) of a ``--journal`` value: ``default`` (no option), ``file``
+    (the file journal in the data dir, append log: the worker's default before ``kafka``)
+    or a journal URL; ``@LEVEL`` at the end adds ``--loglevel LEVEL`` (default: none, the
+    worker's own default, info)."""
+    spec, at, level = value.rpartition("@") if "@" in value else (value, "", "")
+    logs = ["--loglevel", level] if at else []
+    suffix = f"; --loglevel {level}" if at else ""
+    if spec == "default":
+        label = "default: " + redact(WorkerConfig(data_dir=data_dir).journal_url)
+        return label + suffix, logs
+    url = f"file://{data_dir.resolve()}/journal?append_log=true" if spec == "file" else spec
+    return redact(url) + suffix, ["--journal", url, *logs]
+
+
+async def topic_writes(bootstrap: str, cat: Catalog) -> int:
+    """Records on every topic of ``cat`` but its inbound (the sum of the end offsets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        metadata = await consumer._client.fetch_all_metadata()
+        tps = [
+            TopicPartition(topic, p)
+            for topic in metadata.topics()
+            if topic.startswith(f"{cat.prefix}.") and topic != cat.inbound
+            for p in metadata.partitions_for_topic(topic) or ()
+        ]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        return int(sum(ends.values()))
     finally:
         await consumer.stop()
 
 
-async def measure(
-    bootstrap: str, src: str, dst: str, proc: subprocess.Popen[bytes], *, n: int, run: str
-) -> float:
-    start = await end_offsets(bootstrap, dst)
-    await produce(bootstrap, src, records(1, f"{run}w"))
-    await count_until(bootstrap, dst, start, 1, proc)  # warm: joined and flowing
-    start = await end_offsets(bootstrap, dst)
-    recs = records(n, run)
-    t0 = time.monotonic()
-    producing = asyncio.ensure_future(produce(bootstrap, src, recs))
-    t_last = await count_until(bootstrap, dst, start, n, proc)
-    await producing
-    return n / (t_last - t0)
-
-
-def broker() -> tuple[str, bool]:
-    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
-    if env:
-        return env, False
-    if subprocess.run([str(KAFKA_SH), "status"], capture_output=True, check=False).returncode == 0:
-        return "127.0.0.1:9092", False
-    subprocess.run([str(KAFKA_SH), "start"], check=True)
-    return "127.0.0.1:9092", True
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("-n", type=int, default=10_000)
-    parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument("--bare", nargs=4, metavar=("BOOTSTRAP", "SRC", "DST", "GROUP"))
-    args = parser.parse_args()
-    if args.bare:
-        asyncio.run(bare_loop(*args.bare))
-        return 0
-    bootstrap, started = broker()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-worker-"))
+async def run_bench(
+    bootstrap: str,
+    broker_pid: int | None,
+    tmp: Path,
+    plan: Plan,
+    *,
+    batch: int,
+    journals: Sequence[str],
+) -> None:
     tag = uuid.uuid4().hex[:6]
-    try:
-        bare_cat, faust_cat = Catalog(f"benchbare{tag}"), Catalog(f"benchfaust{tag}")
-        for cat in (bare_cat, faust_cat):
-            ensure_topics(bootstrap, cat.specs(partitions=PARTITIONS))
-        with open(tmp / "bare.log", "wb") as log:
-            bare = subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--bare",
-                    bootstrap,
-                    bare_cat.inbound,
-                    bare_cat.sent,
-                    bare_cat.group,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            bare_rate = asyncio.run(
-                measure(bootstrap, bare_cat.inbound, bare_cat.sent, bare, n=args.n, run="bare")
-            )
-        finally:
-            stop(bare)
-        with open(tmp / "worker.log", "wb") as log:
-            worker = subprocess.Popen(
-                worker_command(
-                    "--bootstrap",
-                    bootstrap,
-                    "--prefix",
-                    faust_cat.prefix,
-                    "--data-dir",
-                    str(tmp / "data"),
-                    "--batch-size",
-                    str(args.batch_size),
-                    "--loglevel",
-                    "warning",
-                ),
-                cwd=REPO,
-                env={
-                    **{k: v for k, v in os.environ.items() if k != "BOTMESH_JOURNAL"},
-                    "BOTMESH_CONSOLE_QUIET": "1",
-                },
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            faust_rate = asyncio.run(
-                measure(bootstrap, faust_cat.inbound, faust_cat.sent, worker, n=args.n, run="faust")
-            )
-        finally:
-            stop(worker)
-        print(f"records: {args.n} x ~200 B, {PARTITIONS} partitions, broker {bootstrap}")
-        print(f"bare aiokafka consume->produce loop: {bare_rate:8.0f} records/s")
-        print(
-            f"durable worker (batch {args.batch_size}, journal {default_journal(tmp / 'data')}): "
-            f"{faust_rate:8.0f} records/s"
+    py = sys.executable
+    acat = catalog(f"bwaio{tag}", bootstrap)
+    fcat = catalog(f"bwfev{tag}", bootstrap)
+    fdata = str(tmp / "faust-event")
+    aio = Side(
+        "aiokafka",
+        acat,
+        [py, str(BASELINES), "aiokafka", bootstrap, acat.inbound, acat.sent, acat.group],
+        tmp / "aiokafka.log",
+        copied_id,
+    )
+    fev = Side(
+        "faust/event",
+        fcat,
+        [py, str(BASELINES), "faust", bootstrap, fcat.inbound, fcat.sent, fcat.app_id, fdata],
+        tmp / "faust-event.log",
+        copied_id,
+    )
+    workers: list[Side] = []
+    data_dirs: dict[str, Path] = {}
+    print(
+        f"broker {bootstrap}; {PARTITIONS} partitions; records ~{RECORD_BYTES} B JSON over "
+        f"{CHATS} chats; N={plan.n}; rounds {plan.rounds}; logs in {tmp}"
+    )
+    for i, spec in enumerate(journals):
+        cat = catalog(f"bwwrk{i}{tag}", bootstrap)
+        data = tmp / f"worker{i}"
+        label, options = journal_option(spec, data)
+        name = "worker" if len(journals) == 1 else f"worker{i + 1}"
+        args = worker_args(
+            bootstrap, cat, data, batch=batch, instance=f"bench-{i}-{tag}", provider="mock"
         )
-        print(f"ratio worker / bare: {faust_rate / bare_rate:.2f}")
+        side = Side(name, cat, worker_command(*args, *options), tmp / f"{name}.log", receipt_id)
+        workers.append(side)
+        data_dirs[name] = data
+        print(f"{name}: journal {label}; batch {batch}; provider mock (no delay)")
+        print(f"  {' '.join(side.cmd[1:])}")
+    sides = [aio, fev, *workers]
+    async with Bench(bootstrap, broker_pid) as bench:
+        try:
+            for k, side in enumerate(sides):
+                t = time.monotonic()
+                await bench.start(side, f"warm{k}{tag}")
+                print(
+                    f"  {side.name}: started, first record through in {time.monotonic() - t:.1f} s"
+                )
+            med = await throughputs(bench, sides, workers, plan, tag)
+            rate = med[workers[0].name] / 2
+            await latencies(bench, sides, rate, plan, tag)
+            fev.stop()
+            aio.stop()
+            print("\n3. restart to first reply (SIGKILL, same --instance-id, 50 records/s)")
+            for side in workers:
+                for k in range(plan.restarts):
+                    from_spawn, from_kill, total = await bench.restart(side, 50.0, f"r{k}{tag}")
+                    print(
+                        f"  {side.name} restart {k + 1}: first reply {from_spawn:5.2f} s after "
+                        f"the restart ({from_kill:5.2f} s after the kill; target <= "
+                        f"{TARGET_RESTART:g} s: {verdict(from_spawn <= TARGET_RESTART)}); all "
+                        f"{total} trickled records answered"
+                    )
+                if journal_url(side.cmd) == KAFKA_JOURNAL:
+                    held = await topic_writes(bench.bootstrap, side.cat)
+                    from_spawn, from_kill, total = await bench.restart(
+                        side, 50.0, f"rw{tag}", wipe=data_dirs[side.name]
+                    )
+                    print(
+                        f"  {side.name} restart on an empty data dir (its journal restored from "
+                        f"the changelog, {held} records on its topics): first reply "
+                        f"{from_spawn:5.2f} s after the restart; all {total} trickled records "
+                        "answered"
+                    )
+                side.stop()
+            print(
+                f"\n4. provider latency {PROVIDER_DELAY * 1e3:.0f} ms (in-flight limit = min("
+                f"batch {batch}, chats in a batch): a batch runs its chats concurrently, each "
+                "chat's records one after the other, and the next batch waits for the whole batch)"
+            )
+            for i, (spec, side) in enumerate(zip(journals, workers, strict=True)):
+                await slow_provider(
+                    bench,
+                    bootstrap=bootstrap,
+                    tmp=tmp,
+                    cat=catalog(f"bwslo{i}{tag}", bootstrap),
+                    name=f"{side.name}/slow",
+                    journal=spec,
+                    batch=batch,
+                    plan=plan,
+                    top=med[side.name],
+                    tag=f"{i}{tag}",
+                )
+        finally:
+            for side in sides:
+                side.stop()
+                if side.tail is not None:
+                    await side.tail.stop()
+
+
+async def throughputs(
+    bench: Bench, sides: Sequence[Side], workers: Sequence[Side], plan: Plan, tag: str
+) -> dict[str, float]:
+    aio, fev = sides[0], sides[1]
+    print(
+        "\n1. throughput, records/s (CPU ms per record: the child, the broker; worker: "
+        "records written per inbound)"
+    )
+    writes: dict[str, list[float]] = {w.name: [] for w in workers}
+    for r in range(plan.rounds):
+        row = []
+        for k, side in enumerate(sides):
+            w0 = await topic_writes(bench.bootstrap, side.cat) if side in workers else 0
+            n = plan.n * (4 if side is aio else 1)  # a long enough run for the fast one
+            rate = await bench.throughput(side, n, f"t{r}s{k}{tag}")
+            extra = ""
+            if side in workers:
+                await asyncio.sleep(0.5)  # the last marks and receipts
+                w = (await topic_writes(bench.bootstrap, side.cat) - w0) / n
+                writes[side.name].append(w)
+                extra = f", {w:.1f} w"
+            row.append(
+                f"{side.name} {rate:6.0f} ({side.cpu[-1] * 1e3:.2f}, "
+                f"{side.broker_cpu[-1] * 1e3:.2f}{extra})"
+            )
+        print(f"  round {r + 1}: " + "  ".join(row))
+    med = {s.name: statistics.median(s.rates) for s in sides}
+    for side in sides:
+        wr = (
+            f"; {statistics.median(writes[side.name]):.1f} records written/inbound"
+            if side in workers
+            else ""
+        )
+        print(
+            f"  {side.name:<12} median {med[side.name]:7.0f} records/s   CPU "
+            f"{statistics.median(side.cpu) * 1e3:.2f} ms/record, broker "
+            f"{statistics.median(side.broker_cpu) * 1e3:.2f} ms/record{wr}"
+        )
+    if exactly_once_available():
+        print(
+            "  exactly_once: WorkerConfig has processing_guarantee; this bench does not run it yet"
+        )
+    else:
+        print(
+            "  exactly_once: not available (streams.config.WorkerConfig has no "
+            "processing_guarantee; the worker runs at_least_once)"
+        )
+    for side in workers:
+        vs_aio = statistics.median(w / a for w, a in zip(side.rates, aio.rates, strict=True))
+        vs_fev = statistics.median(w / f for w, f in zip(side.rates, fev.rates, strict=True))
+        print(
+            f"  {side.name}/aiokafka    {vs_aio:5.2f}  (target >= {TARGET_VS_AIOKAFKA}: "
+            f"{verdict(vs_aio >= TARGET_VS_AIOKAFKA)})"
+        )
+        print(
+            f"  {side.name}/faust-event {vs_fev:5.2f}  (target >= {TARGET_VS_FAUST}: "
+            f"{verdict(vs_fev >= TARGET_VS_FAUST)})"
+        )
+    return med
+
+
+async def latencies(bench: Bench, sides: Sequence[Side], rate: float, plan: Plan, tag: str) -> None:
+    print(
+        f"\n2. added latency, send call -> output seen, paced at {rate:.0f} records/s "
+        f"(half the first worker's median) for {plan.latency_s:g} s"
+    )
+    lat: dict[str, list[float]] = {}
+    for k, side in enumerate(sides):
+        lat[side.name] = v = await bench.latency(side, rate, plan.latency_s, f"l{k}{tag}")
+        print(
+            f"  {side.name:<12} p50 {ms(pct(v, 0.5))}  p99 {ms(pct(v, 0.99))}  "
+            f"max {ms(max(v))}  ({len(v)} records)"
+        )
+    base = lat[sides[0].name]
+    for side in sides[2:]:
+        v = lat[side.name]
+        print(
+            f"  {side.name} minus aiokafka: p50 {ms(pct(v, 0.5) - pct(base, 0.5))}  "
+            f"p99 {ms(pct(v, 0.99) - pct(base, 0.99))}"
+        )
+
+
+async def slow_provider(
+    bench: Bench,
+    *,
+    bootstrap: str,
+    tmp: Path,
+    cat: Catalog,
+    name: str,
+    journal: str,
+    batch: int,
+    plan: Plan,
+    top: float,
+    tag: str,
+) -> None:
+    data = tmp / name.replace("/", "-")
+    options = journal_option(journal, data)[1]
+    args = worker_args(
+        bootstrap,
+        cat,
+        data,
+        batch=batch,
+        instance=f"bench-slow-{tag}",
+        provider="bench._worker_baselines:slow_provider",
+    )
+    env = child_env(BENCH_PROVIDER_DELAY=str(PROVIDER_DELAY))
+    cmd = worker_command(*args, *options)
+    side = Side(name, cat, cmd, tmp / f"{name.replace('/', '-')}.log", receipt_id, env=env)
+    try:
+        await bench.start(side, f"warmslo{tag}")
+        for chats in plan.slow_chats:
+            limit = min(batch, chats)
+            bound = limit / PROVIDER_DELAY
+            expect = min(bound, top)
+            n = int(min(max(expect * plan.slow_seconds, 500), 6000))
+            rate = await bench.throughput(side, n, f"s{chats}{tag}", chats=chats)
+            print(
+                f"  {name} {chats:4d} chats: {rate:6.0f} records/s; limit/latency = {limit}/"
+                f"{PROVIDER_DELAY:g} s = {bound:5.0f}/s, ratio {rate / bound:.2f} (against "
+                f"min(that, top rate {top:.0f}/s): {rate / expect:.2f}); a chat's record took "
+                f"{limit / rate * 1e3:.0f} ms (N={n})"
+            )
     finally:
+        side.stop()
+        if side.tail is not None:
+            await side.tail.stop()
+
+
+# -- profile --------------------------------------------------------------------------------
+
+
+def package_of(filename: str) -> str:
+    path = filename.replace("\\", "/")
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in path:
+            rest = path.split(marker, 1)[1]
+            if marker != "site-packages/":
+                rest = rest.split("/", 1)[1] if "/" in rest else rest
+                return "stdlib:" + rest.split("/", 1)[0].removesuffix(".py")
+            return rest.split("/", 1)[0].removesuffix(".py")
+    if path.startswith(str(REPO)):
+        return path[len(str(REPO)) + 1 :].split("/", 1)[0]
+    return path if path.startswith("<") else "other"
+
+
+def print_profile(path: Path, n: int, top: int = 30) -> None:
+    stats = pstats.Stats(str(path))
+    table = stats.stats  # type: ignore[attr-defined]
+    by_pkg: dict[str, float] = {}
+    total = 0.0
+    for (filename, _, _), (_, _, tt, _, _) in table.items():
+        by_pkg[package_of(filename)] = by_pkg.get(package_of(filename), 0.0) + tt
+        total += tt
+    print(f"  profiled time {total:.2f} s over {n} records = {total / n * 1e6:.0f} us/record")
+    print("  by package (own time):")
+    for pkg, tt in sorted(by_pkg.items(), key=lambda kv: -kv[1])[:14]:
+        print(f"    {pkg:<28} {tt / n * 1e6:8.1f} us/record  {tt / total:6.1%}")
+    rows = sorted(table.items(), key=lambda kv: -kv[1][2])[:top]
+    print(f"  top {top} functions by own time (calls/record, own us/record, cumulative us/record):")
+    for (filename, line, func), (_, nc, tt, ct, _) in rows:
+        where = f"{package_of(filename)}:{Path(filename).name}:{line}({func})"
+        print(f"    {nc / n:7.2f} {tt / n * 1e6:8.1f} {ct / n * 1e6:9.1f}  {where}")
+    wanted = ("fsync", "write", "send", "put", "handle", "run_batch", "commit", "flush")
+    rows = sorted(table.items(), key=lambda kv: -kv[1][3])
+    print("  selected functions by cumulative time (calls/record, cumulative us/record):")
+    shown = 0
+    for (filename, line, func), (_, nc, _, ct, _) in rows:
+        pkg = package_of(filename)
+        if pkg in {"state", "streams", "botmesh", "providers"} or any(w == func for w in wanted):
+            print(
+                f"    {nc / n:7.2f} {ct / n * 1e6:9.1f}  {pkg}:{Path(filename).name}:{line}({func})"
+            )
+            shown += 1
+            if shown >= 30:
+                break
+
+
+async def run_profile(bootstrap: str, tmp: Path, n: int, *, batch: int, journal: str) -> None:
+    tag = uuid.uuid4().hex[:6]
+    cat = catalog(f"bwprof{tag}", bootstrap)
+    out = tmp / "worker.prof"
+    label, options = journal_option(journal, tmp / "prof")
+    args = worker_args(
+        bootstrap, cat, tmp / "prof", batch=batch, instance=f"bench-prof-{tag}", provider="mock"
+    )
+    cmd = [sys.executable, str(BASELINES), "profile", str(out), "--app", "examples.echo_bot:bot"]
+    side = Side("worker/cProfile", cat, [*cmd, *args, *options], tmp / "prof.log", receipt_id)
+    print(f"worker under cProfile: batch {batch}, journal {label}, N={n}, broker {bootstrap}")
+    async with Bench(bootstrap, None) as bench:
+        try:
+            await bench.start(side, f"warmprof{tag}")
+            rate = await bench.throughput(side, n, f"p{tag}")
+            print(f"  {rate:.0f} records/s under cProfile; CPU {side.cpu[-1] * 1e3:.2f} ms/record")
+        finally:
+            side.stop()
+            if side.tail is not None:
+                await side.tail.stop()
+    if not out.exists():
+        raise SystemExit(f"no profile written ({out}); see {side.log}")
+    print_profile(out, n + 1)  # the warm-up record is in the profile too
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a run of under ~2 minutes")
+    parser.add_argument("-n", type=int, help="records per throughput run")
+    parser.add_argument("--rounds", type=int, help="throughput rounds (sides interleaved)")
+    parser.add_argument("--batch-size", type=int, default=500, help="the worker's batch size")
+    parser.add_argument("--profile", action="store_true", help="the worker under cProfile only")
+    parser.add_argument("--keep", action="store_true", help="keep the logs and data dirs")
+    parser.add_argument(
+        "--journal",
+        action="append",
+        help="a worker side per value: default (the worker's default journal), file (a file "
+        "journal in its data dir, append log) or a journal URL; repeatable (default: default)",
+    )
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(plan, n=args.n or plan.n, rounds=args.rounds or plan.rounds)
+    bootstrap, started, broker_pid = broker()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-worker-"))
+    t0 = time.monotonic()
+    journals = args.journal or ["default"]
+    job: Coroutine[object, object, None]
+    if args.profile:
+        job = run_profile(bootstrap, tmp, plan.n, batch=args.batch_size, journal=journals[0])
+    else:
+        job = run_bench(bootstrap, broker_pid, tmp, plan, batch=args.batch_size, journals=journals)
+    try:
+        asyncio.run(job)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        print(f"\n(took {time.monotonic() - t0:.0f} s)")
         if started:
             subprocess.run([str(KAFKA_SH), "stop"], check=False)
     return 0
