@@ -344,7 +344,8 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     if args.action == "create":
-        result = ensure_topics(bootstrap, cat.specs(args.partitions, args.replication))
+        specs = cat.specs_beside(existing_topics(bootstrap), args.partitions, args.replication)
+        result = ensure_topics(bootstrap, specs)
         for name in result.created:
             print(f"created  {name}")
         for name in result.existing:

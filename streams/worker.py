@@ -46,7 +46,6 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, NoReturn
 
 import faust
@@ -69,7 +68,7 @@ from streams.runner import (
     redact,
 )
 from streams.table_kv import TABLE_NAME, TableKv
-from topics.catalog import Catalog, TopicSpec
+from topics.catalog import Catalog
 
 __all__ = ["build_app", "run_worker"]
 
@@ -309,17 +308,6 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
     return [(str(k), bytes(v) if v is not None else b"") for k, v in items]
 
 
-def _specs(config: WorkerConfig, have: Mapping[str, int]) -> list[TopicSpec]:
-    """The catalog's topics; a requests topic still to create gets the partition count the
-    inbound has (an existing deployment gets it added beside its inbound)."""
-    cat = config.catalog
-    specs = cat.specs(config.partitions, config.replication)
-    inbound = have.get(cat.inbound)
-    if inbound is None or cat.requests in have:
-        return specs
-    return [replace(s, partitions=inbound) if s.name == cat.requests else s for s in specs]
-
-
 def _check_copartitioned(cat: Catalog, have: Mapping[str, int]) -> None:
     """Refuse to run when the requests topic and the inbound have other partition counts: a
     chat's requests would land on another partition than its messages and its journal."""
@@ -338,7 +326,7 @@ def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> 
     """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C."""
     if config.provision:
         have = existing_topics(config.bootstrap)
-        specs = _specs(config, have)
+        specs = config.catalog.specs_beside(have, config.partitions, config.replication)
         result = ensure_topics(config.bootstrap, specs)
         if result.created:
             log.info("created topics: %s", ", ".join(result.created))

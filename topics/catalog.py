@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 __all__ = [
@@ -231,6 +231,22 @@ class Catalog:
             for table in TABLES
         ]
         return out
+
+    def specs_beside(
+        self,
+        existing: Mapping[str, int],
+        partitions: int = DEFAULT_PARTITIONS,
+        replication: int = 1,
+    ) -> list[TopicSpec]:
+        """:meth:`specs` for a cluster whose topics are ``existing`` (name -> partition
+        count): a requests topic still to create beside an existing inbound gets the
+        inbound's partition count, whatever ``partitions`` says (a chat's requests must land
+        on the partition of its messages)."""
+        specs = self.specs(partitions, replication)
+        inbound = existing.get(self.inbound)
+        if inbound is None or self.requests in existing:
+            return specs
+        return [replace(s, partitions=inbound) if s.role == "requests" else s for s in specs]
 
     def names(self) -> list[str]:
         return [s.name for s in self.specs()]

@@ -72,3 +72,13 @@ def test_single_replica_specs_allow_one_in_sync_replica() -> None:
 def test_bad_counts(partitions: int, replication: int) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         Catalog().specs(partitions, replication)
+
+
+def test_a_requests_topic_beside_an_existing_inbound_gets_its_partition_count() -> None:
+    cat = Catalog("p")
+    beside = {s.name: s.partitions for s in cat.specs_beside({"p.inbound": 3}, partitions=8)}
+    assert beside["p.requests"] == 3
+    assert beside["p.sent"] == 8  # only the requests follow the inbound here
+    both = {"p.inbound": 3, "p.requests": 5}  # left as they are (the worker refuses them)
+    assert {s.partitions for s in cat.specs_beside(both, partitions=8)} == {8}
+    assert cat.specs_beside({}, partitions=6) == cat.specs(6)
