@@ -753,7 +753,7 @@ async def slow_provider(
             limit = min(batch, chats)
             bound = limit / PROVIDER_DELAY
             expect = min(bound, top)
-            n = int(min(max(expect * plan.slow_seconds, 500), 6000))
+            n = int(min(max(expect * plan.slow_seconds, 10 * limit, 100), 6000))
             rate = await bench.throughput(side, n, f"s{chats}{tag}", chats=chats)
             print(
                 f"  {name} {chats:4d} chats: {rate:6.0f} records/s; limit/latency = {limit}/"
@@ -853,6 +853,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="the worker under cProfile only")
     parser.add_argument("--keep", action="store_true", help="keep the logs and data dirs")
     parser.add_argument(
+        "--slow-chats",
+        help="chat counts of the 50 ms provider runs, comma-separated (default 50; 10,50,500)",
+    )
+    parser.add_argument(
         "--journal",
         action="append",
         help="a worker side per value: default (the worker's default journal), file (a file "
@@ -861,6 +865,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     plan = dataclasses.replace(plan, n=args.n or plan.n, rounds=args.rounds or plan.rounds)
+    if args.slow_chats:
+        chats = tuple(int(c) for c in args.slow_chats.split(","))
+        plan = dataclasses.replace(plan, slow_chats=chats)
     bootstrap, started, broker_pid = broker()
     tmp = Path(tempfile.mkdtemp(prefix="bench-worker-"))
     t0 = time.monotonic()
