@@ -461,7 +461,7 @@ class Plan:
 
 QUICK = Plan(n=4000, rounds=1, latency_s=6.0, restarts=1, slow_chats=(50,), slow_seconds=3.0)
 FULL = Plan(
-    n=15000, rounds=3, latency_s=15.0, restarts=2, slow_chats=(10, 50, 500), slow_seconds=5.0
+    n=15000, rounds=3, latency_s=15.0, restarts=2, slow_chats=(1, 10, 50, 500), slow_seconds=5.0
 )
 
 
@@ -854,7 +854,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the logs and data dirs")
     parser.add_argument(
         "--slow-chats",
-        help="chat counts of the 50 ms provider runs, comma-separated (default 50; 10,50,500)",
+        help="chat counts of the 50 ms provider runs (quick: 50; else 1,10,50,500)",
     )
     parser.add_argument(
         "--journal",
