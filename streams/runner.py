@@ -215,7 +215,8 @@ def redact(text: str) -> str:
 
 
 class InboundRunner:
-    """Settles batches of inbound records through ``runtime.handle`` (see the module doc).
+    """Settles batches of inbound records through ``runtime.handle``, and of send requests
+    through ``runtime.send`` (see the module doc).
 
     ``produce`` hands dead letters to the producer. ``stopping`` (an event the worker sets
     when it stops) ends retry waits: the batch is abandoned rather than acked unsettled.

@@ -468,3 +468,15 @@ def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:
     assert [raw for raw, _ in in_time_order(items)] == [r1, a1, a2, r2]
     untimed: list[Any] = [(record(0, "A", "a"), None), (r1, None)]
     assert in_time_order(untimed) == untimed  # no timestamp: as they came
+
+
+def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() -> None:
+    from state.errors import ConfigError
+    from streams.worker import _check_copartitioned
+    from topics import Catalog
+
+    cat = Catalog("p")
+    _check_copartitioned(cat, {"p.inbound": 4, "p.requests": 4})
+    _check_copartitioned(cat, {"p.inbound": 4})  # no requests topic: nothing to refuse
+    with pytest.raises(ConfigError, match=r"p\.requests has 8 partitions but p\.inbound has 4"):
+        _check_copartitioned(cat, {"p.inbound": 4, "p.requests": 8})
