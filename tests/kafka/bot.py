@@ -11,6 +11,13 @@ every provider call, including one whose result the worker never recorded (it wa
 it refuses for good (``RecipientUnreachableError``) a send whose text is ``refuse``, so the
 send ends ``dead``.
 
+``http_provider`` (``--provider tests.kafka.bot:http_provider``) records each send outside
+the worker instead: it POSTs ``{"chat_id", "text", "key", "pid"}`` to the recorder of the
+test process (``tests.kafka.recorder.Recorder``, URL in ``$BOTMESH_TEST_RECORDER``) and
+returns the message id the recorder gives only once it answered (a time limit of
+``$BOTMESH_TEST_RECORDER_TIMEOUT`` seconds, default 5; a failed POST is a retryable
+``SendError``). It refuses ``refuse`` as the file provider does, without a POST.
+
 The inbox policy comes from the environment so a test can make a journal outage short or
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
 milliseconds, default 200; the cap is 4 x the base, no jitter).
@@ -26,9 +33,10 @@ import json
 import os
 
 from botmesh import Bot, Context, Outbound, SendResult
-from botmesh.errors import RecipientUnreachableError
+from botmesh.errors import RecipientUnreachableError, SendError
+from tests.kafka.recorder import RECORDER_ENV, post_send
 
-__all__ = ["FileProvider", "bot", "provider", "reply_text"]
+__all__ = ["FileProvider", "HttpProvider", "bot", "http_provider", "provider", "reply_text"]
 
 
 def _policy() -> dict[str, object]:
@@ -90,3 +98,38 @@ def provider() -> FileProvider:
     if not path:
         raise RuntimeError("set BOTMESH_TEST_SENDS to the file that records the sends")
     return FileProvider(path)
+
+
+class HttpProvider:
+    """Accepts a send once the test's recorder (``url``) recorded it; refuses ``refuse``."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.name = "recorder"
+        self.text_limit: int | None = None
+        self.url = url
+        self.timeout = timeout
+
+    async def send(self, message: Outbound) -> SendResult:
+        if (message.text or "").endswith(": refuse"):
+            raise RecipientUnreachableError("the test provider refuses this send")
+        key = message.options.get("idempotency_key")
+        payload = {
+            "chat_id": message.chat_id,
+            "text": message.text,
+            "key": key if isinstance(key, str) else None,
+            "pid": os.getpid(),
+        }
+        try:
+            answer = await post_send(self.url, payload, self.timeout)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise SendError(f"the recorder did not take the send: {exc!r}") from exc
+        return SendResult(str(answer["message_id"]))
+
+
+def http_provider() -> HttpProvider:
+    """``--provider tests.kafka.bot:http_provider``: sends go to ``$BOTMESH_TEST_RECORDER``."""
+    url = os.environ.get(RECORDER_ENV, "")
+    if not url:
+        raise RuntimeError(f"set {RECORDER_ENV} to the URL of the test's recorder")
+    timeout = float(os.environ.get("BOTMESH_TEST_RECORDER_TIMEOUT", "5"))
+    return HttpProvider(url, timeout)

@@ -3,15 +3,23 @@
 ``Worker`` runs ``tests/kafka/bot.py`` (the bot and its file provider) in a child process
 (``tests.kill.Child``: the one SIGKILL harness), with its own topic prefix, data dir and
 files: ``handled.txt`` (one line per handler run), ``sends.jsonl`` (one line per provider
-call). It is a static group member (``--instance-id``), so a restarted worker gets its
-partitions back at once, even after a SIGKILL. Every wait below ends as soon as its
-condition holds; the time limits are hang guards only.
+call). With ``recorder`` (a ``tests.kafka.recorder.Recorder`` URL) its provider is
+``tests.kafka.bot:http_provider`` instead, and the sends are recorded in the test process.
+It is a static group member (``--instance-id <prefix>-<instance>``), so a restarted worker
+gets its partitions back at once, even after a SIGKILL; several workers of one test share
+the prefix (one group) and differ by ``instance`` and ``tmp``. Every wait below ends as
+soon as its condition holds; the time limits are hang guards only.
+
+``read_journal`` reads a worker's journal back after the run: from the journal's changelog
+topic (``streams.table_kv``) when the worker ran on the default journal and that module
+exists, else from the file journal it ran on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import importlib
 import json
 import time
 from collections.abc import Callable
@@ -23,10 +31,24 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from examples.demo import worker_command
+from state.backends import open_backend
+from state.kv import Entry
+from streams.config import default_journal
 from streams.tools import Seen, end_offsets, tail_receipts
+from tests.kafka.recorder import RECORDER_ENV
 from tests.kill import Child
+from topics import Catalog
 
-__all__ = ["WAIT_S", "Worker", "collect", "dead_letters", "read_all", "wait_line"]
+__all__ = [
+    "WAIT_S",
+    "Worker",
+    "collect",
+    "dead_letters",
+    "journal_source",
+    "read_all",
+    "read_journal",
+    "wait_line",
+]
 
 PARTITIONS = 4
 WAIT_S = 120.0  # hang guard only
@@ -42,6 +64,9 @@ class Worker:
     journal: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     partitions: int = PARTITIONS
+    instance: str = "0"
+    loglevel: str = "warning"
+    recorder: str | None = None
     child: Child | None = None
     runs: int = 0
 
@@ -57,11 +82,23 @@ class Worker:
     def data_dir(self) -> Path:
         return self.tmp / "data"
 
+    @property
+    def instance_id(self) -> str:
+        return f"{self.prefix}-{self.instance}"
+
+    @property
+    def pid(self) -> int:
+        assert self.child is not None
+        return self.child.pid
+
     def start(self) -> Child:
         self.runs += 1
+        provider = (
+            "tests.kafka.bot:provider" if self.recorder is None else "tests.kafka.bot:http_provider"
+        )
         options = [
             "--provider",
-            "tests.kafka.bot:provider",
+            provider,
             "--bootstrap",
             self.bootstrap,
             "--prefix",
@@ -71,9 +108,9 @@ class Worker:
             "--partitions",
             str(self.partitions),
             "--instance-id",
-            f"{self.prefix}-0",
+            self.instance_id,
             "--loglevel",
-            "warning",
+            self.loglevel,
         ]
         if self.journal is not None:
             options += ["--journal", self.journal]
@@ -81,6 +118,7 @@ class Worker:
             "BOTMESH_TEST_HANDLED": str(self.handled_file),
             "BOTMESH_TEST_SENDS": str(self.sends_file),
             "PYTHONUNBUFFERED": "1",
+            **({RECORDER_ENV: self.recorder} if self.recorder is not None else {}),
             **self.env,
         }
         self.child = Child(worker_command(*options, app="tests.kafka.bot:bot"), env=env)
@@ -204,5 +242,73 @@ async def read_all(bootstrap: str, topic: str) -> list[Any]:
             batch = await consumer.getmany(timeout_ms=300)
             out += [m for tp in tps for m in batch.get(tp, [])]
         return out
+    finally:
+        await consumer.stop()
+
+
+#: ``--journal`` values naming the journal on Kafka (``streams.config``).
+_KAFKA_JOURNALS = {"kafka", "kafka:", "kafka://", "table"}
+
+
+def _table_kv() -> Any:
+    """``streams.table_kv`` (the journal in a Faust table), or None while it does not exist."""
+    try:
+        return importlib.import_module("streams.table_kv")
+    except ModuleNotFoundError as exc:
+        if exc.name != "streams.table_kv":
+            raise
+        return None
+
+
+def journal_source(worker: Worker) -> str:
+    """Where ``read_journal`` reads this worker's journal: ``"changelog"`` or ``"file"``."""
+    on_kafka = worker.journal is None or worker.journal.strip().lower() in _KAFKA_JOURNALS
+    return "changelog" if on_kafka and _table_kv() is not None else "file"
+
+
+async def read_journal(worker: Worker) -> dict[str, dict[str, Any]]:
+    """Key -> value of every entry of the journal ``worker`` ran on (read with the worker
+    stopped): the changelog topic of the default journal once ``streams.table_kv`` exists,
+    else the file journal (``--journal``, or the default one in the data dir)."""
+    table_kv = _table_kv()
+    if journal_source(worker) == "changelog":
+        topic = table_kv.changelog_topic(Catalog(worker.prefix))
+        return await read_changelog(worker.bootstrap, topic, table_kv.decode_entry)
+    url = worker.journal if worker.journal is not None else default_journal(worker.data_dir)
+    kv = await open_backend(url)
+    try:
+        return {e.key: e.value for e in await kv.scan("")}
+    finally:
+        await kv.close()
+
+
+async def read_changelog(
+    bootstrap: str, topic: str, decode: Callable[[bytes, bytes | None], Entry | None]
+) -> dict[str, dict[str, Any]]:
+    """The table a compacted changelog holds now: each record decoded with ``decode`` (None:
+    a tombstone), the last record of a key wins; read_committed, up to the end offsets."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        metadata = await consumer._client.fetch_all_metadata()
+        parts = sorted(metadata.partitions_for_topic(topic) or ())
+        assert parts, f"no changelog topic {topic}"
+        tps = [TopicPartition(topic, p) for p in parts]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        latest: dict[bytes, Entry | None] = {}
+        deadline = time.monotonic() + WAIT_S
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                pytest.fail(f"cannot read {topic} to its end offsets {ends}")
+            batch = await consumer.getmany(timeout_ms=300)
+            for tp in tps:
+                for m in batch.get(tp, []):
+                    assert m.key is not None, f"a changelog record without a key at {m.offset}"
+                    latest[m.key] = decode(m.key, m.value)
+        return {e.key: e.value for e in latest.values() if e is not None}
     finally:
         await consumer.stop()

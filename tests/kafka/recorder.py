@@ -1,0 +1,392 @@
+"""The provider's far end for the Kafka kill tests: an HTTP server in the test process that
+records every send a worker made, whatever happened to the worker afterwards.
+
+``Recorder`` listens on 127.0.0.1 (an ephemeral port) in a thread of the test process. The
+worker's provider (``tests.kafka.bot:http_provider``, ``$BOTMESH_TEST_RECORDER`` = its
+``url``) POSTs each send to it as JSON ``{"chat_id", "text", "key", "pid"}`` and returns
+only after the recorder answered ``200 {"message_id": ...}``; so a send the recorder holds
+is a send the channel accepted, even when the worker was SIGKILLed before it journaled the
+result. A killed worker cannot take a recorded call back: the recorder outlives every
+worker of a test and counts the effects (duplicates, calls per worker pid).
+
+``post_send`` is the client side (used by the provider, in the worker process): plain
+asyncio streams, one connection per send, a time limit on the whole exchange.
+
+``Tally`` follows the other evidence of a test while it runs (the receipts on
+``<prefix>.sent`` and the records on ``<prefix>.inbound.dlq``) and says, per inbound id,
+whether it is accounted for: its reply is at the recorder, or its send settled ``dead`` or
+``unknown`` (a receipt says so), or the inbound itself is in the DLQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from state.messages import Inbound, Receipt
+from streams.tools import demo_records
+from topics import decode_inbound, decode_receipt
+
+__all__ = [
+    "RECORDER_ENV",
+    "SESSION_TIMEOUT",
+    "Call",
+    "Recorder",
+    "Tally",
+    "check_effects",
+    "post_send",
+    "traffic",
+    "wait_until",
+]
+
+#: The environment variable that gives the worker's provider the recorder's URL.
+RECORDER_ENV = "BOTMESH_TEST_RECORDER"
+_REPLY = re.compile(r"^echo (?P<id>\S+): ")
+
+CHATS = 30
+REFUSE_EVERY = 15  # one inbound in 15 says "refuse": its send ends dead (a final refusal)
+SESSION_TIMEOUT = {
+    "BOTMESH_SESSION_TIMEOUT": "6"
+}  # Kafka's least: a dead member's partitions move soon
+
+
+def traffic(run: str, n: int) -> list[Inbound]:
+    """``n`` inbounds over ``CHATS`` chats, ids ``<run>-<i>``; every ``REFUSE_EVERY``-th is
+    refused by the provider."""
+    return [
+        msgspec.structs.replace(r, text="refuse") if i % REFUSE_EVERY == 7 else r
+        for i, r in enumerate(demo_records(n, CHATS, run=run))
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One send the recorder accepted."""
+
+    chat_id: str
+    text: str
+    key: str | None  # the idempotency key, when the provider was given one
+    pid: int  # the worker process that sent it
+    at: float  # time.monotonic() in the test process when it arrived
+    message_id: str
+
+    @property
+    def inbound_id(self) -> str | None:
+        """The inbound the test bot answered with this send (``echo <id>: <text>``)."""
+        match = _REPLY.match(self.text)
+        return match["id"] if match else None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A worker killed before it read the answer: the call is recorded all the same
+        (that is the ambiguous window), nothing to report."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class Recorder:
+    """``with Recorder() as rec:`` an HTTP server on 127.0.0.1 recording every POSTed send."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._calls: list[Call] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("Content-Length", "0"))
+                try:
+                    body = json.loads(self.rfile.read(size))
+                    text = str(body["text"])
+                    chat_id = str(body["chat_id"])
+                    key = body.get("key")
+                    pid = int(body["pid"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    self._answer(400, {"error": str(exc)})
+                    return
+                call = recorder._add(chat_id, text, key, pid)
+                self._answer(200, {"message_id": call.message_id})
+
+            def _answer(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # quiet: the tests print their own figures
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _add(self, chat_id: str, text: str, key: str | None, pid: int) -> Call:
+        with self._lock:
+            call = Call(chat_id, text, key, pid, time.monotonic(), f"rec-{len(self._calls) + 1}")
+            self._calls.append(call)
+            self._lock.notify_all()
+            return call
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/send"
+
+    def start(self) -> Recorder:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- what was recorded ----------------------------------------------------------------
+
+    def calls(self) -> list[Call]:
+        """Every send so far, in arrival order."""
+        with self._lock:
+            return list(self._calls)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._calls)
+
+    def answered(self) -> set[str]:
+        """The inbound ids whose reply reached the recorder."""
+        return {c.inbound_id for c in self.calls() if c.inbound_id is not None}
+
+    def duplicates(self, calls: Iterable[Call] | None = None) -> dict[str, int]:
+        """Text -> number of calls, for every send the recorder got more than once."""
+        counts = collections.Counter(c.text for c in (self.calls() if calls is None else calls))
+        return {text: n for text, n in counts.items() if n > 1}
+
+    def sends_from(self, pid: int, since: int = 0) -> int:
+        """How many calls worker ``pid`` made among the calls from index ``since`` on."""
+        with self._lock:
+            return sum(1 for c in self._calls[since:] if c.pid == pid)
+
+    def first_from(self, pid: int, since: int = 0) -> Call | None:
+        """The first call worker ``pid`` made among the calls from index ``since`` on."""
+        with self._lock:
+            return next((c for c in self._calls[since:] if c.pid == pid), None)
+
+
+async def post_send(url: str, payload: dict[str, Any], limit: float) -> dict[str, Any]:
+    """POST ``payload`` as JSON to ``url``; the decoded JSON answer of a 200, else raises
+    ``OSError`` / ``TimeoutError`` / ``ValueError``."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    body = json.dumps(payload).encode()
+    head = (
+        f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(head + body)
+            await writer.drain()
+            return await reader.read()
+        finally:
+            writer.close()
+
+    raw = await asyncio.wait_for(exchange(), limit)
+    status_line, _, rest = raw.partition(b"\r\n")
+    fields = status_line.split()
+    if len(fields) < 2 or fields[1] != b"200":
+        raise ValueError(f"the recorder answered {status_line!r}")
+    _, _, content = rest.partition(b"\r\n\r\n")
+    answer = json.loads(content)
+    if not isinstance(answer, dict):
+        raise ValueError(f"the recorder answered {content!r}")
+    return answer
+
+
+@dataclass
+class Tally:
+    """The receipts and dead letters of one test's topics, followed while the test runs."""
+
+    bootstrap: str
+    sent_topic: str
+    dlq_topic: str
+    receipts: list[Receipt] = field(default_factory=list)
+    dead_lettered: set[str] = field(default_factory=set)
+    _task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Tally:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        tps = [
+            TopicPartition(t, p)
+            for t in (self.sent_topic, self.dlq_topic)
+            for p in await _partitions(consumer, t)
+        ]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        self._task = asyncio.ensure_future(self._follow(consumer))
+        return self
+
+    async def _follow(self, consumer: AIOKafkaConsumer) -> None:
+        try:
+            while True:
+                batch = await consumer.getmany(timeout_ms=200, max_records=2000)
+                for tp, msgs in batch.items():
+                    for m in msgs:
+                        if tp.topic == self.sent_topic:
+                            self.receipts.append(decode_receipt(m.value))
+                        else:
+                            self.dead_lettered.add(decode_inbound(m.value).id)
+        finally:
+            await consumer.stop()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def check(self) -> None:
+        """Raise what the follower raised, if it stopped."""
+        if self._task is not None and self._task.done():
+            self._task.result()
+            raise AssertionError("the receipts follower stopped")
+
+    def states(self) -> dict[str, set[str]]:
+        """Inbound id -> the states its receipts carry (``sent``, ``dead``, ``unknown``)."""
+        out: dict[str, set[str]] = collections.defaultdict(set)
+        for r in self.receipts:
+            out[r.inbound_id or ""].add(str(r.state))
+        return out
+
+    def settled_without_reply(self) -> set[str]:
+        """Inbound ids whose send settled ``dead`` or ``unknown`` (by their receipts)."""
+        return {i for i, s in self.states().items() if s & {"dead", "unknown"}}
+
+    def unknown(self) -> set[str]:
+        return {i for i, s in self.states().items() if "unknown" in s}
+
+    def accounted(self, recorder: Recorder) -> set[str]:
+        """Inbound ids accounted for: replied at the recorder, settled ``dead`` or
+        ``unknown``, or dead-lettered."""
+        return recorder.answered() | self.settled_without_reply() | self.dead_lettered
+
+    async def until_accounted(
+        self,
+        recorder: Recorder,
+        ids: set[str],
+        check: Callable[[], None],
+        limit: float,
+        *,
+        receipts: bool = True,
+    ) -> None:
+        """Wait until every id of ``ids`` is accounted for and (``receipts``) has a receipt
+        or a dead letter; ``check`` raises when a worker died."""
+        deadline = time.monotonic() + limit
+        while True:
+            missing = ids - self.accounted(recorder)
+            if receipts:
+                missing |= ids - set(self.states()) - self.dead_lettered
+            if not missing:
+                return
+            check()
+            self.check()
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{len(missing)} of {len(ids)} inbounds unaccounted for after {limit}s, "
+                    f"e.g. {sorted(missing)[:5]}"
+                )
+            await asyncio.sleep(0.05)
+
+
+async def wait_until(
+    cond: Callable[[], bool],
+    what: str,
+    *,
+    check: Callable[[], None] = lambda: None,
+    limit: float = 120.0,
+    poll: float = 0.05,
+) -> float:
+    """Wait until ``cond()`` holds (``check()`` raises when a worker died); the seconds it
+    took. ``limit`` is a hang guard: past it the wait fails, naming ``what``."""
+    t0 = time.monotonic()
+    while not cond():
+        check()
+        if time.monotonic() - t0 > limit:
+            raise AssertionError(f"not after {limit}s: {what}")
+        await asyncio.sleep(poll)
+    return time.monotonic() - t0
+
+
+def check_effects(recorder: Recorder, tally: Tally, ids: set[str]) -> dict[str, int]:
+    """The end of every test: 0 lost, 0 duplicates, no send from nowhere; the figures."""
+    calls = recorder.calls()
+    lost = ids - tally.accounted(recorder)
+    dupes = recorder.duplicates()
+    unknown = tally.unknown()
+    stray = [c for c in calls if c.inbound_id not in ids]
+    no_receipt = ids - set(tally.states()) - tally.dead_lettered
+    out = {
+        "messages": len(ids),
+        "provider calls": len(calls),
+        "duplicates": sum(n - 1 for n in dupes.values()),
+        "lost": len(lost),
+        "unknown": len(unknown & ids),
+        "unknown never sent": len((unknown & ids) - recorder.answered()),
+        "dead": len({i for i, s in tally.states().items() if "dead" in s} & ids),
+        "dead-lettered": len(tally.dead_lettered & ids),
+        "receipts": len(tally.receipts),
+    }
+    print(f"\n  effects: {out}")
+    dupe_ids = {c.inbound_id for c in calls if c.text in dupes}
+    assert dupes == {}, (
+        f"{len(dupes)} sends reached the provider more than once "
+        f"({len(dupe_ids & unknown)} of them reported unknown), e.g. {sorted(dupes)[:5]}"
+    )
+    assert lost == set(), f"{len(lost)} inbounds lost, e.g. {sorted(lost)[:5]}"
+    assert stray == [], f"provider calls for no inbound of the test: {stray[:5]}"
+    assert no_receipt == set(), f"{len(no_receipt)} inbounds without a receipt or dead letter"
+    return out
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
+    metadata = await consumer._client.fetch_all_metadata()
+    return sorted(metadata.partitions_for_topic(topic) or ())
