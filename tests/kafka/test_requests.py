@@ -225,6 +225,9 @@ async def test_two_workers_handle_a_chats_requests_where_its_messages_are(
                 assert mine == want[chat]
     assert set(sent_by) == set(chats)
     assert set(sent_by.values()) == {0, 1}
+    # every request journaled in its own partition by the worker that owns it: none refused
+    assert await read_all(kafka_bootstrap, cat.requests_dlq) == []
+    assert await read_all(kafka_bootstrap, cat.inbound_dlq) == []
 
 
 # -- helpers -----------------------------------------------------------------------------------
