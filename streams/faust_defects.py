@@ -9,14 +9,18 @@ error handler commits it: it is never redelivered.     the process exit without 
                                                        (``streams.worker``: ``os._exit``)
 A cancelled ``take_events`` body acks its batch        ``CancelledError`` in the body: exit
 (the stream's ``finally``).                            without acking (``streams.worker``)
-Events skipped at a startup seek: the commit of a      ``guard_commit_holes`` below: Faust
-partition skips a hole of exactly one offset at the    never commits past a hole at the head
-head of the acked offsets (``Consumer._new_offset``    of the acked offsets; the hole's
-checks ``min(acked) - committed > 1`` where            record is redelivered at the next
-``committed`` is already the next offset; and a        start (the journal answers the rest
-committed offset of 0 is not checked at all), so a     as duplicates)
-record that never reached the agent is committed
-past and lost.
+Events skipped at a startup seek: records fetched     ``guard_commit_holes`` below: after
+while a partition is not yet active for the streams    Faust's seek, a source partition
+are dropped, and Faust's seek back to the committed    with no committed offset (or 0) is
+offsets skips a partition with no committed offset     sought to its beginning; Faust never
+(or offset 0), so those records never reach the        commits past a hole at the head of
+agent in this process; and the commit of a partition   the acked offsets, and seeks the
+skips a hole of exactly one offset at the head of the  partition back to the hole once, so
+acked offsets (``Consumer._new_offset`` checks         the skipped records are delivered
+``min(acked) - committed > 1`` where ``committed`` is  again (the journal answers the rest
+already the next offset; a committed 0 is not checked  as duplicates)
+at all), so a record that never reached the agent is
+committed past and lost.
 ``app.producer.flush()`` returns before a buffered     the journal never relies on it: it
 write is acked; a table write is not durable until     awaits the broker's ack of each of its
 the commit timer.                                      changelog records (``TableKv.commit``)
@@ -28,8 +32,9 @@ replays the whole changelog.                           offered yet)
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faust.transport.consumer import Consumer
@@ -39,6 +44,7 @@ __all__ = ["guard_commit_holes", "held_commit"]
 log = logging.getLogger("botmesh.streams")
 
 _ORIGINAL: Callable[[Any, Any], int | None] = Consumer._new_offset
+_ORIGINAL_SEEK: Callable[[Any], Awaitable[None]] = Consumer.perform_seek
 
 
 def held_commit(consumer: Any, tp: Any) -> bool:
@@ -61,16 +67,46 @@ def _new_offset(self: Any, tp: Any) -> int | None:
             _warned.add((tp, committed))
             log.warning(
                 "%s: offset %s was never handed to the agent (acked from %s on); the commit "
-                "stays at %s so that the next start redelivers it",
+                "stays at %s and the partition is read again from there",
                 tp,
                 committed,
                 min(self._acked[tp]),
                 committed,
             )
+            _redeliver(self, tp, committed)
         return None
     return _ORIGINAL(self, tp)
+
+
+def _redeliver(consumer: Any, tp: Any, offset: int) -> None:
+    try:
+        task = asyncio.get_running_loop().create_task(consumer.seek(tp, offset))
+    except RuntimeError:  # no loop (a test calling it directly): the next start redelivers
+        return
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def _source_partitions(consumer: Any) -> list[Any]:
+    changelogs = set(consumer.app.tables.changelog_topics)
+    return [
+        tp
+        for tp in consumer.assignment()
+        if tp.topic not in changelogs and "__assignor-__leader" not in tp.topic
+    ]
+
+
+async def _perform_seek(self: Any) -> None:
+    await _ORIGINAL_SEEK(self)
+    for tp in _source_partitions(self):
+        if not self._committed_offset.get(tp):  # none committed (or 0): Faust left it
+            await self.seek(tp, 0)  # the beginning (out of range: the earliest, by reset)
 
 
 def guard_commit_holes() -> None:
     """Install the guard on Faust's consumer (idempotent; the worker does it at start)."""
     Consumer._new_offset = _new_offset  # type: ignore[method-assign]
+    Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
