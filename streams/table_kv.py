@@ -289,10 +289,11 @@ class TableKv:
             k = key.encode()
             v = encode_entry(entry) if entry is not None else None
             acks.append(await self._port.produce(p, k, v))
-        if len(acks) == 1:
-            await asyncio.wait_for(acks[0], self.ack_timeout)
-        else:
-            await asyncio.wait_for(asyncio.gather(*acks), self.ack_timeout)
+        async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
+            if len(acks) == 1:
+                await acks[0]
+            else:
+                await asyncio.gather(*acks)
         self.acked += len(acks)
 
     def _undo(
