@@ -51,7 +51,7 @@ from typing import Any, Protocol
 import msgspec
 
 from state.errors import JournalUnavailableError, VersionConflictError
-from state.kv import Delete, Entry, IndexName, Op, apply_ops, copy_entry, range_of
+from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
 from topics.catalog import Catalog
 
 __all__ = [
@@ -234,46 +234,67 @@ class TableKv:
                 found[k] = copy_entry(e)
         return found
 
-    def _partition_of(self, ops: Sequence[Op]) -> int:
+    def _route(self, ops: Sequence[Op]) -> dict[int, list[tuple[int, Op]]]:
+        """Each op (with its place in ``ops``) by partition: the current one for all when
+        one is set, else the partition that holds each key."""
         p = CURRENT_PARTITION.get()
-        if p is None:
-            p = self._where.get(ops[0].key)
-        if p is None and ops[0].expect:  # a record this worker had: its partition moved
-            raise VersionConflictError(ops[0].key, ops[0].expect, None)
-        if p is None:
-            raise JournalUnavailableError(
-                f"journal write of {ops[0].key!r} has no partition: a new record is written "
-                "while its chat's inbound (or request) record is handled on the worker"
-            )
-        return p
+        if p is not None:
+            return {p: list(enumerate(ops))}
+        groups: dict[int, list[tuple[int, Op]]] = {}
+        for i, op in enumerate(ops):
+            q = self._where.get(op.key)
+            if q is None:
+                if op.expect:  # a record this worker had: its partition moved
+                    raise VersionConflictError(op.key, op.expect, None)
+                raise JournalUnavailableError(
+                    f"journal write of {op.key!r} has no partition: a new record is written "
+                    "while its chat's inbound (or request) record is handled on the worker"
+                )
+            groups.setdefault(q, []).append((i, op))
+        return groups
 
     async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
+        """All of ``ops`` or none, in memory; the ops of each partition go to that
+        partition's changelog (a commit across partitions is not one atomic write there:
+        the engine's only such commits, receipts marked published and retention purges,
+        are correct op by op)."""
         self._check()
         if not ops:
             return []
-        p = self._partition_of(ops)
-        entries = self._parts.get(p)
-        if entries is None:
-            op = ops[0]
-            if op.expect:  # a holder's compare-and-set: the record is not ours any more
-                raise VersionConflictError(op.key, op.expect, None)
-            raise JournalUnavailableError(
-                f"journal partition {p} is not owned by this worker (it was revoked); "
-                f"{op.key!r} not written"
-            )
-        before = {op.key: entries.get(op.key) for op in ops}
-        versions = apply_ops(entries, ops)
-        after = {op.key: entries.get(op.key) for op in ops}
-        for op in ops:
-            if isinstance(op, Delete):
-                if self._where.get(op.key) == p:
-                    del self._where[op.key]
-            else:
-                self._where[op.key] = p
+        groups = self._route(ops)
+        versions = [0] * len(ops)
+        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]] = []
         try:
-            await self._produce_and_wait(p, after)
+            for p, items in groups.items():
+                entries = self._parts.get(p)
+                if entries is None:
+                    op = items[0][1]
+                    if op.expect:  # a holder's compare-and-set: the record is not ours now
+                        raise VersionConflictError(op.key, op.expect, None)
+                    raise JournalUnavailableError(
+                        f"journal partition {p} is not owned by this worker (it was "
+                        f"revoked); {op.key!r} not written"
+                    )
+                part_ops = [op for _, op in items]
+                before = {op.key: entries.get(op.key) for op in part_ops}
+                for (i, _), v in zip(items, apply_ops(entries, part_ops), strict=True):
+                    versions[i] = v
+                changes.append((p, before, {op.key: entries.get(op.key) for op in part_ops}))
+        except BaseException:  # a later partition's check failed: nothing stays applied
+            for p, before, after in reversed(changes):
+                self._undo(p, before, after)
+            raise
+        for p, _, after in changes:
+            for key, entry in after.items():
+                if entry is not None:
+                    self._where[key] = p
+                elif self._where.get(key) == p:
+                    del self._where[key]
+        try:
+            await self._produce_and_wait(changes)
         except BaseException as exc:
-            self._undo(p, before, after)
+            for p, before, after in reversed(changes):
+                self._undo(p, before, after)
             self.failed += 1
             if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
                 raise JournalUnavailableError(
@@ -283,12 +304,14 @@ class TableKv:
             raise
         return versions
 
-    async def _produce_and_wait(self, p: int, after: dict[str, Entry | None]) -> None:
+    async def _produce_and_wait(
+        self, changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]]
+    ) -> None:
         acks: list[Awaitable[Any]] = []
-        for key, entry in after.items():
-            k = key.encode()
-            v = encode_entry(entry) if entry is not None else None
-            acks.append(await self._port.produce(p, k, v))
+        for p, _, after in changes:
+            for key, entry in after.items():
+                value = encode_entry(entry) if entry is not None else None
+                acks.append(await self._port.produce(p, key.encode(), value))
         async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
             if len(acks) == 1:
                 await acks[0]

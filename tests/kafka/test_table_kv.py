@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.testing import MockProvider
 from state.errors import JournalUnavailableError, VersionConflictError
-from state.kv import DurableKv, Entry, IndexName, Op, Put
+from state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
 from streams.table_kv import TableKv, in_partition
 from tests.backends import BackendCase, BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
@@ -176,6 +176,30 @@ async def test_records_stay_in_their_partition_and_a_scan_without_one_sees_all(
     with in_partition(0):
         entry = await restored.kv.get("s/a")
     assert entry is not None and (entry.value, entry.version) == ({"n": 2}, 2)
+
+
+async def test_a_commit_across_partitions_writes_each_record_in_its_own(
+    backend: BackendHandle,
+) -> None:
+    """Receipts marked published and retention purges commit records of several chats at
+    once, with no partition named: each record stays in its partition, all or nothing."""
+    kv, _ = table_of(backend)
+    with in_partition(0):
+        await kv.commit([Put("s/a", {"n": 0}, expect=0)])
+    with in_partition(1):
+        await kv.commit([Put("s/b", {"n": 0}, expect=0)])
+    with pytest.raises(VersionConflictError):
+        await kv.commit([Put("s/a", {"n": 1}, expect=1), Put("s/b", {"n": 1}, expect=5)])
+    assert [(e.key, e.version) for e in await kv.scan("s/")] == [("s/a", 1), ("s/b", 1)]
+    assert await kv.commit([Put("s/a", {"n": 1}, expect=1), Delete("s/b", expect=1)]) == [2, 0]
+    with in_partition(1):
+        assert await kv.get("s/a") is None and await kv.get("s/b") is None
+    restored = await backend.reopen()
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        entry = await restored.kv.get("s/a")
+    assert entry is not None and entry.version == 2
+    assert [e.key for e in await restored.kv.scan("s/")] == ["s/a"]
 
 
 async def test_a_revoked_partition_refuses_its_old_holder(backend: BackendHandle) -> None:
