@@ -225,7 +225,14 @@ class Catalog:
             spec(
                 self.changelog(table),
                 "changelog",
-                {"cleanup.policy": "compact"},
+                # segments roll hourly (or at 64 MiB) so that the cleaner can compact them:
+                # a worker restoring a partition on an empty disk reads each key once
+                {
+                    "cleanup.policy": "compact",
+                    "segment.ms": str(3600 * 1000),
+                    "segment.bytes": str(64 * 1024 * 1024),
+                    "min.cleanable.dirty.ratio": "0.1",
+                },
                 f"changelog of the Faust table {table!r}",
             )
             for table in TABLES
