@@ -68,7 +68,7 @@ from streams.runner import (
     redact,
 )
 from streams.table_kv import TABLE_NAME, TableKv
-from topics.catalog import Catalog
+from topics.catalog import Catalog, TopicSpec
 
 __all__ = ["build_app", "run_worker"]
 
@@ -175,6 +175,12 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         return store._visible_items(store._db_for_partition(partition))
 
 
+def _changelog_spec(config: WorkerConfig) -> TopicSpec:
+    name = config.catalog.changelog(TABLE_NAME)
+    specs = config.catalog.specs(config.partitions, config.replication)
+    return next(s for s in specs if s.name == name)
+
+
 def _exit_hard(why: str, code: int) -> NoReturn:
     """Leave without acking anything: the broker redelivers from the committed offsets."""
     log.critical("exiting without acking the batch in progress: %s", why)
@@ -242,7 +248,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             key_type=bytes,
             value_type=bytes,
             partitions=config.partitions,
-            extra_topic_configs={"min.insync.replicas": "2" if config.replication >= 3 else "1"},
+            # as provisioned (Faust creates it with these when provisioning is off)
+            extra_topic_configs=dict(_changelog_spec(config).config),
         )
         app.tables.add(table)
         journal = kv = table.botmesh_kv = TableKv(table)
