@@ -16,6 +16,11 @@ asyncio streams, one connection per send, a time limit on the whole exchange.
 ``<prefix>.sent`` and the records on ``<prefix>.inbound.dlq``) and says, per inbound id,
 whether it is accounted for: its reply is at the recorder, or its send settled ``dead`` or
 ``unknown`` (a receipt says so), or the inbound itself is in the DLQ.
+
+``traffic`` makes a test's inbounds (one in ``REFUSE_EVERY`` refused for good by the
+provider); ``check_effects`` is the end of every kill test: 0 lost, 0 sends twice (the bot
+runs with ``on_ambiguous="skip"``), no call for an inbound the test did not produce, a
+receipt or a dead letter for every inbound; it prints and returns the figures.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "Recorder",
     "Tally",
     "check_effects",
+    "describe_group",
     "post_send",
     "traffic",
     "wait_until",
@@ -65,11 +71,11 @@ SESSION_TIMEOUT = {
 }  # Kafka's least: a dead member's partitions move soon
 
 
-def traffic(run: str, n: int) -> list[Inbound]:
-    """``n`` inbounds over ``CHATS`` chats, ids ``<run>-<i>``; every ``REFUSE_EVERY``-th is
-    refused by the provider."""
+def traffic(run: str, n: int, start: int = 0) -> list[Inbound]:
+    """``n`` inbounds over ``CHATS`` chats, ids ``<run>-<i>``; every ``REFUSE_EVERY``-th
+    (counting from ``start``) is refused by the provider."""
     return [
-        msgspec.structs.replace(r, text="refuse") if i % REFUSE_EVERY == 7 else r
+        msgspec.structs.replace(r, text="refuse") if (start + i) % REFUSE_EVERY == 7 else r
         for i, r in enumerate(demo_records(n, CHATS, run=run))
     ]
 
@@ -377,14 +383,37 @@ def check_effects(recorder: Recorder, tally: Tally, ids: set[str]) -> dict[str, 
     }
     print(f"\n  effects: {out}")
     dupe_ids = {c.inbound_id for c in calls if c.text in dupes}
+    t0 = calls[0].at if calls else 0.0
+    example = {
+        text: [(c.pid, f"{c.at - t0:.1f}s") for c in calls if c.text == text]
+        for text in sorted(dupes)[:5]
+    }
     assert dupes == {}, (
         f"{len(dupes)} sends reached the provider more than once "
-        f"({len(dupe_ids & unknown)} of them reported unknown), e.g. {sorted(dupes)[:5]}"
+        f"({len(dupe_ids & unknown)} of them reported unknown), e.g. (worker pid, time): "
+        f"{example}"
     )
     assert lost == set(), f"{len(lost)} inbounds lost, e.g. {sorted(lost)[:5]}"
     assert stray == [], f"provider calls for no inbound of the test: {stray[:5]}"
     assert no_receipt == set(), f"{len(no_receipt)} inbounds without a receipt or dead letter"
     return out
+
+
+def describe_group(bootstrap: str, group: str, topic: str) -> tuple[str, dict[str, list[int]]]:
+    """The consumer group's state (``EMPTY``, ``STABLE``...) and, per member (its instance
+    id, else its member id), the partitions of ``topic`` it holds."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    [future] = admin.describe_consumer_groups([group]).values()
+    description = future.result(30)
+    members = {
+        m.group_instance_id or m.member_id: sorted(
+            tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic
+        )
+        for m in description.members
+    }
+    return str(description.state.name), members
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
