@@ -20,7 +20,9 @@ returns the message id the recorder gives only once it answered (a time limit of
 
 The inbox policy comes from the environment so a test can make a journal outage short or
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
-milliseconds, default 200; the cap is 4 x the base, no jitter).
+milliseconds, default 200; the cap is 4 x the base, no jitter); ``BOTMESH_TEST_LEASE`` (a
+duration such as ``10s``) sets the inbox and outbox leases, so that a killed worker's
+records are taken over sooner.
 
 The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
 one process unchanged.
@@ -43,7 +45,12 @@ def _policy() -> dict[str, object]:
     attempts = int(os.environ.get("BOTMESH_TEST_INBOX_ATTEMPTS", "5"))
     base_ms = float(os.environ.get("BOTMESH_TEST_INBOX_BACKOFF_MS", "200"))
     backoff = {"base": base_ms, "cap": base_ms * 4, "jitter": 0}
-    return {"inbox": {"max_attempts": attempts, "backoff": backoff}}
+    policy: dict[str, dict[str, object]] = {"inbox": {"max_attempts": attempts, "backoff": backoff}}
+    lease = os.environ.get("BOTMESH_TEST_LEASE", "").strip()
+    if lease:  # the inbox and outbox leases (default 60s): how soon a dead holder's work moves
+        policy["inbox"]["lease"] = lease
+        policy["outbox"] = {"lease": lease}
+    return dict(policy)
 
 
 bot = Bot("kafka-test", durability=_policy())

@@ -16,15 +16,20 @@ condition holds; the time limits are hang guards only.
 
 - ``test_random_sigkills_lose_nothing_and_send_nothing_twice``: one worker SIGKILLed
   ``KILLS`` times at random moments (mid-batch after a random number of replies, or during
-  its start-up) while traffic keeps coming; then the journal is read back (the changelog
-  once ``streams.table_kv`` exists, else the file journal) and checked against the recorder.
-- ``test_survivor_of_a_killed_peer_resends_nothing``: two workers in one group, one of them
-  SIGKILLed mid-stream again and again; the survivor takes its partitions over.
+  its start-up), a new round of inbounds at each start; then the journal is read back (the
+  changelog of the journal on Kafka, ``streams.table_kv.decode_entry``) and checked against
+  the recorder: every inbound settled, every call a send the journal knows (``sent`` or
+  ``unknown``), every ``sent`` one a call the recorder has.
+- ``test_survivor_of_a_killed_peer_resends_nothing``: two workers in one group (own data
+  dirs and instance ids, one prefix), one of them SIGKILLed mid-stream ``PEER_KILLS`` times
+  while traffic flows; each time the survivor takes its partitions over (everything
+  produced before the kill gets answered while it is down: within the session timeout
+  and the leases, 10 s here instead of 60 s), then it restarts and rejoins.
 - ``test_joins_and_leaves_under_traffic_send_nothing_twice``: a second and a third worker
-  join and leave (clean stops) while traffic flows.
+  join the group and leave it (clean stops) while traffic flows; no fault.
 
 The recovery tests (offsets reset to the earliest, data dir deleted) are in
-``test_kill_recovery.py``.
+``test_kill_recovery.py``, the broker stopped and started in ``test_kill_broker.py``.
 """
 
 from __future__ import annotations
@@ -255,6 +260,9 @@ async def waiting(
 # -- 2. two workers in one group, one killed again and again ----------------------------------
 
 PEER_KILLS = 3
+#: The inbox and outbox leases of the two workers (default 60s): the survivor replays the
+#: victim's pending records once their leases expired, so this bounds each takeover.
+PEER_LEASE = "10s"
 
 
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
@@ -274,7 +282,7 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
             tmp_path / name,
             instance=name,
             recorder=recorder.url,
-            env=SESSION_TIMEOUT,
+            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": PEER_LEASE},
             loglevel="info",
         )
 
