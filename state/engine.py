@@ -77,6 +77,8 @@ class Engine:
         self.kv = kv
         #: The context of the work on one record found by a scan (``Partitioned.near``).
         self.near = kv.near if isinstance(kv, Partitioned) else anywhere
+        #: This engine is the only writer of the records it sees (``Partitioned``).
+        self.exclusive = isinstance(kv, Partitioned)
         self.scope = scope
         self.config = config
         self.provider = provider

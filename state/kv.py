@@ -144,7 +144,12 @@ class Partitioned(Protocol):
     """A journal split in partitions that go with the chats (the Kafka worker's table
     journal): a record's follow-up writes (a replayed inbound's sends) belong in the record's
     partition. ``near(key)`` is a context manager the engine wraps around the work on one
-    record it found by a scan (the sweeper's visits, an operator's replay or retry)."""
+    record it found by a scan (the sweeper's visits, an operator's replay or retry).
+
+    A partition has one writer, the instance that owns it: the records it can see are its
+    own to finish, and a lease held there by another instance (or an earlier boot) is an
+    orphan, reclaimed at once (its holder lost the partition and cannot write it any more;
+    a send it had in flight is resolved by the ambiguity policy)."""
 
     def near(self, key: str) -> contextlib.AbstractContextManager[None]: ...
 

@@ -32,7 +32,8 @@ log = logging.getLogger("botmesh.lease")
 
 
 #: ``free``: no lease; ``live``: held and not expired; ``expired``: held, past ``until``;
-#: ``orphan``: held by this instance id under an earlier boot (reclaimable at once).
+#: ``orphan``: held by this instance id under an earlier boot, or by another instance in a
+#: partitioned journal this instance owns (reclaimable at once).
 LeaseState = Literal["free", "live", "expired", "orphan"]
 
 
@@ -64,7 +65,10 @@ class Leases:
         lease = value.get("lease")
         if not lease:
             return "free"
-        if lease.get("owner") == self._e.instance_id and lease.get("boot") != self._e.boot:
+        if lease.get("owner") == self._e.instance_id:
+            if lease.get("boot") != self._e.boot:
+                return "orphan"
+        elif self._e.exclusive:  # a partitioned journal: its owner is the only writer
             return "orphan"
         if lease.get("until", 0.0) <= now:
             return "expired"

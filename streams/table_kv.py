@@ -141,7 +141,15 @@ class TableKv:
         self._parts: dict[int, dict[str, Entry]] = {}
         self._where: dict[str, int] = {}
         self._closed = False
+        #: Partitions being handed over: no new write, their writes in flight still land.
+        self._closing: set[int] = set()
+        #: Partitions whose acked records could not all be written to RocksDB: nothing more
+        #: is recorded as persisted for them until they are restored again.
+        self.broken: set[int] = set()
+        self._inflight: dict[int, set[asyncio.Future[Any]]] = {}
         self.on_assigned: OnAssigned | None = None
+        #: Called before partitions are handed over (the worker records its receipts).
+        self.on_revoking: Callable[[], Awaitable[object]] | None = None
         #: Changelog records acked, and commits that failed for want of an ack.
         self.acked = 0
         self.failed = 0
@@ -154,13 +162,19 @@ class TableKv:
         return frozenset(self._parts)
 
     def owns(self, partition: int) -> bool:
-        return partition in self._parts
+        """The partition is this worker's to write (loaded, not being handed over)."""
+        return partition in self._parts and partition not in self._closing
+
+    def loaded(self, partition: int) -> bool:
+        """The partition's records are here (its acked writes go to RocksDB)."""
+        return partition in self._parts and partition not in self.broken
 
     async def assign(self, partitions: Iterable[int]) -> list[int]:
         """Load the partitions not loaded yet from their (restored) databases, then run
         ``on_assigned`` for each, inside ``in_partition``; returns the new ones."""
         new = sorted(p for p in set(partitions) if p not in self._parts)
         for p in new:
+            self.broken.discard(p)
             entries: dict[str, Entry] = {}
             for key, value in self._port.stored(p):
                 entry = decode_entry(key, value)
@@ -183,9 +197,32 @@ class TableKv:
                         )
         return new
 
+    async def hand_over(self, partitions: Iterable[int]) -> None:
+        """Give partitions up cleanly: ``on_revoking`` (while they are still ours), then no
+        new write to them, then wait (up to ``ack_timeout``) for their writes in flight to
+        be acked and written to RocksDB, then ``revoke``. A partition given back later is
+        reloaded from RocksDB, which then holds every write this worker made to it."""
+        gone = [p for p in set(partitions) if p in self._parts]
+        if not gone:
+            return
+        if self.on_revoking is not None:
+            try:
+                await self.on_revoking()
+            except Exception as exc:
+                log.warning("before handing partitions %s over: %s", gone, exc)
+        self._closing.update(gone)
+        try:
+            flying = [f for p in gone for f in self._inflight.get(p, ())]
+            if flying:
+                await asyncio.wait(flying, timeout=self.ack_timeout)
+        finally:
+            self.revoke(gone)
+
     def revoke(self, partitions: Iterable[int]) -> None:
         """Forget the partitions another worker owns now."""
         for p in partitions:
+            self._closing.discard(p)
+            self.broken.discard(p)
             entries = self._parts.pop(p, None)
             if entries is None:
                 continue
@@ -266,7 +303,7 @@ class TableKv:
         changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]] = []
         try:
             for p, items in groups.items():
-                entries = self._parts.get(p)
+                entries = self._parts.get(p) if p not in self._closing else None
                 if entries is None:
                     op = items[0][1]
                     if op.expect:  # a holder's compare-and-set: the record is not ours now
@@ -309,9 +346,14 @@ class TableKv:
     ) -> None:
         acks: list[Awaitable[Any]] = []
         for p, _, after in changes:
+            flying = self._inflight.setdefault(p, set())
             for key, entry in after.items():
                 value = encode_entry(entry) if entry is not None else None
-                acks.append(await self._port.produce(p, key.encode(), value))
+                ack = await self._port.produce(p, key.encode(), value)
+                if isinstance(ack, asyncio.Future):
+                    flying.add(ack)
+                    ack.add_done_callback(flying.discard)
+                acks.append(ack)
         async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
             if len(acks) == 1:
                 await acks[0]

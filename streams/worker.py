@@ -134,7 +134,7 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                 tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic
             }
             gone = {tp.partition for tp in revoked if tp.topic == topic}
-            kv.revoke(p for p in kv.owned if p in gone or p not in actives)
+            await kv.hand_over(p for p in kv.owned if p in gone or p not in actives)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
@@ -157,9 +157,22 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         return fut
 
     def _acked(self, partition: int, key: bytes, value: bytes | None, fut: Any) -> None:
+        kv = self.botmesh_kv
+        if kv is None or not kv.loaded(partition):
+            return  # not ours (any more): its restore reads it from the changelog
         if fut.cancelled() or fut.exception() is not None:
+            kv.broken.add(partition)  # maybe in the log: no later offset may pass it
             return
-        self.persist(partition, key, value, fut.result().offset)
+        try:
+            self.persist(partition, key, value, fut.result().offset)
+        except Exception as exc:  # the offset must never pass a record not written
+            kv.broken.add(partition)
+            log.error(
+                "journal partition %d: RocksDB write failed (%s); its next restore "
+                "reads the changelog from the last record written",
+                partition,
+                exc,
+            )
 
     def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
         store: Any = self.data  # Faust's RocksDB store (its per-partition databases)
@@ -268,6 +281,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
                 log.info("journal partition %d recovered (%d records acted on)", partition, acted)
 
         kv.on_assigned = recover
+        kv.on_revoking = runtime.flush_receipts  # receipts recorded while the chats are ours
     runner = InboundRunner(
         runtime,
         produce,
