@@ -256,3 +256,35 @@ async def test_a_turn_finished_after_its_partition_moved_is_fenced_and_counted(
         assert outcome == Outcome.FENCED
         assert provider.sent == []  # the reply was never journaled here, so never sent
         assert runtime.metrics()["staleLeases"] == 1
+
+
+async def test_a_turn_left_by_another_instance_is_taken_over_at_once(
+    backend: BackendHandle,
+) -> None:
+    """A partition has one writer: an inbound another instance left pending (it lost the
+    partition) is replayed by the new owner when it is redelivered, not after its lease."""
+    kv, _ = table_of(backend)
+    runs: list[str] = []
+    first_run_blocks, started = asyncio.Event(), asyncio.Event()
+    bot = Bot("takeover")
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        runs.append(ctx.inbound_id)
+        started.set()
+        if len(runs) == 1:
+            await first_run_blocks.wait()  # the old owner never gets further
+        await ctx.reply("hello")
+
+    old, new = MockProvider(), MockProvider()
+    message = Inbound(id="m1", chat_id="c1", text="hi")
+    async with bot.bind(old, kv, instance_id="old") as a, bot.bind(new, kv, instance_id="new") as b:
+        with in_partition(0):
+            stuck = asyncio.ensure_future(a.handle(message))
+            await started.wait()
+            outcome = await b.handle(message)  # the redelivery, on the partition's new owner
+        assert outcome == Outcome.HANDLED
+        assert runs == ["m1", "m1"] and len(new.sent) == 1 and old.sent == []
+        stuck.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
