@@ -207,7 +207,8 @@ class TableKv:
             return
         if self.on_revoking is not None:
             try:
-                await self.on_revoking()
+                async with asyncio.timeout(self.ack_timeout):
+                    await self.on_revoking()
             except Exception as exc:
                 log.warning("before handing partitions %s over: %s", gone, exc)
         self._closing.update(gone)

@@ -137,13 +137,6 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
             await kv.hand_over(p for p in kv.owned if p in gone or p not in actives)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
-    async def on_stop(self) -> None:
-        # the worker stops (after its last batch): receipts recorded and writes landed
-        # while the partitions are ours and RocksDB is open
-        if self.botmesh_kv is not None:
-            await self.botmesh_kv.hand_over(self.botmesh_kv.owned)
-        await super().on_stop()
-
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
         await super().on_recovery_completed(active_tps, standby_tps)
         kv = self.botmesh_kv

@@ -88,11 +88,6 @@ def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
         broker.run("stop")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: once in three runs a reply is sent twice when the worker gets its partitions "
-    "back after the broker's restart (the rebalance resend of tests/kafka/test_kills.py)",
-)
 @pytest.mark.timeout(600)  # a hang guard
 async def test_broker_stopped_and_started_under_traffic_loses_nothing(
     own_broker: OwnBroker, topic_prefix: str, tmp_path: Path

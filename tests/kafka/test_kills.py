@@ -259,23 +259,12 @@ async def waiting(
 
 # -- 2. two workers in one group, one killed again and again ----------------------------------
 
-#: Open (issue 8): a worker that gets a partition back after a rebalance resends replies it
-#: sent before (same process, 9-21 s apart, none reported unknown). Until that is found,
-#: the multi-worker tests run and report but cannot turn CI red; ``strict=False`` so a
-#: pass is visible as XPASS.
-REBALANCE_RESENDS = pytest.mark.xfail(
-    strict=False,
-    reason="open: replies sent twice by a worker that got a partition back after a rebalance",
-)
-
-
 PEER_KILLS = 3
 #: The inbox and outbox leases of the two workers (default 60s): the survivor replays the
 #: victim's pending records once their leases expired, so this bounds each takeover.
 PEER_LEASE = "10s"
 
 
-@REBALANCE_RESENDS
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 async def test_survivor_of_a_killed_peer_resends_nothing(
     kafka_bootstrap: str,
@@ -363,7 +352,6 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
 # -- 3. workers joining and leaving under traffic, no fault -----------------------------------
 
 
-@REBALANCE_RESENDS
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 async def test_joins_and_leaves_under_traffic_send_nothing_twice(
     kafka_bootstrap: str,
