@@ -110,7 +110,7 @@ def provider() -> FileProvider:
 class HttpProvider:
     """Accepts a send once the test's recorder (``url``) recorded it; refuses ``refuse``."""
 
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.name = "recorder"
         self.text_limit: int | None = None
         self.url = url
@@ -138,8 +138,8 @@ def http_provider() -> HttpProvider:
     url = os.environ.get(RECORDER_ENV, "")
     if not url:
         raise RuntimeError(f"set {RECORDER_ENV} to the URL of the test's recorder")
-    # generous: the recorder always answers, but the test process can be starved of CPU for
-    # seconds; a POST that times out after the recorder took it is retried (a retryable
-    # SendError) and recorded twice, a provider-side ambiguity, not the journal's
-    timeout = float(os.environ.get("BOTMESH_TEST_RECORDER_TIMEOUT", "60"))
+    # a POST that times out after the recorder took it is retried (a retryable SendError)
+    # and recorded twice: a provider-side ambiguity (no idempotency key reaches the
+    # provider), not the journal's; the changelog shows such sends with attempts=2
+    timeout = float(os.environ.get("BOTMESH_TEST_RECORDER_TIMEOUT", "5"))
     return HttpProvider(url, timeout)

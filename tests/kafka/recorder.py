@@ -100,6 +100,7 @@ class Call:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # a batch's sends arrive at once (the default backlog is 5)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A worker killed before it read the answer: the call is recorded all the same
