@@ -21,16 +21,21 @@ with neither is refused: nothing is written to a partition nobody chose.
 **Journal before acting.** ``commit`` applies its operations to the partition's entries in
 memory (the compare-and-set is checked there: this worker is the partition's only writer),
 produces one changelog record per operation and returns only when the broker acked every
-one of them (the producer runs with acks=all). Concurrent commits (the chats of a batch)
+one of them (the producer runs with acks=all) and, under ``exactly_once``, when the
+partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
+before that a read_committed restore does not see them; one transaction commit serves
+every journal commit whose records it holds, and the commits that arrive meanwhile share
+the next one). Concurrent commits (the chats of a batch)
 share the producer's batches: their records go out in the same produce requests, so they
 wait on one round trip together (group commit). When an ack does not come (the broker is
 down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
 are undone in memory where nothing overwrote them since; the caller does not act on it
 (the provider is not called, the inbound is not acked).
 
-Only an acked record reaches RocksDB: the ack's callback writes the value into the
-partition's database and then records the changelog offset as persisted, in that order and
-in the order of the acks, so a worker restarted on the same data dir restores only what
+Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
+ack's callback (the transaction commit's) writes the value into the partition's database
+and then records the changelog offset as persisted, in that order and in the order of the
+acks, so a worker restarted on the same data dir restores only what
 was produced after its last acked write, and a deleted data dir is rebuilt from the
 changelog whole.
 
@@ -116,7 +121,9 @@ class ChangelogPort(Protocol):
     """What the journal needs from the Faust side (``streams.worker.JournalTable``)."""
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
-        """Hand one changelog record to the producer; the awaitable resolves on its ack."""
+        """Hand one changelog record to the producer; the awaitable resolves when the record
+        is durable: on its ack (at_least_once), once its transaction committed
+        (exactly_once); it raises when the record is lost (not acked, aborted)."""
         ...
 
     def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
@@ -124,7 +131,16 @@ class ChangelogPort(Protocol):
         ...
 
     def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
-        """Write one acked record into the partition's database, then its offset."""
+        """Write one durable record into the partition's database, then its offset."""
+        ...
+
+    #: The records go into Kafka transactions (``exactly_once``): what ``produce`` returns
+    #: resolves once the record's transaction committed, which ``commit_soon`` asks for.
+    transactional: bool
+
+    def commit_soon(self, partitions: Sequence[int]) -> None:
+        """Commit the open transaction of each partition soon (one commit for every record
+        produced before it starts; later records wait for the next one)."""
         ...
 
 
@@ -312,6 +328,8 @@ class TableKv:
             for key, entry in after.items():
                 value = encode_entry(entry) if entry is not None else None
                 acks.append(await self._port.produce(p, key.encode(), value))
+        if self._port.transactional:  # exactly_once: each one resolves at its commit
+            self._port.commit_soon([p for p, _, _ in changes])
         async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
             if len(acks) == 1:
                 await acks[0]

@@ -42,16 +42,17 @@ Environment: see ``streams.config.WorkerConfig``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, NoReturn
 
 import faust
 from faust.types import TP
 
-from state.errors import ConfigError, DurabilityError
+from state.errors import ConfigError, DurabilityError, JournalUnavailableError
 from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
@@ -134,7 +135,9 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                 tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic
             }
             gone = {tp.partition for tp in revoked if tp.topic == topic}
-            kv.revoke(p for p in kv.owned if p in gone or p not in actives)
+            dropped = {p for p in kv.owned if p in gone or p not in actives}
+            kv.revoke(dropped)
+            self.forget_transactions(dropped | gone)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
@@ -146,6 +149,8 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     # -- streams.table_kv.ChangelogPort ----------------------------------------------------
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        if self.transactional:
+            return await self._produce_in_transaction(partition, key, value)
         # aiokafka's producer under Faust's (at_least_once: one producer, acks=all), without
         # Faust's per-send wrapper (sensors, header checks): a sixth of a turn's cost
         faust_producer: Any = self.app.producer
@@ -173,6 +178,130 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     def stored(self, partition: int) -> Any:
         store: Any = self.data
         return store._visible_items(store._db_for_partition(partition))
+
+    # -- exactly_once: the partition's transaction -----------------------------------------
+
+    #: Set by ``build_app`` under ``exactly_once`` (``start_transactions``).
+    transactional = False
+    _sent: dict[int, list[_Sent]]
+    _waiting: set[int]
+    _committers: dict[int, asyncio.Task[None]]
+
+    def start_transactions(self) -> None:
+        """Write the changelog in the partitions' Kafka transactions (``exactly_once``)."""
+        self.transactional = True
+        self._sent = {}
+        self._waiting = set()
+        self._committers = {}
+
+    def transactional_id(self, partition: int) -> str:
+        """Faust's transactional id of a changelog partition (``TransactionManager``): the
+        copartition group's, so the inbound partition's producer writes its journal."""
+        group = self.app.assignor.group_for_topic(self.changelog_topic_name)
+        return f"{self.app.conf.id}-{group}-{partition}"
+
+    async def _produce_in_transaction(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        faust_producer: Any = self.app.producer
+        tid = self.transactional_id(partition)
+        txp = faust_producer._transaction_producers.get(tid)
+        if txp is None:
+            raise JournalUnavailableError(
+                f"no transactional producer {tid} for journal partition {partition} (revoked?)"
+            )
+        # Faust's send: the producer of ``tid`` under its lock (never inside a commit)
+        ack = await faust_producer.send(
+            self.changelog_topic_name, key, value, partition, None, None, transactional_id=tid
+        )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sent.setdefault(partition, []).append(_Sent(key, value, ack, txp, done))
+        return done
+
+    def commit_soon(self, partitions: Sequence[int]) -> None:
+        for p in partitions:
+            self._waiting.add(p)
+            if p not in self._committers:
+                task = asyncio.get_running_loop().create_task(self._commit_loop(p))
+                self._committers[p] = task
+
+    async def _commit_loop(self, p: int) -> None:
+        """One transaction commit after another while journal commits ask for one: every
+        record sent before a commit takes the producer's lock is in that transaction."""
+        try:
+            while p in self._waiting:
+                self._waiting.discard(p)
+                await self._commit_once(p)
+        except Exception as exc:  # e.g. RocksDB: the records wait no longer
+            log.exception("journal partition %d: transaction commit failed", p)
+            _settle(self._sent.pop(p, []), None, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._committers.pop(p, None)
+
+    async def _commit_once(self, p: int) -> None:
+        faust_producer: Any = self.app.producer
+        tid = self.transactional_id(p)
+        txp = faust_producer._transaction_producers.get(tid)
+        lock = faust_producer._trn_locks.get(tid)
+        if txp is None or lock is None:
+            _settle(self._sent.pop(p, []), None, f"no transactional producer {tid} (revoked?)")
+            return
+        async with lock:  # Faust's own: no send, no offset commit of Faust's meanwhile
+            batch = self._sent.pop(p, [])
+            try:
+                await txp.commit_transaction()
+                committed = True
+            except Exception as exc:
+                committed = False
+                why = f"transaction {tid} not committed: {type(exc).__name__}: {exc}"
+                log.warning("journal partition %d: %s; aborting it", p, why)
+                _settle(batch, None, why)  # aborted: nothing of it reaches RocksDB
+                with contextlib.suppress(Exception):
+                    await txp.abort_transaction()
+            try:
+                await txp.begin_transaction()
+            except Exception as exc:
+                # the next send fails (not in a transaction): the journal is unavailable
+                # until Faust starts a producer for the partition again
+                log.error("journal partition %d: transaction %s not begun: %r", p, tid, exc)
+        if committed:  # this producer's records reach RocksDB, in the order sent
+            for s in batch:
+                if s.txp is txp and _acked(s.ack):  # a commit that timed out too
+                    self.persist(p, s.key, s.value, s.ack.result().offset)
+            _settle(batch, txp, "sent by a producer Faust replaced (its transaction is lost)")
+
+    def forget_transactions(self, partitions: set[int]) -> None:
+        """Revoked partitions: their records not committed yet never will be (here)."""
+        if self.transactional:
+            for p in partitions:
+                _settle(self._sent.pop(p, []), None, "journal partition revoked")
+
+
+class _Sent(NamedTuple):
+    """A changelog record in an open transaction, waiting for the commit."""
+
+    key: bytes
+    value: bytes | None
+    ack: Any  # aiokafka's future: the broker's ack
+    txp: Any  # the transactional producer it went to
+    done: asyncio.Future[None]  # what the journal awaits: resolved at the commit
+
+
+def _acked(ack: Any) -> bool:
+    return bool(ack.done() and not ack.cancelled() and ack.exception() is None)
+
+
+def _settle(batch: list[_Sent], committed: Any, why: str) -> None:
+    """Resolve the records that ``committed`` (a producer, None: none) committed; fail the
+    others with ``JournalUnavailableError(why)``."""
+    for s in batch:
+        if s.done.done():
+            continue
+        if committed is not None and s.txp is committed:
+            if _acked(s.ack):
+                s.done.set_result(None)
+                continue
+            why = "a changelog record of the transaction was not acked"
+        s.done.set_exception(JournalUnavailableError(why))
+        s.done.exception()  # retrieved: a journal commit that timed out no longer awaits it
 
 
 def _changelog_spec(config: WorkerConfig) -> TopicSpec:
@@ -213,7 +342,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         broker=[f"kafka://{b.strip()}" for b in config.bootstrap.split(",") if b.strip()],
         store="rocksdb://",
         datadir=str(config.data_dir),
-        processing_guarantee="at_least_once",
+        processing_guarantee="exactly_once" if config.exactly_once else "at_least_once",
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
         topic_partitions=config.partitions,
@@ -234,8 +363,13 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     names = {"sent": cat.sent, "dlq": cat.inbound_dlq, "requests-dlq": cat.requests_dlq}
 
     async def produce(role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
-        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record
-        producer = await app.maybe_start_producer()
+        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record;
+        # under exactly_once the app's plain producer too (idempotent, acks=all), not the
+        # TransactionManager: receipts and dead letters are visible (and durable) on their
+        # ack, as under at_least_once (the TransactionManager would pick a producer by the
+        # receipts topic's partition, which Faust's assignor has no group for: KeyError)
+        await app.producer.maybe_start()
+        producer: Any = app.producer
         return await producer.send(names[role], key, value, None, None, headers or None)
 
     journal: str | DurableKv = config.journal_url
@@ -251,6 +385,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             # as provisioned (Faust creates it with these when provisioning is off)
             extra_topic_configs=dict(_changelog_spec(config).config),
         )
+        if config.exactly_once:
+            table.start_transactions()
         app.tables.add(table)
         journal = kv = table.botmesh_kv = TableKv(table)
     runtime = bot.bind(
