@@ -24,9 +24,12 @@ committed past and lost.
 ``app.producer.flush()`` returns before a buffered     the journal never relies on it: it
 write is acked; a table write is not durable until     awaits the broker's ack of each of its
 the commit timer.                                      changelog records (``TableKv.commit``)
-Under ``exactly_once`` the changelog offsets are       not met: the worker runs
-persisted per source partition, so every restart       ``at_least_once`` (exactly-once is not
-replays the whole changelog.                           offered yet)
+Under ``exactly_once`` the changelog offsets are       the journal bypasses Faust's table
+kept per changelog partition                           writes: ``JournalTable`` persists each
+(``persist_offset_on_commit``) but flushed per         record and its changelog offset into
+source partition (``tables.on_commit``), so they       RocksDB itself, once the transaction
+are never persisted and every restart replays the      holding it committed
+whole changelog.                                       (``streams.worker``)
 =====================================================  =====================================
 """
 

@@ -64,3 +64,34 @@ def test_a_gap_faust_recorded_itself_is_left_to_faust(consumer: Any) -> None:
     consumer._gap[TPX].addi(10, 12)  # e.g. a transaction marker it saw in the stream
     assert not held_commit(consumer, TPX)
     assert consumer._new_offset(TPX) == 14
+
+
+class _Store:
+    """What ``TableManager`` calls on a table's store: the persisted offsets it set."""
+
+    def __init__(self) -> None:
+        self.persisted: dict[TP, int] = {}
+
+    def set_persisted_offset(self, tp: TP, offset: int) -> None:
+        self.persisted[tp] = offset
+
+
+def test_the_changelog_offsets_under_eos_are_never_persisted_by_faust() -> None:
+    """The "changelog offsets under EOS" defect: ``Collection._on_changelog_sent`` hands
+    the *changelog* TP to ``persist_offset_on_commit``, and the consumer's commit flushes
+    them with ``tables.on_commit(<the committed source TPs>)``: the keys never match, so no
+    changelog offset is ever persisted and every restart replays the whole changelog.
+    botmesh's workaround: ``JournalTable`` persists each record and its offset itself
+    after the transaction holding it committed (``test_eos``: a restart restores the tail)."""
+    from faust.tables.manager import TableManager
+
+    manager: Any = TableManager.__new__(TableManager)
+    manager._pending_persisted_offsets = {}
+    store = _Store()
+    changelog_tp = TP("t-journal-changelog", 0)
+    manager.persist_offset_on_commit(store, changelog_tp, 41)  # as _on_changelog_sent does
+    manager.on_commit({TPX: 10})  # as Consumer._commit_offsets does: the source TPs
+    assert store.persisted == {}  # the defect: offset 41 of the changelog never persisted
+    assert manager._pending_persisted_offsets[changelog_tp] == (store, 41)
+    manager.on_commit({changelog_tp: 41})  # only a changelog TP would flush it
+    assert store.persisted == {changelog_tp: 41}
