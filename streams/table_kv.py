@@ -25,8 +25,10 @@ one of them (the producer runs with acks=all) and, under ``exactly_once``, when 
 partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
 before that a read_committed restore does not see them; one transaction commit serves
 every journal commit whose records it holds, and the commits that arrive meanwhile share
-the next one). Concurrent commits (the chats of a batch)
-share the producer's batches: their records go out in the same produce requests, so they
+the next one; the writes of ``NO_BARRIER``, which no side effect waits for, return once
+produced and commit with the partition's next transaction, at the latest ``LAZY_COMMIT_S``
+later). Concurrent commits (the chats of a batch) share the producer's batches: their
+records go out in the same produce requests, so they
 wait on one round trip together (group commit). When an ack does not come (the broker is
 down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
 are undone in memory where nothing overwrote them since; the caller does not act on it
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -57,6 +60,7 @@ import msgspec
 
 from state.errors import JournalUnavailableError, VersionConflictError
 from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
+from state.writes import Write
 from topics.catalog import Catalog
 
 __all__ = [
@@ -138,14 +142,31 @@ class ChangelogPort(Protocol):
     #: resolves once the record's transaction committed, which ``commit_soon`` asks for.
     transactional: bool
 
-    def commit_soon(self, partitions: Sequence[int]) -> None:
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
         """Commit the open transaction of each partition soon (one commit for every record
-        produced before it starts; later records wait for the next one)."""
+        produced before it starts; later records wait for the next one); with ``delay``,
+        that many seconds later (once: a partition already waiting does not wait again)."""
         ...
 
 
 #: Called for each newly loaded partition (inside ``in_partition``): the recovery pass.
 OnAssigned = Callable[[int], Awaitable[object]]
+
+#: Called when a transaction holding writes that returned early (``NO_BARRIER``) could not
+#: be committed: memory holds what the changelog lost (the worker exits: ``streams.worker``).
+OnLost = Callable[[int, BaseException], None]
+
+#: Writes no side effect waits for: under ``exactly_once`` they return once produced, and
+#: their transaction commits with the next barrier of the partition or with Faust's offset
+#: commit. An inbound's ``done`` is followed only by its offset commit, which Faust adds
+#: to the same partition's transaction, later: both land or neither (at a crash, the
+#: inbound is read again and answered as a duplicate). A receipt marked published that is
+#: lost is published again (receipts may come twice). A transaction that fails under such
+#: a write calls ``on_lost``.
+NO_BARRIER = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_PUBLISHED})
+#: Seconds after a ``NO_BARRIER`` write before its partition's transaction is committed
+#: if no barrier did it first (so RocksDB gets it and a restart does not replay it).
+LAZY_COMMIT_S = 1.0
 
 
 class TableKv:
@@ -158,6 +179,7 @@ class TableKv:
         self._where: dict[str, int] = {}
         self._closed = False
         self.on_assigned: OnAssigned | None = None
+        self.on_lost: OnLost | None = None
         #: Changelog records acked, and commits that failed for want of an ack.
         self.acked = 0
         self.failed = 0
@@ -307,7 +329,7 @@ class TableKv:
                 elif self._where.get(key) == p:
                     del self._where[key]
         try:
-            await self._produce_and_wait(changes)
+            await self._produce_and_wait(changes, wait=label not in NO_BARRIER)
         except BaseException as exc:
             for p, before, after in reversed(changes):
                 self._undo(p, before, after)
@@ -321,7 +343,10 @@ class TableKv:
         return versions
 
     async def _produce_and_wait(
-        self, changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]]
+        self,
+        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
+        *,
+        wait: bool = True,
     ) -> None:
         acks: list[Awaitable[Any]] = []
         for p, _, after in changes:
@@ -329,6 +354,11 @@ class TableKv:
                 value = encode_entry(entry) if entry is not None else None
                 acks.append(await self._port.produce(p, key.encode(), value))
         if self._port.transactional:  # exactly_once: each one resolves at its commit
+            if not wait:  # NO_BARRIER: committed with the partition's next transaction
+                for (p, _, _), ack in zip(_each_record(changes), acks, strict=True):
+                    asyncio.ensure_future(ack).add_done_callback(functools.partial(self._lost, p))
+                self._port.commit_soon([p for p, _, _ in changes], LAZY_COMMIT_S)
+                return
             self._port.commit_soon([p for p, _, _ in changes])
         async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
             if len(acks) == 1:
@@ -336,6 +366,15 @@ class TableKv:
             else:
                 await asyncio.gather(*acks)
         self.acked += len(acks)
+
+    def _lost(self, p: int, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return
+        exc = fut.exception()
+        assert exc is not None
+        self.failed += 1
+        if p in self._parts and self.on_lost is not None:  # a revoked partition is dropped
+            self.on_lost(p, exc)
 
     def _undo(
         self, p: int, before: dict[str, Entry | None], after: dict[str, Entry | None]
@@ -375,6 +414,14 @@ class TableKv:
         ]
         found.sort(key=lambda e: e.key)
         return found
+
+
+def _each_record(
+    changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
+) -> Iterator[tuple[int, str, Entry | None]]:
+    for p, _, after in changes:
+        for key, entry in after.items():
+            yield p, key, entry
 
 
 def _scored(

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import faust
+from aiokafka.producer.transaction_manager import TransactionState
 from faust.types import TP
 
 from state.errors import ConfigError, DurabilityError, JournalUnavailableError
@@ -185,6 +186,7 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     transactional = False
     _sent: dict[int, list[_Sent]]
     _waiting: set[int]
+    _delayed: set[int]
     _committers: dict[int, asyncio.Task[None]]
 
     def start_transactions(self) -> None:
@@ -192,6 +194,7 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         self.transactional = True
         self._sent = {}
         self._waiting = set()
+        self._delayed = set()
         self._committers = {}
 
     def transactional_id(self, partition: int) -> str:
@@ -216,12 +219,37 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         self._sent.setdefault(partition, []).append(_Sent(key, value, ack, txp, done))
         return done
 
-    def commit_soon(self, partitions: Sequence[int]) -> None:
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
+        if delay > 0:
+            loop = asyncio.get_running_loop()
+            for p in set(partitions) - self._delayed:
+                self._delayed.add(p)
+                loop.call_later(delay, self._commit_delayed, p)
+            return
         for p in partitions:
             self._waiting.add(p)
             if p not in self._committers:
                 task = asyncio.get_running_loop().create_task(self._commit_loop(p))
                 self._committers[p] = task
+
+    def _commit_delayed(self, p: int) -> None:
+        self._delayed.discard(p)
+        if self.transactional and not self._stopped_transactions:
+            self.commit_soon([p])
+
+    _stopped_transactions = False
+
+    async def on_stop(self) -> None:
+        # a clean stop: the streams are done, the producers still run, RocksDB is open:
+        # commit what waits (NO_BARRIER writes), so the next start replays none of it
+        if self.transactional and not self._stopped_transactions:
+            self._stopped_transactions = True
+            for p in sorted(self._sent):
+                try:
+                    await self._commit_once(p)
+                except Exception:
+                    log.exception("journal partition %d: last transaction commit failed", p)
+        await super().on_stop()
 
     async def _commit_loop(self, p: int) -> None:
         """One transaction commit after another while journal commits ask for one: every
@@ -246,22 +274,25 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
             return
         async with lock:  # Faust's own: no send, no offset commit of Faust's meanwhile
             batch = self._sent.pop(p, [])
-            try:
-                await txp.commit_transaction()
-                committed = True
-            except Exception as exc:
-                committed = False
-                why = f"transaction {tid} not committed: {type(exc).__name__}: {exc}"
-                log.warning("journal partition %d: %s; aborting it", p, why)
-                _settle(batch, None, why)  # aborted: nothing of it reaches RocksDB
-                with contextlib.suppress(Exception):
-                    await txp.abort_transaction()
-            try:
-                await txp.begin_transaction()
-            except Exception as exc:
-                # the next send fails (not in a transaction): the journal is unavailable
-                # until Faust starts a producer for the partition again
-                log.error("journal partition %d: transaction %s not begun: %r", p, tid, exc)
+            # ended: Faust committed it without a next one (``wait_empty``: a stop, a
+            # rebalance); it begins the next one itself
+            committed = _ended(txp)
+            if not committed:
+                try:
+                    await txp.commit_transaction()
+                    committed = True
+                except Exception as exc:
+                    why = f"transaction {tid} not committed: {type(exc).__name__}: {exc}"
+                    log.warning("journal partition %d: %s; aborting it", p, why)
+                    _settle(batch, None, why)  # aborted: nothing of it reaches RocksDB
+                    with contextlib.suppress(Exception):
+                        await txp.abort_transaction()
+                try:
+                    await txp.begin_transaction()
+                except Exception as exc:
+                    # the next send fails (not in a transaction): the journal is
+                    # unavailable until Faust starts a producer for the partition again
+                    log.error("journal partition %d: transaction %s not begun: %r", p, tid, exc)
         if committed:  # this producer's records reach RocksDB, in the order sent
             for s in batch:
                 if s.txp is txp and _acked(s.ack):  # a commit that timed out too
@@ -283,6 +314,14 @@ class _Sent(NamedTuple):
     ack: Any  # aiokafka's future: the broker's ack
     txp: Any  # the transactional producer it went to
     done: asyncio.Future[None]  # what the journal awaits: resolved at the commit
+
+
+def _ended(txp: Any) -> bool:
+    """The producer's last transaction ended with a commit and no other began: Faust's
+    ``commit_and_end_transactions`` (it never aborts: a fenced producer is dropped, and the
+    journal's own abort begins the next transaction under the same lock)."""
+    state = txp._txn_manager.state
+    return bool(state == TransactionState.READY)
 
 
 def _acked(ack: Any) -> bool:
@@ -404,6 +443,20 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
                 log.info("journal partition %d recovered (%d records acted on)", partition, acted)
 
         kv.on_assigned = recover
+
+        def lost(partition: int, exc: BaseException) -> None:
+            # exactly_once: a transaction under writes that returned early (TableKv's
+            # NO_BARRIER) failed; memory holds what the changelog lost: restart from it
+            if runner.stopping.is_set():  # stopping anyway: as a crash here would
+                log.warning("journal partition %d: last writes not committed: %s", partition, exc)
+                return
+            _exit_hard(
+                f"journal partition {partition}: a transaction holding returned writes was "
+                f"not committed ({type(exc).__name__}: {exc})",
+                EXIT_SOFTWARE,
+            )
+
+        kv.on_lost = lost
     runner = InboundRunner(
         runtime,
         produce,

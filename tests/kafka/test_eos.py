@@ -191,7 +191,7 @@ async def test_a_restarted_exactly_once_worker_restores_only_the_changelog_tail(
     worker.start()
     try:
         await collect(worker, cat.sent, start, {r.id for r in records})
-        await asyncio.sleep(1.0)  # the receipts marked published
+        await asyncio.sleep(3.0)  # the receipts marked published, their transaction committed
         worker.kill()  # SIGKILL: nothing flushed at a stop
         ends = await end_offsets(kafka_bootstrap, topic)
         worker.start()

@@ -91,7 +91,7 @@ class KafkaChangelog:
 
     transactional = False
 
-    def commit_soon(self, partitions: Sequence[int]) -> None:
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
         raise AssertionError("at_least_once: the journal never commits a transaction")
 
 
