@@ -57,7 +57,7 @@ from state.errors import ConfigError, DurabilityError, JournalUnavailableError
 from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
-from streams.faust_defects import guard_commit_holes
+from streams.faust_defects import guard_commit_holes, shorten_recovery_poll
 from streams.provision import ensure_topics, existing_topics
 from streams.runner import (
     BatchAbandoned,
@@ -371,6 +371,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
     guard_commit_holes()
+    if config.exactly_once:
+        shorten_recovery_poll()
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {

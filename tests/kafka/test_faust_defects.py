@@ -95,3 +95,25 @@ def test_the_changelog_offsets_under_eos_are_never_persisted_by_faust() -> None:
     assert manager._pending_persisted_offsets[changelog_tp] == (store, 41)
     manager.on_commit({changelog_tp: 41})  # only a changelog TP would flush it
     assert store.persisted == {changelog_tp: 41}
+
+
+async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_second() -> None:
+    """Under ``exactly_once`` a changelog ends in a transaction marker, which Faust's
+    restore only detects after two empty polls (``detect_aborted_tx``): 10 s at its 5 s,
+    2 s with ``shorten_recovery_poll``."""
+    import asyncio
+    import inspect
+    import time
+
+    from faust.tables import recovery
+
+    from streams.faust_defects import RECOVERY_POLL_S, shorten_recovery_poll
+
+    source = inspect.getsource(recovery.Recovery)
+    assert "changelog_queue.get(), timeout=5.0" in source  # Faust's own poll
+    assert "timeout_count > 1" in source  # two empty polls before the position check
+    shorten_recovery_poll()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await recovery.__dict__["asyncio"].wait_for(asyncio.Queue().get(), timeout=5.0)
+    assert time.monotonic() - started < RECOVERY_POLL_S + 0.5
