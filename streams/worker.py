@@ -211,10 +211,10 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
             raise JournalUnavailableError(
                 f"no transactional producer {tid} for journal partition {partition} (revoked?)"
             )
-        # Faust's send: the producer of ``tid`` under its lock (never inside a commit)
-        ack = await faust_producer.send(
-            self.changelog_topic_name, key, value, partition, None, None, transactional_id=tid
-        )
+        # as Faust's send does (without its per-send wrapper): the producer of ``tid``
+        # under Faust's lock for it, so never inside a commit
+        async with faust_producer._trn_locks[tid]:
+            ack = await txp.send(self.changelog_topic_name, value, key=key, partition=partition)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sent.setdefault(partition, []).append(_Sent(key, value, ack, txp, done))
         return done
