@@ -187,6 +187,7 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     _sent: dict[int, list[_Sent]]
     _waiting: set[int]
     _delayed: set[int]
+    _tids: dict[int, str]
     _committers: dict[int, asyncio.Task[None]]
 
     def start_transactions(self) -> None:
@@ -195,13 +196,17 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         self._sent = {}
         self._waiting = set()
         self._delayed = set()
+        self._tids = {}
         self._committers = {}
 
     def transactional_id(self, partition: int) -> str:
         """Faust's transactional id of a changelog partition (``TransactionManager``): the
         copartition group's, so the inbound partition's producer writes its journal."""
-        group = self.app.assignor.group_for_topic(self.changelog_topic_name)
-        return f"{self.app.conf.id}-{group}-{partition}"
+        tid = self._tids.get(partition)
+        if tid is None:  # the topic's group is fixed by the app's topics: asked once
+            group = self.app.assignor.group_for_topic(self.changelog_topic_name)
+            tid = self._tids[partition] = f"{self.app.conf.id}-{group}-{partition}"
+        return tid
 
     async def _produce_in_transaction(self, partition: int, key: bytes, value: bytes | None) -> Any:
         faust_producer: Any = self.app.producer
