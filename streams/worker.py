@@ -79,9 +79,6 @@ log = logging.getLogger("botmesh.streams")
 EXIT_CONFIG = 2  # as the CLI's refusals: the journal cannot be opened (missing, locked...)
 EXIT_ABANDONED = 75  # EX_TEMPFAIL: try again later
 EXIT_SOFTWARE = 70
-#: exactly_once: seconds a partition's transaction commit waits for more writes to join
-#: (2 ms: the bench's exactly_once rate went from ~0.74x to ~1x the at_least_once one).
-COMMIT_GATHER_S = 0.002
 
 
 class _BotApp(faust.App):
@@ -264,10 +261,6 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         record sent before a commit takes the producer's lock is in that transaction."""
         try:
             while p in self._waiting:
-                # the writes of the chats just resumed by the last commit come in a few
-                # loop turns: a moment's wait lets them share this commit, rather than
-                # wait on the lock behind it for the next one
-                await asyncio.sleep(COMMIT_GATHER_S)
                 self._waiting.discard(p)
                 await self._commit_once(p)
         except Exception as exc:  # e.g. RocksDB: the records wait no longer
