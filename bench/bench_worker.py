@@ -17,12 +17,14 @@ one record per input with acks=all, in a child process:
   (``python -m botmesh``, as a user runs it, at its default log level) on the journal of
   ``--journal`` (one worker side per value, all in the same run): ``default`` (no option:
   the worker's default journal), ``file`` (a file journal with an append log in its data
-  dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``.
+  dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``,
+  ``+eos`` (before ``@LEVEL``) runs that worker ``exactly_once`` (``--guarantee``);
   Per record: inbound journaled, handler, send journaled before the mock provider is called
   and recorded after, receipt produced to ``<prefix>.sent`` and recorded published, inbound
   marked done;
-- ``exactly_once``: only if ``streams.config.WorkerConfig`` has a ``processing_guarantee``
-  setting; else reported as not available (nothing is faked).
+- ``exactly_once``: ``--journal default --journal default+eos`` runs the worker under
+  both guarantees in the same run, and prints the per-round median of exactly_once /
+  at_least_once (target >= 0.85).
 
 Figures (ratios matter: the machine is noisy; every side runs in the same run):
 
@@ -446,7 +448,17 @@ def verdict(ok: bool) -> str:
 
 
 def exactly_once_available() -> bool:
-    return any(f.name == "processing_guarantee" for f in dataclasses.fields(WorkerConfig))
+    return any(f.name == "guarantee" for f in dataclasses.fields(WorkerConfig))
+
+
+#: A ``--journal`` value ending so (before ``@LEVEL``) runs its worker ``exactly_once``.
+EOS_SUFFIX = "+eos"
+#: exactly_once against at_least_once, same journal, same run (records/s).
+TARGET_EOS_VS_ALO = 0.85
+
+
+def is_eos(side: Side) -> bool:
+    return "exactly_once" in side.cmd
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,6 +518,10 @@ def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
     spec, at, level = value.rpartition("@") if "@" in value else (value, "", "")
     logs = ["--loglevel", level] if at else []
     suffix = f"; --loglevel {level}" if at else ""
+    if spec.endswith(EOS_SUFFIX):  # the worker under exactly_once
+        spec = spec.removesuffix(EOS_SUFFIX)
+        logs += ["--guarantee", "exactly_once"]
+        suffix += "; exactly_once"
     if spec == "default":
         label = "default: " + redact(WorkerConfig(data_dir=data_dir).journal_url)
         return label + suffix, logs
@@ -677,14 +693,18 @@ async def throughputs(
             f"{statistics.median(side.cpu) * 1e3:.2f} ms/record, broker "
             f"{statistics.median(side.broker_cpu) * 1e3:.2f} ms/record{wr}"
         )
-    if exactly_once_available():
+    eos = [w for w in workers if is_eos(w)]
+    alo = [w for w in workers if not is_eos(w)]
+    if eos and alo:
+        ratio = statistics.median(e / a for e, a in zip(eos[0].rates, alo[0].rates, strict=True))
         print(
-            "  exactly_once: WorkerConfig has processing_guarantee; this bench does not run it yet"
+            f"  {eos[0].name} (exactly_once)/{alo[0].name} (at_least_once) {ratio:5.2f}  "
+            f"(target >= {TARGET_EOS_VS_ALO}: {verdict(ratio >= TARGET_EOS_VS_ALO)})"
         )
-    else:
+    elif exactly_once_available():
         print(
-            "  exactly_once: not available (streams.config.WorkerConfig has no "
-            "processing_guarantee; the worker runs at_least_once)"
+            f"  exactly_once: not measured (add a worker side --journal default{EOS_SUFFIX} "
+            "beside an at_least_once one)"
         )
     for side in workers:
         vs_aio = statistics.median(w / a for w, a in zip(side.rates, aio.rates, strict=True))

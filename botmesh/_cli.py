@@ -5,6 +5,7 @@
     botmesh worker --app examples.echo_bot:bot [--provider console|mock|module:attr]
                    [--journal URL] [--instance-id ID] [--bootstrap H:P] [--prefix P]
                    [--data-dir D] [--web-port N] [--partitions N] [--batch-size N]
+                   [--guarantee at_least_once|exactly_once]
     botmesh topics create [--prefix P] [--bootstrap H:P] [--partitions N] [--replication N]
     botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
     botmesh produce [-n 100] [--chats 10] [--text T]      demo traffic on <prefix>.inbound
@@ -208,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--web-port", type=int, help="Faust web server on 127.0.0.1:PORT (default off)")
     w.add_argument("--partitions", type=int, help="partitions of topics the worker creates")
     w.add_argument("--batch-size", type=int, help="records per batch (default 500)")
+    w.add_argument(
+        "--guarantee",
+        choices=["at_least_once", "exactly_once"],
+        help="Faust's processing guarantee (env BOTMESH_PROCESSING_GUARANTEE; default "
+        "at_least_once); exactly_once commits the journal in Kafka transactions",
+    )
     w.add_argument("--loglevel", help="log level (default info)")
 
     t = sub.add_parser("topics", help="create or list the topics of a prefix")
@@ -332,6 +339,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         batch_size=args.batch_size,
         loglevel=args.loglevel,
+        guarantee=args.guarantee,
     )
     from streams.worker import run_worker
 

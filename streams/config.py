@@ -25,6 +25,7 @@ from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_fro
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
+    "GUARANTEES",
     "KAFKA_JOURNAL",
     "WorkerConfig",
     "check_worker_journal",
@@ -39,6 +40,19 @@ _NONE = {"", "none", "null", "off", "no"}
 #: The journal on Kafka (the worker's default).
 KAFKA_JOURNAL = "kafka"
 _KAFKA = {"kafka", "kafka:", "kafka://", "table"}
+#: Faust's processing guarantees the worker runs under (``BOTMESH_PROCESSING_GUARANTEE``).
+GUARANTEES = ("at_least_once", "exactly_once")
+
+
+def check_guarantee(value: str, source: str = "--guarantee") -> str:
+    """``at_least_once`` or ``exactly_once`` (``-`` taken for ``_``, any case); else
+    ``ValueError`` naming ``source``."""
+    v = value.strip().lower().replace("-", "_")
+    if v not in GUARANTEES:
+        raise ValueError(
+            f"{source} {value!r}: the worker runs at_least_once (the default) or exactly_once"
+        )
+    return v
 
 
 def default_journal(data_dir: Path) -> str:
@@ -131,6 +145,11 @@ class WorkerConfig:
     #: Longest a batch may keep retrying records (a journal outage) before the worker exits
     #: without acking it, seconds (default 600, under Faust's max poll interval of 1000).
     batch_deadline: float = 600.0
+    #: ``BOTMESH_PROCESSING_GUARANTEE`` (``at_least_once``, or ``exactly_once``): Faust's
+    #: processing guarantee. Under ``exactly_once`` the journal's changelog records go into
+    #: the partition's Kafka transaction and a journal commit returns once that transaction
+    #: committed (``streams.worker.JournalTable``).
+    guarantee: str = "at_least_once"
     #: ``BOTMESH_LOG_LEVEL`` (``info``).
     loglevel: str = "info"
     #: Create the topics at start (idempotent).
@@ -146,6 +165,7 @@ class WorkerConfig:
                 f"session timeout (BOTMESH_SESSION_TIMEOUT) {self.session_timeout:g}s: Kafka "
                 "accepts 6 to 1800 seconds"
             )
+        check_guarantee(self.guarantee, "processing guarantee")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
@@ -165,10 +185,16 @@ class WorkerConfig:
             batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,
             session_timeout=_float_env(env, "BOTMESH_SESSION_TIMEOUT", DEFAULT_SESSION_TIMEOUT),
             loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
+            guarantee=check_guarantee(
+                env.get("BOTMESH_PROCESSING_GUARANTEE", "").strip() or "at_least_once",
+                "BOTMESH_PROCESSING_GUARANTEE",
+            ),
         )
         changes = {k: v for k, v in overrides.items() if v is not None}
         if "prefix" in changes:
             check_prefix(changes["prefix"])
+        if "guarantee" in changes:
+            changes["guarantee"] = check_guarantee(changes["guarantee"])
         return replace(base, **changes)
 
     @property
@@ -181,6 +207,11 @@ class WorkerConfig:
         if self.journal is None:
             return KAFKA_JOURNAL
         return check_worker_journal(self.journal, "journal")
+
+    @property
+    def exactly_once(self) -> bool:
+        """Faust's ``exactly_once``: transactional producers, read_committed consumers."""
+        return check_guarantee(self.guarantee, "processing guarantee") == "exactly_once"
 
     @property
     def kafka_journal(self) -> bool:

@@ -24,9 +24,19 @@ committed past and lost.
 ``app.producer.flush()`` returns before a buffered     the journal never relies on it: it
 write is acked; a table write is not durable until     awaits the broker's ack of each of its
 the commit timer.                                      changelog records (``TableKv.commit``)
-Under ``exactly_once`` the changelog offsets are       not met: the worker runs
-persisted per source partition, so every restart       ``at_least_once`` (exactly-once is not
-replays the whole changelog.                           offered yet)
+Under ``exactly_once`` the changelog offsets are       the journal bypasses Faust's table
+kept per changelog partition                           writes: ``JournalTable`` persists each
+(``persist_offset_on_commit``) but flushed per         record and its changelog offset into
+source partition (``tables.on_commit``), so they       RocksDB itself, once the transaction
+are never persisted and every restart replays the      holding it committed
+whole changelog.                                       (``streams.worker``)
+Under ``exactly_once`` a restore waits at least 10   ``shorten_recovery_poll`` below: the
+s whenever the changelog ends in a transaction         restore polls every second, so it
+marker (always, with transactions): Faust's            gives up on such an offset after 2 s
+recovery counts the offsets of records it reads and    (the journal also counts the commit
+waits for one at the end offset; only after two        marker after its last record as read:
+empty 5 s polls does it check the consumer's           ``streams.worker``); an aborted
+position (``detect_aborted_tx``).                      transaction at the end still needs it
 =====================================================  =====================================
 """
 
@@ -37,9 +47,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from faust.tables import recovery
 from faust.transport.consumer import Consumer
 
-__all__ = ["guard_commit_holes", "held_commit"]
+__all__ = ["guard_commit_holes", "held_commit", "shorten_recovery_poll"]
 
 log = logging.getLogger("botmesh.streams")
 
@@ -110,3 +121,26 @@ def guard_commit_holes() -> None:
     """Install the guard on Faust's consumer (idempotent; the worker does it at start)."""
     Consumer._new_offset = _new_offset  # type: ignore[method-assign]
     Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
+
+
+#: Seconds Faust's recovery waits for a changelog record before it looks again (its own: 5).
+RECOVERY_POLL_S = 1.0
+
+
+class _RecoveryAsyncio:
+    """``asyncio`` as ``faust.tables.recovery`` sees it: its only ``wait_for``, the poll of
+    the changelog queue (5 s), waits ``RECOVERY_POLL_S`` instead."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    def wait_for(aw: Any, timeout: float | None) -> Any:
+        return asyncio.wait_for(aw, None if timeout is None else min(timeout, RECOVERY_POLL_S))
+
+
+def shorten_recovery_poll() -> None:
+    """Faust's restore under ``exactly_once`` detects an end offset that is a transaction
+    marker after two empty polls of the changelog queue: make them 1 s, not 5 s
+    (idempotent; the worker does it under ``exactly_once``)."""
+    recovery.__dict__["asyncio"] = _RecoveryAsyncio()

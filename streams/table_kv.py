@@ -21,16 +21,23 @@ with neither is refused: nothing is written to a partition nobody chose.
 **Journal before acting.** ``commit`` applies its operations to the partition's entries in
 memory (the compare-and-set is checked there: this worker is the partition's only writer),
 produces one changelog record per operation and returns only when the broker acked every
-one of them (the producer runs with acks=all). Concurrent commits (the chats of a batch)
-share the producer's batches: their records go out in the same produce requests, so they
+one of them (the producer runs with acks=all) and, under ``exactly_once``, when the
+partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
+before that a read_committed restore does not see them; one transaction commit serves
+every journal commit whose records it holds, and the commits that arrive meanwhile share
+the next one; the writes of ``NO_BARRIER``, which no side effect waits for, return once
+produced and commit with the partition's next transaction, at the latest ``LAZY_COMMIT_S``
+later). Concurrent commits (the chats of a batch) share the producer's batches: their
+records go out in the same produce requests, so they
 wait on one round trip together (group commit). When an ack does not come (the broker is
 down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
 are undone in memory where nothing overwrote them since; the caller does not act on it
 (the provider is not called, the inbound is not acked).
 
-Only an acked record reaches RocksDB: the ack's callback writes the value into the
-partition's database and then records the changelog offset as persisted, in that order and
-in the order of the acks, so a worker restarted on the same data dir restores only what
+Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
+ack's callback (the transaction commit's) writes the value into the partition's database
+and then records the changelog offset as persisted, in that order and in the order of the
+acks, so a worker restarted on the same data dir restores only what
 was produced after its last acked write, and a deleted data dir is rebuilt from the
 changelog whole.
 
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -52,6 +60,7 @@ import msgspec
 
 from state.errors import JournalUnavailableError, VersionConflictError
 from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
+from state.writes import Write
 from topics.catalog import Catalog
 
 __all__ = [
@@ -116,7 +125,9 @@ class ChangelogPort(Protocol):
     """What the journal needs from the Faust side (``streams.worker.JournalTable``)."""
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
-        """Hand one changelog record to the producer; the awaitable resolves on its ack."""
+        """Hand one changelog record to the producer; the awaitable resolves when the record
+        is durable: on its ack (at_least_once), once its transaction committed
+        (exactly_once); it raises when the record is lost (not acked, aborted)."""
         ...
 
     def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
@@ -124,12 +135,38 @@ class ChangelogPort(Protocol):
         ...
 
     def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
-        """Write one acked record into the partition's database, then its offset."""
+        """Write one durable record into the partition's database, then its offset."""
+        ...
+
+    #: The records go into Kafka transactions (``exactly_once``): what ``produce`` returns
+    #: resolves once the record's transaction committed, which ``commit_soon`` asks for.
+    transactional: bool
+
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
+        """Commit the open transaction of each partition soon (one commit for every record
+        produced before it starts; later records wait for the next one); with ``delay``,
+        that many seconds later (once: a partition already waiting does not wait again)."""
         ...
 
 
 #: Called for each newly loaded partition (inside ``in_partition``): the recovery pass.
 OnAssigned = Callable[[int], Awaitable[object]]
+
+#: Called when a transaction holding writes that returned early (``NO_BARRIER``) could not
+#: be committed: memory holds what the changelog lost (the worker exits: ``streams.worker``).
+OnLost = Callable[[int, BaseException], None]
+
+#: Writes no side effect waits for: under ``exactly_once`` they return once produced, and
+#: their transaction commits with the next barrier of the partition or with Faust's offset
+#: commit. An inbound's ``done`` is followed only by its offset commit, which Faust adds
+#: to the same partition's transaction, later: both land or neither (at a crash, the
+#: inbound is read again and answered as a duplicate). A receipt marked published that is
+#: lost is published again (receipts may come twice). A transaction that fails under such
+#: a write calls ``on_lost``.
+NO_BARRIER = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_PUBLISHED})
+#: Seconds after a ``NO_BARRIER`` write before its partition's transaction is committed
+#: if no barrier did it first (so RocksDB gets it and a restart does not replay it).
+LAZY_COMMIT_S = 1.0
 
 
 class TableKv:
@@ -150,6 +187,7 @@ class TableKv:
         self.on_assigned: OnAssigned | None = None
         #: Called before partitions are handed over (the worker records its receipts).
         self.on_revoking: Callable[[], Awaitable[object]] | None = None
+        self.on_lost: OnLost | None = None
         #: Changelog records acked, and commits that failed for want of an ack.
         self.acked = 0
         self.failed = 0
@@ -329,7 +367,7 @@ class TableKv:
                 elif self._where.get(key) == p:
                     del self._where[key]
         try:
-            await self._produce_and_wait(changes)
+            await self._produce_and_wait(changes, wait=label not in NO_BARRIER)
         except BaseException as exc:
             for p, before, after in reversed(changes):
                 self._undo(p, before, after)
@@ -343,7 +381,10 @@ class TableKv:
         return versions
 
     async def _produce_and_wait(
-        self, changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]]
+        self,
+        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
+        *,
+        wait: bool = True,
     ) -> None:
         acks: list[Awaitable[Any]] = []
         for p, _, after in changes:
@@ -355,12 +396,28 @@ class TableKv:
                     flying.add(ack)
                     ack.add_done_callback(flying.discard)
                 acks.append(ack)
+        if self._port.transactional:  # exactly_once: each one resolves at its commit
+            if not wait:  # NO_BARRIER: committed with the partition's next transaction
+                for (p, _, _), ack in zip(_each_record(changes), acks, strict=True):
+                    asyncio.ensure_future(ack).add_done_callback(functools.partial(self._lost, p))
+                self._port.commit_soon([p for p, _, _ in changes], LAZY_COMMIT_S)
+                return
+            self._port.commit_soon([p for p, _, _ in changes])
         async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
             if len(acks) == 1:
                 await acks[0]
             else:
                 await asyncio.gather(*acks)
         self.acked += len(acks)
+
+    def _lost(self, p: int, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return
+        exc = fut.exception()
+        assert exc is not None
+        self.failed += 1
+        if p in self._parts and self.on_lost is not None:  # a revoked partition is dropped
+            self.on_lost(p, exc)
 
     def _undo(
         self, p: int, before: dict[str, Entry | None], after: dict[str, Entry | None]
@@ -400,6 +457,14 @@ class TableKv:
         ]
         found.sort(key=lambda e: e.key)
         return found
+
+
+def _each_record(
+    changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
+) -> Iterator[tuple[int, str, Entry | None]]:
+    for p, _, after in changes:
+        for key, entry in after.items():
+            yield p, key, entry
 
 
 def _scored(

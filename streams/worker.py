@@ -42,20 +42,22 @@ Environment: see ``streams.config.WorkerConfig``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, NoReturn
 
 import faust
+from aiokafka.producer.transaction_manager import TransactionState
 from faust.types import TP
 
-from state.errors import ConfigError, DurabilityError
+from state.errors import ConfigError, DurabilityError, JournalUnavailableError
 from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
-from streams.faust_defects import guard_commit_holes
+from streams.faust_defects import guard_commit_holes, shorten_recovery_poll
 from streams.provision import ensure_topics, existing_topics
 from streams.runner import (
     BatchAbandoned,
@@ -134,7 +136,9 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                 tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic
             }
             gone = {tp.partition for tp in revoked if tp.topic == topic}
-            await kv.hand_over(p for p in kv.owned if p in gone or p not in actives)
+            dropped = {p for p in kv.owned if p in gone or p not in actives}
+            await kv.hand_over(dropped)
+            self.forget_transactions(dropped | gone)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
@@ -146,6 +150,8 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     # -- streams.table_kv.ChangelogPort ----------------------------------------------------
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        if self.transactional:
+            return await self._produce_in_transaction(partition, key, value)
         # aiokafka's producer under Faust's (at_least_once: one producer, acks=all), without
         # Faust's per-send wrapper (sensors, header checks): a sixth of a turn's cost
         faust_producer: Any = self.app.producer
@@ -187,6 +193,182 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         store: Any = self.data
         return store._visible_items(store._db_for_partition(partition))
 
+    # -- exactly_once: the partition's transaction -----------------------------------------
+
+    #: Set by ``build_app`` under ``exactly_once`` (``start_transactions``).
+    transactional = False
+    _sent: dict[int, list[_Sent]]
+    _waiting: set[int]
+    _delayed: set[int]
+    _tids: dict[int, str]
+    _committers: dict[int, asyncio.Task[None]]
+
+    def start_transactions(self) -> None:
+        """Write the changelog in the partitions' Kafka transactions (``exactly_once``)."""
+        self.transactional = True
+        self._sent = {}
+        self._waiting = set()
+        self._delayed = set()
+        self._tids = {}
+        self._committers = {}
+
+    def transactional_id(self, partition: int) -> str:
+        """Faust's transactional id of a changelog partition (``TransactionManager``): the
+        copartition group's, so the inbound partition's producer writes its journal."""
+        tid = self._tids.get(partition)
+        if tid is None:  # the topic's group is fixed by the app's topics: asked once
+            group = self.app.assignor.group_for_topic(self.changelog_topic_name)
+            tid = self._tids[partition] = f"{self.app.conf.id}-{group}-{partition}"
+        return tid
+
+    async def _produce_in_transaction(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        faust_producer: Any = self.app.producer
+        tid = self.transactional_id(partition)
+        txp = faust_producer._transaction_producers.get(tid)
+        if txp is None:
+            raise JournalUnavailableError(
+                f"no transactional producer {tid} for journal partition {partition} (revoked?)"
+            )
+        # as Faust's send does (without its per-send wrapper): the producer of ``tid``
+        # under Faust's lock for it, so never inside a commit
+        async with faust_producer._trn_locks[tid]:
+            ack = await txp.send(self.changelog_topic_name, value, key=key, partition=partition)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sent.setdefault(partition, []).append(_Sent(key, value, ack, txp, done))
+        return done
+
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
+        if delay > 0:
+            loop = asyncio.get_running_loop()
+            for p in set(partitions) - self._delayed:
+                self._delayed.add(p)
+                loop.call_later(delay, self._commit_delayed, p)
+            return
+        for p in partitions:
+            self._waiting.add(p)
+            if p not in self._committers:
+                task = asyncio.get_running_loop().create_task(self._commit_loop(p))
+                self._committers[p] = task
+
+    def _commit_delayed(self, p: int) -> None:
+        self._delayed.discard(p)
+        if self.transactional and not self._stopped_transactions:
+            self.commit_soon([p])
+
+    _stopped_transactions = False
+
+    async def on_stop(self) -> None:
+        # a clean stop: the streams are done, the producers still run, RocksDB is open:
+        # commit what waits (NO_BARRIER writes), so the next start replays none of it
+        if self.transactional and not self._stopped_transactions:
+            self._stopped_transactions = True
+            for p in sorted(self._sent):
+                try:
+                    await self._commit_once(p)
+                except Exception:
+                    log.exception("journal partition %d: last transaction commit failed", p)
+        await super().on_stop()
+
+    async def _commit_loop(self, p: int) -> None:
+        """One transaction commit after another while journal commits ask for one: every
+        record sent before a commit takes the producer's lock is in that transaction."""
+        try:
+            while p in self._waiting:
+                self._waiting.discard(p)
+                await self._commit_once(p)
+        except Exception as exc:  # e.g. RocksDB: the records wait no longer
+            log.exception("journal partition %d: transaction commit failed", p)
+            _settle(self._sent.pop(p, []), None, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._committers.pop(p, None)
+
+    async def _commit_once(self, p: int) -> None:
+        faust_producer: Any = self.app.producer
+        tid = self.transactional_id(p)
+        txp = faust_producer._transaction_producers.get(tid)
+        lock = faust_producer._trn_locks.get(tid)
+        if txp is None or lock is None:
+            _settle(self._sent.pop(p, []), None, f"no transactional producer {tid} (revoked?)")
+            return
+        async with lock:  # Faust's own: no send, no offset commit of Faust's meanwhile
+            batch = self._sent.pop(p, [])
+            # ended: Faust committed it without a next one (``wait_empty``: a stop, a
+            # rebalance); it begins the next one itself
+            committed = _ended(txp)
+            if not committed:
+                try:
+                    await txp.commit_transaction()
+                    committed = True
+                except Exception as exc:
+                    why = f"transaction {tid} not committed: {type(exc).__name__}: {exc}"
+                    log.warning("journal partition %d: %s; aborting it", p, why)
+                    _settle(batch, None, why)  # aborted: nothing of it reaches RocksDB
+                    with contextlib.suppress(Exception):
+                        await txp.abort_transaction()
+                try:
+                    await txp.begin_transaction()
+                except Exception as exc:
+                    # the next send fails (not in a transaction): the journal is
+                    # unavailable until Faust starts a producer for the partition again
+                    log.error("journal partition %d: transaction %s not begun: %r", p, tid, exc)
+        if committed:  # this producer's records reach RocksDB, in the order sent
+            last = -1
+            for s in batch:
+                if s.txp is txp and _acked(s.ack):  # a commit that timed out too
+                    last = s.ack.result().offset
+                    self.persist(p, s.key, s.value, last)
+            if last >= 0:
+                # the commit's marker follows the transaction's last record (this producer
+                # is the partition's only writer, and every record it sent is in the
+                # batch): counted as read, so a restore does not wait for a record there
+                # (Faust's recovery waits twice its 5 s poll before it gives up on one)
+                store: Any = self.data
+                store.set_persisted_offset(TP(self.changelog_topic_name, p), last + 1)
+            _settle(batch, txp, "sent by a producer Faust replaced (its transaction is lost)")
+
+    def forget_transactions(self, partitions: set[int]) -> None:
+        """Revoked partitions: their records not committed yet never will be (here)."""
+        if self.transactional:
+            for p in partitions:
+                _settle(self._sent.pop(p, []), None, "journal partition revoked")
+
+
+class _Sent(NamedTuple):
+    """A changelog record in an open transaction, waiting for the commit."""
+
+    key: bytes
+    value: bytes | None
+    ack: Any  # aiokafka's future: the broker's ack
+    txp: Any  # the transactional producer it went to
+    done: asyncio.Future[None]  # what the journal awaits: resolved at the commit
+
+
+def _ended(txp: Any) -> bool:
+    """The producer's last transaction ended with a commit and no other began: Faust's
+    ``commit_and_end_transactions`` (it never aborts: a fenced producer is dropped, and the
+    journal's own abort begins the next transaction under the same lock)."""
+    state = txp._txn_manager.state
+    return bool(state == TransactionState.READY)
+
+
+def _acked(ack: Any) -> bool:
+    return bool(ack.done() and not ack.cancelled() and ack.exception() is None)
+
+
+def _settle(batch: list[_Sent], committed: Any, why: str) -> None:
+    """Resolve the records that ``committed`` (a producer, None: none) committed; fail the
+    others with ``JournalUnavailableError(why)``."""
+    for s in batch:
+        if s.done.done():
+            continue
+        if committed is not None and s.txp is committed:
+            if _acked(s.ack):
+                s.done.set_result(None)
+                continue
+            why = "a changelog record of the transaction was not acked"
+        s.done.set_exception(JournalUnavailableError(why))
+        s.done.exception()  # retrieved: a journal commit that timed out no longer awaits it
+
 
 def _changelog_spec(config: WorkerConfig) -> TopicSpec:
     name = config.catalog.changelog(TABLE_NAME)
@@ -207,6 +389,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
     guard_commit_holes()
+    if config.exactly_once:
+        shorten_recovery_poll()
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {
@@ -226,7 +410,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         broker=[f"kafka://{b.strip()}" for b in config.bootstrap.split(",") if b.strip()],
         store="rocksdb://",
         datadir=str(config.data_dir),
-        processing_guarantee="at_least_once",
+        processing_guarantee="exactly_once" if config.exactly_once else "at_least_once",
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
         topic_partitions=config.partitions,
@@ -247,8 +431,13 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     names = {"sent": cat.sent, "dlq": cat.inbound_dlq, "requests-dlq": cat.requests_dlq}
 
     async def produce(role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
-        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record
-        producer = await app.maybe_start_producer()
+        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record;
+        # under exactly_once the app's plain producer too (idempotent, acks=all), not the
+        # TransactionManager: receipts and dead letters are visible (and durable) on their
+        # ack, as under at_least_once (the TransactionManager would pick a producer by the
+        # receipts topic's partition, which Faust's assignor has no group for: KeyError)
+        await app.producer.maybe_start()
+        producer: Any = app.producer
         return await producer.send(names[role], key, value, None, None, headers or None)
 
     journal: str | DurableKv = config.journal_url
@@ -264,6 +453,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             # as provisioned (Faust creates it with these when provisioning is off)
             extra_topic_configs=dict(_changelog_spec(config).config),
         )
+        if config.exactly_once:
+            table.start_transactions()
         app.tables.add(table)
         journal = kv = table.botmesh_kv = TableKv(table)
     runtime = bot.bind(
@@ -282,6 +473,20 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
 
         kv.on_assigned = recover
         kv.on_revoking = runtime.flush_receipts  # receipts recorded while the chats are ours
+
+        def lost(partition: int, exc: BaseException) -> None:
+            # exactly_once: a transaction under writes that returned early (TableKv's
+            # NO_BARRIER) failed; memory holds what the changelog lost: restart from it
+            if runner.stopping.is_set():  # stopping anyway: as a crash here would
+                log.warning("journal partition %d: last writes not committed: %s", partition, exc)
+                return
+            _exit_hard(
+                f"journal partition {partition}: a transaction holding returned writes was "
+                f"not committed ({type(exc).__name__}: {exc})",
+                EXIT_SOFTWARE,
+            )
+
+        kv.on_lost = lost
     runner = InboundRunner(
         runtime,
         produce,

@@ -63,3 +63,15 @@ def test_the_group_instance_id_is_the_instance_id_in_the_characters_kafka_takes(
     assert group_instance_id("echo-0") == "echo-0"
     assert group_instance_id("host-a/echo/default") == "host-a_echo_default"
     assert len(group_instance_id("x" * 400)) == 249
+
+
+def test_the_processing_guarantee_comes_from_the_option_then_the_environment() -> None:
+    assert WorkerConfig.from_env({}).guarantee == "at_least_once"
+    assert not WorkerConfig.from_env({}).exactly_once
+    env = {"BOTMESH_PROCESSING_GUARANTEE": "exactly-once"}
+    assert WorkerConfig.from_env(env).exactly_once
+    assert not WorkerConfig.from_env(env, guarantee="at_least_once").exactly_once
+    with pytest.raises(ValueError, match=r"^BOTMESH_PROCESSING_GUARANTEE 'maybe'"):
+        WorkerConfig.from_env({"BOTMESH_PROCESSING_GUARANTEE": "maybe"})
+    with pytest.raises(ValueError, match=r"^--guarantee 'twice'"):
+        WorkerConfig.from_env({}, guarantee="twice")

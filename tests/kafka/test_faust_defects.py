@@ -64,3 +64,56 @@ def test_a_gap_faust_recorded_itself_is_left_to_faust(consumer: Any) -> None:
     consumer._gap[TPX].addi(10, 12)  # e.g. a transaction marker it saw in the stream
     assert not held_commit(consumer, TPX)
     assert consumer._new_offset(TPX) == 14
+
+
+class _Store:
+    """What ``TableManager`` calls on a table's store: the persisted offsets it set."""
+
+    def __init__(self) -> None:
+        self.persisted: dict[TP, int] = {}
+
+    def set_persisted_offset(self, tp: TP, offset: int) -> None:
+        self.persisted[tp] = offset
+
+
+def test_the_changelog_offsets_under_eos_are_never_persisted_by_faust() -> None:
+    """The "changelog offsets under EOS" defect: ``Collection._on_changelog_sent`` hands
+    the *changelog* TP to ``persist_offset_on_commit``, and the consumer's commit flushes
+    them with ``tables.on_commit(<the committed source TPs>)``: the keys never match, so no
+    changelog offset is ever persisted and every restart replays the whole changelog.
+    botmesh's workaround: ``JournalTable`` persists each record and its offset itself
+    after the transaction holding it committed (``test_eos``: a restart restores the tail)."""
+    from faust.tables.manager import TableManager
+
+    manager: Any = TableManager.__new__(TableManager)
+    manager._pending_persisted_offsets = {}
+    store = _Store()
+    changelog_tp = TP("t-journal-changelog", 0)
+    manager.persist_offset_on_commit(store, changelog_tp, 41)  # as _on_changelog_sent does
+    manager.on_commit({TPX: 10})  # as Consumer._commit_offsets does: the source TPs
+    assert store.persisted == {}  # the defect: offset 41 of the changelog never persisted
+    assert manager._pending_persisted_offsets[changelog_tp] == (store, 41)
+    manager.on_commit({changelog_tp: 41})  # only a changelog TP would flush it
+    assert store.persisted == {changelog_tp: 41}
+
+
+async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_second() -> None:
+    """Under ``exactly_once`` a changelog ends in a transaction marker, which Faust's
+    restore only detects after two empty polls (``detect_aborted_tx``): 10 s at its 5 s,
+    2 s with ``shorten_recovery_poll``."""
+    import asyncio
+    import inspect
+    import time
+
+    from faust.tables import recovery
+
+    from streams.faust_defects import RECOVERY_POLL_S, shorten_recovery_poll
+
+    source = inspect.getsource(recovery.Recovery)
+    assert "changelog_queue.get(), timeout=5.0" in source  # Faust's own poll
+    assert "timeout_count > 1" in source  # two empty polls before the position check
+    shorten_recovery_poll()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await recovery.__dict__["asyncio"].wait_for(asyncio.Queue().get(), timeout=5.0)
+    assert time.monotonic() - started < RECOVERY_POLL_S + 0.5

@@ -89,6 +89,11 @@ class KafkaChangelog:
     def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
         raise AssertionError("the journal never persists by itself: the table's ack does")
 
+    transactional = False
+
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
+        raise AssertionError("at_least_once: the journal never commits a transaction")
+
 
 class InPartition:
     """A ``DurableKv`` view of one partition of a ``TableKv`` (as the runner's records see it)."""

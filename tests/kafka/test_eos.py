@@ -1,0 +1,216 @@
+"""``exactly_once`` on a real broker: the worker (``--guarantee`` via
+``BOTMESH_PROCESSING_GUARANTEE=exactly_once``) on the journal on Kafka, whose changelog
+records go into the partition's Kafka transaction (``streams.worker.JournalTable``).
+
+- 500 messages over 10 chats: each reply sent once, each receipt there, the journal read
+  back from the changelog with ``read_committed`` matching the provider's calls;
+- SIGKILL 5 times during the traffic, restarted with the same instance id: none lost, none
+  sent twice, the journal (read_committed) matching the provider's calls;
+- a restarted worker restores only the changelog's tail: Faust's own EOS bookkeeping of
+  the changelog offsets would replay it whole (``streams.faust_defects``), the journal
+  persists the offsets itself after each transaction commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from botmesh.journal import OutboxState
+from streams.provision import ensure_topics
+from streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
+from tests.kafka.bot import bot, reply_text
+from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_journal
+from topics import Catalog
+
+pytestmark = pytest.mark.kafka
+
+EOS = {"BOTMESH_PROCESSING_GUARANTEE": "exactly_once"}
+_REPLY = re.compile(r"^echo (?P<id>\S+): ")
+SETTLED = {OutboxState.SENT, OutboxState.UNKNOWN}
+
+
+def eos_worker(bootstrap: str, prefix: str, tmp: Path, **kw: Any) -> Worker:
+    ensure_topics(bootstrap, Catalog(prefix).specs(partitions=PARTITIONS))
+    return Worker(bootstrap, prefix, tmp, env=dict(EOS), **kw)
+
+
+def check_journal(journal: dict[str, dict[str, Any]], ids: set[str], calls: list[Any]) -> Any:
+    """Every inbound done, every send settled, each provider call one send of the journal,
+    each ``sent`` send one call with its message id; (outbox, unknown keys)."""
+    inbox = {v["id"]: v for k, v in journal.items() if k.startswith(f"{bot.scope}/in/")}
+    outbox = {v["key"]: v for k, v in journal.items() if k.startswith(f"{bot.scope}/out/")}
+    assert set(inbox) == ids, f"{len(ids - set(inbox))} inbounds lost"
+    assert {v["state"] for v in inbox.values()} == {"done"}
+    states = collections.Counter(v["state"] for v in outbox.values())
+    assert set(states) <= SETTLED, states
+    texts = collections.Counter(c["text"] for c in calls)
+    assert [t for t, n in texts.items() if n > 1] == [], "a send reached the provider twice"
+    for call in calls:
+        m = _REPLY.match(call["text"])
+        assert m is not None, call
+        record = outbox.get(f"{m['id']}:1")
+        assert record is not None, f"a provider call the journal does not know: {call}"
+        assert record["state"] in SETTLED, record
+    called = {c["message_id"] for c in calls}
+    for key, v in outbox.items():
+        if v["state"] == OutboxState.SENT:
+            assert v["message_id"] in called, f"{key} is sent but the provider never saw it"
+    assert set(outbox) == {f"{i}:1" for i in ids}
+    return outbox, [k for k, v in outbox.items() if v["state"] == OutboxState.UNKNOWN]
+
+
+async def test_exactly_once_worker_answers_500_messages_once(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    worker = eos_worker(kafka_bootstrap, topic_prefix, tmp_path, loglevel="info")
+    cat = Catalog(topic_prefix)
+    start = await end_offsets(kafka_bootstrap, cat.sent)
+    records = demo_records(500, 10, run="e")
+    await produce_inbound(kafka_bootstrap, cat.inbound, records)
+    worker.start()
+    try:
+        seen = await collect(worker, cat.sent, start, {r.id for r in records})
+        assert worker.stop() == 0
+    finally:
+        worker.close()
+    assert any("exactly_once" in line or "transactional" in line for line in worker.lines())
+    assert len(seen) == 500
+    assert {s.receipt.state for s in seen} == {"sent"}
+    calls = worker.sends()
+    assert sorted(c["text"] for c in calls) == sorted(reply_text(r.id, r.text) for r in records)
+    journal = await read_journal(worker)  # read_committed
+    _, unknown = check_journal(journal, {r.id for r in records}, calls)
+    assert unknown == []
+
+
+MESSAGES = 500
+CHATS = 10
+KILLS = 5
+
+
+@pytest.mark.crash
+async def test_exactly_once_worker_killed_5_times_loses_nothing_and_sends_nothing_twice(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    worker = eos_worker(kafka_bootstrap, topic_prefix, tmp_path)
+    cat = Catalog(topic_prefix)
+    records = demo_records(MESSAGES, CHATS, run="k")
+    ids = {r.id for r in records}
+    rng = random.Random(20261202)
+    start = await end_offsets(kafka_bootstrap, cat.sent)
+    seen: list[Seen] = []
+    answered: set[str] = set()
+
+    async def watch() -> None:
+        async for s in tail_receipts(kafka_bootstrap, cat.sent, start=start):
+            seen.append(s)
+            answered.add(s.receipt.inbound_id or "")
+
+    async def stream() -> None:  # the traffic keeps coming while the worker dies
+        for i in range(0, MESSAGES, 25):
+            await produce_inbound(kafka_bootstrap, cat.inbound, records[i : i + 25])
+            await asyncio.sleep(0.1)
+
+    async def until(done: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while len(answered & ids) < done:
+            worker.check_alive()
+            assert time.monotonic() < deadline, f"{len(answered & ids)}/{done} answered"
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.ensure_future(watch())
+    producing = asyncio.ensure_future(stream())
+    worker.start()
+    try:
+        for k in range(KILLS):
+            await until((k + 1) * MESSAGES // (KILLS + 2))
+            await asyncio.sleep(rng.uniform(0.0, 0.3))  # a different moment each time
+            worker.kill()
+            worker.start()
+        await producing
+        await until(MESSAGES)
+        assert worker.stop() == 0
+    finally:
+        watcher.cancel()
+        producing.cancel()
+        worker.close()
+
+    calls = worker.sends()
+    journal = await read_journal(worker)  # the changelog, read_committed
+    outbox, unknown = check_journal(journal, ids, calls)
+    receipts = collections.defaultdict(set)
+    for s in seen:
+        receipts[s.receipt.key].add(s.receipt.state)
+    missing = [k for k, v in outbox.items() if v["state"] not in receipts.get(k, ())]
+    assert missing == [], f"{len(missing)} settled sends without their receipt"
+    sent = sum(1 for v in outbox.values() if v["state"] == OutboxState.SENT)
+    print(
+        f"\nEOS, {KILLS} kills: {len(calls)} provider calls for {MESSAGES} messages "
+        f"({sent} sent, {len(unknown)} unknown, 0 twice, 0 lost), "
+        f"{len(seen)} receipts for {len(receipts)} keys, "
+        f"handler runs {sum(worker.handled().values())}"
+    )
+
+
+def _log_table(lines: list[str], title: str, topic: str) -> dict[int, int]:
+    """Partition -> offset of a Faust recovery log table (``Highwater - Active``, ``Reading
+    Starts At - Active``) of ``topic``, the last one printed."""
+    found: dict[int, int] = {}
+    inside = False
+    for line in lines:
+        if title in line:
+            inside, found = True, {}
+            continue
+        if inside:
+            cells = [c.strip() for c in re.split(r"[│|┃]", line) if c.strip()]
+            if len(cells) == 3 and cells[1].isdigit() and re.fullmatch(r"-?\d+", cells[2]):
+                if cells[0] in (topic, "〃"):
+                    found[int(cells[1])] = int(cells[2])
+            elif found and not line.strip().startswith(("├", "└", "┌", "+", "─")):
+                inside = False
+    return found
+
+
+async def test_a_restarted_exactly_once_worker_restores_only_the_changelog_tail(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    worker = eos_worker(kafka_bootstrap, topic_prefix, tmp_path, loglevel="info")
+    cat = Catalog(topic_prefix)
+    topic = cat.changelog("journal")
+    start = await end_offsets(kafka_bootstrap, cat.sent)
+    records = demo_records(300, 8, run="t")
+    await produce_inbound(kafka_bootstrap, cat.inbound, records)
+    worker.start()
+    try:
+        await collect(worker, cat.sent, start, {r.id for r in records})
+        await asyncio.sleep(3.0)  # the receipts marked published, their transaction committed
+        worker.kill()  # SIGKILL: nothing flushed at a stop
+        ends = await end_offsets(kafka_bootstrap, topic)
+        worker.start()
+        deadline = time.monotonic() + WAIT_S
+        while not any("Worker ready" in line for line in worker.lines()):
+            worker.check_alive()
+            assert time.monotonic() < deadline, "the restarted worker is not ready"
+            await asyncio.sleep(0.1)
+        lines = worker.lines()
+        assert worker.stop() == 0
+    finally:
+        worker.close()
+    highwater = _log_table(lines, "Highwater - Active", topic)
+    starts = _log_table(lines, "Reading Starts At - Active", topic)
+    assert set(highwater) == set(range(PARTITIONS)), "\n".join(lines[-80:])
+    assert set(starts) == set(highwater), "\n".join(lines[-80:])
+    total = sum(ends.values())
+    replayed = sum(max(highwater[p] - starts[p], 0) for p in highwater)
+    print(f"\nrestart after SIGKILL: {replayed} changelog offsets replayed of {total}")
+    assert total > 600  # the journal wrote hundreds of records per partition
+    for p in highwater:  # only the tail: at most the last transaction's records + markers
+        assert highwater[p] - starts[p] <= 10, (p, starts[p], highwater[p])
