@@ -1,4 +1,6 @@
-"""Kafka fixtures: ``kafka_bootstrap`` (one broker per session) and ``topic_prefix`` (per test).
+"""Kafka fixtures: ``kafka_bootstrap`` (one broker per session), ``topic_prefix`` (per test), and
+for the kill tests ``recorder`` (provider calls, counted in this process) and ``tally``
+(receipts and dead letters as they arrive).
 
 The broker comes from ``KAFKA_BOOTSTRAP_SERVERS``, else Docker (testcontainers), else the local
 JVM broker of ``deploy/kafka/kafka.sh`` on 127.0.0.1:19092 (see ``tests/kafka/broker.py``). A test
@@ -8,11 +10,15 @@ that needs a broker and cannot get one fails; it is never skipped.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from streams.provision import ensure_topics
 from tests.kafka.broker import BrokerUnavailable, acquire_broker
+from tests.kafka.recorder import Recorder, Tally
+from tests.kafka.worker import PARTITIONS
+from topics import Catalog
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +38,20 @@ def kafka_bootstrap() -> Iterator[str]:
 def topic_prefix() -> str:
     """A unique topic/group name prefix for one test, e.g. ``t1a2b3c4d``."""
     return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    with Recorder() as rec:
+        yield rec
+
+
+@pytest.fixture
+async def tally(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Tally]:
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
+    t = await Tally(kafka_bootstrap, cat.sent, cat.inbound_dlq).start()
+    try:
+        yield t
+    finally:
+        await t.close()

@@ -25,12 +25,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from streams.provision import ensure_topics
 from streams.tools import end_offsets, produce_inbound
 from tests.kafka.bot import bot
 from tests.kafka.broker import committed_offsets, kafka_tool
@@ -47,23 +45,6 @@ from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, journal_source, read_
 from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
-
-
-@pytest.fixture
-async def tally(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Tally]:
-    cat = Catalog(topic_prefix)
-    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
-    t = await Tally(kafka_bootstrap, cat.sent, cat.inbound_dlq).start()
-    try:
-        yield t
-    finally:
-        await t.close()
 
 
 async def caught_up(bootstrap: str, cat: Catalog) -> bool:

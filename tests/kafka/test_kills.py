@@ -40,12 +40,11 @@ import contextlib
 import random
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from streams.provision import ensure_topics
 from streams.tools import produce_inbound
 from tests.kafka.bot import bot
 from tests.kafka.recorder import (
@@ -61,23 +60,6 @@ from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, journal_source, read_
 from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with Recorder() as rec:
-        yield rec
-
-
-@pytest.fixture
-async def tally(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Tally]:
-    cat = Catalog(topic_prefix)
-    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
-    t = await Tally(kafka_bootstrap, cat.sent, cat.inbound_dlq).start()
-    try:
-        yield t
-    finally:
-        await t.close()
 
 
 async def sleep_alive(worker: Worker, seconds: float) -> None:
