@@ -257,19 +257,24 @@ class Runtime:
         ops = self.durability
         return ops.metrics() if ops is not None else {}
 
-    async def handle(self, message: Inbound) -> Outcome:
+    async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
         """Process one inbound: journal it (fail closed), run the handlers, mark it done.
 
         Returns the ``Outcome``; raises ``JournalUnavailableError`` when it could not be
         journaled or marked done (do not acknowledge it to the channel: handle it again
         later), ``BadRecord`` for an inbound that can never be journaled. A handler that
         raises is reported on ``ErrorEvent`` and the message counts as handled.
+
+        ``source`` (optional) is where the transport read the message (the Kafka worker
+        passes ``topic:partition:offset``): a done message that comes again from the same
+        place is a replay, and runs its handlers again with every send answered from the
+        outbox (``Outcome.REPLAYED``); from anywhere else it is a duplicate.
         """
         if self.journal is None:
             self._check_running()
             await self._dispatch(message)
             return Outcome.HANDLED
-        return await self._started().handle(message)
+        return await self._started().handle(message, source=source)
 
     async def send(
         self, chat_id: str, text: str | None = None, **opts: Unpack[SendOptions]

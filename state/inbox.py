@@ -66,11 +66,15 @@ class Outcome(StrEnum):
     FENCED = "fenced"
     #: The journal was down and ``fail_open`` dispatched it anyway, unjournaled.
     UNJOURNALED = "unjournaled"
+    #: Done already, and delivered again from the place it was journaled from (an offset
+    #: replay, or a redelivery after a crash): its handlers ran again, its sends were
+    #: answered from the outbox (their receipts published again); nothing was written.
+    REPLAYED = "replayed"
 
 
-def new_value(message: Json, now: float, lease: Json) -> Json:
+def new_value(message: Json, now: float, lease: Json, source: str | None = None) -> Json:
     """A new record, journaled and claimed in the same write (attempt 1 charged)."""
-    return {
+    value: Json = {
         "id": message["id"],
         "state": InboxState.PENDING,
         "attempts": 1,
@@ -80,6 +84,9 @@ def new_value(message: Json, now: float, lease: Json) -> Json:
         "created": now,
         "updated": now,
     }
+    if source is not None:
+        value["source"] = source
+    return value
 
 
 def replay_value(value: Json, now: float) -> Json:
@@ -99,8 +106,15 @@ class Inbox:
         self._lease = cfg.lease
         self._retries = cfg.retry_policy()
 
-    async def handle(self, message: Inbound) -> Outcome:
-        """Journal ``message`` (fail closed), run the handlers, mark it done."""
+    async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
+        """Journal ``message`` (fail closed), run the handlers, mark it done.
+
+        ``source`` names the place the transport read it from (on Kafka
+        ``topic:partition:offset``); it is journaled with the record. A message that is done
+        already and comes again from that same place is a replay of the transport (offsets
+        reset, or redelivered after a crash): its handlers run again and its sends are
+        answered from the outbox (``Outcome.REPLAYED``). The same message from another place
+        (produced twice, a webhook retried) stays a duplicate and runs nothing."""
         mid = message.id
         if not mid:
             raise BadRecord(
@@ -113,11 +127,11 @@ class Inbox:
             return Outcome.DUPLICATE
         self._inflight.add(mid)
         try:
-            return await self._handle(message)
+            return await self._handle(message, source)
         finally:
             self._inflight.discard(mid)
 
-    async def _handle(self, message: Inbound) -> Outcome:
+    async def _handle(self, message: Inbound, source: str | None) -> Outcome:
         e = self._e
         key = e.in_prefix + message.id
         if key in self._undone:
@@ -127,14 +141,14 @@ class Inbox:
             encoded = encode_inbound(message, media_refs=e.config.inbox.media_refs)
         except (TypeError, ValueError) as exc:
             raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
-        value = new_value(encoded, now, e.leases.lease(now, self._lease))
+        value = new_value(encoded, now, e.leases.lease(now, self._lease), source)
         try:
             [version] = await e.kv.commit(
                 [handover(key, value, expect=0, due=now + self._lease)],
                 label=Write.INBOX_JOURNAL,
             )
         except VersionConflictError:
-            return await self._redelivered(key)
+            return await self._redelivered(key, message, source)
         except Exception as exc:
             return await self._not_journaled(message, exc)
         e.metrics.inbound_journaled += 1
@@ -153,7 +167,7 @@ class Inbox:
             raise exc
         raise JournalUnavailableError(f"inbound {message.id!r} not journaled: {exc}") from exc
 
-    async def _redelivered(self, key: str) -> Outcome:
+    async def _redelivered(self, key: str, message: Inbound, source: str | None) -> Outcome:
         e = self._e
         entry = await e.kv.get(key)
         state = entry.value.get("state") if entry is not None else InboxState.DONE
@@ -161,8 +175,24 @@ class Inbox:
             now = e.clock.now()
             if e.leases.state(entry.value, now) != "live" or e.leases.this_boot(entry.value):
                 return await self.replay(entry, now)
+        if (
+            entry is not None
+            and state == InboxState.DONE
+            and source is not None
+            and entry.value.get("source") == source
+        ):
+            return await self._rerun(message)
         e.metrics.inbound_duplicates += 1
         return Outcome.DEAD if state == InboxState.DEAD else Outcome.DUPLICATE
+
+    async def _rerun(self, message: Inbound) -> Outcome:
+        """A done message delivered again by its transport from where it was journaled:
+        its handlers run again; the record stays done (its sends are answered from the
+        outbox, so nothing is written unless a handler took another path)."""
+        e = self._e
+        e.metrics.inbound_replayed += 1
+        await e.hooks.dispatch(message)
+        return Outcome.REPLAYED
 
     async def run(self, held: Held, message: Inbound) -> Outcome:
         """Run the handlers of a record we hold, then mark it done."""

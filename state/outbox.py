@@ -32,7 +32,7 @@ from state.keys import diverged_key, part_base, part_key
 from state.kv import handover
 from state.lease import Held
 from state.messages import Outbound, OutboxState, Receipt
-from state.records import Json, encode_outbound, receipt_of
+from state.records import SETTLED, Json, encode_outbound, receipt_of
 from state.splitter import split_text
 from state.writes import Write
 
@@ -255,7 +255,12 @@ class Outbox:
             if e.config.outbox.on_diverged == "send":
                 return diverged_key(key, fp)
         e.metrics.outbox_deduped += 1
-        return receipt_of(value, e.clock.now())
+        receipt = receipt_of(value, e.clock.now())
+        if e.publisher is not None and receipt.state in SETTLED:
+            # a replay asks again: its receipt goes out again (at least once); the record's
+            # own ``published`` mark is the sweeper's business, not this copy's
+            await e.publisher.publish(receipt, journaled=False)
+        return receipt
 
     # -- planning and bypass -------------------------------------------------------------
 

@@ -15,7 +15,7 @@ letter is on ``<prefix>.inbound.dlq``, acked by the broker:
 ``handle()`` gives                          the runner
 ==========================================  ==========================================
 ``handled``, ``duplicate``, ``fenced``,     settled
-``unjournaled``
+``unjournaled``, ``replayed``
 ``dead`` (the journal dead-lettered it)     DLQ, reason ``attempts-exhausted``
 ``BadRecord`` (or decoding raised it)       DLQ at once, with its reason
 ``JournalUnavailableError``                 retried with the bot's inbox backoff; after the
@@ -135,7 +135,7 @@ class RuntimeLike(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def handle(self, message: Inbound) -> Outcome: ...
+    async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome: ...
 
     async def flush_receipts(self) -> int: ...
 
@@ -308,8 +308,10 @@ class InboundRunner:
                     await self._settle_request(raw, item, deadline)
 
     async def _settle(self, raw: RawRecord, message: Inbound, deadline: float) -> None:
-        handle = self.runtime.handle
-        done = await self._attempts(raw, message.id, lambda: handle(message), deadline)
+        handle, where = self.runtime.handle, raw.where
+        done = await self._attempts(
+            raw, message.id, lambda: handle(message, source=where), deadline
+        )
         if done is None:
             return
         outcome, attempt = done

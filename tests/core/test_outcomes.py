@@ -1,5 +1,5 @@
 """What ``Runtime.handle()`` returns: an ``Outcome`` the worker may acknowledge (handled,
-duplicate, dead, fenced, unjournaled), or an error it must not (``BadRecord``,
+duplicate, dead, fenced, unjournaled, replayed), or an error it must not (``BadRecord``,
 ``JournalUnavailableError``: see ``tests/invariants/test_fail_closed.py``)."""
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from tests.kit import FrozenProvider, make_app, policy, texts
 
 
 def test_the_outcomes() -> None:
-    assert [o.value for o in Outcome] == ["handled", "duplicate", "dead", "fenced", "unjournaled"]
+    assert [o.value for o in Outcome] == [
+        "handled",
+        "duplicate",
+        "dead",
+        "fenced",
+        "unjournaled",
+        "replayed",
+    ]
 
 
 async def test_handled_then_a_redelivery_is_a_duplicate_while_the_record_exists() -> None:
@@ -37,6 +44,40 @@ async def test_handled_then_a_redelivery_is_a_duplicate_while_the_record_exists(
     # the record is gone: a redelivery now is processed again
     assert await app.runtime.handle(Inbound(id="m1", chat_id="c")) == Outcome.HANDLED
     assert runs == ["m1", "m1"] and len(app.provider.sent) == 2
+
+
+async def test_a_done_message_from_the_same_source_is_replayed_from_another_a_duplicate() -> None:
+    """An offset replay (the same record read again at the same place) runs the handlers
+    again with every send answered from the outbox and its receipt published again; the
+    same message read at another place (produced twice) runs nothing."""
+    from tests.kit import ListSink
+
+    runs: list[str] = []
+    sink = ListSink()
+    bot = Bot("bot", durability=policy())
+
+    @bot.on_message
+    async def handler(ctx: Context) -> None:
+        runs.append(ctx.inbound_id)
+        await ctx.reply("hello")
+        await ctx.reply("again")
+
+    app = await make_app(bot=bot, receipts=sink)
+    message = Inbound(id="m1", chat_id="c")
+    handle = app.runtime.handle
+    assert await handle(message, source="in:0:7") == Outcome.HANDLED
+    assert await handle(message, source="in:0:7") == Outcome.REPLAYED
+    assert await handle(message, source="in:0:7") == Outcome.REPLAYED
+    assert await handle(message, source="in:1:3") == Outcome.DUPLICATE
+    assert await handle(message) == Outcome.DUPLICATE
+    assert runs == ["m1"] * 3
+    assert texts(app.provider) == ["hello", "again"]  # sent once
+    assert sink.keys("sent") == ["m1:1", "m1:2"] * 3  # receipts published again per replay
+    m = app.ops.metrics()
+    assert (m["inboundReplayed"], m["inboundDuplicates"], m["outboxDeduped"]) == (2, 2, 4)
+    [record] = await app.ops.inbox.list()
+    assert (record.state, record.attempts) == ("done", 1)  # a replay writes nothing
+    await app.stop()
 
 
 async def test_the_same_id_while_it_is_in_flight_is_a_duplicate() -> None:

@@ -7,11 +7,11 @@ Effects are counted at the recorder of the test process (``tests.kafka.recorder`
 - ``test_offsets_reset_to_the_earliest_send_nothing_again``: 1,000 inbounds answered, the
   worker stopped, the group's offsets on the inbound topic reset to the earliest with
   ``kafka-consumer-groups.sh --reset-offsets --to-earliest --execute``, the worker started
-  again and left until its committed offsets reach the end of the inbound topic: the
-  journal answers every redelivered inbound as a duplicate, so the provider gets 0 sends
-  again; every inbound still has its receipt from the first pass (the worker does not
-  publish receipts again for a duplicate: their count is printed) and is settled in the
-  journal.
+  again and left until its committed offsets reach the end of the inbound topic: every
+  inbound is read again where it was journaled from, so its handler runs again (counted in
+  the handler's file), its send is answered from the outbox (the provider gets 0 sends
+  again) and its receipt is published again (every key is on the receipts topic twice);
+  the journal stays settled.
 - ``test_deleted_data_dir_is_rebuilt_and_sends_nothing_again``: the worker SIGKILLed after
   its inbounds were answered, its whole data dir (Faust's ``*-data`` RocksDB folder with
   it) deleted, the worker started on an empty dir and the same inbounds produced again
@@ -126,22 +126,33 @@ async def test_offsets_reset_to_the_earliest_send_nothing_again(
         rewound = {p: committed.get((cat.inbound, p)) for p in range(PARTITIONS)}
         assert rewound == dict.fromkeys(range(PARTITIONS), 0), (rewound, reset.stdout)
 
+        first_runs = worker.handled()
         worker.start()
         again_s = await wait_caught_up(kafka_bootstrap, cat, worker)
         assert worker.stop() == 0
+        keys = {f"{i}:1" for i in ids}  # the one send of each inbound
+        await wait_until(
+            lambda: {r.key for r in tally.receipts[receipts:]} >= keys,
+            "every receipt published again",
+            limit=WAIT_S,
+        )
     finally:
         worker.close()
 
     sent_again = recorder.calls()[calls:]
     out = check_effects(recorder, tally, ids)
     assert sent_again == [], f"{len(sent_again)} replies sent again, e.g. {sent_again[:3]}"
+    runs = worker.handled()
+    assert set(first_runs) == ids and set(first_runs.values()) == {1}, first_runs
+    rerun = {i for i in ids if runs[i] > first_runs[i]}
+    assert rerun == ids, f"{len(ids - rerun)} handlers did not run again"
     states = settled_journal(await read_journal(worker), ids)
     print(
         f"  offsets reset to the earliest after {RESET_MESSAGES} inbounds ({out['provider calls']}"
         f" replies, {receipts} receipts): group empty {empty_s:.1f}s after the stop, the "
-        f"restarted worker committed to the end in {again_s:.1f}s; {len(sent_again)} replies "
-        f"sent again, {len(tally.receipts) - receipts} receipts published again; journal "
-        f"({journal_source(worker)}) {states}"
+        f"restarted worker committed to the end in {again_s:.1f}s; {len(rerun)} handlers ran "
+        f"again, {len(sent_again)} replies sent again, {len(tally.receipts) - receipts} "
+        f"receipts published again; journal ({journal_source(worker)}) {states}"
     )
 
 
