@@ -21,6 +21,10 @@ letter is on ``<prefix>.inbound.dlq``, acked by the broker:
 ``JournalUnavailableError``                 retried with the bot's inbox backoff; after the
                                             budget, DLQ reason ``journal-unavailable``
 any other ``Exception``                     the same; DLQ reason ``handle-failed``
+``MembershipUnconfirmed`` (the worker may   retried every 0.5 s, not charged; after 5 s the
+have been evicted: ``streams.table_kv``)    batch is abandoned (the worker exits and starts
+                                            afresh: an evicted worker cannot rejoin while
+                                            the batch holds Faust's rebalance)
 ==========================================  ==========================================
 
 The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts`` and
@@ -102,7 +106,7 @@ from state.messages import Inbound, Media, Receipt
 from state.operations import Operations
 from state.ports import Provider
 from state.receipts import ReceiptSink
-from streams.table_kv import in_partition
+from streams.table_kv import MembershipUnconfirmed, in_partition
 from topics.records import SendRequest, chat_key, decode_inbound, decode_request, encode_receipt
 
 __all__ = [
@@ -125,6 +129,11 @@ Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]
 Item = tuple["RawRecord", Inbound | SendRequest]
 _T = TypeVar("_T")
 DETAIL_MAX = 400
+#: Seconds between attempts at a record refused because the worker's group membership is
+#: unconfirmed (``streams.table_kv.MembershipUnconfirmed``; not charged as attempts).
+UNCONFIRMED_WAIT_S = 0.5
+#: How long a record waits for the group to confirm the worker before its batch is given up.
+UNCONFIRMED_PATIENCE_S = 5.0
 _CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
 
@@ -359,7 +368,7 @@ class InboundRunner:
     ) -> tuple[_T, int] | None:
         """``call()`` until it returns (its result and the attempt); ``None`` when the record
         was dead-lettered instead (a ``BadRecord``, or the retry budget spent)."""
-        attempt = 0
+        attempt = unconfirmed = 0
         while True:
             attempt += 1
             try:
@@ -373,6 +382,21 @@ class InboundRunner:
                         f"partition {raw.partition} was taken from this worker while "
                         f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
                     ) from exc
+                if _caused_by(exc, MembershipUnconfirmed):
+                    # not the record's fault: wait a little for the group to confirm this
+                    # worker; an evicted worker is never confirmed while this batch holds its
+                    # rebalance, so it gives the batch up (not acked) and starts afresh
+                    attempt -= 1
+                    unconfirmed += 1
+                    if unconfirmed * UNCONFIRMED_WAIT_S > UNCONFIRMED_PATIENCE_S:
+                        raise BatchAbandoned(
+                            f"{self._noun(raw)} {name!r} at {raw.where}: this worker's group "
+                            f"membership stays unconfirmed ({exc}); it may have been evicted "
+                            "(frozen past the session timeout) and its partitions given to "
+                            "another worker, so nothing of the batch is acked"
+                        ) from exc
+                    await self._wait(UNCONFIRMED_WAIT_S, deadline, f"{self._noun(raw)} {name!r}")
+                    continue
                 decision = self._retries.decide(exc, attempt, self._rng)
                 if isinstance(decision, GiveUp):
                     reason = (
@@ -464,6 +488,18 @@ class InboundRunner:
                 await asyncio.wait_for(asyncio.gather(*batch), self.ack_timeout)
             except Exception as exc:
                 raise BatchAbandoned(f"a dead letter was not acked by the broker: {exc}") from exc
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """``exc`` is a ``kind``, or was raised from one."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def in_time_order(items: list[Item]) -> list[Item]:

@@ -34,6 +34,19 @@ down, the timeout passes) the commit raises ``JournalUnavailableError`` and its 
 are undone in memory where nothing overwrote them since; the caller does not act on it
 (the provider is not called, the inbound is not acked).
 
+**Fenced by the group.** Under ``at_least_once`` nothing on the broker stops a worker that
+lost its partitions from producing to their changelog (under ``exactly_once`` the
+transactional producer's epoch does). A worker that was frozen (``SIGSTOP``, a long GC, a
+stalled VM) past the session timeout has been evicted and its partitions given to another,
+but it does not know yet when it thaws. So ``commit`` asks the port first
+(``ChangelogPort.unconfirmed``): when this worker's group membership was last confirmed (a
+heartbeat the coordinator accepted, or an assignment) longer ago than half the session
+timeout, the write is refused (``JournalUnavailableError``, counted in ``unconfirmed``) until
+the coordinator answers again; by then a worker that was evicted has been told, and has
+handed its partitions over. The coordinator evicts a member only a whole session timeout
+after its last accepted heartbeat, so a write that passed the check leaves at least half
+the session timeout before another owner can take the partition.
+
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
 ack's callback (the transaction commit's) writes the value into the partition's database
 and then records the changelog offset as persisted, in that order and in the order of the
@@ -66,6 +79,7 @@ from topics.catalog import Catalog
 __all__ = [
     "CURRENT_PARTITION",
     "ChangelogPort",
+    "MembershipUnconfirmed",
     "TableKv",
     "changelog_topic",
     "decode_entry",
@@ -121,6 +135,12 @@ def decode_entry(key: bytes, value: bytes | None) -> Entry | None:
     return Entry(key.decode(), s.r, s.v, s.d, s.p)
 
 
+class MembershipUnconfirmed(JournalUnavailableError):
+    """A write refused because this worker's group membership was not confirmed recently
+    enough (``ChangelogPort.unconfirmed``): wait for the group, it is not the journal's
+    fault (the runner does not charge it to the record's retry budget)."""
+
+
 class ChangelogPort(Protocol):
     """What the journal needs from the Faust side (``streams.worker.JournalTable``)."""
 
@@ -146,6 +166,12 @@ class ChangelogPort(Protocol):
         """Commit the open transaction of each partition soon (one commit for every record
         produced before it starts; later records wait for the next one); with ``delay``,
         that many seconds later (once: a partition already waiting does not wait again)."""
+        ...
+
+    def unconfirmed(self) -> str | None:
+        """Why this worker may no longer be the group member that owns its partitions (its
+        membership was last confirmed too long ago: it was frozen, or the coordinator is
+        out of reach), else ``None``."""
         ...
 
 
@@ -191,6 +217,9 @@ class TableKv:
         #: Changelog records acked, and commits that failed for want of an ack.
         self.acked = 0
         self.failed = 0
+        #: Commits refused because the worker's group membership was not confirmed recently
+        #: enough (``ChangelogPort.unconfirmed``).
+        self.unconfirmed = 0
 
     # -- partitions -----------------------------------------------------------------------
 
@@ -337,6 +366,12 @@ class TableKv:
         self._check()
         if not ops:
             return []
+        stale = self._port.unconfirmed()
+        if stale is not None:  # the group may have given the partitions to another worker
+            self.unconfirmed += 1
+            raise MembershipUnconfirmed(
+                f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: {stale}"
+            )
         groups = self._route(ops)
         versions = [0] * len(ops)
         changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]] = []

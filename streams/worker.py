@@ -46,6 +46,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
@@ -125,10 +126,25 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     itself (through ``produce``) and is told when partitions come and go."""
 
     botmesh_kv: TableKv | None = None
+    #: The longest a journal write may follow the last confirmation of this worker's group
+    #: membership (half the session timeout; ``build_app`` sets it).
+    membership_limit = 15.0
+    #: ``time.monotonic()`` of the last confirmation: the start of a heartbeat the group
+    #: coordinator accepted (in the consumer's thread), or an assignment.
+    _confirmed = 0.0
+    _watched: Any = None
+    #: Who writes (the runtime's instance id; ``build_app`` sets it) and the group generation
+    #: it got its partitions in: header ``botmesh.writer`` = ``<instance id>@<generation>``
+    #: on every changelog record, so an operator (and the tests) can tell who wrote what.
+    writer_id = ""
+    _writer: list[tuple[str, bytes]] | None = None
 
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
     ) -> None:
+        self._confirmed = time.monotonic()
+        self._watch_heartbeats()
+        self._writer = [("botmesh.writer", f"{self.writer_id}@{generation_id}".encode())]
         kv = self.botmesh_kv
         if kv is not None:  # before Faust touches the databases: no write of ours lands late
             topic = self.changelog_topic_name
@@ -147,6 +163,46 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         if kv is not None:  # before the inbound partitions resume
             await kv.assign(tp.partition for tp in active_tps)
 
+    # -- group membership -----------------------------------------------------------------
+
+    def _watch_heartbeats(self) -> None:
+        """Record when the coordinator accepts a heartbeat (aiokafka keeps that to itself)."""
+        consumer: Any = self.app.consumer  # Faust's aiokafka driver: a consumer thread
+        try:
+            coordinator = consumer._thread._ensure_consumer()._coordinator
+        except Exception as exc:  # another driver: no fence, said once
+            if self._watched is None:
+                self._watched = False
+                log.warning("cannot follow the group's heartbeats (%s): writes not fenced", exc)
+            return
+        if self._watched is coordinator:
+            return
+        beat = coordinator._do_heartbeat
+        table = self
+
+        async def heartbeat() -> bool:
+            t0 = time.monotonic()  # before the request: the coordinator's clock starts later
+            ok = bool(await beat())
+            if ok:
+                table._confirmed = max(table._confirmed, t0)
+            return ok
+
+        coordinator._do_heartbeat = heartbeat
+        self._watched = coordinator
+
+    def unconfirmed(self) -> str | None:
+        if self._watched is False:
+            return None
+        age = time.monotonic() - self._confirmed
+        if age <= self.membership_limit:
+            return None
+        return (
+            f"this worker's group membership was last confirmed {age:.1f}s ago (more than "
+            f"half the session timeout, {self.membership_limit:g}s): it may have been evicted "
+            "and its partitions given to another worker; writes wait until the group "
+            "coordinator accepts a heartbeat again"
+        )
+
     # -- streams.table_kv.ChangelogPort ----------------------------------------------------
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Any:
@@ -158,7 +214,9 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         kafka = faust_producer._producer
         if kafka is None:
             kafka = (await self.app.maybe_start_producer())._ensure_producer()
-        fut = await kafka.send(self.changelog_topic_name, value, key=key, partition=partition)
+        fut = await kafka.send(
+            self.changelog_topic_name, value, key=key, partition=partition, headers=self._writer
+        )
         fut.add_done_callback(lambda f: self._acked(partition, key, value, f))
         return fut
 
@@ -232,7 +290,9 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         # as Faust's send does (without its per-send wrapper): the producer of ``tid``
         # under Faust's lock for it, so never inside a commit
         async with faust_producer._trn_locks[tid]:
-            ack = await txp.send(self.changelog_topic_name, value, key=key, partition=partition)
+            ack = await txp.send(
+                self.changelog_topic_name, value, key=key, partition=partition, headers=self._writer
+            )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sent.setdefault(partition, []).append(_Sent(key, value, ack, txp, done))
         return done
@@ -453,6 +513,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             # as provisioned (Faust creates it with these when provisioning is off)
             extra_topic_configs=dict(_changelog_spec(config).config),
         )
+        table.membership_limit = config.session_timeout / 2
         if config.exactly_once:
             table.start_transactions()
         app.tables.add(table)
@@ -464,6 +525,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         receipts=KafkaReceipts(produce),
     )
     if kv is not None:
+        table.writer_id = str(getattr(runtime, "instance_id", config.instance_id or ""))
 
         async def recover(partition: int) -> None:
             ops = runtime.durability if app._runtime_started else None

@@ -19,7 +19,7 @@ import pytest
 
 import botmesh
 from botmesh import Bot, Context, Inbound, Outcome, Receipt
-from botmesh.errors import BadRecord, Reason, RecipientUnreachableError
+from botmesh.errors import BadRecord, JournalUnavailableError, Reason, RecipientUnreachableError
 from botmesh.journal import MemoryKv, OutboxState, Write
 from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from streams.runner import (
@@ -284,6 +284,54 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
         "cannot journal A1",
         "1",
     )
+
+
+async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revoked() -> None:
+    """A worker whose group membership is unconfirmed (it was frozen) neither spends the
+    record's retry budget nor dead-letters it: it waits for the group."""
+    from streams.table_kv import MembershipUnconfirmed
+
+    class Thawing:
+        inbox_retries = (
+            Bot("x", durability={"inbox": {"max_attempts": 2}}).bind(MockProvider()).inbox_retries
+        )
+        durability = None
+        refusals = 5
+
+        async def start(self) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
+            if self.refusals:
+                self.refusals -= 1
+                try:
+                    raise MembershipUnconfirmed("membership last confirmed 20s ago")
+                except MembershipUnconfirmed as exc:  # as the engine wraps a failed done
+                    raise JournalUnavailableError("handled but not marked done") from exc
+            return Outcome.HANDLED
+
+        async def flush_receipts(self) -> int:
+            return 0
+
+        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
+            raise AssertionError("no request in this batch")
+
+    produced, waits = Produced(), Waits()
+    runtime = Thawing()
+    runner = InboundRunner(runtime, produced, sleep=waits)
+    await runner.run_batch([record(0, "A", "A1")])
+    assert (runner.outcomes, produced.dead(), runtime.refusals) == ({Outcome.HANDLED: 1}, [], 0)
+    assert waits.delays == [0.5] * 5
+    runtime.refusals = 1
+    runner = InboundRunner(runtime, produced, sleep=Waits(), owns=lambda p: False)
+    with pytest.raises(BatchAbandoned, match="taken from this worker"):
+        await runner.run_batch([record(1, "A", "A2")])
+    runtime.refusals = 100  # never confirmed: evicted; the batch is given up after 5 s
+    runner = InboundRunner(runtime, produced, sleep=waits)
+    with pytest.raises(BatchAbandoned, match="membership stays unconfirmed"):
+        await runner.run_batch([record(2, "A", "A3")])
+    assert produced.dead() == [] and len(waits.delays) == 5 + 10
 
 
 async def test_a_stop_while_a_record_waits_for_a_retry_abandons_the_batch() -> None:

@@ -42,6 +42,9 @@ class KafkaChangelog:
         self.topic = topic
         self.producer: AIOKafkaProducer | None = None
         self.restored: dict[int, dict[bytes, bytes]] = {}
+        self.produced = 0
+        #: What ``unconfirmed`` answers (a test sets it: the membership is not confirmed).
+        self.stale: str | None = None
 
     async def start(self) -> None:
         create_topics(
@@ -78,6 +81,7 @@ class KafkaChangelog:
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
         assert self.producer is not None, "the changelog is stopped"
+        self.produced += 1
         ack: Awaitable[Any] = await self.producer.send(
             self.topic, value, key=key, partition=partition
         )
@@ -93,6 +97,9 @@ class KafkaChangelog:
 
     def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
         raise AssertionError("at_least_once: the journal never commits a transaction")
+
+    def unconfirmed(self) -> str | None:
+        return self.stale
 
 
 class InPartition:
@@ -233,6 +240,24 @@ async def test_a_write_the_broker_does_not_ack_is_refused_and_undone(
         assert entry is not None and (entry.value, entry.version) == ({"v": 1}, 1)
         assert await kv.get("s/n") is None
     assert kv.failed == 1
+
+
+async def test_no_write_while_the_group_membership_is_unconfirmed(backend: BackendHandle) -> None:
+    """A worker that thaws after being frozen past the session timeout may have lost its
+    partitions without knowing it yet: nothing reaches the changelog until it knows."""
+    kv, port = table_of(backend)
+    with in_partition(0):
+        [v] = await kv.commit([Put("s/k", {"v": 1}, expect=0)])
+        produced = port.produced
+        port.stale = "membership last confirmed 20.0s ago"
+        with pytest.raises(JournalUnavailableError, match="refused: membership last confirmed"):
+            await kv.commit([Put("s/k", {"v": 2}, expect=v), Put("s/n", {}, expect=0)])
+        assert port.produced == produced and kv.unconfirmed == 1
+        entry = await kv.get("s/k")
+        assert entry is not None and (entry.value, entry.version) == ({"v": 1}, 1)
+        assert await kv.get("s/n") is None
+        port.stale = None  # the coordinator accepted a heartbeat again
+        assert await kv.commit([Put("s/k", {"v": 2}, expect=v)]) == [2]
 
 
 async def test_a_turn_finished_after_its_partition_moved_is_fenced_and_counted(

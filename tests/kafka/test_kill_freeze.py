@@ -1,0 +1,166 @@
+"""A worker frozen past its session timeout (``SIGSTOP``), its partitions taken over by a
+peer, then thawed (``SIGCONT``): it must not write into the journal it no longer owns.
+
+Under ``at_least_once`` nothing on the broker stops a worker that lost its partitions from
+producing to their changelog, and a thawed worker does not know yet that it was evicted:
+its event loop resumes the turns it was in the middle of (a provider call answered while it
+was frozen, a write that was due) before its consumer hears from the group coordinator.
+The journal refuses every write while the worker's membership was last confirmed more than
+half the session timeout ago (``streams.table_kv``: "Fenced by the group").
+
+The evidence is the changelog itself: every record carries the header ``botmesh.writer`` =
+``<instance id>@<group generation>``. After the thaw, no record may come from the frozen
+worker under the generation it had before the freeze; the peer's records written during
+the freeze (under a newer generation) show it took the partitions over. The recorder in
+this process counts the effects: 0 lost, 0 sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.table_kv import changelog_topic
+from streams.worker import EXIT_ABANDONED
+from tests.kafka.recorder import SESSION_TIMEOUT, Recorder, Tally, check_effects
+from tests.kafka.test_kills import Flow, alive, waiting
+from tests.kafka.worker import WAIT_S, Worker, read_all
+from topics import Catalog
+
+pytestmark = [pytest.mark.kafka, pytest.mark.crash]
+
+#: How long the worker stays frozen: well past the 6 s session timeout and the 10 s leases,
+#: so its partitions and the records it held are taken over meanwhile.
+FREEZE_S = 20.0
+LEASE = "10s"
+
+
+def writers(records: list[object]) -> list[tuple[str, int, float]]:
+    """(instance id, generation, producer time in s) of each changelog record."""
+    out = []
+    for m in records:
+        headers = dict(getattr(m, "headers", None) or ())
+        raw = headers.get("botmesh.writer")
+        assert raw is not None, "a changelog record without its writer header"
+        instance, _, generation = raw.decode().rpartition("@")
+        out.append((instance, int(generation), getattr(m, "timestamp", 0) / 1000))
+    return out
+
+
+@pytest.mark.timeout(600)  # a hang guard: a healthy run takes about a minute
+async def test_a_thawed_worker_writes_nothing_under_the_generation_it_lost(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    recorder: Recorder,
+    tally: Tally,
+) -> None:
+    cat = Catalog(topic_prefix)
+
+    def worker(name: str) -> Worker:
+        return Worker(
+            kafka_bootstrap,
+            topic_prefix,
+            tmp_path / name,
+            instance=name,
+            recorder=recorder.url,
+            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": LEASE},
+            loglevel="info",
+        )
+
+    frozen, peer = worker("a"), worker("b")
+    both = (frozen, peer)
+    flow = Flow(kafka_bootstrap, cat.inbound, "fz").start()
+    try:
+        frozen.start()
+        peer.start()
+        await waiting(
+            lambda: all(recorder.first_from(w.pid) is not None for w in both),
+            "a send from each worker",
+            both,
+            lambda: alive(*both),
+        )
+        since = len(recorder)
+        await waiting(
+            lambda: recorder.sends_from(frozen.pid, since) >= 10,
+            "the worker to freeze is mid-stream",
+            both,
+            lambda: alive(*both),
+        )
+        os.kill(frozen.pid, signal.SIGSTOP)
+        frozen_at = time.time()
+        pending = set(flow.produced)
+        # the peer answers everything produced before the freeze (the frozen worker's
+        # partitions and the records it held move to it)
+        await tally.until_accounted(recorder, pending, peer.check_alive, WAIT_S)
+        took_over_s = time.time() - frozen_at
+        await asyncio.sleep(max(0.0, FREEZE_S - took_over_s))
+        thawed_at = time.time()
+        os.kill(frozen.pid, signal.SIGCONT)
+        since, thawed = len(recorder), frozen.child
+        assert thawed is not None
+        # it rejoins the group, or gives up the batch it held (it cannot be confirmed while
+        # that batch holds its rebalance) and exits to start afresh
+        await waiting(
+            lambda: not thawed.alive() or recorder.first_from(frozen.pid, since) is not None,
+            "the thawed worker rejoins or exits",
+            both,
+            peer.check_alive,
+        )
+        exited = thawed.proc.returncode if thawed.proc is not None else None
+        if exited is not None:
+            assert exited == EXIT_ABANDONED, (exited, thawed.tail(40))
+            assert any("membership stays unconfirmed" in line for line in thawed.lines), (
+                thawed.tail(40)
+            )
+            frozen.start()  # as its supervisor would
+            await waiting(
+                lambda: recorder.first_from(frozen.pid, since) is not None,
+                "a send from the restarted worker",
+                both,
+                lambda: alive(*both),
+            )
+        await flow.stop()
+        await tally.until_accounted(recorder, flow.produced, lambda: alive(*both), WAIT_S)
+        assert frozen.stop() == 0
+        assert peer.stop() == 0
+    finally:
+        flow.cancel()
+        for w in both:
+            with contextlib.suppress(Exception):  # never leave a stopped process behind
+                os.kill(w.pid, signal.SIGCONT)
+            w.close()
+
+    written = writers(await read_all(kafka_bootstrap, changelog_topic(cat)))
+    before = [g for who, g, at in written if who == frozen.instance_id and at < frozen_at]
+    assert before, "the frozen worker wrote nothing before the freeze"
+    lost_generation = max(before)
+    zombie = [
+        (g, at - thawed_at)
+        for who, g, at in written
+        if who == frozen.instance_id and g <= lost_generation and at >= thawed_at
+    ]
+    taken = [
+        g
+        for who, g, at in written
+        if who == peer.instance_id and frozen_at < at < thawed_at and g > lost_generation
+    ]
+    refused = [line for line in thawed.lines if "group membership was last confirmed" in line]
+    out = check_effects(recorder, tally, flow.produced)
+    print(
+        f"\n  frozen {thawed_at - frozen_at:.1f}s (generation {lost_generation}); the peer "
+        f"answered everything pending {took_over_s:.1f}s after the freeze and wrote "
+        f"{len(taken)} records under generation(s) {sorted(set(taken))}; after the thaw the "
+        f"frozen worker wrote {len(zombie)} records under its lost generation, "
+        f"{len(refused)} log lines of writes refused, "
+        f"{'exited ' + str(exited) + ' and restarted' if exited is not None else 'rejoined'}; "
+        f"{out}"
+    )
+    assert taken, "the peer wrote nothing under a newer generation while the worker was frozen"
+    assert zombie == [], f"{len(zombie)} records written under a lost generation: {zombie[:5]}"
