@@ -32,7 +32,7 @@ from state.config import DurabilityConfig
 from state.delivery import Delivery
 from state.events import Event
 from state.inbox import Inbox
-from state.kv import DurableKv, Partitioned, anywhere
+from state.kv import DurableKv, Partitioned, anywhere, unpartitioned
 from state.lease import Leases
 from state.messages import Inbound
 from state.metrics import Metrics
@@ -77,6 +77,10 @@ class Engine:
         self.kv = kv
         #: The context of the work on one record found by a scan (``Partitioned.near``).
         self.near = kv.near if isinstance(kv, Partitioned) else anywhere
+        #: The context of work on records of several partitions (``Partitioned``).
+        self.across_partitions = (
+            kv.across_partitions if isinstance(kv, Partitioned) else unpartitioned
+        )
         #: This engine is the only writer of the records it sees (``Partitioned``).
         self.exclusive = isinstance(kv, Partitioned)
         self.scope = scope

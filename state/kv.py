@@ -144,7 +144,10 @@ class Partitioned(Protocol):
     """A journal split in partitions that go with the chats (the Kafka worker's table
     journal): a record's follow-up writes (a replayed inbound's sends) belong in the record's
     partition. ``near(key)`` is a context manager the engine wraps around the work on one
-    record it found by a scan (the sweeper's visits, an operator's replay or retry).
+    record it found by a scan (the sweeper's visits, an operator's replay or retry);
+    ``across_partitions()`` is the one it wraps around work on the records of several
+    partitions at once (receipts recorded published): each key is read and written in the
+    partition that holds it, whatever partition the caller is working in.
 
     A partition has one writer, the instance that owns it: the records it can see are its
     own to finish, and a lease held there by another instance (or an earlier boot) is an
@@ -153,9 +156,16 @@ class Partitioned(Protocol):
 
     def near(self, key: str) -> contextlib.AbstractContextManager[None]: ...
 
+    def across_partitions(self) -> contextlib.AbstractContextManager[None]: ...
+
 
 def anywhere(key: str) -> contextlib.AbstractContextManager[None]:
     """``near`` of an unpartitioned journal: nothing to choose."""
+    return contextlib.nullcontext()
+
+
+def unpartitioned() -> contextlib.AbstractContextManager[None]:
+    """``across_partitions`` of an unpartitioned journal: nothing to choose."""
     return contextlib.nullcontext()
 
 

@@ -92,9 +92,15 @@ class Publisher:
         return await self._mark(acked)
 
     async def _mark(self, acked: dict[str, OutboxState]) -> int:
-        e = self._e
         if not acked:
             return 0
+        # the receipts of every chat of the engine, whichever partition's work flushes
+        # them (a partition's recovery pass does): each is recorded in its own partition
+        with self._e.across_partitions():
+            return await self._record(acked)
+
+    async def _record(self, acked: dict[str, OutboxState]) -> int:
+        e = self._e
         entries = await e.kv.get_many([e.out_prefix + k for k in acked])
         ops = [
             handover(

@@ -306,6 +306,12 @@ class TableKv:
             return contextlib.nullcontext()
         return in_partition(p)
 
+    def across_partitions(self) -> contextlib.AbstractContextManager[None]:
+        """No current partition for the body: each key is read and written in the partition
+        that holds it (``state.kv.Partitioned``), even inside one partition's work (the
+        recovery pass of a partition records the receipts of every chat published)."""
+        return in_partition(None)
+
     # -- the SPI --------------------------------------------------------------------------
 
     async def open(self) -> None:

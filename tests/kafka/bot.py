@@ -15,8 +15,10 @@ send ends ``dead``.
 the worker instead: it POSTs ``{"chat_id", "text", "key", "pid"}`` to the recorder of the
 test process (``tests.kafka.recorder.Recorder``, URL in ``$BOTMESH_TEST_RECORDER``) and
 returns the message id the recorder gives only once it answered (a time limit of
-``$BOTMESH_TEST_RECORDER_TIMEOUT`` seconds, default 5; a failed POST is a retryable
-``SendError``). It refuses ``refuse`` as the file provider does, without a POST.
+``$BOTMESH_TEST_RECORDER_TIMEOUT`` seconds, default 5, on connecting: a POST that could not
+connect is a retryable ``SendError``; once written, the answer is awaited, however late, up
+to a hang guard: ``tests.kafka.recorder.post_send``). It refuses ``refuse`` as the file
+provider does, without a POST.
 
 The inbox policy comes from the environment so a test can make a journal outage short or
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
@@ -138,8 +140,8 @@ def http_provider() -> HttpProvider:
     url = os.environ.get(RECORDER_ENV, "")
     if not url:
         raise RuntimeError(f"set {RECORDER_ENV} to the URL of the test's recorder")
-    # a POST that times out after the recorder took it is retried (a retryable SendError)
-    # and recorded twice: a provider-side ambiguity (no idempotency key reaches the
-    # provider), not the journal's; the changelog shows such sends with attempts=2
+    # the time limit is on connecting only: a POST the recorder may have taken is never
+    # given up on after it (the retry would be recorded twice, a duplicate the worker
+    # never made: the changelog showed such sends with attempts=2)
     timeout = float(os.environ.get("BOTMESH_TEST_RECORDER_TIMEOUT", "5"))
     return HttpProvider(url, timeout)

@@ -10,7 +10,9 @@ result. A killed worker cannot take a recorded call back: the recorder outlives 
 worker of a test and counts the effects (duplicates, calls per worker pid).
 
 ``post_send`` is the client side (used by the provider, in the worker process): plain
-asyncio streams, one connection per send, a time limit on the whole exchange.
+asyncio streams, one connection per send; a time limit on connecting, and once the request
+is written a wait for the answer (a late answer under load is not a failed send: retried,
+it would be counted twice).
 
 ``Tally`` follows the other evidence of a test while it runs (the receipts on
 ``<prefix>.sent`` and the records on ``<prefix>.inbound.dlq``) and says, per inbound id,
@@ -210,9 +212,23 @@ class Recorder:
             return next((c for c in self._calls[since:] if c.pid == pid), None)
 
 
-async def post_send(url: str, payload: dict[str, Any], limit: float) -> dict[str, Any]:
+#: How long ``post_send`` waits for the recorder's answer once the request is written: a
+#: hang guard only (the recorder always answers; under load it may take seconds).
+ANSWER_LIMIT_S = 60.0
+
+
+async def post_send(
+    url: str, payload: dict[str, Any], limit: float, *, answer_limit: float = ANSWER_LIMIT_S
+) -> dict[str, Any]:
     """POST ``payload`` as JSON to ``url``; the decoded JSON answer of a 200, else raises
-    ``OSError`` / ``TimeoutError`` / ``ValueError``."""
+    ``OSError`` / ``TimeoutError`` / ``ValueError``.
+
+    ``limit`` bounds the connection: a POST that could not connect never reached the
+    recorder, so the provider's retry of it is a first call. Once the request is written the
+    recorder may have recorded it, so the answer is awaited (up to ``answer_limit``, a hang
+    guard) instead of timing out after ``limit``: a retry then would be counted as a second
+    call of the send, a duplicate the worker never made (the recorder answering late under
+    load, not a failed send)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     body = json.dumps(payload).encode()
@@ -222,16 +238,17 @@ async def post_send(url: str, payload: dict[str, Any], limit: float) -> dict[str
         "Connection: close\r\n\r\n"
     ).encode()
 
-    async def exchange() -> bytes:
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            writer.write(head + body)
-            await writer.drain()
-            return await reader.read()
-        finally:
-            writer.close()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), limit)
 
-    raw = await asyncio.wait_for(exchange(), limit)
+    async def exchange() -> bytes:
+        writer.write(head + body)
+        await writer.drain()
+        return await reader.read()
+
+    try:
+        raw = await asyncio.wait_for(exchange(), answer_limit)
+    finally:
+        writer.close()
     status_line, _, rest = raw.partition(b"\r\n")
     fields = status_line.split()
     if len(fields) < 2 or fields[1] != b"200":

@@ -88,11 +88,6 @@ def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
         broker.run("stop")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: once in three runs a send is counted twice (the recorder-timeout retry of "
-    "tests/kafka/test_kills.py)",
-)
 @pytest.mark.timeout(600)  # a hang guard
 async def test_broker_stopped_and_started_under_traffic_loses_nothing(
     own_broker: OwnBroker, topic_prefix: str, tmp_path: Path

@@ -241,25 +241,12 @@ async def waiting(
 
 # -- 2. two workers in one group, one killed again and again ----------------------------------
 
-#: Open (issue 8): under the load of two or three workers on two cores, the test's recorder
-#: answers some POSTs after the provider's 5 s timeout; the provider raises a retryable
-#: SendError, the outbox retries and the recorder counts the send twice (the changelog
-#: shows those sends with attempts=2, none re-sent after being recorded sent). A longer
-#: timeout stalled batches instead. Until the recorder keeps up (or the provider is given
-#: the idempotency key to deduplicate), these tests run and report but cannot turn CI red.
-RECORDER_TIMEOUTS = pytest.mark.xfail(
-    strict=False,
-    reason="open: the test recorder answers late under load and the provider's retry counts twice",
-)
-
-
 PEER_KILLS = 3
 #: The inbox and outbox leases of the two workers (default 60s): the survivor replays the
 #: victim's pending records once their leases expired, so this bounds each takeover.
 PEER_LEASE = "10s"
 
 
-@RECORDER_TIMEOUTS
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 async def test_survivor_of_a_killed_peer_resends_nothing(
     kafka_bootstrap: str,
@@ -347,7 +334,6 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
 # -- 3. workers joining and leaving under traffic, no fault -----------------------------------
 
 
-@RECORDER_TIMEOUTS
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 async def test_joins_and_leaves_under_traffic_send_nothing_twice(
     kafka_bootstrap: str,

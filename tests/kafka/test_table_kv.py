@@ -318,3 +318,48 @@ async def test_a_turn_left_by_another_instance_is_taken_over_at_once(
         stuck.cancel()
         with pytest.raises(asyncio.CancelledError):
             await stuck
+
+
+class HeldReceipts:
+    """A ``ReceiptSink`` whose acks the test resolves (the broker's acks on ``<prefix>.sent``)."""
+
+    def __init__(self) -> None:
+        self.acks: list[asyncio.Future[None]] = []
+
+    async def publish(self, receipt: Any) -> Awaitable[Any]:
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.acks.append(ack)
+        return ack
+
+
+async def test_receipts_acked_meanwhile_are_recorded_published_by_another_partitions_pass(
+    backend: BackendHandle,
+) -> None:
+    """The recovery pass of one partition (run inside ``in_partition``, as a worker given
+    partitions runs it) records as published every receipt acked so far, those of the
+    other partitions' chats included: each in its own partition, none dropped."""
+    kv, _ = table_of(backend)
+    sink = HeldReceipts()
+    bot = Bot("receipts")
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        await ctx.reply("hello")
+
+    async with bot.bind(MockProvider(), kv, instance_id="w1", receipts=sink) as runtime:
+        for p in range(PARTITIONS):
+            with in_partition(p):
+                message = Inbound(id=f"m{p}", chat_id=f"c{p}", text="hi")
+                assert await runtime.handle(message) == Outcome.HANDLED
+        assert len(sink.acks) == PARTITIONS  # one receipt per chat, not acked yet
+        for ack in sink.acks:
+            ack.set_result(None)
+        ops = runtime.durability
+        assert ops is not None
+        with in_partition(PARTITIONS - 1):  # the last partition's recovery pass
+            await ops.recover()
+        await runtime.flush_receipts()
+        sends = [e.value for e in await kv.scan(f"{bot.scope}/out/")]
+        assert [(s["key"], s["state"], s["published"]) for s in sends] == [
+            (f"m{p}:1", "sent", True) for p in range(PARTITIONS)
+        ]

@@ -63,17 +63,7 @@ _REPLY = re.compile(r"^echo (?P<id>\S+): ")
 
 @pytest.mark.parametrize(
     "journal",
-    [
-        pytest.param(
-            "default",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="open: after a clean stop some settled sends of the journal on Kafka "
-                "are still unpublished (their receipts are on the topic)",
-            ),
-        ),
-        "file",
-    ],
+    ["default", "file"],
 )
 async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, journal: str
