@@ -28,7 +28,15 @@ class FakeTxp:
         self.calls: list[str] = []
         self._txn_manager = SimpleNamespace(state=TransactionState.IN_TRANSACTION)
 
-    async def send(self, topic: str, value: bytes | None, *, key: bytes, partition: int) -> Any:
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes,
+        partition: int,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.set_result(SimpleNamespace(offset=self.offset))
         self.offset += 1
