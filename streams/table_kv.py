@@ -45,7 +45,9 @@ timeout, the write is refused (``JournalUnavailableError``, counted in ``unconfi
 the coordinator answers again; by then a worker that was evicted has been told, and has
 handed its partitions over. The coordinator evicts a member only a whole session timeout
 after its last accepted heartbeat, so a write that passed the check leaves at least half
-the session timeout before another owner can take the partition.
+the session timeout before another owner can take the partition. A worker that comes back
+into the group after missing a rebalance drops its partitions and reloads them
+(``streams.worker.JournalTable.on_rebalance``): another owner may have written them.
 
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
 ack's callback (the transaction commit's) writes the value into the partition's database

@@ -133,6 +133,8 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     #: coordinator accepted (in the consumer's thread), or an assignment.
     _confirmed = 0.0
     _watched: Any = None
+    #: The group generation of the last assignment (``None`` before the first).
+    _generation: int | None = None
     #: Who writes (the runtime's instance id; ``build_app`` sets it) and the group generation
     #: it got its partitions in: header ``botmesh.writer`` = ``<instance id>@<generation>``
     #: on every changelog record, so an operator (and the tests) can tell who wrote what.
@@ -142,10 +144,26 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
     ) -> None:
+        kv = self.botmesh_kv
+        last, self._generation = self._generation, generation_id
+        if kv is not None and kv.owned and last is not None and generation_id > last + 1:
+            # Generations passed without this worker (it was evicted: frozen, cut off), so
+            # its partitions may have had another owner meanwhile, whose writes its memory
+            # lacks; Faust sees the same partitions assigned again and restores nothing
+            # new into memory. Drop them without writing anything from the stale state:
+            # ``on_recovery_completed`` reloads them from RocksDB, which Faust's recovery
+            # brings up to the changelog's end first.
+            log.warning(
+                "group generation %d follows %d: this worker missed a rebalance (evicted), "
+                "its journal partitions %s are reloaded from the changelog",
+                generation_id,
+                last,
+                sorted(kv.owned),
+            )
+            kv.revoke(kv.owned)
         self._confirmed = time.monotonic()
         self._watch_heartbeats()
         self._writer = [("botmesh.writer", f"{self.writer_id}@{generation_id}".encode())]
-        kv = self.botmesh_kv
         if kv is not None:  # before Faust touches the databases: no write of ours lands late
             topic = self.changelog_topic_name
             actives = {
