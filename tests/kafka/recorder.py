@@ -420,11 +420,26 @@ def check_effects(recorder: Recorder, tally: Tally, ids: set[str]) -> dict[str, 
 def describe_group(bootstrap: str, group: str, topic: str) -> tuple[str, dict[str, list[int]]]:
     """The consumer group's state (``EMPTY``, ``STABLE``...) and, per member (its instance
     id, else its member id), the partitions of ``topic`` it holds."""
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
+    _COORDINATOR_MOVING = {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    [future] = admin.describe_consumer_groups([group]).values()
-    description = future.result(30)
+    for attempt in range(20):
+        [future] = admin.describe_consumer_groups([group]).values()
+        try:
+            description = future.result(30)
+            break
+        except KafkaException as exc:  # the coordinator loading, or moving: ask again
+            error = exc.args[0]
+            if error.code() not in _COORDINATOR_MOVING or attempt == 19:
+                raise
+            time.sleep(0.25)
     members = {
         m.group_instance_id or m.member_id: sorted(
             tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic
