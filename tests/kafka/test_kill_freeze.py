@@ -35,17 +35,16 @@ import pytest
 
 from streams.table_kv import changelog_topic
 from streams.worker import EXIT_ABANDONED
-from tests.kafka.recorder import SESSION_TIMEOUT, Recorder, Tally, check_effects
-from tests.kafka.test_kills import Flow, alive, waiting
-from tests.kafka.worker import WAIT_S, Worker, read_all
+from tests.kafka.recorder import Recorder, Tally, check_effects
+from tests.kafka.test_kills import Flow, alive, peers, produced_after, waiting
+from tests.kafka.worker import WAIT_S, read_all
 from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
-#: How long the worker stays frozen: well past the 6 s session timeout and the 10 s leases,
-#: so its partitions and the records it held are taken over meanwhile.
+#: How long the worker stays frozen: well past the 6 s session timeout and the 10 s leases
+#: (``PEER_LEASE``), so its partitions and the records it held are taken over meanwhile.
 FREEZE_S = 20.0
-LEASE = "10s"
 
 
 def writers(records: list[object]) -> list[tuple[str, int, float]]:
@@ -70,18 +69,7 @@ async def test_a_thawed_worker_writes_nothing_under_the_generation_it_lost(
 ) -> None:
     cat = Catalog(topic_prefix)
 
-    def worker(name: str) -> Worker:
-        return Worker(
-            kafka_bootstrap,
-            topic_prefix,
-            tmp_path / name,
-            instance=name,
-            recorder=recorder.url,
-            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": LEASE},
-            loglevel="info",
-        )
-
-    frozen, peer = worker("a"), worker("b")
+    frozen, peer = peers(kafka_bootstrap, topic_prefix, tmp_path, recorder)
     both = (frozen, peer)
     flow = Flow(kafka_bootstrap, cat.inbound, "fz").start()
     try:
@@ -102,9 +90,9 @@ async def test_a_thawed_worker_writes_nothing_under_the_generation_it_lost(
         )
         os.kill(frozen.pid, signal.SIGSTOP)
         frozen_at = time.time()
-        pending = set(flow.produced)
-        # the peer answers everything produced before the freeze (the frozen worker's
-        # partitions and the records it held move to it)
+        # the peer answers what is produced up to a second after the freeze, on every
+        # partition (the frozen worker's partitions and the records it held move to it)
+        pending = await produced_after(flow)
         await tally.until_accounted(recorder, pending, peer.check_alive, WAIT_S)
         took_over_s = time.time() - frozen_at
         await asyncio.sleep(max(0.0, FREEZE_S - took_over_s))

@@ -257,6 +257,24 @@ PEER_KILLS = 3
 PEER_LEASE = "10s"
 
 
+def peers(bootstrap: str, prefix: str, tmp: Path, recorder: Recorder) -> tuple[Worker, Worker]:
+    """Two workers ``a`` and ``b`` of one group, each with its own data dir and instance id,
+    on a 6 s session timeout and ``PEER_LEASE`` leases, sending to ``recorder``."""
+
+    def worker(name: str) -> Worker:
+        return Worker(
+            bootstrap,
+            prefix,
+            tmp / name,
+            instance=name,
+            recorder=recorder.url,
+            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": PEER_LEASE},
+            loglevel="info",
+        )
+
+    return worker("a"), worker("b")
+
+
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 async def test_survivor_of_a_killed_peer_resends_nothing(
     kafka_bootstrap: str,
@@ -267,18 +285,7 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
 ) -> None:
     cat = Catalog(topic_prefix)
 
-    def worker(name: str) -> Worker:
-        return Worker(
-            kafka_bootstrap,
-            topic_prefix,
-            tmp_path / name,
-            instance=name,
-            recorder=recorder.url,
-            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": PEER_LEASE},
-            loglevel="info",
-        )
-
-    survivor, victim = worker("a"), worker("b")
+    survivor, victim = peers(kafka_bootstrap, topic_prefix, tmp_path, recorder)
     both = (survivor, victim)
     rng = random.Random(8)
     takeovers: list[float] = []
