@@ -156,10 +156,6 @@ class ChangelogPort(Protocol):
         """The partition's records in the local RocksDB database (restored)."""
         ...
 
-    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
-        """Write one durable record into the partition's database, then its offset."""
-        ...
-
     #: The records go into Kafka transactions (``exactly_once``): what ``produce`` returns
     #: resolves once the record's transaction committed, which ``commit_soon`` asks for.
     transactional: bool

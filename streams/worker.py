@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import faust
+import rocksdict
 from aiokafka.producer.transaction_manager import TransactionState
 from faust.types import TP
 
@@ -135,6 +136,13 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     _watched: Any = None
     #: The group generation of the last assignment (``None`` before the first).
     _generation: int | None = None
+    #: Records acked in this turn of the loop, by partition, waiting for ``_persist_acked``.
+    _acked_records: dict[int, list[tuple[bytes, bytes | None, int]]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._acked_records = {}
+
     #: Who writes (the runtime's instance id; ``build_app`` sets it) and the group generation
     #: it got its partitions in: header ``botmesh.writer`` = ``<instance id>@<generation>``
     #: on every changelog record, so an operator (and the tests) can tell who wrote what.
@@ -245,25 +253,49 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         if fut.cancelled() or fut.exception() is not None:
             kv.broken.add(partition)  # maybe in the log: no later offset may pass it
             return
-        try:
-            self.persist(partition, key, value, fut.result().offset)
-        except Exception as exc:  # the offset must never pass a record not written
-            kv.broken.add(partition)
-            log.error(
-                "journal partition %d: RocksDB write failed (%s); its next restore "
-                "reads the changelog from the last record written",
-                partition,
-                exc,
-            )
+        # written with the other records acked in this turn of the loop: one RocksDB batch
+        # (values, then the offset) per partition instead of two writes per record
+        if not self._acked_records:
+            asyncio.get_running_loop().call_soon(self._persist_acked)
+        self._acked_records.setdefault(partition, []).append((key, value, fut.result().offset))
 
-    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
+    def _persist_acked(self) -> None:
+        kv = self.botmesh_kv
+        acked, self._acked_records = self._acked_records, {}
+        for partition, records in acked.items():
+            if kv is None or not kv.loaded(partition):
+                continue  # revoked or broken meanwhile: its restore reads the changelog
+            try:
+                self.persist_many(partition, records)
+            except Exception as exc:  # the offset must never pass a record not written
+                kv.broken.add(partition)
+                log.error(
+                    "journal partition %d: RocksDB write failed (%s); its next restore "
+                    "reads the changelog from the last record written",
+                    partition,
+                    exc,
+                )
+
+    def persist_many(
+        self,
+        partition: int,
+        records: list[tuple[bytes, bytes | None, int]],
+        offset: int | None = None,
+    ) -> None:
+        """Write durable records (key, value, changelog offset) into the partition's
+        database, with the changelog offset read so far (``offset``, else the last record's)
+        in the same atomic batch: the offset never lands without the values before it."""
         store: Any = self.data  # Faust's RocksDB store (its per-partition databases)
-        db = store._db_for_partition(partition)
-        if value is None:
-            db.delete(key)
-        else:
-            db.put(key, value)
-        store.set_persisted_offset(TP(self.changelog_topic_name, partition), offset)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value, _ in records:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        if offset is None:
+            offset = max(o for _, _, o in records)
+        batch.put(store.offset_key, str(offset).encode())
+        store._db_for_partition(partition).write(batch)
 
     def stored(self, partition: int) -> Any:
         store: Any = self.data
@@ -390,18 +422,17 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                     # unavailable until Faust starts a producer for the partition again
                     log.error("journal partition %d: transaction %s not begun: %r", p, tid, exc)
         if committed:  # this producer's records reach RocksDB, in the order sent
-            last = -1
-            for s in batch:
-                if s.txp is txp and _acked(s.ack):  # a commit that timed out too
-                    last = s.ack.result().offset
-                    self.persist(p, s.key, s.value, last)
-            if last >= 0:
+            records = [
+                (s.key, s.value, s.ack.result().offset)
+                for s in batch
+                if s.txp is txp and _acked(s.ack)  # a commit that timed out too
+            ]
+            if records:
                 # the commit's marker follows the transaction's last record (this producer
                 # is the partition's only writer, and every record it sent is in the
                 # batch): counted as read, so a restore does not wait for a record there
                 # (Faust's recovery waits twice its 5 s poll before it gives up on one)
-                store: Any = self.data
-                store.set_persisted_offset(TP(self.changelog_topic_name, p), last + 1)
+                self.persist_many(p, records, offset=records[-1][2] + 1)
             _settle(batch, txp, "sent by a producer Faust replaced (its transaction is lost)")
 
     def forget_transactions(self, partitions: set[int]) -> None:

@@ -72,12 +72,14 @@ class Table(JournalTable):
         self.start_transactions()
         self._tids[0] = TID
 
-    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
-        self.persisted.append((key, offset))
-
-    @property
-    def data(self) -> Any:  # type: ignore[override]
-        return SimpleNamespace(set_persisted_offset=lambda tp, o: self.offsets.append(o))
+    def persist_many(
+        self,
+        partition: int,
+        records: list[tuple[bytes, bytes | None, int]],
+        offset: int | None = None,
+    ) -> None:
+        self.persisted += [(key, o) for key, _, o in records]
+        self.offsets.append(records[-1][2] if offset is None else offset)
 
 
 async def test_one_transaction_commit_serves_every_record_waiting() -> None:

@@ -90,9 +90,6 @@ class KafkaChangelog:
     def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
         return list(self.restored.get(partition, {}).items())
 
-    def persist(self, partition: int, key: bytes, value: bytes | None, offset: int) -> None:
-        raise AssertionError("the journal never persists by itself: the table's ack does")
-
     transactional = False
 
     def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
