@@ -50,9 +50,10 @@ into the group after missing a rebalance drops its partitions and reloads them
 (``streams.worker.JournalTable.on_rebalance``): another owner may have written them.
 
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
-ack's callback (the transaction commit's) writes the value into the partition's database
-and then records the changelog offset as persisted, in that order and in the order of the
-acks, so a worker restarted on the same data dir restores only what
+records acked in one turn of the event loop (a committed transaction's records) are
+written into the partition's database in one atomic batch that also records the changelog
+offset as persisted, in the order of the acks, so a worker restarted on the same data dir
+restores only what
 was produced after its last acked write, and a deleted data dir is rebuilt from the
 changelog whole.
 
