@@ -138,16 +138,15 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     _generation: int | None = None
     #: Records acked in this turn of the loop, by partition, waiting for ``_persist_acked``.
     _acked_records: dict[int, list[tuple[bytes, bytes | None, int]]]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._acked_records = {}
-
     #: Who writes (the runtime's instance id; ``build_app`` sets it) and the group generation
     #: it got its partitions in: header ``botmesh.writer`` = ``<instance id>@<generation>``
     #: on every changelog record, so an operator (and the tests) can tell who wrote what.
     writer_id = ""
     _writer: list[tuple[str, bytes]] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._acked_records = {}
 
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
