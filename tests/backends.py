@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from state.backends.file import open_file_kv
+from state.backends.sqlite import open_sqlite_kv
 from state.kv import DurableKv, MemoryKv
 
 
@@ -23,6 +24,9 @@ class BackendCase:
     open: Callable[[Path], Awaitable[DurableKv]]
     #: True when the data survives a new instance opened on the same path.
     persistent: bool
+    #: The server the backend needs (``"postgres"``, ``"redis"``): also the pytest marker
+    #: every test that runs on it gets (see ``tests/conftest.py``); ``None``: no server.
+    server: str | None = None
 
 
 class BackendHandle:
@@ -67,4 +71,5 @@ BACKENDS: dict[str, BackendCase] = {
     "file-log": BackendCase(
         "file-log", lambda p: open_file_kv(p, append_log=True), persistent=True
     ),
+    "sqlite": BackendCase("sqlite", open_sqlite_kv, persistent=True),
 }

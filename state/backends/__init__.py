@@ -37,6 +37,7 @@ class BackendSpec:
 _REGISTRY: dict[str, BackendSpec] = {
     "memory": BackendSpec("state.backends.urls:open_memory", "state.backends.urls:check_memory"),
     "file": BackendSpec("state.backends.file:open_url", "state.backends.file:from_url"),
+    "sqlite": BackendSpec("state.backends.sqlite:open_url", "state.backends.sqlite:from_url"),
     # -- a new backend joins here, one line each -----------------------------------------
 }
 
