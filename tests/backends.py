@@ -9,6 +9,7 @@ as after a restart), the memory backend keeps its data by handing back the same 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from state.backends.file import open_file_kv
 from state.backends.sqlite import open_sqlite_kv
 from state.kv import DurableKv, MemoryKv
+from tests import servers
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,20 @@ async def _memory(path: Path) -> DurableKv:
     return kv
 
 
+def namespace(path: Path) -> str:
+    """A name of its own for the data of ``path`` on a shared server (a table prefix, a key
+    prefix): the same in every process that opens ``path``."""
+    return "t" + hashlib.sha1(str(path).encode()).hexdigest()[:16] + "_"
+
+
+async def _postgres(path: Path) -> DurableKv:
+    from state.backends.postgres import open_postgres_kv
+
+    return await open_postgres_kv(
+        servers.postgres_url(), table_prefix=namespace(path), max_connections=4
+    )
+
+
 BACKENDS: dict[str, BackendCase] = {
     "memory": BackendCase("memory", _memory, persistent=False),
     # -- more backends join here, one entry each --------------------------------------
@@ -72,4 +88,5 @@ BACKENDS: dict[str, BackendCase] = {
         "file-log", lambda p: open_file_kv(p, append_log=True), persistent=True
     ),
     "sqlite": BackendCase("sqlite", open_sqlite_kv, persistent=True),
+    "postgres": BackendCase("postgres", _postgres, persistent=True, server="postgres"),
 }

@@ -38,6 +38,16 @@ _REGISTRY: dict[str, BackendSpec] = {
     "memory": BackendSpec("state.backends.urls:open_memory", "state.backends.urls:check_memory"),
     "file": BackendSpec("state.backends.file:open_url", "state.backends.file:from_url"),
     "sqlite": BackendSpec("state.backends.sqlite:open_url", "state.backends.sqlite:from_url"),
+    "postgresql": BackendSpec(
+        "state.backends.postgres:open_url",
+        "state.backends.postgres:check_url",
+        "pip install 'botmesh[postgres]'",
+    ),
+    "postgres": BackendSpec(
+        "state.backends.postgres:open_url",
+        "state.backends.postgres:check_url",
+        "pip install 'botmesh[postgres]'",
+    ),
     # -- a new backend joins here, one line each -----------------------------------------
 }
 
