@@ -80,6 +80,12 @@ async def _postgres(path: Path) -> DurableKv:
     )
 
 
+async def _redis(path: Path) -> DurableKv:
+    from state.backends.redis import open_redis_kv
+
+    return await open_redis_kv(servers.redis_url(), prefix=namespace(path).rstrip("_"))
+
+
 BACKENDS: dict[str, BackendCase] = {
     "memory": BackendCase("memory", _memory, persistent=False),
     # -- more backends join here, one entry each --------------------------------------
@@ -89,4 +95,5 @@ BACKENDS: dict[str, BackendCase] = {
     ),
     "sqlite": BackendCase("sqlite", open_sqlite_kv, persistent=True),
     "postgres": BackendCase("postgres", _postgres, persistent=True, server="postgres"),
+    "redis": BackendCase("redis", _redis, persistent=True, server="redis"),
 }

@@ -48,6 +48,16 @@ _REGISTRY: dict[str, BackendSpec] = {
         "state.backends.postgres:check_url",
         "pip install 'botmesh[postgres]'",
     ),
+    "redis": BackendSpec(
+        "state.backends.redis:open_url",
+        "state.backends.redis:check_url",
+        "pip install 'botmesh[redis]'",
+    ),
+    "rediss": BackendSpec(
+        "state.backends.redis:open_url",
+        "state.backends.redis:check_url",
+        "pip install 'botmesh[redis]'",
+    ),
     # -- a new backend joins here, one line each -----------------------------------------
 }
 

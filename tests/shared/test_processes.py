@@ -11,7 +11,7 @@ import pytest
 from tests.backends import BACKENDS, BackendHandle
 from tests.kill import Child, python
 
-SHARED = ["sqlite", "postgres"]
+SHARED = ["sqlite", "postgres", "redis"]
 WORKERS = 3
 EACH = 60
 
