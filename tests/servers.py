@@ -11,7 +11,9 @@ of the session) stops what was started here, by pid, and removes the data.
 A missing server is an error, never a skip: the message says what to install.
 
 The test servers trade durability for speed (PostgreSQL ``fsync=off``; Redis AOF with
-``appendfsync everysec``): the tests kill our processes, never the servers.
+``appendfsync everysec``): the tests kill our processes, never the servers. With
+``BOTMESH_TEST_SERVERS_DURABLE=1`` (the benchmark sets it) they run as in production:
+PostgreSQL with ``fsync=on``, Redis with ``appendfsync always``.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ _STARTED: dict[str, _Server] = {}
 def allow_start() -> None:
     """Let this process start servers (the pytest process; never a test's child)."""
     _MAY_START[:] = [True]
+
+
+def _durable() -> bool:
+    return os.environ.get("BOTMESH_TEST_SERVERS_DURABLE") == "1"
 
 
 def _port_free(port: int) -> bool:
@@ -168,9 +174,9 @@ def postgres_url() -> str:
                 "-c",
                 f"unix_socket_directories={data}",
                 "-c",
-                "fsync=off",
+                f"fsync={'on' if _durable() else 'off'}",
                 "-c",
-                "full_page_writes=off",
+                f"full_page_writes={'on' if _durable() else 'off'}",
                 "-c",
                 "max_connections=300",
             ],
@@ -238,7 +244,7 @@ def redis_url() -> str:
                 "--appendonly",
                 "yes",
                 "--appendfsync",
-                "everysec",
+                "always" if _durable() else "everysec",
                 "--save",
                 "",
                 "--requirepass",
