@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from state.backends.codec import decode_value, encode_value, prefix_bounds
+from state.backends.server import options_of, redact, unavailable
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
 from state.kv import Delete, Entry, IndexName, Op, Put
 
@@ -45,7 +46,6 @@ __all__ = [
     "from_url",
     "open_postgres_kv",
     "open_url",
-    "redact",
 ]
 
 log = logging.getLogger("botmesh.state.postgres")
@@ -63,16 +63,6 @@ _LOST = (
     ConnectionError,
     OSError,
 )
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +196,7 @@ class PostgresKv:
         return self._pool
 
     def _error(self, what: str, exc: BaseException) -> JournalUnavailableError:
-        detail = str(exc)
-        password = urlsplit(self._dsn).password if self._dsn is not None else None
-        if password:
-            detail = detail.replace(password, "***")
-        return JournalUnavailableError(
-            f"{what} the journal {self.where} failed: {type(exc).__name__}: {detail}. "
-            "Operator action: check that the server is up and reachable, and the credentials"
-        )
+        return unavailable(what, self.where, exc, self._dsn, "the server")
 
     async def _call(self, fn: Callable[[Conn], Awaitable[T]], *, read: bool) -> T:
         """Run ``fn`` on a pooled connection. A connection found dropped is replaced and the
@@ -405,10 +388,7 @@ def _split(url: str) -> tuple[str, PostgresOptions]:
                 raise ConfigError(f"journal ({name})", f"must be a whole number, got {raw!r}")
             ours[name] = int(raw)
     dsn = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs)))
-    try:
-        return dsn, PostgresOptions(**ours)
-    except ConfigError as exc:
-        raise ConfigError("journal", f"{redact(url)!r}: {exc}") from None
+    return dsn, options_of(PostgresOptions, url, ours)
 
 
 def check_url(url: str) -> None:

@@ -37,6 +37,7 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from state.backends.codec import decode_value, encode_value
+from state.backends.server import options_of, redact, unavailable
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
 from state.kv import Delete, Entry, IndexName, Op, Put
 
@@ -47,7 +48,6 @@ __all__ = [
     "from_url",
     "open_redis_kv",
     "open_url",
-    "redact",
 ]
 
 log = logging.getLogger("botmesh.state.redis")
@@ -147,16 +147,6 @@ repeat
 until cursor == '0'
 return out
 """
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,14 +306,7 @@ class RedisKv:
         return self._client
 
     def _error(self, what: str, exc: BaseException) -> JournalUnavailableError:
-        detail = str(exc)
-        password = urlsplit(self._url).password if self._url is not None else None
-        if password:
-            detail = detail.replace(password, "***")
-        return JournalUnavailableError(
-            f"{what} the journal {self.where} failed: {type(exc).__name__}: {detail}. "
-            "Operator action: check that Redis is up and reachable, and the credentials"
-        )
+        return unavailable(what, self.where, exc, self._url, "Redis")
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -456,10 +439,7 @@ def _split(url: str) -> tuple[str, RedisOptions]:
         else:
             theirs.append((name, raw))  # the client's own (socket_timeout…)
     client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
-    try:
-        return client_url, RedisOptions(**ours)
-    except ConfigError as exc:
-        raise ConfigError("journal", f"{redact(url)!r}: {exc}") from None
+    return client_url, options_of(RedisOptions, url, ours)
 
 
 def check_url(url: str) -> None:

@@ -32,6 +32,7 @@ from typing import Literal, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from state.backends.codec import decode_value, encode_value, prefix_bounds
+from state.backends.server import options_of
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
 from state.kv import Delete, Entry, IndexName, Op, Put
 
@@ -409,10 +410,8 @@ def from_url(url: str) -> SQLiteKv:
             raise ConfigError(
                 field, "unknown option; the SQLite journal takes synchronous and busy_timeout"
             )
-    try:
-        options = SQLiteOptions(synchronous, busy_timeout)  # type: ignore[arg-type]  # checked there
-    except ConfigError as exc:
-        raise ConfigError("journal", f"{url!r}: {exc}") from None
+    given = {"synchronous": synchronous, "busy_timeout": busy_timeout}
+    options = options_of(SQLiteOptions, url, given)
     return SQLiteKv(unquote(parts.path), options)
 
 
