@@ -3,7 +3,8 @@
 ``postgres_url()`` / ``redis_url()`` return the URL of a running server. A URL in
 ``BOTMESH_TEST_POSTGRES_URL`` / ``BOTMESH_TEST_REDIS_URL`` is used as it is (a server you
 run); otherwise the pytest process starts one from Debian's packages on 127.0.0.1
-(PostgreSQL on port 15432, Redis on 16379: outside Linux's ephemeral range), with its data
+(PostgreSQL on port 15432, Redis on 16379, a three-node Redis Cluster on 16381-16383:
+outside Linux's ephemeral range), with its data
 in a temporary folder, and puts its URL in the environment so that the child processes of
 the crash and replica tests connect to the same server. ``stop_all()`` (called at the end
 of the session) stops what was started here, by pid, and removes the data.
@@ -33,18 +34,22 @@ from pathlib import Path
 __all__ = [
     "ENV_POSTGRES",
     "ENV_REDIS",
+    "ENV_REDIS_CLUSTER",
     "PG_PORT",
     "REDIS_PORT",
     "allow_start",
     "postgres_url",
+    "redis_cluster_url",
     "redis_url",
     "stop_all",
 ]
 
 ENV_POSTGRES = "BOTMESH_TEST_POSTGRES_URL"
 ENV_REDIS = "BOTMESH_TEST_REDIS_URL"
+ENV_REDIS_CLUSTER = "BOTMESH_TEST_REDIS_CLUSTER_URL"
 PG_PORT = int(os.environ.get("BOTMESH_TEST_PG_PORT", "15432"))
 REDIS_PORT = int(os.environ.get("BOTMESH_TEST_REDIS_PORT", "16379"))
+REDIS_CLUSTER_PORT = int(os.environ.get("BOTMESH_TEST_REDIS_CLUSTER_PORT", "16381"))
 #: Test-only passwords: the servers listen on 127.0.0.1 and live for one session. They are
 #: there so that the tests can check a password never reaches a log or an error.
 PG_PASSWORD = "pg-test-secret-5b1e"
@@ -266,6 +271,82 @@ def redis_url() -> str:
     return url
 
 
+def redis_cluster_url() -> str:
+    """A three-node Redis Cluster (no replicas) on 127.0.0.1:16381-16383."""
+    url = os.environ.get(ENV_REDIS_CLUSTER)
+    if url:
+        return url
+    ports = [REDIS_CLUSTER_PORT + i for i in range(3)]
+    for port in ports:
+        _need("Redis Cluster", port, ENV_REDIS_CLUSTER)
+    binary = _find("redis-server", "/usr/bin/redis-server", "redis-server")
+    cli = _find("redis-cli", "/usr/bin/redis-cli", "redis-tools")
+    for i, port in enumerate(ports):
+        data = Path(tempfile.mkdtemp(prefix=f"botmesh-redis-cluster-{port}-"))
+        log = data / "server.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(data),
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    str(data / "nodes.conf"),
+                    "--appendonly",
+                    "yes",
+                    "--save",
+                    "",
+                    "--requirepass",
+                    REDIS_PASSWORD,
+                    "--masterauth",
+                    REDIS_PASSWORD,
+                    "--daemonize",
+                    "no",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        server = _Server(f"Redis Cluster node {port}", proc, data, log)
+        _STARTED[f"redis-cluster-{i}"] = server
+        _wait_port(server, port)
+    nodes = [f"127.0.0.1:{p}" for p in ports]
+    cli_auth = [cli, "--no-auth-warning", "-a", REDIS_PASSWORD]
+    created = subprocess.run(
+        [*cli_auth, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if created.returncode != 0:
+        raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-2000:]}")
+    deadline = time.monotonic() + 60
+    for port in ports:  # every node agrees the cluster is up
+        while True:
+            info = subprocess.run(
+                [*cli_auth, "-p", str(port), "cluster", "info"],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+            if "cluster_state:ok" in info:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the test Redis Cluster is not ok: {info}")
+            time.sleep(0.05)
+    url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{ports[0]}?cluster=true"
+    os.environ[ENV_REDIS_CLUSTER] = url
+    return url
+
+
 # -- both ----------------------------------------------------------------------------------
 
 
@@ -286,7 +367,8 @@ def stop_all() -> None:
                 proc.kill()
                 proc.wait(30)
         shutil.rmtree(server.data, ignore_errors=True)
-        os.environ.pop(ENV_POSTGRES if name == "postgres" else ENV_REDIS, None)
+        env = {"postgres": ENV_POSTGRES, "redis": ENV_REDIS}.get(name, ENV_REDIS_CLUSTER)
+        os.environ.pop(env, None)
         del _STARTED[name]
 
 

@@ -311,6 +311,14 @@ class RedisKv:
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
             return await script(keys=keys, args=args)
+        except rexc.RedisClusterException as exc:
+            if "slot" not in str(exc).lower():
+                raise self._error("using", exc) from None
+            raise JournalUnavailableError(
+                f"the journal {self.where} got a commit spanning several scopes; on a Redis "
+                "Cluster a commit must stay in one scope (one hash slot), as the engine's do. "
+                "Operator action: report it (a caller wrote across bots in one commit)"
+            ) from None
         except rexc.RedisError as exc:
             raise self._error("using", exc) from None
 
