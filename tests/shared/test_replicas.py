@@ -10,6 +10,8 @@ signals are real.
   decides (``skip``: never twice; ``resend``: never lost).
 - A replica frozen (SIGSTOP) in a send: another takes its records over; thawed
   (SIGCONT), it cannot complete what it held (``staleLeases`` counted, nothing written).
+- Three replicas under load, one SIGKILLed at a random moment while it works: every
+  message ends done, no send twice under ``skip``, none lost under ``resend``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -200,4 +204,79 @@ def test_a_frozen_replica_cannot_complete_what_it_held(
     }
     print(
         json.dumps({f"freeze/{backend_name}/{policy}": FIGURES[f"freeze/{backend_name}/{policy}"]})
+    )
+
+
+@pytest.mark.parametrize("policy", ["skip", "resend"])
+@pytest.mark.parametrize("backend_name", SHARED)
+def test_a_replica_killed_at_a_random_moment_under_load(
+    backend_name: str, policy: str, tmp_path: Path
+) -> None:
+    """Three replicas share a stream; r1 is SIGKILLed at a random moment while it works
+    (after it answered 0 to 12 of its deliveries, others in flight); the load balancer then
+    feeds the other two. Whatever r1 held is finished by them, under the policy."""
+    rng = random.Random()
+    seed = rng.randrange(2**32)
+    rng.seed(seed)
+    ids = [f"m{i}" for i in range(2 * MESSAGES)]
+    with replicas(backend_name, tmp_path, 3, policy) as group:
+        r1, r2, r3 = group
+        for i, mid in enumerate(ids[:MESSAGES]):
+            for r in (group[i % 3], group[(i + 1) % 3]):
+                r.tell(f"in {mid} chat{i % 8}")
+        outcomes = rng.randint(0, 12)  # the random moment: after r1 answered that many
+        deadline = time.monotonic() + 60  # a hang guard, not a timing
+        while sum(line.startswith("OUT ") for line in r1.child.lines) < outcomes:
+            assert time.monotonic() < deadline, r1.child.tail()
+            time.sleep(0.002)
+        r1.child.kill()
+        for i, mid in enumerate(ids[MESSAGES:]):
+            for r in (r2, r3):
+                r.tell(f"in {mid} chat{i % 8}")
+        for mid in ids:
+            r2.tell(f"wait {mid}")
+        for mid in ids:
+            r2.child.wait_for(f"DONE {mid}")
+        for r in (r2, r3):
+            r.idle()
+        summaries = [r2.summary(), r3.summary()]
+    what = f"seed {seed}, {policy}"
+    handled = Counter(mid for _, mid in _log(tmp_path, "handled.log"))
+    sent = Counter(text for _, text in _log(tmp_path, "sent.log"))
+    by_r1 = {mid for r, mid in _log(tmp_path, "handled.log") if r == "r1"}
+    states = summaries[0]["outbox"]
+    assert summaries[1]["outbox"] == states, what
+    assert summaries[0]["inbox"] == dict.fromkeys(ids, "done"), what  # no message lost
+    for mid in ids:  # handled once, again only after r1 died holding it
+        assert handled[mid] == 1 or (handled[mid] == 2 and mid in by_r1), (what, mid)
+    ambiguous = sum(s["metrics"]["outboxAmbiguous"] for s in summaries)
+    unknown = [k for k, state in states.items() if state == "unknown"]
+    assert set(states.values()) <= {"sent", "unknown"}, (what, states)
+    assert len(states) == 2 * len(ids), what
+    if policy == "skip":
+        assert len(unknown) == ambiguous, (what, unknown, ambiguous)
+        assert all(n == 1 for n in sent.values()), (what, sent)  # never twice
+    else:
+        assert unknown == [], what
+        assert sum(n - 1 for n in sent.values()) <= ambiguous, (what, sent)  # never lost
+    for mid in ids:
+        for part in ("a", "b"):
+            key, text = f"{mid}:{1 if part == 'a' else 2}", f"{mid}/{part}"
+            if states[key] == "sent":
+                assert sent[text] >= 1, (what, key)
+    FIGURES[f"random-kill/{backend_name}/{policy}"] = {
+        "messages": len(ids),
+        "handled by r1 before the kill": len(by_r1),
+        "handled twice": sum(n == 2 for n in handled.values()),
+        "ambiguous": ambiguous,
+        "sent twice": sum(n == 2 for n in sent.values()),
+    }
+    print(
+        json.dumps(
+            {
+                f"random-kill/{backend_name}/{policy}": FIGURES[
+                    f"random-kill/{backend_name}/{policy}"
+                ]
+            }
+        )
     )
