@@ -228,44 +228,29 @@ def _wait_ready(server: _Server, url: str, timeout: float = 60.0) -> None:
 # -- Redis ---------------------------------------------------------------------------------
 
 
+def _redis_server(name: str, key: str, port: int, *options: str) -> _Server:
+    """Start one redis-server on 127.0.0.1:``port`` (AOF on, our password), registered
+    under ``key`` for ``stop_all``; return once it listens."""
+    binary = _find("redis-server", "/usr/bin/redis-server", "redis-server")
+    data = Path(tempfile.mkdtemp(prefix=f"botmesh-redis-{port}-"))
+    log = data / "server.log"
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+    argv += ["--appendonly", "yes", "--appendfsync", "always" if _durable() else "everysec"]
+    argv += ["--save", "", "--requirepass", REDIS_PASSWORD, "--daemonize", "no", *options]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = _Server(name, proc, data, log)
+    _STARTED[key] = server
+    _wait_port(server, port)
+    return server
+
+
 def redis_url() -> str:
     url = os.environ.get(ENV_REDIS)
     if url:
         return url
     _need("Redis", REDIS_PORT, ENV_REDIS)
-    binary = _find("redis-server", "/usr/bin/redis-server", "redis-server")
-    data = Path(tempfile.mkdtemp(prefix="botmesh-redis-"))
-    log = data / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(REDIS_PORT),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(data),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always" if _durable() else "everysec",
-                "--save",
-                "",
-                "--requirepass",
-                REDIS_PASSWORD,
-                "--daemonize",
-                "no",
-                "--maxclients",
-                "2000",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = _Server("Redis", proc, data, log)
-    _STARTED["redis"] = server
-    _wait_port(server, REDIS_PORT)
+    _redis_server("Redis", "redis", REDIS_PORT, "--maxclients", "2000")
     url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{REDIS_PORT}/0"
     os.environ[ENV_REDIS] = url
     return url
@@ -279,43 +264,10 @@ def redis_cluster_url() -> str:
     ports = [REDIS_CLUSTER_PORT + i for i in range(3)]
     for port in ports:
         _need("Redis Cluster", port, ENV_REDIS_CLUSTER)
-    binary = _find("redis-server", "/usr/bin/redis-server", "redis-server")
     cli = _find("redis-cli", "/usr/bin/redis-cli", "redis-tools")
     for i, port in enumerate(ports):
-        data = Path(tempfile.mkdtemp(prefix=f"botmesh-redis-cluster-{port}-"))
-        log = data / "server.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    binary,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(data),
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    str(data / "nodes.conf"),
-                    "--appendonly",
-                    "yes",
-                    "--save",
-                    "",
-                    "--requirepass",
-                    REDIS_PASSWORD,
-                    "--masterauth",
-                    REDIS_PASSWORD,
-                    "--daemonize",
-                    "no",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        server = _Server(f"Redis Cluster node {port}", proc, data, log)
-        _STARTED[f"redis-cluster-{i}"] = server
-        _wait_port(server, port)
+        options = ["--cluster-enabled", "yes", "--masterauth", REDIS_PASSWORD]
+        _redis_server(f"Redis Cluster node {port}", f"redis-cluster-{i}", port, *options)
     nodes = [f"127.0.0.1:{p}" for p in ports]
     cli_auth = [cli, "--no-auth-warning", "-a", REDIS_PASSWORD]
     created = subprocess.run(
