@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from state.backends import check_url, open_backend
+from state.backends import check_url, is_shared, open_backend
 from state.backoff import Retries
 from state.clock import Clock
 from state.delivery import send_direct
@@ -384,7 +384,7 @@ def _check_provider(provider: object) -> None:
 
 def _default_instance_id(bot: Bot, journal: str | DurableKv | None) -> str:
     base = f"{socket.gethostname()}/{bot.bot_id}/{bot.connection_id}"
-    if journal is not None and not isinstance(journal, str) and getattr(journal, "shared", False):
+    if is_shared(journal) if isinstance(journal, str) else getattr(journal, "shared", False):
         return f"{base}/{uuid.uuid4().hex[:12]}"  # replicas on other hosts: never share an id
     return base
 

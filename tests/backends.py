@@ -9,12 +9,15 @@ as after a restart), the memory backend keeps its data by handing back the same 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from state.backends.file import open_file_kv
+from state.backends.sqlite import open_sqlite_kv
 from state.kv import DurableKv, MemoryKv
+from tests import servers
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,9 @@ class BackendCase:
     open: Callable[[Path], Awaitable[DurableKv]]
     #: True when the data survives a new instance opened on the same path.
     persistent: bool
+    #: The server the backend needs (``"postgres"``, ``"redis"``): also the pytest marker
+    #: every test that runs on it gets (see ``tests/conftest.py``); ``None``: no server.
+    server: str | None = None
 
 
 class BackendHandle:
@@ -60,6 +66,26 @@ async def _memory(path: Path) -> DurableKv:
     return kv
 
 
+def namespace(path: Path) -> str:
+    """A name of its own for the data of ``path`` on a shared server (a table prefix, a key
+    prefix): the same in every process that opens ``path``."""
+    return "t" + hashlib.sha1(str(path).encode()).hexdigest()[:16] + "_"
+
+
+async def _postgres(path: Path) -> DurableKv:
+    from state.backends.postgres import open_postgres_kv
+
+    return await open_postgres_kv(
+        servers.postgres_url(), table_prefix=namespace(path), max_connections=4
+    )
+
+
+async def _redis(path: Path) -> DurableKv:
+    from state.backends.redis import open_redis_kv
+
+    return await open_redis_kv(servers.redis_url(), prefix=namespace(path).rstrip("_"))
+
+
 BACKENDS: dict[str, BackendCase] = {
     "memory": BackendCase("memory", _memory, persistent=False),
     # -- more backends join here, one entry each --------------------------------------
@@ -67,4 +93,7 @@ BACKENDS: dict[str, BackendCase] = {
     "file-log": BackendCase(
         "file-log", lambda p: open_file_kv(p, append_log=True), persistent=True
     ),
+    "sqlite": BackendCase("sqlite", open_sqlite_kv, persistent=True),
+    "postgres": BackendCase("postgres", _postgres, persistent=True, server="postgres"),
+    "redis": BackendCase("redis", _redis, persistent=True, server="redis"),
 }

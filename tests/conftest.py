@@ -8,7 +8,31 @@ from pathlib import Path
 
 import pytest
 
+from tests import servers
 from tests.backends import BACKENDS, BackendHandle
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    servers.allow_start()  # this process may start the PostgreSQL and Redis of the tests
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    servers.stop_all()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that runs on a backend needing a server (a ``backend`` param, or a
+    ``backend_name`` one) gets that server's marker, so ``-m postgres`` selects it and
+    ``-m "not redis"`` leaves it out."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        for value in callspec.params.values():
+            case = BACKENDS.get(value) if isinstance(value, str) else None
+            if case is not None and case.server is not None:
+                item.add_marker(case.server)
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -18,7 +18,14 @@ from typing import cast
 from state.errors import ConfigError
 from state.kv import DurableKv
 
-__all__ = ["BackendSpec", "check_url", "open_backend", "register_backend", "schemes"]
+__all__ = [
+    "BackendSpec",
+    "check_url",
+    "is_shared",
+    "open_backend",
+    "register_backend",
+    "schemes",
+]
 
 Opener = Callable[[str], Awaitable[DurableKv]]
 Checker = Callable[[str], object]
@@ -32,18 +39,56 @@ class BackendSpec:
     check: str
     #: What to run when the module is missing (``pip install 'botmesh[redis]'``).
     install: str | None = None
+    #: Several processes may share the journal (the runtime then adds a per-boot suffix
+    #: to its default instance id, so that two of them never share one).
+    shared: bool = False
 
 
 _REGISTRY: dict[str, BackendSpec] = {
     "memory": BackendSpec("state.backends.urls:open_memory", "state.backends.urls:check_memory"),
     "file": BackendSpec("state.backends.file:open_url", "state.backends.file:from_url"),
+    "sqlite": BackendSpec(
+        "state.backends.sqlite:open_url", "state.backends.sqlite:from_url", shared=True
+    ),
+    "postgresql": BackendSpec(
+        "state.backends.postgres:open_url",
+        "state.backends.postgres:check_url",
+        "pip install 'botmesh[postgres]'",
+        shared=True,
+    ),
+    "postgres": BackendSpec(
+        "state.backends.postgres:open_url",
+        "state.backends.postgres:check_url",
+        "pip install 'botmesh[postgres]'",
+        shared=True,
+    ),
+    "redis": BackendSpec(
+        "state.backends.redis:open_url",
+        "state.backends.redis:check_url",
+        "pip install 'botmesh[redis]'",
+        shared=True,
+    ),
+    "rediss": BackendSpec(
+        "state.backends.redis:open_url",
+        "state.backends.redis:check_url",
+        "pip install 'botmesh[redis]'",
+        shared=True,
+    ),
     # -- a new backend joins here, one line each -----------------------------------------
 }
 
 
-def register_backend(scheme: str, target: str, check: str, *, install: str | None = None) -> None:
+def register_backend(
+    scheme: str, target: str, check: str, *, install: str | None = None, shared: bool = False
+) -> None:
     """Add or replace a URL scheme (``target`` and ``check`` are ``"module:function"``)."""
-    _REGISTRY[scheme] = BackendSpec(target, check, install)
+    _REGISTRY[scheme] = BackendSpec(target, check, install, shared)
+
+
+def is_shared(url: str) -> bool:
+    """Whether the journal a URL names may be shared by several processes."""
+    spec = _REGISTRY.get(url.partition("://")[0]) if isinstance(url, str) else None
+    return spec is not None and spec.shared
 
 
 def schemes() -> list[str]:
