@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from state.backends import check_url
+from state.backends.server import redact
 from state.errors import ConfigError
 from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
 
@@ -78,8 +79,9 @@ def check_worker_journal(url: str, source: str = "--journal") -> str:
         )
     try:
         check_url(value)
-    except ConfigError as exc:
-        raise ValueError(f"{source} {value!r}: {exc.message}") from None
+    except ConfigError as exc:  # a password in the URL is not repeated
+        shown = redact(value)
+        raise ValueError(f"{source} {shown!r}: {exc.message.replace(value, shown)}") from None
     return value
 
 

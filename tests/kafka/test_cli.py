@@ -55,7 +55,7 @@ def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> Non
         ([], {"BOTMESH_PROVIDER": "smtp"}, "BOTMESH_PROVIDER 'smtp': expected one of"),
         (["--journal", "memory://"], {}, "argument --journal: --journal 'memory://': the memory"),
         (["--journal", "none"], {}, "never runs without a journal"),
-        (["--journal", "redis://x"], {}, "unknown journal scheme 'redis://'"),
+        (["--journal", "mongodb://x"], {}, "unknown journal scheme 'mongodb://'"),
         (["--journal", "file://relative/j"], {}, "not a file journal URL"),
         ([], {"BOTMESH_JOURNAL": "memory://"}, "BOTMESH_JOURNAL 'memory://': the memory"),
     ],

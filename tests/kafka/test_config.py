@@ -33,8 +33,9 @@ def test_the_journal_comes_from_the_option_then_the_environment() -> None:
         ("memory://", "the memory journal forgets everything at a restart"),
         ("none", "never runs without a journal"),
         ("", "never runs without a journal"),
-        ("sqlite:///x", "unknown journal scheme 'sqlite://'"),
+        ("mongodb://x", "unknown journal scheme 'mongodb://'"),
         ("file:///j?fsync=maybe", "must be true or false"),
+        ("postgresql://bot:s3cret@db/bots?table_prefix=a-b", "postgresql://bot:***@db/bots"),
     ],
 )
 def test_a_journal_the_worker_cannot_run_on_is_refused_naming_the_source(
@@ -43,6 +44,7 @@ def test_a_journal_the_worker_cannot_run_on_is_refused_naming_the_source(
     with pytest.raises(ValueError, match=r"^--journal") as refused:
         check_worker_journal(url)
     assert words in str(refused.value)
+    assert "s3cret" not in str(refused.value)
     if url.strip():
         with pytest.raises(ValueError, match=r"^BOTMESH_JOURNAL"):
             WorkerConfig.from_env({"BOTMESH_JOURNAL": url})
