@@ -25,6 +25,8 @@ any other ``Exception``                     the same; DLQ reason ``handle-failed
 have been evicted: ``streams.table_kv``)    batch is abandoned (the worker exits and starts
                                             afresh: an evicted worker cannot rejoin while
                                             the batch holds Faust's rebalance)
+``ProducerFencedOut`` (``exactly_once``:    the batch is abandoned at once (the worker
+another worker's producer fenced ours)      exits and starts afresh)
 ==========================================  ==========================================
 
 The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts`` and
@@ -106,7 +108,7 @@ from state.messages import Inbound, Media, Receipt
 from state.operations import Operations
 from state.ports import Provider
 from state.receipts import ReceiptSink
-from streams.table_kv import MembershipUnconfirmed, in_partition
+from streams.table_kv import MembershipUnconfirmed, ProducerFencedOut, in_partition
 from topics.records import SendRequest, chat_key, decode_inbound, decode_request, encode_receipt
 
 __all__ = [
@@ -381,6 +383,11 @@ class InboundRunner:
                     raise BatchAbandoned(
                         f"partition {raw.partition} was taken from this worker while "
                         f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
+                    ) from exc
+                if _caused_by(exc, ProducerFencedOut):
+                    raise BatchAbandoned(
+                        f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
+                        "owns its partition now, so nothing of the batch is acked"
                     ) from exc
                 if _caused_by(exc, MembershipUnconfirmed):
                     # not the record's fault: wait a little for the group to confirm this

@@ -73,6 +73,7 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 import msgspec
+from aiokafka.errors import ProducerFenced
 
 from state.errors import JournalUnavailableError, VersionConflictError
 from state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
@@ -83,6 +84,7 @@ __all__ = [
     "CURRENT_PARTITION",
     "ChangelogPort",
     "MembershipUnconfirmed",
+    "ProducerFencedOut",
     "TableKv",
     "changelog_topic",
     "decode_entry",
@@ -136,6 +138,13 @@ def decode_entry(key: bytes, value: bytes | None) -> Entry | None:
         return None
     s = _decode(value)
     return Entry(key.decode(), s.r, s.v, s.d, s.p)
+
+
+class ProducerFencedOut(JournalUnavailableError):
+    """Under ``exactly_once``: a write whose transaction a newer producer with the same
+    transactional id fenced, so another worker owns the partition now (this one was
+    evicted, or is being handed the partition away). Never retried here: the runner gives
+    the batch up and the worker starts afresh."""
 
 
 class MembershipUnconfirmed(JournalUnavailableError):
@@ -412,6 +421,11 @@ class TableKv:
             for p, before, after in reversed(changes):
                 self._undo(p, before, after)
             self.failed += 1
+            if isinstance(exc, ProducerFenced):
+                raise ProducerFencedOut(
+                    f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
+                    f"newer producer owns its partition's transactions ({exc})"
+                ) from exc
             if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
                 raise JournalUnavailableError(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} not acked by "
@@ -456,7 +470,11 @@ class TableKv:
         exc = fut.exception()
         assert exc is not None
         self.failed += 1
-        if p in self._parts and self.on_lost is not None:  # a revoked partition is dropped
+        if not self.owns(p):
+            # revoked or being handed over (the new owner fenced the transaction): memory
+            # drops the partition, so nothing here holds what the changelog lost
+            log.info("journal partition %d: writes lost with its transaction at hand-over", p)
+        elif self.on_lost is not None:
             self.on_lost(p, exc)
 
     def _undo(

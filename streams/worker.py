@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import faust
 import rocksdict
+from aiokafka.errors import ProducerFenced
 from aiokafka.producer.transaction_manager import TransactionState
 from faust.types import TP
 
@@ -59,7 +60,13 @@ from state.errors import ConfigError, DurabilityError, JournalUnavailableError
 from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
-from streams.faust_defects import guard_commit_holes, shorten_recovery_poll
+from streams.faust_defects import (
+    commit_open_transactions,
+    drop_lost_producers,
+    fresh_highwaters,
+    guard_commit_holes,
+    shorten_recovery_poll,
+)
 from streams.provision import ensure_topics, existing_topics
 from streams.runner import (
     BatchAbandoned,
@@ -71,7 +78,7 @@ from streams.runner import (
     RuntimeLike,
     redact,
 )
-from streams.table_kv import TABLE_NAME, TableKv
+from streams.table_kv import TABLE_NAME, ProducerFencedOut, TableKv
 from topics.catalog import Catalog, TopicSpec
 
 __all__ = ["build_app", "run_worker"]
@@ -411,7 +418,8 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                 except Exception as exc:
                     why = f"transaction {tid} not committed: {type(exc).__name__}: {exc}"
                     log.warning("journal partition %d: %s; aborting it", p, why)
-                    _settle(batch, None, why)  # aborted: nothing of it reaches RocksDB
+                    # aborted: nothing of it reaches RocksDB
+                    _settle(batch, None, why, fenced=isinstance(exc, ProducerFenced))
                     with contextlib.suppress(Exception):
                         await txp.abort_transaction()
                 try:
@@ -463,9 +471,11 @@ def _acked(ack: Any) -> bool:
     return bool(ack.done() and not ack.cancelled() and ack.exception() is None)
 
 
-def _settle(batch: list[_Sent], committed: Any, why: str) -> None:
+def _settle(batch: list[_Sent], committed: Any, why: str, *, fenced: bool = False) -> None:
     """Resolve the records that ``committed`` (a producer, None: none) committed; fail the
-    others with ``JournalUnavailableError(why)``."""
+    others with ``JournalUnavailableError(why)`` (``ProducerFencedOut`` when a newer
+    producer fenced the transaction)."""
+    error = ProducerFencedOut if fenced else JournalUnavailableError
     for s in batch:
         if s.done.done():
             continue
@@ -474,7 +484,7 @@ def _settle(batch: list[_Sent], committed: Any, why: str) -> None:
                 s.done.set_result(None)
                 continue
             why = "a changelog record of the transaction was not acked"
-        s.done.set_exception(JournalUnavailableError(why))
+        s.done.set_exception(error(why))
         s.done.exception()  # retrieved: a journal commit that timed out no longer awaits it
 
 
@@ -499,6 +509,9 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     guard_commit_holes()
     if config.exactly_once:
         shorten_recovery_poll()
+        fresh_highwaters()
+        drop_lost_producers()
+        commit_open_transactions()
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {
@@ -521,6 +534,10 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         processing_guarantee="exactly_once" if config.exactly_once else "at_least_once",
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
+        # under exactly_once no standby replicas: a worker given a partition restores it
+        # from the changelog (from its own RocksDB's offset on), because Faust's standbys
+        # skipped records there while their offset moved past them (``faust_defects``)
+        table_standby_replicas=0 if config.exactly_once else 1,
         topic_partitions=config.partitions,
         topic_replication_factor=config.replication,
         topic_allow_declare=True,
@@ -590,6 +607,13 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             if runner.stopping.is_set():  # stopping anyway: as a crash here would
                 log.warning("journal partition %d: last writes not committed: %s", partition, exc)
                 return
+            if isinstance(exc, ProducerFencedOut):  # evicted: another worker owns it now
+                _exit_hard(
+                    f"journal partition {partition}: this worker's transaction was fenced by "
+                    f"a newer producer, so another worker owns the partition ({exc}); "
+                    "restarting to rejoin the group",
+                    EXIT_ABANDONED,
+                )
             _exit_hard(
                 f"journal partition {partition}: a transaction holding returned writes was "
                 f"not committed ({type(exc).__name__}: {exc})",

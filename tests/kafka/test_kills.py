@@ -257,9 +257,16 @@ PEER_KILLS = 3
 PEER_LEASE = "10s"
 
 
-def peers(bootstrap: str, prefix: str, tmp: Path, recorder: Recorder) -> tuple[Worker, Worker]:
+def peers(
+    bootstrap: str,
+    prefix: str,
+    tmp: Path,
+    recorder: Recorder,
+    env: dict[str, str] | None = None,
+) -> tuple[Worker, Worker]:
     """Two workers ``a`` and ``b`` of one group, each with its own data dir and instance id,
-    on a 6 s session timeout and ``PEER_LEASE`` leases, sending to ``recorder``."""
+    on a 6 s session timeout and ``PEER_LEASE`` leases, sending to ``recorder``; ``env``
+    adds to their environment (the processing guarantee, say)."""
 
     def worker(name: str) -> Worker:
         return Worker(
@@ -268,7 +275,7 @@ def peers(bootstrap: str, prefix: str, tmp: Path, recorder: Recorder) -> tuple[W
             tmp / name,
             instance=name,
             recorder=recorder.url,
-            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": PEER_LEASE},
+            env={**SESSION_TIMEOUT, "BOTMESH_TEST_LEASE": PEER_LEASE, **(env or {})},
             loglevel="info",
         )
 

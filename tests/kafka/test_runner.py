@@ -334,6 +334,40 @@ async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revo
     assert produced.dead() == [] and len(waits.delays) == 5 + 10
 
 
+async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -> None:
+    """Under exactly_once a fenced transaction means another worker owns the partition: the
+    record is neither retried nor dead-lettered, and nothing of the batch is acked."""
+    from streams.table_kv import ProducerFencedOut
+
+    class Fenced:
+        inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
+        durability = None
+        calls = 0
+
+        async def start(self) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
+            self.calls += 1
+            try:
+                raise ProducerFencedOut("transaction t.worker-1-0 not committed: ProducerFenced")
+            except ProducerFencedOut as exc:  # as the engine wraps a failed journal write
+                raise JournalUnavailableError("inbound not journaled") from exc
+
+        async def flush_receipts(self) -> int:
+            return 0
+
+        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
+            raise AssertionError("no request in this batch")
+
+    produced, waits, runtime = Produced(), Waits(), Fenced()
+    runner = InboundRunner(runtime, produced, sleep=waits)
+    with pytest.raises(BatchAbandoned, match="another worker owns its partition"):
+        await runner.run_batch([record(0, "A", "A1"), record(1, "A", "A2")])
+    assert (runtime.calls, waits.delays, produced.dead()) == (1, [], [])
+
+
 async def test_a_stop_while_a_record_waits_for_a_retry_abandons_the_batch() -> None:
     kv = crashable(MemoryKv())
     async with make_bot([]).bind(MockProvider(), kv, instance_id="w") as runtime:

@@ -121,26 +121,41 @@ class Worker:
             **({RECORDER_ENV: self.recorder} if self.recorder is not None else {}),
             **self.env,
         }
+        if self.child is not None and self.child.proc is not None:
+            self.save_log("run")  # the run before, killed or stopped
         self.child = Child(worker_command(*options, app="tests.kafka.bot:bot"), env=env)
         return self.child.start()
 
     def check_alive(self) -> None:
         assert self.child is not None
         if not self.child.alive():
-            pytest.fail(f"the worker exited:\n{self.child.tail(60)}")
+            saved = self.save_log("exited")
+            pytest.fail(f"the worker exited (its whole log: {saved}):\n{self.child.tail(60)}")
+
+    def save_log(self, why: str) -> Path:
+        """The current run's whole output, written to a file in the test's folder."""
+        assert self.child is not None
+        saved = self.tmp / f"{why}-{self.child.pid}.log"
+        saved.write_text("\n".join(self.child.lines) + "\n")
+        return saved
 
     def stop(self) -> int:
         """SIGTERM (a clean stop: the batch finishes, offsets are committed); the status."""
         assert self.child is not None
-        return self.child.stop()
+        try:
+            return self.child.stop()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} (its whole log: {self.save_log('stuck')})") from None
 
     def kill(self) -> None:
         assert self.child is not None
         self.child.kill()
 
     def close(self) -> None:
-        if self.child is not None and self.child.alive():
-            self.child.stop()
+        if self.child is not None:
+            if self.child.alive():
+                self.child.stop()
+            self.save_log("run")  # the last run's whole log, next to its data
 
     def lines(self) -> list[str]:
         """What the current run printed so far (its log included)."""
