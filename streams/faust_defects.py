@@ -186,6 +186,9 @@ def shorten_recovery_poll() -> None:
     recovery.__dict__["asyncio"] = _RecoveryAsyncio()
 
 
+_ORIGINAL_HIGHWATERS: Callable[..., Awaitable[Any]] = AIOKafkaConsumerThread._highwaters
+
+
 async def _end_offsets(self: Any, partitions: list[Any]) -> Any:
     # under ``read_committed`` (Faust's consumer under ``exactly_once``) the broker answers
     # the last stable offset: the end of what is committed, which is what a restore reads to

@@ -97,13 +97,14 @@ def test_the_changelog_offsets_under_eos_are_never_persisted_by_faust() -> None:
     assert store.persisted == {changelog_tp: 41}
 
 
-async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_second() -> None:
+async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Under ``exactly_once`` a changelog ends in a transaction marker, which Faust's
     restore only detects after two empty polls (``detect_aborted_tx``): 10 s at its 5 s,
     2 s with ``shorten_recovery_poll``."""
     import asyncio
     import inspect
-    import time
 
     from faust.tables import recovery
 
@@ -113,7 +114,55 @@ async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_
     assert "changelog_queue.get(), timeout=5.0" in source  # Faust's own poll
     assert "timeout_count > 1" in source  # two empty polls before the position check
     shorten_recovery_poll()
-    started = time.monotonic()
+    asked: list[float | None] = []
+    real_wait_for = asyncio.wait_for
+
+    async def wait_for(aw: Any, timeout: float | None) -> Any:  # noqa: ASYNC109 (its signature)
+        asked.append(timeout)
+        return await real_wait_for(aw, 0)
+
+    monkeypatch.setattr(asyncio, "wait_for", wait_for)
     with pytest.raises(TimeoutError):
         await recovery.__dict__["asyncio"].wait_for(asyncio.Queue().get(), timeout=5.0)
-    assert time.monotonic() - started < RECOVERY_POLL_S + 0.5
+    assert asked == [RECOVERY_POLL_S]
+
+
+async def test_faust_takes_the_end_of_an_eos_restore_from_a_cache_the_worker_asks_the_broker(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Under ``exactly_once`` Faust's restore reads a changelog partition up to the consumer's
+    cached last stable offset, unknown (None, which Faust turns into -1) until the consumer
+    fetched the partition: a worker given back a partition it held then crashed
+    (``ConsistencyError``: persisted offset > highwater -1). ``fresh_highwaters`` asks the
+    broker."""
+    from types import SimpleNamespace
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    from streams.faust_defects import _ORIGINAL_HIGHWATERS, fresh_highwaters
+    from streams.provision import ensure_topics
+    from topics.catalog import TopicSpec
+
+    topic = f"{topic_prefix}.worker-journal-changelog"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, "changelog", 1, 1)])
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        for i in range(3):
+            await producer.send_and_wait(topic, b"v", key=f"k{i}".encode(), partition=0)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])  # assigned, not fetched yet: as right after a rebalance
+        thread: Any = AIOKafkaConsumerThread.__new__(AIOKafkaConsumerThread)
+        thread._consumer = consumer
+        thread.consumer = SimpleNamespace(in_transaction=True)  # Faust under exactly_once
+        assert await _ORIGINAL_HIGHWATERS(thread, [tp]) == {tp: None}
+        fresh_highwaters()
+        assert await AIOKafkaConsumerThread._highwaters(thread, [tp]) == {tp: 3}
+    finally:
+        await consumer.stop()
