@@ -189,6 +189,14 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
             self.forget_transactions(dropped | gone)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
+    def assigned_active(self, partition: int) -> bool:
+        """The group's current assignment gives this worker the partition (active)."""
+        topic = self.changelog_topic_name
+        return any(
+            tp.topic == topic and tp.partition == partition
+            for tp in self.app.assignor.assigned_actives()
+        )
+
     async def on_recovery_completed(self, active_tps: set[TP], standby_tps: set[TP]) -> None:
         await super().on_recovery_completed(active_tps, standby_tps)
         kv = self.botmesh_kv
@@ -606,6 +614,13 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             # NO_BARRIER) failed; memory holds what the changelog lost: restart from it
             if runner.stopping.is_set():  # stopping anyway: as a crash here would
                 log.warning("journal partition %d: last writes not committed: %s", partition, exc)
+                return
+            if not table.assigned_active(partition):
+                # a rebalance in progress took it (Faust stopped its producer first): the
+                # hand-over drops it from memory, and its new owner restores without them
+                log.info(
+                    "journal partition %d: revoked with its last writes uncommitted", partition
+                )
                 return
             if isinstance(exc, ProducerFencedOut):  # evicted: another worker owns it now
                 _exit_hard(

@@ -89,6 +89,26 @@ async def test_handled_but_not_marked_done_raises_and_a_retry_settles_it_without
     assert await app.runtime.handle(Inbound(id="m1", chat_id="c")) == Outcome.DUPLICATE
 
 
+async def test_a_send_the_journal_refused_keeps_its_inbound_pending_and_a_retry_sends_it() -> (
+    None
+):
+    """A handler whose send could not be journaled (so was not made) failed for the journal,
+    not for itself: the inbound is not marked done (that would lose the reply) but raises,
+    and the transport's retry runs the handler again and sends once."""
+    kv = crashable(MemoryKv())
+    app, runs = await _counting_app(kv)
+    kv.fail(Write.OUTBOX_JOURNAL)
+    with pytest.raises(JournalUnavailableError):
+        await app.runtime.handle(Inbound(id="m1", chat_id="c"))
+    rec = await app.ops.inbox.get("m1")
+    assert rec is not None and rec.state == "pending"
+    assert runs == ["m1"] and app.provider.calls == []
+    assert await app.runtime.handle(Inbound(id="m1", chat_id="c")) == Outcome.HANDLED
+    assert runs == ["m1", "m1"] and texts(app.provider) == ["hi"]
+    rec = await app.ops.inbox.get("m1")
+    assert rec is not None and rec.state == "done"
+
+
 async def test_handled_but_not_marked_done_and_never_redelivered_is_replayed_by_the_sweeper() -> (
     None
 ):

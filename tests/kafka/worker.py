@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib
 import json
 import time
@@ -122,7 +123,7 @@ class Worker:
             **self.env,
         }
         if self.child is not None and self.child.proc is not None:
-            self.save_log("run")  # the run before, killed or stopped
+            self.close()  # the run before (killed or exited): reaped, its log saved
         self.child = Child(worker_command(*options, app="tests.kafka.bot:bot"), env=env)
         return self.child.start()
 
@@ -152,9 +153,9 @@ class Worker:
         self.child.kill()
 
     def close(self) -> None:
-        if self.child is not None:
-            if self.child.alive():
-                self.child.stop()
+        if self.child is not None and self.child.proc is not None:
+            with contextlib.suppress(AssertionError):  # a stop that hung was said already
+                self.child.stop()  # reaped, its pipes closed, even when it had exited
             self.save_log("run")  # the last run's whole log, next to its data
 
     def lines(self) -> list[str]:
