@@ -23,7 +23,7 @@ from state.backoff import Retries
 from state.clock import Clock
 from state.delivery import send_direct
 from state.engine import Engine, EngineHooks
-from state.errors import ConfigError, DurabilityError, JournalUnavailableError
+from state.errors import ConfigError, DurabilityError, JournalUnavailableError, caused_by
 from state.events import ErrorEvent, Event, SentEvent
 from state.inbox import Outcome
 from state.keys import check_explicit, derived_key, fingerprint, random_key
@@ -320,7 +320,7 @@ class Runtime:
             except Exception as exc:
                 log.warning("handler %s failed on %s: %s", handler.__name__, message.id, exc)
                 await self._emit(ErrorEvent(exc, "handler", message.id))
-                if _journal_down(exc):
+                if caused_by(exc, JournalUnavailableError):
                     # the journal could not record what the handler did (a send not
                     # journaled, so not made): the inbound stays pending and is handled
                     # again, its sends that did land answered from the outbox
@@ -414,15 +414,3 @@ def run(
     refused here, naming it. ``clock`` and ``rng`` are for tests.
     """
     return bot.bind(provider, journal, instance_id=instance_id, clock=clock, rng=rng)
-
-
-def _journal_down(exc: BaseException) -> bool:
-    """``exc`` is, or was raised from, a ``JournalUnavailableError``."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, JournalUnavailableError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False

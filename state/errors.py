@@ -333,3 +333,15 @@ class MediaUnavailableError(ProviderError):
         super().__init__(reason, message)
         self.reason: MediaUnavailableReason = reason
         self.message = message
+
+
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """``exc`` is a ``kind``, or was raised from one (its causes and contexts, 8 deep)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

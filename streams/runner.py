@@ -101,6 +101,7 @@ from state.errors import (
     JournalUnavailableError,
     Reason,
     SendDeferredError,
+    caused_by,
 )
 from state.inbox import Outcome
 from state.kv import DurableKv
@@ -384,12 +385,12 @@ class InboundRunner:
                         f"partition {raw.partition} was taken from this worker while "
                         f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
                     ) from exc
-                if _caused_by(exc, ProducerFencedOut):
+                if caused_by(exc, ProducerFencedOut):
                     raise BatchAbandoned(
                         f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
                         "owns its partition now, so nothing of the batch is acked"
                     ) from exc
-                if _caused_by(exc, MembershipUnconfirmed):
+                if caused_by(exc, MembershipUnconfirmed):
                     # not the record's fault: wait a little for the group to confirm this
                     # worker; an evicted worker is never confirmed while this batch holds its
                     # rebalance, so it gives the batch up (not acked) and starts afresh
@@ -495,18 +496,6 @@ class InboundRunner:
                 await asyncio.wait_for(asyncio.gather(*batch), self.ack_timeout)
             except Exception as exc:
                 raise BatchAbandoned(f"a dead letter was not acked by the broker: {exc}") from exc
-
-
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    """``exc`` is a ``kind``, or was raised from one."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, kind):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def in_time_order(items: list[Item]) -> list[Item]:

@@ -89,9 +89,7 @@ async def test_handled_but_not_marked_done_raises_and_a_retry_settles_it_without
     assert await app.runtime.handle(Inbound(id="m1", chat_id="c")) == Outcome.DUPLICATE
 
 
-async def test_a_send_the_journal_refused_keeps_its_inbound_pending_and_a_retry_sends_it() -> (
-    None
-):
+async def test_a_send_the_journal_refused_keeps_its_inbound_pending_and_a_retry_sends_it() -> None:
     """A handler whose send could not be journaled (so was not made) failed for the journal,
     not for itself: the inbound is not marked done (that would lose the reply) but raises,
     and the transport's retry runs the handler again and sends once."""
