@@ -23,7 +23,7 @@ from state.backoff import Retries
 from state.clock import Clock
 from state.delivery import send_direct
 from state.engine import Engine, EngineHooks
-from state.errors import ConfigError, DurabilityError, JournalUnavailableError, caused_by
+from state.errors import ConfigError, DurabilityError, JournalUnavailableError, find_cause
 from state.events import ErrorEvent, Event, SentEvent
 from state.inbox import Outcome
 from state.keys import check_explicit, derived_key, fingerprint, random_key
@@ -320,10 +320,13 @@ class Runtime:
             except Exception as exc:
                 log.warning("handler %s failed on %s: %s", handler.__name__, message.id, exc)
                 await self._emit(ErrorEvent(exc, "handler", message.id))
-                if caused_by(exc, JournalUnavailableError):
+                down = find_cause(exc, JournalUnavailableError)
+                if down is not None and getattr(down, "retryable", True):
                     # the journal could not record what the handler did (a send not
                     # journaled, so not made): the inbound stays pending and is handled
-                    # again, its sends that did land answered from the outbox
+                    # again, its sends that did land answered from the outbox (a write
+                    # refused because another worker owns the record now is a fence:
+                    # the inbound settles as fenced)
                     raise
 
     async def _emit(self, event: Event) -> None:

@@ -34,7 +34,7 @@ does next. ``args`` stay meaningful so that every error pickles.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, TypeVar
 
 __all__ = [
     "AppLoadError",
@@ -335,13 +335,22 @@ class MediaUnavailableError(ProviderError):
         self.message = message
 
 
-def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    """``exc`` is a ``kind``, or was raised from one (its causes and contexts, 8 deep)."""
+_E = TypeVar("_E", bound=BaseException)
+
+
+def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
+    """``exc`` if it is a ``kind``, else the first of its causes and contexts that is (8
+    deep), else None."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
-            return False
+            return None
         if isinstance(seen, kind):
-            return True
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
+
+
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """``exc`` is a ``kind``, or was raised from one."""
+    return find_cause(exc, kind) is not None

@@ -84,6 +84,7 @@ __all__ = [
     "CURRENT_PARTITION",
     "ChangelogPort",
     "MembershipUnconfirmed",
+    "PartitionRevoked",
     "ProducerFencedOut",
     "TableKv",
     "changelog_topic",
@@ -145,6 +146,13 @@ class ProducerFencedOut(JournalUnavailableError):
     transactional id fenced, so another worker owns the partition now (this one was
     evicted, or is being handed the partition away). Never retried here: the runner gives
     the batch up and the worker starts afresh."""
+
+
+class PartitionRevoked(JournalUnavailableError):
+    """A write to a partition another worker owns now: a fence, not an outage (not retried
+    here; a handler's send refused so settles its inbound as fenced)."""
+
+    retryable = False
 
 
 class MembershipUnconfirmed(JournalUnavailableError):
@@ -396,7 +404,7 @@ class TableKv:
                     op = items[0][1]
                     if op.expect:  # a holder's compare-and-set: the record is not ours now
                         raise VersionConflictError(op.key, op.expect, None)
-                    raise JournalUnavailableError(
+                    raise PartitionRevoked(
                         f"journal partition {p} is not owned by this worker (it was "
                         f"revoked); {op.key!r} not written"
                     )

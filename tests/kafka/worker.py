@@ -241,10 +241,15 @@ async def dead_letters(
         await consumer.stop()
 
 
-async def read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every record on ``topic`` now (up to the end offsets read first), in partition order."""
+async def read_all(bootstrap: str, topic: str, *, committed: bool = False) -> list[Any]:
+    """Every record on ``topic`` now (up to the end offsets read first), in partition order;
+    ``committed``: only those of committed transactions (``read_committed``)."""
     ends = await end_offsets(bootstrap, topic)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed" if committed else "read_uncommitted",
+    )
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in sorted(ends)]
