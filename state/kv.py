@@ -245,6 +245,14 @@ def copy_entry(entry: Entry) -> Entry:
     return Entry(entry.key, copy_json(entry.value), entry.version, entry.due, entry.purge)
 
 
+def wants_range(index: str, limit: int) -> bool:
+    """Check a ``range`` call's index (``ValueError`` for an unknown one); False when
+    ``limit`` asks for nothing, so a backend need not ask its store."""
+    if index not in INDEXES:
+        raise ValueError(f"unknown index {index!r}")
+    return limit > 0
+
+
 def range_of(
     entries: Mapping[str, Entry], index: IndexName, prefix: str, until: float, limit: int
 ) -> list[str]:

@@ -37,7 +37,7 @@ import asyncpg
 from state.backends.codec import decode_value, encode_value, prefix_bounds
 from state.backends.server import options_of, redact, unavailable
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from state.kv import Delete, Entry, IndexName, Op, Put
+from state.kv import Delete, Entry, IndexName, Op, Put, wants_range
 
 __all__ = [
     "PostgresKv",
@@ -244,9 +244,7 @@ class PostgresKv:
         self, index: IndexName, prefix: str, until: float, limit: int = 100
     ) -> list[str]:
         self._check()
-        if index not in ("due", "purge"):
-            raise ValueError(f"unknown index {index!r}")
-        if limit <= 0:
+        if not wants_range(index, limit):
             return []
         low, high = prefix_bounds(prefix)
         sql = self._sql.range[(index, high is not None)]

@@ -39,7 +39,7 @@ from redis.asyncio.cluster import RedisCluster
 from state.backends.codec import decode_value, encode_value
 from state.backends.server import options_of, redact, unavailable
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from state.kv import Delete, Entry, IndexName, Op, Put
+from state.kv import Delete, Entry, IndexName, Op, Put, wants_range
 
 __all__ = [
     "RedisKv",
@@ -364,9 +364,7 @@ class RedisKv:
         self, index: IndexName, prefix: str, until: float, limit: int = 100
     ) -> list[str]:
         self._check()
-        if index not in ("due", "purge"):
-            raise ValueError(f"unknown index {index!r}")
-        if limit <= 0:
+        if not wants_range(index, limit):
             return []
         which = 1 if index == "due" else 2
         bound = "+inf" if until == float("inf") else repr(float(until))

@@ -34,7 +34,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from state.backends.codec import decode_value, encode_value, prefix_bounds
 from state.backends.server import options_of
 from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from state.kv import Delete, Entry, IndexName, Op, Put
+from state.kv import Delete, Entry, IndexName, Op, Put, wants_range
 
 __all__ = [
     "SQLiteKv",
@@ -252,9 +252,7 @@ class SQLiteKv:
         self, index: IndexName, prefix: str, until: float, limit: int = 100
     ) -> list[str]:
         self._check()
-        if index not in ("due", "purge"):
-            raise ValueError(f"unknown index {index!r}")
-        if limit <= 0:
+        if not wants_range(index, limit):
             return []
         low, high = prefix_bounds(prefix)
         sql = f"SELECT key FROM durable WHERE {index} IS NOT NULL AND {index} <= ?"
