@@ -54,6 +54,19 @@ partition's new owner fences them, and when the        active ones is stopped, s
 partition comes back, Faust reuses the fenced          partition that comes back gets a
 producer, every transaction on it fails                fresh one
 (``ProducerFenced``), and the partition is stuck.
+Under ``exactly_once`` a restore ends early and       ``verify_aborted_tails`` below: before
+drops records: a changelog ends in a transaction       Faust takes the offsets after the
+marker, so the last record read never reaches the      last record read for markers, a
+end offset, and after two empty polls of the           read_committed read of them
+changelog queue (one right after the restore starts:   (``committed_record_between``) must
+the count of empty polls is never reset between        find no committed record there; if
+restores) Faust takes every offset up to the end for   it finds one, the changelog partition
+aborted records as soon as the consumer's position     is sought back to it and the restore
+reached it (``detect_aborted_tx``); records fetched    goes on
+but not yet handed to the restore are then dropped as
+already seen: a worker given back a partition loaded
+136 of its records and sent again replies its peer
+had sent (1 in ~12 runs of the freeze test).
 Under ``exactly_once`` a standby replica of a          no standby replicas under
 changelog partition can miss records: seen here, a     ``exactly_once``
 standby started at offset 0 buffered only the records  (``streams.worker``): a worker given a
@@ -66,8 +79,10 @@ Under ``exactly_once`` Faust's offset commit sends     ``commit_open_transaction
 the offsets into each partition's transaction without  a producer found outside a
 checking that one is open: a producer left outside a   transaction begins one first (the
 transaction (a fenced one, one whose transaction       commit then holds only the offsets);
-ended without a next) makes the commit raise, the      a fenced one is stopped and its
-consumer crash, and the worker hang on a clean stop.   offsets left to the new owner
+ended without a next) makes the commit raise, the      the partitions are committed one by
+consumer crash, and the worker hang on a clean stop;   one, and a fenced one (before or
+one fenced during the commit crashes the app and       during the commit) is logged and its
+leaves the other partitions uncommitted.               offsets left to the new owner
 =====================================================  =====================================
 """
 
@@ -78,8 +93,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import ProducerFenced
 from faust.tables import recovery
-from faust.transport.consumer import Consumer, TransactionManager
+from faust.transport.consumer import Consumer, ThreadDelegateConsumer, TransactionManager
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Producer as FaustProducer
 
@@ -90,6 +107,7 @@ __all__ = [
     "guard_commit_holes",
     "held_commit",
     "shorten_recovery_poll",
+    "verify_aborted_tails",
 ]
 
 log = logging.getLogger("botmesh.streams")
@@ -226,30 +244,105 @@ _ORIGINAL_COMMIT_TRANSACTIONS: Callable[..., Awaitable[None]] = FaustProducer.co
 async def _commit_transactions(
     self: Any, tid_to_offset_map: Any, group_id: str, start_new_transaction: bool = True
 ) -> None:
-    offsets = dict(tid_to_offset_map)
-    for tid in list(offsets):
+    for tid, offsets in dict(tid_to_offset_map).items():
         txp = self._transaction_producers.get(tid)
         lock = self._trn_locks.get(tid)
-        if txp is None or lock is None:
-            continue
-        async with lock:
-            manager = txp._txn_manager
-            if manager.is_in_transaction():
-                continue
-            if manager.is_fatal_error():  # fenced: the partition's new owner commits it
-                log.warning("transactional producer %s was fenced; its offsets are not ours", tid)
-                del offsets[tid]
-                self._transaction_producers.pop(tid, None)
-                await txp.stop()
-                continue
-            log.warning(
-                "transactional producer %s was outside a transaction (%s)", tid, manager.state
+        if txp is not None and lock is not None:
+            async with lock:
+                manager = txp._txn_manager
+                if manager.is_fatal_error():  # fenced: the partition's new owner commits it
+                    log.warning("transactional producer %s was fenced; offsets not ours", tid)
+                    continue
+                if not manager.is_in_transaction():
+                    state = manager.state
+                    log.warning("transactional producer %s outside a transaction (%s)", tid, state)
+                    await txp.begin_transaction()
+        try:  # one transaction at a time: a fenced one does not keep the others from theirs
+            await _ORIGINAL_COMMIT_TRANSACTIONS(
+                self, {tid: offsets}, group_id, start_new_transaction
             )
-            await txp.begin_transaction()
-    await _ORIGINAL_COMMIT_TRANSACTIONS(self, offsets, group_id, start_new_transaction)
+        except ProducerFenced:
+            # left in place, failed: the journal's next commit of the partition finds it so
+            # and the worker restarts to rejoin (``streams.worker``); the rebalance stops it
+            log.warning("transactional producer %s was fenced; offsets not ours", tid)
 
 
 def commit_open_transactions() -> None:
     """Faust's offset commit under ``exactly_once`` finds each producer in a transaction
     (idempotent; the worker does it under ``exactly_once``)."""
     FaustProducer.commit_transactions = _commit_transactions  # type: ignore[method-assign]
+
+
+_ORIGINAL_POSITION: Callable[[Any, Any], Awaitable[int | None]] = ThreadDelegateConsumer.position
+
+#: Seconds a check of a restore's tail may take before the restore asks again.
+TAIL_CHECK_S = 10.0
+
+
+async def committed_record_between(
+    bootstrap: str, tp: Any, start: int, end: int, *, within: float = TAIL_CHECK_S
+) -> int | None:
+    """The offset of the first committed record of ``tp`` in ``[start, end)``, read with
+    ``read_committed`` (transaction markers and aborted records are skipped), else ``None``;
+    raises ``TimeoutError`` when the read does not reach ``end`` in ``within`` seconds."""
+    part = TopicPartition(tp.topic, tp.partition)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="none",
+    )
+    await consumer.start()
+    try:
+        consumer.assign([part])
+        consumer.seek(part, start)
+        async with asyncio.timeout(within):
+            while await consumer.position(part) < end:
+                fetched = await consumer.getmany(part, timeout_ms=200)
+                for message in fetched.get(part, ()):
+                    if start <= message.offset < end:
+                        return int(message.offset)
+    finally:
+        await consumer.stop()
+    return None
+
+
+def _bootstrap(app: Any) -> str:
+    return ",".join(f"{url.host}:{url.port or 9092}" for url in app.conf.broker)
+
+
+async def _position(self: Any, tp: Any) -> int | None:
+    position = await _ORIGINAL_POSITION(self, tp)
+    recovery_ = self.app.tables.recovery
+    highwater = recovery_.active_highwaters.get(tp)
+    seen = recovery_.active_offsets.get(tp)
+    if position is None or highwater is None or seen is None:
+        return position
+    if seen >= highwater or position < highwater:
+        return position  # not a restore's tail Faust would take for aborted records
+    # Faust is about to take offsets seen+1..highwater for markers and aborted records
+    try:
+        found = await committed_record_between(_bootstrap(self.app), tp, seen + 1, highwater + 1)
+    except Exception as exc:
+        log.warning("%s: the restore's tail from offset %d not checked (%r)", tp, seen + 1, exc)
+        return -1  # not taken as aborted: asked again at the next empty poll
+    if found is None:
+        return position
+    log.warning(
+        "%s: the restore read up to offset %d and the consumer is at %d, but offset %d holds "
+        "a committed record: the partition is read again from offset %d",
+        tp,
+        seen,
+        position,
+        found,
+        seen + 1,
+    )
+    await self.seek(tp, seen + 1)
+    return -1
+
+
+def verify_aborted_tails() -> None:
+    """Faust's restore under ``exactly_once`` takes the offsets after the last record it read
+    for aborted ones only when the changelog holds no committed record there (idempotent;
+    the worker does it under ``exactly_once``)."""
+    ThreadDelegateConsumer.position = _position  # type: ignore[method-assign]

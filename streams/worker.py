@@ -66,6 +66,7 @@ from streams.faust_defects import (
     fresh_highwaters,
     guard_commit_holes,
     shorten_recovery_poll,
+    verify_aborted_tails,
 )
 from streams.provision import ensure_topics, existing_topics
 from streams.runner import (
@@ -427,7 +428,10 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                     why = f"transaction {tid} not committed: {type(exc).__name__}: {exc}"
                     log.warning("journal partition %d: %s; aborting it", p, why)
                     # aborted: nothing of it reaches RocksDB
-                    _settle(batch, None, why, fenced=isinstance(exc, ProducerFenced))
+                    # fenced: ProducerFenced here, or an assertion from a producer that
+                    # another path found fenced (aiokafka's fatal state)
+                    fenced = isinstance(exc, ProducerFenced) or _fatal(txp)
+                    _settle(batch, None, why, fenced=fenced)
                     with contextlib.suppress(Exception):
                         await txp.abort_transaction()
                 try:
@@ -475,6 +479,12 @@ def _ended(txp: Any) -> bool:
     return bool(state == TransactionState.READY)
 
 
+def _fatal(txp: Any) -> bool:
+    """The producer failed for good (aiokafka's ``FATAL_ERROR``: its sender stopped on an
+    error such as ``ProducerFenced``): no transaction of it commits any more."""
+    return bool(txp._txn_manager.state == TransactionState.FATAL_ERROR)
+
+
 def _acked(ack: Any) -> bool:
     return bool(ack.done() and not ack.cancelled() and ack.exception() is None)
 
@@ -520,6 +530,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         fresh_highwaters()
         drop_lost_producers()
         commit_open_transactions()
+        verify_aborted_tails()
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {

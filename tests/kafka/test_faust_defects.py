@@ -166,3 +166,86 @@ async def test_faust_takes_the_end_of_an_eos_restore_from_a_cache_the_worker_ask
         assert await AIOKafkaConsumerThread._highwaters(thread, [tp]) == {tp: 3}
     finally:
         await consumer.stop()
+
+
+async def test_faust_ends_an_eos_restore_on_the_consumer_position_the_worker_checks_the_log(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Under ``exactly_once`` Faust's restore takes every offset after the last record it read
+    up to the end for transaction markers and aborted records once the consumer's position
+    reached the end (``detect_aborted_tx``), though records fetched may not have reached the
+    restore yet: they are then dropped (a worker given back a partition loaded 136 of its
+    records and sent replies again). ``verify_aborted_tails`` reads that tail first and
+    seeks back to a committed record it finds there."""
+    from types import SimpleNamespace
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from yarl import URL
+
+    from streams.faust_defects import (
+        _ORIGINAL_POSITION,
+        committed_record_between,
+        verify_aborted_tails,
+    )
+    from streams.provision import ensure_topics
+    from topics.catalog import TopicSpec
+
+    topic = f"{topic_prefix}.worker-journal-changelog"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, "changelog", 1, 1)])
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, transactional_id=f"{topic_prefix}-tx", acks="all"
+    )
+    await producer.start()
+    try:  # 0, 1 committed (marker 2); 3 aborted (marker 4); 5 committed (marker 6)
+        for keys, commit in (([b"k0", b"k1"], True), ([b"k2"], False), ([b"k3"], True)):
+            await producer.begin_transaction()
+            for k in keys:
+                await producer.send_and_wait(topic, b"v", key=k, partition=0)
+            if commit:
+                await producer.commit_transaction()
+            else:
+                await producer.abort_transaction()
+    finally:
+        await producer.stop()
+    tp = TopicPartition(topic, 0)
+    assert await committed_record_between(kafka_bootstrap, tp, 0, 7) == 0
+    assert await committed_record_between(kafka_bootstrap, tp, 2, 7) == 5
+    assert await committed_record_between(kafka_bootstrap, tp, 2, 5) is None  # abort, markers
+    assert await committed_record_between(kafka_bootstrap, tp, 6, 7) is None  # a marker
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        while await consumer.position(tp) < 7:  # fetched all: the position is at the end
+            await consumer.getmany(tp, timeout_ms=500)
+
+        async def position(_tp: Any) -> int:
+            return int(await consumer.position(tp))
+
+        sought: list[tuple[Any, int]] = []
+
+        async def seek(_tp: Any, offset: int) -> None:
+            sought.append((_tp, offset))
+
+        # Faust's consumer as its restore sees it: highwater = end - 1 = 6
+        recovery = SimpleNamespace(active_highwaters={tp: 6}, active_offsets={tp: 1})
+        faust_consumer: Any = Consumer.__new__(Consumer)
+        faust_consumer._thread = SimpleNamespace(position=position)
+        faust_consumer.app = SimpleNamespace(
+            tables=SimpleNamespace(recovery=recovery),
+            conf=SimpleNamespace(broker=[URL(f"kafka://{kafka_bootstrap}")]),
+        )
+        faust_consumer.seek = seek
+        # Faust's check: the position (7) is past the highwater (6) while the restore read
+        # up to 1, so it would take offsets 2..6 for aborted and never load record 5
+        assert await _ORIGINAL_POSITION(faust_consumer, tp) == 7  # >= 6
+        verify_aborted_tails()
+        assert await faust_consumer.position(tp) == -1  # not taken: read again from 2
+        assert sought == [(tp, 2)]
+        recovery.active_offsets[tp] = 5  # record 5 read: only a marker is left
+        assert await faust_consumer.position(tp) == 7
+        assert sought == [(tp, 2)]
+    finally:
+        await consumer.stop()

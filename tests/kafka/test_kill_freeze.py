@@ -17,8 +17,9 @@ memory and sent again replies the peer had sent meanwhile (5 of 12 runs before t
 
 Under ``exactly_once`` the peer's transactional producers also fence the thawed worker's
 transactions (``ProducerFencedOut``: it exits 75). Run under ``exactly_once`` this test
-found five faults (``streams.faust_defects``), among them a standby replica that skipped
-records; one remains (see the parametrization), so it runs ``at_least_once`` only.
+found six faults (``streams.faust_defects``), among them a standby replica that skipped
+records and a restore that ended before it had read the records it fetched (the restarted
+worker loaded 136 records of a partition and sent again replies its peer had sent).
 
 The evidence is the changelog itself: every record carries the header ``botmesh.writer`` =
 ``<instance id>@<group generation>``. After the thaw, no record may come from the frozen
@@ -41,7 +42,7 @@ import pytest
 from streams.table_kv import changelog_topic
 from streams.worker import EXIT_ABANDONED
 from tests.kafka.recorder import Recorder, Tally, check_effects
-from tests.kafka.test_kills import Flow, alive, peers, produced_after, waiting
+from tests.kafka.test_kills import GUARANTEES, Flow, alive, peers, produced_after, waiting
 from tests.kafka.worker import WAIT_S, read_all
 from topics import Catalog
 
@@ -65,10 +66,7 @@ def writers(records: list[object]) -> list[tuple[str, int, float]]:
 
 
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes about a minute
-# exactly_once is left out while a known fault stands: in 1 of ~12 runs the peer that took
-# the frozen worker's partitions over lacked records it had written and sent their replies
-# again (81 in a CI run); the faults this test found there are fixed (``faust_defects``)
-@pytest.mark.parametrize("guarantee", ["at_least_once"])
+@pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_a_thawed_worker_writes_nothing_under_the_generation_it_lost(
     kafka_bootstrap: str,
     topic_prefix: str,

@@ -252,6 +252,8 @@ async def waiting(
 # -- 2. two workers in one group, one killed again and again ----------------------------------
 
 PEER_KILLS = 3
+#: The two-worker tests run under both processing guarantees.
+GUARANTEES = ["at_least_once", "exactly_once"]
 #: The inbox and outbox leases of the two workers (default 60s): the survivor replays the
 #: victim's pending records once their leases expired, so this bounds each takeover.
 PEER_LEASE = "10s"
@@ -283,16 +285,19 @@ def peers(
 
 
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
+@pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_survivor_of_a_killed_peer_resends_nothing(
     kafka_bootstrap: str,
     topic_prefix: str,
     tmp_path: Path,
     recorder: Recorder,
     tally: Tally,
+    *,
+    guarantee: str,
 ) -> None:
     cat = Catalog(topic_prefix)
-
-    survivor, victim = peers(kafka_bootstrap, topic_prefix, tmp_path, recorder)
+    env = {"BOTMESH_PROCESSING_GUARANTEE": guarantee}
+    survivor, victim = peers(kafka_bootstrap, topic_prefix, tmp_path, recorder, env)
     both = (survivor, victim)
     rng = random.Random(8)
     takeovers: list[float] = []
@@ -366,11 +371,14 @@ JOIN_PARTITIONS = 6
 
 
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
+@pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_joins_and_leaves_under_traffic_send_nothing_twice(
     kafka_bootstrap: str,
     topic_prefix: str,
     tmp_path: Path,
     recorder: Recorder,
+    *,
+    guarantee: str,
 ) -> None:
     cat = Catalog(topic_prefix)
     ensure_topics(kafka_bootstrap, cat.specs(partitions=JOIN_PARTITIONS))
@@ -382,7 +390,7 @@ async def test_joins_and_leaves_under_traffic_send_nothing_twice(
             tmp_path / name,
             instance=name,
             recorder=recorder.url,
-            env=SESSION_TIMEOUT,
+            env={**SESSION_TIMEOUT, "BOTMESH_PROCESSING_GUARANTEE": guarantee},
             loglevel="info",
             partitions=JOIN_PARTITIONS,
         )
