@@ -67,6 +67,12 @@ but not yet handed to the restore are then dropped as
 already seen: a worker given back a partition loaded
 136 of its records and sent again replies its peer
 had sent (1 in ~12 runs of the freeze test).
+A restore overtaken by the next rebalance can be      ``streams.worker.JournalTable``
+reported complete for partitions it has not            checks each partition it loads
+restored (seen under ``exactly_once``: a worker        against the changelog from its
+loaded 0 of a partition's records and sent again       database's persisted offset on
+replies its previous owner had sent).                  (``read_committed`` below) and
+                                                       writes what it lacks first
 Under ``exactly_once`` a standby replica of a          no standby replicas under
 changelog partition can miss records: seen here, a     ``exactly_once``
 standby started at offset 0 buffered only the records  (``streams.worker``): a worker given a
@@ -101,11 +107,14 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Producer as FaustProducer
 
 __all__ = [
+    "bootstrap_of",
     "commit_open_transactions",
+    "committed_record_between",
     "drop_lost_producers",
     "fresh_highwaters",
     "guard_commit_holes",
     "held_commit",
+    "read_committed",
     "shorten_recovery_poll",
     "verify_aborted_tails",
 ]
@@ -279,35 +288,74 @@ _ORIGINAL_POSITION: Callable[[Any, Any], Awaitable[int | None]] = ThreadDelegate
 TAIL_CHECK_S = 10.0
 
 
-async def committed_record_between(
-    bootstrap: str, tp: Any, start: int, end: int, *, within: float = TAIL_CHECK_S
-) -> int | None:
-    """The offset of the first committed record of ``tp`` in ``[start, end)``, read with
-    ``read_committed`` (transaction markers and aborted records are skipped), else ``None``;
-    raises ``TimeoutError`` when the read does not reach ``end`` in ``within`` seconds."""
-    part = TopicPartition(tp.topic, tp.partition)
+#: One changelog record as read back: key, value (``None``: a tombstone), offset.
+Read = tuple[bytes, bytes | None, int]
+
+
+async def read_committed(
+    bootstrap: str,
+    topic: str,
+    starts: dict[int, int],
+    *,
+    ends: dict[int, int] | None = None,
+    first_only: bool = False,
+    within: float = TAIL_CHECK_S,
+) -> dict[int, list[Read]]:
+    """The committed records of each partition of ``topic`` from its offset in ``starts`` to
+    its end in ``ends`` (exclusive; by default the partition's end offset now: under
+    ``read_committed`` the last stable offset), read with ``read_committed`` (transaction
+    markers and aborted records are skipped); with ``first_only``, at most the first one
+    of each. Raises ``TimeoutError`` when the read does not reach every end in ``within``
+    seconds."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",
         enable_auto_commit=False,
-        auto_offset_reset="none",
+        auto_offset_reset="earliest",  # a start compacted away: the earliest kept
     )
-    await consumer.start()
+    found: dict[int, list[Read]] = {p: [] for p in starts}
+    tps = {p: TopicPartition(topic, p) for p in starts}
     try:
-        consumer.assign([part])
-        consumer.seek(part, start)
         async with asyncio.timeout(within):
-            while await consumer.position(part) < end:
-                fetched = await consumer.getmany(part, timeout_ms=200)
-                for message in fetched.get(part, ()):
-                    if start <= message.offset < end:
-                        return int(message.offset)
+            await consumer.start()
+            consumer.assign(list(tps.values()))
+            if ends is None:
+                last = await consumer.end_offsets(list(tps.values()))
+                ends = {p: int(last[tp]) for p, tp in tps.items()}
+            for p, tp in tps.items():
+                consumer.seek(tp, starts[p])
+            while True:
+                left = []
+                for p, tp in tps.items():
+                    done = first_only and bool(found[p])
+                    if not done and await consumer.position(tp) < ends[p]:
+                        left.append(tp)
+                if not left:
+                    return found
+                fetched = await consumer.getmany(*left, timeout_ms=200)
+                for tp, messages in fetched.items():
+                    p = tp.partition
+                    for m in messages:
+                        if starts[p] <= m.offset < ends[p] and not (first_only and found[p]):
+                            found[p].append((m.key, m.value, int(m.offset)))
     finally:
         await consumer.stop()
-    return None
 
 
-def _bootstrap(app: Any) -> str:
+async def committed_record_between(
+    bootstrap: str, tp: Any, start: int, end: int, *, within: float = TAIL_CHECK_S
+) -> int | None:
+    """The offset of the first committed record of ``tp`` in ``[start, end)``, else
+    ``None`` (``read_committed``)."""
+    found = await read_committed(
+        bootstrap, tp.topic, {tp.partition: start}, ends={tp.partition: end}, first_only=True
+    )
+    records = found[tp.partition]
+    return records[0][2] if records else None
+
+
+def bootstrap_of(app: Any) -> str:
+    """``host:port,...`` of a Faust app's brokers."""
     return ",".join(f"{url.host}:{url.port or 9092}" for url in app.conf.broker)
 
 
@@ -322,7 +370,7 @@ async def _position(self: Any, tp: Any) -> int | None:
         return position  # not a restore's tail Faust would take for aborted records
     # Faust is about to take offsets seen+1..highwater for markers and aborted records
     try:
-        found = await committed_record_between(_bootstrap(self.app), tp, seen + 1, highwater + 1)
+        found = await committed_record_between(bootstrap_of(self.app), tp, seen + 1, highwater + 1)
     except Exception as exc:
         log.warning("%s: the restore's tail from offset %d not checked (%r)", tp, seen + 1, exc)
         return -1  # not taken as aborted: asked again at the next empty poll

@@ -61,10 +61,12 @@ from state.kv import DurableKv
 from state.ports import Provider
 from streams.config import WorkerConfig, group_instance_id
 from streams.faust_defects import (
+    bootstrap_of,
     commit_open_transactions,
     drop_lost_producers,
     fresh_highwaters,
     guard_commit_holes,
+    read_committed,
     shorten_recovery_poll,
     verify_aborted_tails,
 )
@@ -202,7 +204,55 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         await super().on_recovery_completed(active_tps, standby_tps)
         kv = self.botmesh_kv
         if kv is not None:  # before the inbound partitions resume
-            await kv.assign(tp.partition for tp in active_tps)
+            topic = self.changelog_topic_name
+            new = {tp.partition for tp in active_tps if tp.topic == topic} - kv.owned
+            complete = await self._catch_up(new)
+            await kv.assign(p for p in new if p in complete)
+
+    #: The longest the check of a restore against the changelog may take.
+    catch_up_s = 10.0
+
+    async def _catch_up(self, partitions: set[int]) -> set[int]:
+        """Check the restore of ``partitions`` against the changelog itself, and write what
+        it lacks into RocksDB; returns those now complete. Faust can call this with a
+        partition it has not restored (a restore overtaken by the next rebalance: the
+        partition loaded 0 of its records, and replies its previous owner had sent were
+        sent again): whatever Faust did, the journal loads a partition only once its
+        database holds every committed changelog record. A partition that cannot be
+        checked (the broker out of reach) is not loaded: a record of it fails and its
+        batch is given up unacked (the worker restarts)."""
+        if not partitions:
+            return set()
+        store: Any = self.data
+        topic = self.changelog_topic_name
+        starts = {}
+        for p in partitions:
+            persisted = store.persisted_offset(TP(topic, p))
+            starts[p] = 0 if persisted is None else persisted + 1
+        try:
+            tails = await read_committed(
+                bootstrap_of(self.app), topic, starts, within=self.catch_up_s
+            )
+        except Exception as exc:
+            log.error(
+                "journal partitions %s: their restore could not be checked against the "
+                "changelog (%r); they are not loaded",
+                sorted(partitions),
+                exc,
+            )
+            return set()
+        for p, records in sorted(tails.items()):
+            if records:
+                log.warning(
+                    "journal partition %d: the restore lacked %d changelog records (offsets "
+                    "%d-%d); written now",
+                    p,
+                    len(records),
+                    records[0][2],
+                    records[-1][2],
+                )
+                self.persist_many(p, records)
+        return partitions
 
     # -- group membership -----------------------------------------------------------------
 

@@ -4,7 +4,7 @@ and met by botmesh's workaround (no broker needed: the consumer is never started
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from faust.transport.drivers.aiokafka import Consumer
@@ -249,3 +249,89 @@ async def test_faust_ends_an_eos_restore_on_the_consumer_position_the_worker_che
         assert sought == [(tp, 2)]
     finally:
         await consumer.stop()
+
+
+async def test_a_partition_faust_left_unrestored_is_caught_up_from_the_changelog(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Faust can report a restore complete for a partition it has not restored (a restore
+    overtaken by the next rebalance: a worker loaded 0 of a partition's records and sent
+    again replies its previous owner had sent). ``JournalTable`` checks every partition it
+    loads against the changelog, from its database's persisted offset on, and writes the
+    committed records it lacks (aborted ones never); a partition it cannot check is not
+    loaded."""
+    from types import SimpleNamespace
+
+    from aiokafka import AIOKafkaProducer
+    from yarl import URL
+
+    from streams.provision import ensure_topics
+    from streams.worker import JournalTable
+    from topics.catalog import TopicSpec
+
+    topic = f"{topic_prefix}.worker-journal-changelog"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, "changelog", 2, 1)])
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, transactional_id=f"{topic_prefix}-tx", acks="all"
+    )
+    await producer.start()
+    try:  # partition 0: 0, 1 committed (marker 2); 3 aborted (4); 5 committed (6)
+        for pairs, commit in (
+            ([(b"k0", b"v0"), (b"k1", b"v1")], True),
+            ([(b"k2", b"aborted")], False),
+            ([(b"k1", b"v1b")], True),
+        ):
+            await producer.begin_transaction()
+            for k, v in pairs:
+                await producer.send_and_wait(topic, v, key=k, partition=0)
+            if commit:
+                await producer.commit_transaction()
+            else:
+                await producer.abort_transaction()
+        await producer.begin_transaction()  # partition 1: 0, 1 committed (marker 2)
+        await producer.send_and_wait(topic, b"x", key=b"a", partition=1)
+        await producer.send_and_wait(topic, None, key=b"b", partition=1)
+        await producer.commit_transaction()
+    finally:
+        await producer.stop()
+
+    class Store:
+        """Faust's RocksDB store as the check reads it: the persisted offset of each
+        partition (partition 0 restored up to offset 1, partition 1 not at all)."""
+
+        persisted: ClassVar[dict[int, int | None]] = {0: 1, 1: None}
+
+        def persisted_offset(self, tp: Any) -> int | None:
+            return self.persisted[tp.partition]
+
+    class Table(JournalTable):
+        changelog_topic_name = topic
+
+        def __init__(self, broker: str) -> None:  # Faust's own __init__ is not needed here
+            self.app: Any = SimpleNamespace(conf=SimpleNamespace(broker=[URL(broker)]))
+            self.written: dict[int, list[tuple[bytes, bytes | None, int]]] = {}
+
+        @property
+        def data(self) -> Any:  # type: ignore[override]
+            return Store()
+
+        def persist_many(
+            self,
+            partition: int,
+            records: list[tuple[bytes, bytes | None, int]],
+            offset: int | None = None,
+        ) -> None:
+            self.written.setdefault(partition, []).extend(records)
+
+    table = Table(f"kafka://{kafka_bootstrap}")
+    assert await table._catch_up({0, 1}) == {0, 1}
+    assert table.written == {0: [(b"k1", b"v1b", 5)], 1: [(b"a", b"x", 0), (b"b", None, 1)]}
+
+    Store.persisted = {0: 6, 1: 1}  # restored whole: nothing to write
+    table = Table(f"kafka://{kafka_bootstrap}")
+    assert await table._catch_up({0, 1}) == {0, 1}
+    assert table.written == {}
+
+    nowhere = Table("kafka://127.0.0.1:1")  # no broker: not checked, so not loaded
+    nowhere.catch_up_s = 2.0
+    assert await nowhere._catch_up({0}) == set()
