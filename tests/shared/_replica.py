@@ -12,7 +12,9 @@ stdin commands, one a line:
 
 - ``in <id> <chat>``: handle that inbound (in a task of its own; prints ``OUT <id> <outcome>``)
 - ``wait <id>``: print ``DONE <id>`` once the journal has that inbound done (whoever did it)
-- ``end``: wait for the tasks, let the sweeper settle what is due, print ``IDLE``; then,
+- ``quiet``: print ``QUIET`` once nothing in the journal is left pending (see ``end``)
+- ``end``: wait for the tasks, let the sweeper settle what is left pending (up to
+  ``SETTLE_S``: a dead replica's records are due once their leases expired), print ``IDLE``; then,
   at the next line, print ``SUMMARY <json>`` (metrics, errors, the journal's records)
 
 The provider holds a send whose text starts with ``hold:<this replica's name>/``: after the
@@ -27,10 +29,13 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from botmesh import Bot, Context, ErrorEvent, Inbound
-from state.messages import Outbound, SendResult
+from state.messages import Outbound, OutboxState, SendResult
+from state.records import InboxState
 from tests.backends import BACKENDS
 
 LEASE = "1s"
@@ -109,6 +114,10 @@ async def main(backend: str, path: str, name: str, folder: str, policy: str) -> 
                     return
                 await asyncio.sleep(0.05)
 
+        async def quiet() -> None:
+            await settle(d)
+            print("QUIET", flush=True)
+
         print("ready", flush=True)
         while True:
             line = await asyncio.to_thread(sys.stdin.readline)
@@ -118,12 +127,14 @@ async def main(backend: str, path: str, name: str, folder: str, policy: str) -> 
             if words[0] == "in":
                 text = words[3] if len(words) > 3 else ""
                 task = asyncio.create_task(handle(words[1], words[2], text))
+            elif words[0] == "quiet":
+                task = asyncio.create_task(quiet())
             else:
                 task = asyncio.create_task(wait(words[1]))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await asyncio.gather(*tasks)
-        await d.drain()
+        await settle(d)
         print("IDLE", flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # the others are idle too
         summary = {
@@ -134,6 +145,26 @@ async def main(backend: str, path: str, name: str, folder: str, policy: str) -> 
         }
     await kv.close()
     print("SUMMARY " + json.dumps(summary), flush=True)
+
+
+#: The longest ``end`` waits for records still pending to settle (a few leases).
+SETTLE_S = 10.0
+
+
+async def settle(d: Any) -> None:
+    """Sweep until nothing in the journal is left pending, or ``SETTLE_S`` passed: a record
+    a dead replica left is due only once its lease expired, which can be after the inbound
+    that holds it was marked done (its inbox lease, taken first, expires first)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        await d.drain()
+        outbox = await d.outbox.list()
+        inbox = await d.inbox.list()
+        left = [r for r in outbox if r.state in (OutboxState.PENDING, OutboxState.FAILED)]
+        left += [r for r in inbox if r.state == InboxState.PENDING]
+        if not left or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.1)
 
 
 if __name__ == "__main__":
