@@ -31,6 +31,10 @@ condition holds; the time limits are hang guards only.
   so that every join moves some to the new worker; after each leave, what is produced in
   the next second (on the leaver's partitions too) is answered by the others.
 
+The two-worker tests run under both processing guarantees (``GUARANTEES``): under
+``exactly_once`` they found a restore that ended before it had read what it fetched and one
+that a rebalance overtook (``streams.faust_defects``; the new owner sent replies again).
+
 The recovery tests (offsets reset to the earliest, data dir deleted) are in
 ``test_kill_recovery.py``, the broker stopped and started in ``test_kill_broker.py``.
 """
