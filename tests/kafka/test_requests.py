@@ -51,11 +51,29 @@ def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[
 
 
 async def test_requests_are_sent_once_in_order_with_the_chats_replies(worker: Worker) -> None:
-    """Messages and requests of six chats, interleaved and produced before the worker starts
-    (so the worker fetches them together, two topics at once): each chat's provider calls
-    follow the order produced, each request once, with a receipt under ``req:<id>``."""
+    """Messages and requests of six chats, interleaved and produced one by one to a running
+    worker: each chat's provider calls follow the order produced, each request once, with a
+    receipt under ``req:<id>``.
+
+    Kafka orders a partition, not two topics: the worker keeps a chat's order across the
+    inbound and request topics for records it fetched in one batch (merged by timestamp,
+    ``test_runner.py`` checks the merge), and batch after batch otherwise. Records produced
+    *before* the worker starts are not all fetched in one batch (the two topics' partitions
+    get their positions at different moments), so that case promises nothing across topics;
+    here the worker already consumes every partition of both topics (a warm-up message and
+    request per chat) when the records arrive."""
     cat = Catalog(worker.prefix)
     chats = [f"c{i}" for i in range(6)]
+    warm: list[Inbound | SendRequest] = []
+    for c in chats:
+        warm.append(Inbound(id=f"w-{c}", chat_id=c, text="warm"))
+        warm.append(SendRequest(id=f"rw-{c}", chat_id=c, text=f"warm request to {c}"))
+    worker.start()
+    await produce_in_order(worker.bootstrap, cat, warm)
+    await wait_sends(
+        [worker],
+        {reply_text(f"w-{c}", "warm") for c in chats} | {f"warm request to {c}" for c in chats},
+    )
     records: list[Inbound | SendRequest] = []
     want: dict[str, list[str]] = collections.defaultdict(list)
     for k in range(5):
@@ -65,14 +83,15 @@ async def test_requests_are_sent_once_in_order_with_the_chats_replies(worker: Wo
             records.append(SendRequest(id=f"r-{c}-{k}", chat_id=c, text=request_text(c, k)))
             want[c].append(request_text(c, k))
     await produce_in_order(worker.bootstrap, cat, records)
-    worker.start()
     await wait_sends([worker], {t for texts in want.values() for t in texts})
     keys = {f"req:r-{c}-{k}" for c in chats for k in range(5)}
     receipts = await receipts_until(worker, cat, keys)
     assert worker.stop() == 0
 
-    assert by_chat(worker.sends()) == want
-    states = {r.key: (r.state, r.inbound_id) for r in receipts if r.key.startswith("req:")}
+    warmed = {s["text"] for s in worker.sends()[: 2 * len(chats)]}
+    assert len(warmed) == 2 * len(chats) and all("warm" in t for t in warmed)
+    assert by_chat(worker.sends()[2 * len(chats) :]) == want
+    states = {r.key: (r.state, r.inbound_id) for r in receipts if r.key.startswith("req:r-")}
     assert set(states) == keys
     assert set(states.values()) == {("sent", None)}
 
