@@ -19,6 +19,10 @@ topic                                     cleanup     purpose
 ``<prefix>.worker-journal-changelog``     compact     the worker's journal (a Faust table:
                                                       inbox, outbox and lease records);
                                                       partitions = inbound's
+``<prefix>.metrics``                      compact     each worker's 13 engine counters,
+                                                      keyed by its instance id (every
+                                                      ``BOTMESH_METRICS_INTERVAL`` s and
+                                                      at a clean stop; ``botmesh metrics``)
 ========================================  ==========  =================================
 
 The prefix comes from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``). The worker's consumer
@@ -59,7 +63,7 @@ TABLES: tuple[str, ...] = ("journal",)
 _DAY_MS = 24 * 3600 * 1000
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
-Role = Literal["inbound", "requests", "sent", "retry", "dlq", "changelog"]
+Role = Literal["inbound", "requests", "sent", "retry", "dlq", "changelog", "metrics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,11 @@ class Catalog:
     @property
     def outbox_dlq(self) -> str:
         return f"{self.prefix}.outbox.dlq"
+
+    @property
+    def metrics(self) -> str:
+        """The workers' counters (compacted, keyed by instance id; ``botmesh metrics``)."""
+        return f"{self.prefix}.metrics"
 
     @property
     def app_id(self) -> str:
@@ -237,6 +246,18 @@ class Catalog:
             )
             for table in TABLES
         ]
+        out.append(
+            spec(
+                self.metrics,
+                "metrics",
+                {
+                    "cleanup.policy": "compact",
+                    "segment.ms": str(3600 * 1000),
+                    "min.cleanable.dirty.ratio": "0.1",
+                },
+                "each worker's engine counters, keyed by its instance id",
+            )
+        )
         return out
 
     def specs_beside(

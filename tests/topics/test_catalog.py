@@ -22,6 +22,7 @@ def test_names_derive_from_the_prefix() -> None:
     )
     assert cat.app_id == cat.group == "acme.prod.worker"
     assert cat.changelog("journal") == "acme.prod.worker-journal-changelog"
+    assert cat.metrics == "acme.prod.metrics"
 
 
 def test_default_prefix_and_env() -> None:
@@ -43,12 +44,13 @@ def test_unknown_retry_tier() -> None:
 
 def test_specs_cover_every_topic_with_policies() -> None:
     specs = {s.name: s for s in Catalog("p").specs(partitions=6, replication=3)}
-    assert len(specs) == 3 + len(RETRY_TIERS) + 3 + 1
+    assert len(specs) == 3 + len(RETRY_TIERS) + 3 + 1 + 1
     assert all(s.partitions == 6 and s.replication == 3 for s in specs.values())
     assert all(s.config["min.insync.replicas"] == "2" for s in specs.values())
     changelogs = [s for s in specs.values() if s.role == "changelog"]
     assert {s.name for s in changelogs} == {"p.worker-journal-changelog"}
     assert all(s.compacted for s in changelogs)
+    assert specs["p.metrics"].role == "metrics" and specs["p.metrics"].compacted
     assert not specs["p.inbound"].compacted
     dlq = int(specs["p.inbound.dlq"].config["retention.ms"])
     assert dlq > int(specs["p.inbound"].config["retention.ms"])
