@@ -12,6 +12,14 @@
     botmesh send --chat-id ID --text T [--key K] [--id ID] [--media-url U] [--option K=V]
                                                           a send from outside a handler
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
+    botmesh replay (--from-offset N | --from-time T | --to-earliest) [--topic inbound|requests]
+                   [--partition P ...] [--force] [--dry-run] [--json]
+                                                          reset the worker group's offsets
+    botmesh status [--no-journal] [--json]                group, lag, journal, dead letters
+    botmesh metrics [--json]                              the workers' counters
+
+Exit statuses (``botmesh._exit``): 0 ok, 1 refused (a precondition, e.g. live members), 2 a
+usage error, 3 the broker unreachable.
 
 ``run`` runs the bot in this process (``botmesh.run``), with stdin as its transport: each
 line is one inbound message (plain text to ``--chat``, or with ``--json`` an inbound record
@@ -50,8 +58,9 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from botmesh._exit import Exit
 from state.errors import AppLoadError
 from state.ports import Provider
 from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
@@ -261,7 +270,71 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--from-beginning", action="store_true")
     r.add_argument("--limit", type=int, help="stop after N receipts")
     r.add_argument("--idle", type=float, help="stop after SECONDS without a receipt")
+    _operator_commands(sub)
     return parser
+
+
+def _operator(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds each request to the broker may take (default 10; then exit 3)",
+    )
+
+
+def _operator_commands(sub: Any) -> None:
+    rp = sub.add_parser(
+        "replay",
+        help="reset the worker group's offsets (<prefix>.worker) to replay records",
+        description="Reset the committed offsets of the worker group on the inbound (and/or "
+        "requests) topic. Refused (exit 1) while the group lists members, unless --force. "
+        "The journal answers what it handled already: handlers run again, no send goes out "
+        "twice.",
+    )
+    where = rp.add_mutually_exclusive_group(required=True)
+    where.add_argument("--from-offset", type=int, metavar="N", help="this offset (clamped)")
+    where.add_argument(
+        "--from-time",
+        metavar="TIME",
+        help="the first record at or after TIME: ISO 8601 (no zone: UTC) or epoch seconds",
+    )
+    where.add_argument("--to-earliest", action="store_true", help="the earliest retained record")
+    rp.add_argument(
+        "--topic",
+        action="append",
+        choices=["inbound", "requests"],
+        help="the topic to reset (repeatable; default inbound)",
+    )
+    rp.add_argument(
+        "--partition",
+        action="append",
+        type=int,
+        metavar="P",
+        help="only this partition (repeatable; default all)",
+    )
+    rp.add_argument(
+        "--force",
+        action="store_true",
+        help="remove the group's listed members first (their workers must be stopped)",
+    )
+    rp.add_argument(
+        "--dry-run", action="store_true", help="print the offsets it would set; change nothing"
+    )
+    _operator(rp)
+    st = sub.add_parser(
+        "status", help="the worker group, its lag, the journal and the dead letters"
+    )
+    st.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="do not read the journal's changelog (no journal size, no ambiguous sends)",
+    )
+    _operator(st)
+    mt = sub.add_parser("metrics", help="the counters each worker published on <prefix>.metrics")
+    _operator(mt)
 
 
 def _journal_arg(value: str) -> str:
@@ -457,6 +530,15 @@ def _cmd_receipts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from botmesh import _ops
+
+    run = {"replay": _ops.cmd_replay, "status": _ops.cmd_status, "metrics": _ops.cmd_metrics}
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    return run[args.command](args, _bootstrap(args), _catalog(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
@@ -466,15 +548,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "produce": _cmd_produce,
         "send": _cmd_send,
         "receipts": _cmd_receipts,
+        "replay": _cmd_operator,
+        "status": _cmd_operator,
+        "metrics": _cmd_operator,
     }
     try:
         return commands[args.command](args)
     except AppLoadError as exc:
         print(f"botmesh: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, ConnectionError, LookupError) as exc:
+        return Exit.USAGE
+    except ConnectionError as exc:
         print(f"botmesh {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return Exit.UNREACHABLE
+    except (ValueError, LookupError) as exc:
+        print(f"botmesh {args.command}: {exc}", file=sys.stderr)
+        return Exit.USAGE
     except KeyboardInterrupt:
         return 130
 
