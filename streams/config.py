@@ -152,6 +152,9 @@ class WorkerConfig:
     #: the partition's Kafka transaction and a journal commit returns once that transaction
     #: committed (``streams.worker.JournalTable``).
     guarantee: str = "at_least_once"
+    #: ``BOTMESH_METRICS_INTERVAL`` (10 s): how often the worker publishes its counters to
+    #: ``<prefix>.metrics`` (and once at a clean stop).
+    metrics_interval: float = 10.0
     #: ``BOTMESH_LOG_LEVEL`` (``info``).
     loglevel: str = "info"
     #: Create the topics at start (idempotent).
@@ -168,6 +171,11 @@ class WorkerConfig:
                 "accepts 6 to 1800 seconds"
             )
         check_guarantee(self.guarantee, "processing guarantee")
+        if not self.metrics_interval > 0:
+            raise ValueError(
+                f"metrics interval (BOTMESH_METRICS_INTERVAL) {self.metrics_interval:g}s: "
+                "must be a positive number of seconds"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
@@ -186,6 +194,7 @@ class WorkerConfig:
             replication=_int_env(env, "BOTMESH_REPLICATION", 1) or 1,
             batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,
             session_timeout=_float_env(env, "BOTMESH_SESSION_TIMEOUT", DEFAULT_SESSION_TIMEOUT),
+            metrics_interval=_float_env(env, "BOTMESH_METRICS_INTERVAL", 10.0),
             loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
             guarantee=check_guarantee(
                 env.get("BOTMESH_PROCESSING_GUARANTEE", "").strip() or "at_least_once",

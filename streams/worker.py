@@ -47,7 +47,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import faust
@@ -70,6 +70,7 @@ from streams.faust_defects import (
     shorten_recovery_poll,
     verify_aborted_tails,
 )
+from streams.operator import metrics_record
 from streams.provision import ensure_topics, existing_topics
 from streams.runner import (
     BatchAbandoned,
@@ -100,6 +101,8 @@ class _BotApp(faust.App):
     botmesh_runtime: RuntimeLike | None = None
     botmesh_runner: InboundRunner | None = None
     botmesh_about = ""
+    #: publishes the counters once more at a clean stop (``build_app``)
+    botmesh_last_metrics: Callable[[], Awaitable[None]] | None = None
     _runtime_started = False
 
     async def on_start(self) -> None:
@@ -119,6 +122,8 @@ class _BotApp(faust.App):
         if self.botmesh_runner is not None:
             self.botmesh_runner.stopping.set()
         await super().on_stop()  # stops the consumer, waiting for the batch in progress
+        if self.botmesh_last_metrics is not None:
+            await self.botmesh_last_metrics()
         await self._stop_runtime()
 
     async def on_shutdown(self) -> None:
@@ -720,6 +725,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
                 _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_SOFTWARE)
 
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
+    _publish_metrics(app, runtime, cat.metrics, config)
     app.botmesh_about = (
         f"bot {bot.bot_id} on {cat.inbound} and {cat.requests}, "
         f"journal {redact(config.journal_url)}"
@@ -727,6 +733,30 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}"
     )
     return app
+
+
+def _publish_metrics(app: Any, runtime: RuntimeLike, topic: str, config: WorkerConfig) -> None:
+    """Every ``config.metrics_interval`` seconds, and once at a clean stop, produce the
+    engine's counters to ``topic`` (``<prefix>.metrics``, keyed by the instance id)."""
+    instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
+
+    async def publish(*_: Any) -> None:  # Faust passes the app to a timer that takes one
+        ops = runtime.durability if app._runtime_started else None
+        if ops is None:
+            return
+        key, value = metrics_record(instance, ops.metrics(), time.time())
+
+        async def send() -> None:
+            await app.producer.maybe_start()
+            await (await app.producer.send(topic, key, value, None, None, None))
+
+        try:  # bounded: a broker that is down must not hold up a clean stop
+            await asyncio.wait_for(send(), timeout=10.0)
+        except Exception as exc:  # counters are best effort: never stop the worker
+            log.warning("cannot publish the metrics to %s: %s: %s", topic, type(exc).__name__, exc)
+
+    app.timer(config.metrics_interval, name=f"{topic}.publish")(publish)
+    app.botmesh_last_metrics = publish
 
 
 def _raw_record(msg: Any) -> RawRecord:
