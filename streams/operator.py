@@ -8,7 +8,9 @@
   lists members, because the broker only takes offsets for a group nobody is in and a
   live worker would commit over them; ``force`` first removes the listed members from the
   group (a LeaveGroup for each, as Java's ``Admin.removeMembersFromConsumerGroup``: the
-  way to clear a static member whose worker stopped and whose session has not expired).
+  way to clear a static member whose worker stopped and whose session has not expired; a
+  running worker removed so rejoins at its next heartbeat, goes on from its own position
+  and commits over the reset).
 - :func:`status`: the group's state and members, the lag of every inbound and requests
   partition, the journal's changelog (read to its end, last value of each key wins), the
   dead letters of each DLQ topic.
