@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from state.kv import Entry
 from streams.operator import (
     _is_ambiguous_send,
     decode_metrics,
@@ -28,6 +29,7 @@ from streams.operator import (
     parse_time,
 )
 from streams.provision import ensure_topics
+from streams.table_kv import encode_entry
 from streams.tools import demo_records, end_offsets, produce_inbound
 from tests.kafka.broker import committed_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker
@@ -212,6 +214,48 @@ async def test_status_shows_the_lag_without_a_worker_then_the_member_and_no_lag(
     assert w.instance_id in table.stdout and "lag (total 0)" in table.stdout
     assert "ambiguous sends (outbox state unknown, ambiguous): 0" in table.stdout
     assert w.stop() == 0
+
+
+@pytest.mark.kafka
+async def test_status_counts_ambiguous_sends_by_the_last_value_of_each_key(
+    kafka_bootstrap: str, topics: Catalog
+) -> None:
+    """Journal records written to the changelog as the worker writes them (no worker here):
+    only a key whose *last* value is an outbox record ``unknown`` and ``ambiguous`` counts."""
+    cat, b = topics, kafka_bootstrap
+    scope = "t:e:kafka-test:c"
+    lost = {"key": "k", "state": "unknown", "ambiguous": True}
+    history: list[tuple[str, dict[str, Any] | None]] = [
+        (f"{scope}/out/a:1", {"key": "a:1", "state": "pending", "inflight": True}),
+        (f"{scope}/out/a:1", lost),  # counts
+        (f"{scope}/out/b:1", lost),
+        (f"{scope}/out/b:1", {"key": "b:1", "state": "sent"}),  # settled after all
+        (f"{scope}/out/c:1", lost),
+        (f"{scope}/out/c:1", None),  # purged
+        (f"{scope}/in/d", {"id": "d", "state": "unknown", "ambiguous": True}),  # not a send
+        (f"{scope}/out/e:1", {"key": "e:1", "state": "unknown"}),  # not ambiguous
+        (f"{scope}/out/f:1", lost),  # counts
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=b, acks="all")
+    await producer.start()
+    try:
+        for n, (key, value) in enumerate(history):
+            record = None if value is None else encode_entry(Entry(key, value, n + 1))
+            await producer.send_and_wait(
+                cat.changelog("journal"), record, key=key.encode(), partition=n % 2
+            )
+    finally:
+        await producer.stop()
+    out = botmesh("status", "--json", bootstrap=b, prefix=cat.prefix)
+    assert out.returncode == 0, out.stderr
+    journal = as_json(out)["journal"]
+    assert journal["ambiguous"] == 2
+    assert journal["records"] == journal["offsets"] == len(history)
+    assert journal["keys"] == 5  # a, b, d, e, f
+    no_journal = as_json(
+        botmesh("status", "--json", "--no-journal", bootstrap=b, prefix=cat.prefix)
+    )
+    assert no_journal["journal"] is None
 
 
 @pytest.mark.kafka
