@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -528,7 +529,9 @@ async def test_a_request_the_journal_refuses_is_retried_then_dead_lettered() -> 
     assert dead["error.class"] == "JournalUnavailableError"
 
 
-async def test_a_request_the_provider_refuses_is_settled_dead_not_dead_lettered() -> None:
+async def test_a_request_the_provider_refuses_is_settled_dead_and_its_send_dead_lettered() -> None:
+    """The request itself is settled (not on ``requests.dlq``); its send is dead in the
+    journal, so its copy goes to ``outbox.dlq`` once, with the headers of the dead send."""
     provider, produced = MockProvider(), Produced()
     provider.fail_next(RecipientUnreachableError("blocked the bot"))
     bot = make_bot([])
@@ -540,7 +543,20 @@ async def test_a_request_the_provider_refuses_is_settled_dead_not_dead_lettered(
     assert runner.requests == {"refused": 1, "dead": 1}  # the copy: answered from the outbox
     # the copy's answer publishes the receipt again (receipts are at least once, by key)
     assert [(r.key, r.state) for r in produced.receipts()] == [("req:r1", OutboxState.DEAD)] * 2
-    assert [r for r in produced.records if r[0] != "sent"] == []
+    [(role, key, value, headers)] = [r for r in produced.records if r[0] != "sent"]
+    dead = {k: v.decode() for k, v in headers}
+    assert (role, key) == ("outbox-dlq", b"A")
+    assert json.loads(value) == {"v": 1, "key": "req:r1", "chat_id": "A", "text": "x"}
+    assert (dead["reason"], dead["idempotency.key"], dead["chat.id"]) == (
+        "send-refused",
+        "req:r1",
+        "A",
+    )
+    assert (dead["error.class"], dead["error.message"]) == (
+        "RecipientUnreachableError",
+        "blocked the bot",
+    )
+    assert dead["attempts"] == "1" and float(dead["failed.first"]) <= float(dead["failed.last"])
 
 
 def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:
