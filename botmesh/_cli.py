@@ -12,6 +12,8 @@
     botmesh send --chat-id ID --text T [--key K] [--id ID] [--media-url U] [--option K=V]
                                                           a send from outside a handler
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
+    botmesh dlq list|show|retry|replay|discard [--chat C] [--key K] [--reason R]
+                [--since T] [--until T] [--dry-run] [--json]  dead letters (``_dlq_cli``)
 
 ``run`` runs the bot in this process (``botmesh.run``), with stdin as its transport: each
 line is one inbound message (plain text to ``--chat``, or with ``--json`` an inbound record
@@ -52,6 +54,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from botmesh._dlq_cli import add_dlq, run_dlq
 from state.errors import AppLoadError
 from state.ports import Provider
 from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
@@ -256,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
         "parses, else a string)",
     )
 
+    add_dlq(sub, _common)
+
     r = sub.add_parser("receipts", help="tail the sent-receipts topic (JSON lines)")
     _common(r)
     r.add_argument("--from-beginning", action="store_true")
@@ -457,6 +462,10 @@ def _cmd_receipts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    return run_dlq(args, _catalog(args), _bootstrap(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
@@ -466,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "produce": _cmd_produce,
         "send": _cmd_send,
         "receipts": _cmd_receipts,
+        "dlq": _cmd_dlq,
     }
     try:
         return commands[args.command](args)

@@ -12,9 +12,12 @@ it refuses for good (``RecipientUnreachableError``) a send whose text is ``refus
 send ends ``dead``.
 
 ``http_provider`` (``--provider tests.kafka.bot:http_provider``) records each send outside
-the worker instead: it POSTs ``{"chat_id", "text", "key", "pid"}`` to the recorder of the
-test process (``tests.kafka.recorder.Recorder``, URL in ``$BOTMESH_TEST_RECORDER``) and
-returns the message id the recorder gives only once it answered (a time limit of
+the worker instead (and maps the recorder's refusals as a channel adapter maps its API's:
+429 with ``Retry-After`` -> ``RateLimitedError``, another 4xx ->
+``RecipientUnreachableError``, final; 5xx -> ``SendError``, retried): it POSTs ``{"chat_id",
+"text", "key", "pid"}`` to the recorder of the test process
+(``tests.kafka.recorder.Recorder``, URL in ``$BOTMESH_TEST_RECORDER``) and returns the
+message id the recorder gives only once it answered (a time limit of
 ``$BOTMESH_TEST_RECORDER_TIMEOUT`` seconds, default 5, on connecting: a POST that could not
 connect is a retryable ``SendError``; once written, the answer is awaited, however late, up
 to a hang guard: ``tests.kafka.recorder.post_send``). It refuses ``refuse`` as the file
@@ -24,7 +27,8 @@ The inbox policy comes from the environment so a test can make a journal outage 
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
 milliseconds, default 200; the cap is 4 x the base, no jitter); ``BOTMESH_TEST_LEASE`` (a
 duration such as ``10s``) sets the inbox and outbox leases, so that a killed worker's
-records are taken over sooner.
+records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (seconds) and
+``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``.
 
 The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
 one process unchanged.
@@ -37,8 +41,8 @@ import json
 import os
 
 from botmesh import Bot, Context, Outbound, SendResult
-from botmesh.errors import RecipientUnreachableError, SendError
-from tests.kafka.recorder import RECORDER_ENV, post_send
+from botmesh.errors import RateLimitedError, RecipientUnreachableError, SendError
+from tests.kafka.recorder import RECORDER_ENV, HttpStatusError, post_send
 
 __all__ = ["FileProvider", "HttpProvider", "bot", "http_provider", "provider", "reply_text"]
 
@@ -48,10 +52,17 @@ def _policy() -> dict[str, object]:
     base_ms = float(os.environ.get("BOTMESH_TEST_INBOX_BACKOFF_MS", "200"))
     backoff = {"base": base_ms, "cap": base_ms * 4, "jitter": 0}
     policy: dict[str, dict[str, object]] = {"inbox": {"max_attempts": attempts, "backoff": backoff}}
+    policy["outbox"] = {}
     lease = os.environ.get("BOTMESH_TEST_LEASE", "").strip()
     if lease:  # the inbox and outbox leases (default 60s): how soon a dead holder's work moves
         policy["inbox"]["lease"] = lease
-        policy["outbox"] = {"lease": lease}
+        policy["outbox"]["lease"] = lease
+    inline = os.environ.get("BOTMESH_TEST_OUTBOX_INLINE", "").strip()
+    if inline:  # how long a reply retries inline before the sweeper takes it (default 15 s)
+        policy["outbox"]["inline_max"] = float(inline)
+    retries = os.environ.get("BOTMESH_TEST_OUTBOX_RETRIES", "").strip()
+    if retries:
+        policy["outbox"]["retries"] = int(retries)
     return dict(policy)
 
 
@@ -130,6 +141,12 @@ class HttpProvider:
         }
         try:
             answer = await post_send(self.url, payload, self.timeout)
+        except HttpStatusError as exc:  # mapped as a channel adapter maps its API's answers
+            if exc.status == 429:
+                raise RateLimitedError(str(exc), retry_after=exc.retry_after or 0.0) from exc
+            if 400 <= exc.status < 500:
+                raise RecipientUnreachableError(str(exc)) from exc
+            raise SendError(str(exc)) from exc
         except (OSError, TimeoutError, ValueError) as exc:
             raise SendError(f"the recorder did not take the send: {exc!r}") from exc
         return SendResult(str(answer["message_id"]))
