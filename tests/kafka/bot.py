@@ -28,7 +28,9 @@ long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_
 milliseconds, default 200; the cap is 4 x the base, no jitter); ``BOTMESH_TEST_LEASE`` (a
 duration such as ``10s``) sets the inbox and outbox leases, so that a killed worker's
 records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (seconds) and
-``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``.
+``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``;
+``BOTMESH_TEST_KILL_AT_DEAD_LETTER`` (a file) makes the worker SIGKILL itself once, between
+the journal's ``dead`` and its dead letter.
 
 The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
 one process unchanged.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from typing import Any
 
 from botmesh import Bot, Context, Outbound, SendResult
 from botmesh.errors import RateLimitedError, RecipientUnreachableError, SendError
@@ -67,6 +70,30 @@ def _policy() -> dict[str, object]:
 
 
 bot = Bot("kafka-test", durability=_policy())
+
+
+def _die_at_the_first_dead_letter(marker: str) -> None:
+    """``BOTMESH_TEST_KILL_AT_DEAD_LETTER=<file>``: the worker SIGKILLs itself when its first
+    dead letter is about to be produced (after the journal recorded the record dead, before
+    the copy exists), once: the file marks that it happened."""
+    import signal
+
+    from streams.runner import KafkaReceipts
+
+    real = KafkaReceipts.dead_letter
+    armed = [not os.path.exists(marker)]  # read once, at import
+
+    async def dead_letter(self: KafkaReceipts, *args: Any, **kwargs: Any) -> Any:
+        if armed[0]:
+            _append(marker, "killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await real(self, *args, **kwargs)
+
+    KafkaReceipts.dead_letter = dead_letter  # type: ignore[method-assign]
+
+
+if os.environ.get("BOTMESH_TEST_KILL_AT_DEAD_LETTER"):
+    _die_at_the_first_dead_letter(os.environ["BOTMESH_TEST_KILL_AT_DEAD_LETTER"])
 
 
 def reply_text(inbound_id: str, text: str | None) -> str:

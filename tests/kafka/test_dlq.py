@@ -28,7 +28,7 @@ from streams.provision import ensure_topics
 from streams.tools import produce_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.recorder import Recorder
-from tests.kafka.worker import PARTITIONS, WAIT_S, Worker
+from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, read_all, read_journal
 from topics import Catalog
 
 pytestmark = pytest.mark.kafka
@@ -146,6 +146,16 @@ async def test_failed_sends_retry_as_asked_end_sent_or_dead_and_redrive_once(
         checked += 1
     assert checked == 3
 
+    # the waits went through the retry tiers, visible on their topics (the sweeper's backstop
+    # would take 30 s more): the 429 asking 2 s parked the send on the 5 s tier
+    parked = {
+        tier: [json.loads(r.value) for r in await read_all(worker.bootstrap, cat.retry(tier))]
+        for tier in ("1s", "5s")
+    }
+    assert {p["key"] for p in parked["5s"]} >= {"m-c0-0:1", "m-c3-0:1"}
+    assert {p["key"] for p in parked["1s"]} >= {"m-c3-0:1"}
+    assert all(p["retry_at"] > 0 and p["attempts"] >= 1 for p in parked["5s"] + parked["1s"])
+
     # each chat's replies reached the fake in the chat's order
     for chat in chats:
         got = [c.inbound_id for c in calls if c.chat_id == chat]
@@ -200,3 +210,44 @@ def test_dlq_commands_name_the_bad_input_and_an_unreachable_broker(worker: Worke
     )
     assert down.returncode == 3
     assert "cannot reach Kafka at '127.0.0.1:1'" in down.stderr
+
+
+async def test_a_sigkill_between_dead_and_its_dead_letter_leaves_both_or_neither(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """The worker is SIGKILLed right after the journal recorded a send dead and before its
+    dead letter was produced. Restarted, it copies the record: every dead send in the
+    journal has its dead letter on ``outbox.dlq``, and every dead letter a dead send."""
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
+    marker = tmp_path / "killed"
+    env = {"BOTMESH_TEST_KILL_AT_DEAD_LETTER": str(marker)}
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, env=env)
+    try:
+        texts = ["refuse" if i % 3 == 0 else f"t{i}" for i in range(9)]
+        messages = [Inbound(id=f"k{i}", chat_id=f"c{i % 3}", text=t) for i, t in enumerate(texts)]
+        await produce_inbound(kafka_bootstrap, cat.inbound, messages)
+        child = worker.start()
+        deadline = time.monotonic() + WAIT_S
+        while child.alive():
+            assert time.monotonic() < deadline, "the worker did not die at its dead letter"
+            await asyncio.sleep(0.1)
+        assert child.proc is not None and child.proc.returncode == -9
+        assert marker.exists()
+        worker.start()
+        refused = {f"k{i}" for i, t in enumerate(texts) if t == "refuse"}
+        want = {f"{mid}:1" for mid in refused}
+        await wait_for(
+            "a dead letter for each refused send",
+            lambda: {d["headers"]["idempotency.key"] for d in dlq_list(worker)} >= want,
+            worker,
+        )
+        assert worker.stop() == 0
+        journal = await read_journal(worker)
+        dead = {v["key"] for k, v in journal.items() if "/out/" in k and v.get("state") == "dead"}
+        letters = {d["headers"]["idempotency.key"] for d in dlq_list(worker, "--kind", "outbox")}
+        assert dead == letters == want
+        published = {v["key"]: v.get("published") for v in journal.values() if v.get("key") in dead}
+        assert set(published.values()) == {True}
+    finally:
+        worker.close()
