@@ -30,7 +30,8 @@ duration such as ``10s``) sets the inbox and outbox leases, so that a killed wor
 records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (seconds) and
 ``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``;
 ``BOTMESH_TEST_KILL_AT_DEAD_LETTER`` (a file) makes the worker SIGKILL itself once, between
-the journal's ``dead`` and its dead letter.
+the journal's ``dead`` and its dead letter; ``BOTMESH_TEST_CRASH_MARKER`` (a file) makes the
+handler SIGKILL the worker once, in the middle of a message whose text is ``crash``.
 
 The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
 one process unchanged.
@@ -118,6 +119,10 @@ async def echo(ctx: Context) -> None:
         _append(handled, ctx.inbound_id)
     if ctx.text == "fail":
         raise RuntimeError("the handler failed on purpose")
+    crash = os.environ.get("BOTMESH_TEST_CRASH_MARKER", "")
+    if ctx.text == "crash" and crash and not os.path.exists(crash):  # noqa: ASYNC240
+        _append(crash, ctx.inbound_id)  # once: the marker says it happened
+        os.kill(os.getpid(), 9)
     await ctx.reply(reply_text(ctx.inbound_id, ctx.text))
 
 

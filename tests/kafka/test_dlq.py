@@ -251,3 +251,62 @@ async def test_a_sigkill_between_dead_and_its_dead_letter_leaves_both_or_neither
         assert set(published.values()) == {True}
     finally:
         worker.close()
+
+
+async def test_an_inbound_dead_after_a_crash_is_in_the_dlq_and_replayed_once_from_the_cli(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """With ``inbox.max_attempts=1`` a message whose handler killed the worker is dead at the
+    next start: the journal copies it to ``inbound.dlq`` (with its id, reason and source
+    offset); ``botmesh dlq replay`` has its owner run it again: its reply goes out once."""
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
+    marker = tmp_path / "crashed"
+    env = {"BOTMESH_TEST_CRASH_MARKER": str(marker), "BOTMESH_TEST_INBOX_ATTEMPTS": "1"}
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, env=env)
+    try:
+        messages = [Inbound(id="x1", chat_id="c1", text="crash")]
+        messages += [Inbound(id=f"x{i}", chat_id="c1", text=f"t{i}") for i in range(2, 5)]
+        await produce_inbound(kafka_bootstrap, cat.inbound, messages)
+        child = worker.start()
+        deadline = time.monotonic() + WAIT_S
+        while child.alive():
+            assert time.monotonic() < deadline, "the handler did not kill the worker"
+            await asyncio.sleep(0.1)
+        worker.start()
+        await wait_for(
+            "the dead inbound's dead letter",
+            lambda: (
+                [d["headers"].get("inbound.id") for d in dlq_list(worker, "--kind", "inbound")]
+                == ["x1"]
+            ),
+            worker,
+        )
+        [d] = dlq_list(worker, "--kind", "inbound")
+        h = d["headers"]
+        assert (h["reason"], h["chat.id"], h["source.topic"]) == (
+            "attempts-exhausted",
+            "c1",
+            cat.inbound,
+        )
+        assert d["value"]["id"] == "x1" and d["value"]["text"] == "crash"
+        later = {reply_text(f"x{i}", f"t{i}") for i in range(2, 5)}
+        await wait_for(
+            "the chat's other replies", lambda: later <= {s["text"] for s in worker.sends()}, worker
+        )
+        assert reply_text("x1", "crash") not in {s["text"] for s in worker.sends()}
+
+        replay = botmesh(worker, "dlq", "replay", "--key", "x1", "--json")
+        assert replay.returncode == 0, replay.stderr
+        [result] = json.loads(replay.stdout)["results"]
+        assert (result["outcome"], result["target"]) == ("done", "x1")
+        await wait_for(
+            "the replayed reply",
+            lambda: reply_text("x1", "crash") in {s["text"] for s in worker.sends()},
+            worker,
+        )
+        assert worker.stop() == 0
+        texts = collections.Counter(s["text"] for s in worker.sends())
+        assert texts == dict.fromkeys(later | {reply_text("x1", "crash")}, 1)
+    finally:
+        worker.close()
