@@ -69,6 +69,16 @@ def dlq_topic(cat: Catalog, kind: str) -> str:
     return topics[kind]
 
 
+async def _started(client: AIOKafkaConsumer | AIOKafkaProducer, bootstrap: str) -> None:
+    """Start a client; ``ConnectionError`` naming the bootstrap and the fix when it cannot."""
+    try:
+        await client.start()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await client.stop()
+        raise connect_error(bootstrap, exc) from exc
+
+
 def connect_error(bootstrap: str, exc: BaseException) -> ConnectionError:
     return ConnectionError(
         f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running and "
@@ -112,12 +122,7 @@ async def read_dead_letters(
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
     )
-    try:
-        await consumer.start()
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        raise connect_error(bootstrap, exc) from exc
+    await _started(consumer, bootstrap)
     found: list[DeadLetter] = []
     try:
         metadata = await consumer._client.fetch_all_metadata()
@@ -209,15 +214,12 @@ async def ask_owners(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
     )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await _started(consumer, bootstrap)
     try:
-        await consumer.start()
-        await producer.start()
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        with contextlib.suppress(Exception):
-            await producer.stop()
-        raise connect_error(bootstrap, exc) from exc
+        await _started(producer, bootstrap)
+    except ConnectionError:
+        await consumer.stop()
+        raise
     answered: dict[str, ControlResult] = {}
     try:
         metadata = await consumer._client.fetch_all_metadata()
@@ -262,12 +264,7 @@ async def reproduce(bootstrap: str, topic: str, letters: Sequence[DeadLetter]) -
     """Produce each dead letter's key and value again to ``topic`` (acks=all), with a header
     ``redriven.from`` naming the dead letter; how many."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    try:
-        await producer.start()
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            await producer.stop()
-        raise connect_error(bootstrap, exc) from exc
+    await _started(producer, bootstrap)
     try:
         acks = [
             await producer.send(

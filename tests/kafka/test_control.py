@@ -47,6 +47,21 @@ def sent(provider: MockProvider) -> list[str | None]:
     return [c.message.text for c in provider.calls if c.error is None]
 
 
+async def crashed_with_a1_journaled(seen: list[str]) -> tuple[Bot, MemoryKv]:
+    """A bot with ``inbox.max_attempts=1`` whose process died (a real ``SimulatedCrash``
+    inside the engine) right after inbound A1 (offset 5 of chat A) was journaled; its
+    journal, for the next start."""
+    shared = MemoryKv()
+    kv = crashable(shared)
+    kv.crash_after(Write.INBOX_JOURNAL)
+    bot = make_bot(seen, max_attempts=1)
+    first = bot.bind(MockProvider(), kv, instance_id="w")
+    await first.start()
+    with pytest.raises(SimulatedCrash):
+        await InboundRunner(first, Produced()).run_batch([record(5, "A", "A1")])
+    return bot, shared
+
+
 def runner_of(rt: object, produced: Produced) -> InboundRunner:
     return InboundRunner(
         rt,  # type: ignore[arg-type]
@@ -95,14 +110,7 @@ async def test_a_dead_inbound_is_copied_by_the_journal_once_and_replayed_through
     the runner adds no copy, and a further redelivery none either. ``replay_inbound`` through
     the control topic runs its handler again."""
     seen: list[str] = []
-    shared = MemoryKv()
-    kv = crashable(shared)
-    kv.crash_after(Write.INBOX_JOURNAL)
-    bot = make_bot(seen, max_attempts=1)
-    first = bot.bind(MockProvider(), kv, instance_id="w")
-    await first.start()
-    with pytest.raises(SimulatedCrash):
-        await InboundRunner(first, Produced()).run_batch([record(5, "A", "A1")])
+    bot, shared = await crashed_with_a1_journaled(seen)
     produced, provider = Produced(), MockProvider()
     async with bot.bind(provider, shared, instance_id="w", receipts=KafkaReceipts(produced)) as rt:
         runner = runner_of(rt, produced)
@@ -136,14 +144,7 @@ async def test_a_dead_letter_produced_again_to_the_inbound_is_redriven_by_its_id
     arrives under a new offset with the same id; the journal recognises it and runs it
     again with a fresh budget; its original offset delivered again stays dead."""
     seen: list[str] = []
-    shared = MemoryKv()
-    kv = crashable(shared)
-    kv.crash_after(Write.INBOX_JOURNAL)
-    bot = make_bot(seen, max_attempts=1)
-    first = bot.bind(MockProvider(), kv, instance_id="w")
-    await first.start()
-    with pytest.raises(SimulatedCrash):
-        await InboundRunner(first, Produced()).run_batch([record(5, "A", "A1")])
+    bot, shared = await crashed_with_a1_journaled(seen)
     produced, provider = Produced(), MockProvider()
     async with bot.bind(provider, shared, instance_id="w", receipts=KafkaReceipts(produced)) as rt:
         runner = runner_of(rt, produced)

@@ -29,6 +29,7 @@ from streams.tools import produce_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.recorder import Recorder
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, read_all, read_journal
+from tests.kill import Child
 from topics import Catalog
 
 pytestmark = pytest.mark.kafka
@@ -82,6 +83,14 @@ async def wait_for(what: str, check: Any, worker: Worker) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"still waiting for {what}")
         await asyncio.sleep(0.2)
+
+
+async def died(child: Child, what: str) -> None:
+    """Until the worker process is gone (killed by its own hook); ``what`` if it is not."""
+    deadline = time.monotonic() + WAIT_S
+    while child.alive():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
 
 
 def dlq_list(worker: Worker, *args: str) -> list[dict[str, Any]]:
@@ -228,10 +237,7 @@ async def test_a_sigkill_between_dead_and_its_dead_letter_leaves_both_or_neither
         messages = [Inbound(id=f"k{i}", chat_id=f"c{i % 3}", text=t) for i, t in enumerate(texts)]
         await produce_inbound(kafka_bootstrap, cat.inbound, messages)
         child = worker.start()
-        deadline = time.monotonic() + WAIT_S
-        while child.alive():
-            assert time.monotonic() < deadline, "the worker did not die at its dead letter"
-            await asyncio.sleep(0.1)
+        await died(child, "the worker did not die at its dead letter")
         assert child.proc is not None and child.proc.returncode == -9
         assert marker.exists()
         worker.start()
@@ -269,10 +275,7 @@ async def test_an_inbound_dead_after_a_crash_is_in_the_dlq_and_replayed_once_fro
         messages += [Inbound(id=f"x{i}", chat_id="c1", text=f"t{i}") for i in range(2, 5)]
         await produce_inbound(kafka_bootstrap, cat.inbound, messages)
         child = worker.start()
-        deadline = time.monotonic() + WAIT_S
-        while child.alive():
-            assert time.monotonic() < deadline, "the handler did not kill the worker"
-            await asyncio.sleep(0.1)
+        await died(child, "the handler did not kill the worker")
         worker.start()
         await wait_for(
             "the dead inbound's dead letter",
