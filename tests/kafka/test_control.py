@@ -10,14 +10,20 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from botmesh import Bot, Context, Outcome
 from botmesh.errors import RateLimitedError, RecipientUnreachableError
-from botmesh.journal import MemoryKv, Write
-from botmesh.testing import MockProvider, SimulatedCrash, crashable
+from botmesh.journal import MemoryKv
+from botmesh.testing import MockProvider
 from streams.runner import InboundRunner, KafkaReceipts, RawRecord
-from tests.kafka.test_runner import REQUESTS, Produced, Waits, make_bot, record, request
+from tests.kafka.test_runner import (
+    REQUESTS,
+    Produced,
+    Waits,
+    crashed_with_a1_journaled,
+    make_bot,
+    record,
+    request,
+)
 from topics.control import ControlRequest, decode_result, encode_control
 
 CONTROL = "t.control"
@@ -45,21 +51,6 @@ def results(produced: Produced) -> list[tuple[str, str | None, str]]:
 def sent(provider: MockProvider) -> list[str | None]:
     """The texts the provider accepted, in order."""
     return [c.message.text for c in provider.calls if c.error is None]
-
-
-async def crashed_with_a1_journaled(seen: list[str]) -> tuple[Bot, MemoryKv]:
-    """A bot with ``inbox.max_attempts=1`` whose process died (a real ``SimulatedCrash``
-    inside the engine) right after inbound A1 (offset 5 of chat A) was journaled; its
-    journal, for the next start."""
-    shared = MemoryKv()
-    kv = crashable(shared)
-    kv.crash_after(Write.INBOX_JOURNAL)
-    bot = make_bot(seen, max_attempts=1)
-    first = bot.bind(MockProvider(), kv, instance_id="w")
-    await first.start()
-    with pytest.raises(SimulatedCrash):
-        await InboundRunner(first, Produced()).run_batch([record(5, "A", "A1")])
-    return bot, shared
 
 
 def runner_of(rt: object, produced: Produced) -> InboundRunner:

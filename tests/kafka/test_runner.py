@@ -99,6 +99,22 @@ def record(offset: int, chat: str, mid: str | None = None, text: str = "hi") -> 
     return RawRecord(TOPIC, 0, offset, chat.encode(), value, [("trace", b"t-1")])
 
 
+async def crashed_with_a1_journaled(seen: list[str]) -> tuple[Bot, MemoryKv]:
+    """A bot with ``inbox.max_attempts=1`` (its handler records runs in ``seen``) whose
+    process died (a real ``SimulatedCrash`` inside the engine, not an ``Exception``: nothing
+    of the batch is acked) right after inbound A1, offset 5 of chat A, was journaled; its
+    journal, for the next start."""
+    shared = MemoryKv()
+    kv = crashable(shared)
+    kv.crash_after(Write.INBOX_JOURNAL)
+    bot = make_bot(seen, max_attempts=1)
+    first = bot.bind(MockProvider(), kv, instance_id="w")
+    await first.start()
+    with pytest.raises(SimulatedCrash):
+        await InboundRunner(first, Produced()).run_batch([record(5, "A", "A1")])
+    return bot, shared
+
+
 class Waits:
     """The runner's sleep between attempts: records each delay (``entered`` is set), then
     waits for ``go``."""
@@ -236,18 +252,11 @@ async def test_an_inbound_the_journal_dead_lettered_goes_to_the_dlq_as_attempts_
     """A real crash after the inbound was journaled, with ``inbox.max_attempts=1``: the next
     start dead-letters it in the journal, and its redelivery is the outcome ``dead``."""
     seen: list[str] = []
-    shared = MemoryKv()
-    kv = crashable(shared)
-    kv.crash_after(Write.INBOX_JOURNAL)
-    bot = make_bot(seen, max_attempts=1)
-    first = bot.bind(MockProvider(), kv, instance_id="w")
-    await first.start()
-    with pytest.raises(SimulatedCrash):  # not an Exception: nothing of the batch is acked
-        await InboundRunner(first, Produced()).run_batch([record(0, "A", "A1")])
+    bot, shared = await crashed_with_a1_journaled(seen)
     produced = Produced()
     async with bot.bind(MockProvider(), shared, instance_id="w") as second:
         runner = InboundRunner(second, produced, sleep=Waits())
-        await runner.run_batch([record(0, "A", "A1")])
+        await runner.run_batch([record(5, "A", "A1")])
     assert runner.outcomes == {Outcome.DEAD: 1}
     [dead] = produced.dead()
     assert dead["reason"] == "attempts-exhausted"
