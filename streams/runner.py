@@ -51,6 +51,21 @@ undecodable request goes at once, with its ``BadRecord`` reason. A request's dea
 to ``<prefix>.requests.dlq`` (produce role ``"requests-dlq"``), so each DLQ holds the
 records of one topic and is redriven to it.
 
+**Operator actions** (records of ``control_topic``, ``<prefix>.control``:
+``topics.control.ControlRequest``, keyed by chat id) are settled in their chat's sequence too:
+``retry_send``, ``replay_inbound`` or ``discard`` through ``runtime.durability`` in the
+chat's journal partition; a record in a state the action does not apply to (a send already
+sent, an unknown key) is refused, not retried. Each answers with a ``ControlResult`` on
+``<prefix>.control.results`` (role ``"control-results"``, keyed by the request id), acked
+before the batch is; an undecodable one goes to ``<prefix>.requests.dlq`` (its
+``source.topic`` says where it came from).
+
+**Dead records the journal copies itself.** When the runtime's receipts sink takes dead
+letters (:meth:`KafkaReceipts.dead_letter`), the journal copies every record it marks dead
+(a dead send to ``<prefix>.outbox.dlq``, a dead inbound to ``<prefix>.inbound.dlq``) and
+marks the copy once acked (``state.receipts``); the runner then adds no copy of its own for
+the outcome ``dead``, however often the record comes again.
+
 **A chat's order across the two topics.** Kafka orders a partition, not two topics: the
 consumer hands over inbound and request records of one batch round-robin by topic. Within a
 batch the runner settles a chat's records in the order of their timestamps (producer time,
