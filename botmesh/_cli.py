@@ -12,6 +12,8 @@
     botmesh send --chat-id ID --text T [--key K] [--id ID] [--media-url U] [--option K=V]
                                                           a send from outside a handler
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
+    botmesh dlq list|show|retry|replay|discard [--chat C] [--key K] [--reason R]
+                [--since T] [--until T] [--dry-run] [--json]  dead letters (``_dlq_cli``)
     botmesh replay (--from-offset N | --from-time T | --to-earliest) [--topic inbound|requests]
                    [--partition P ...] [--force] [--dry-run] [--json]
                                                           reset the worker group's offsets
@@ -60,6 +62,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from botmesh._dlq_cli import add_dlq, run_dlq
 from botmesh._exit import Exit
 from state.errors import AppLoadError
 from state.ports import Provider
@@ -264,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a channel option passed to the provider (repeatable; VALUE is JSON if it "
         "parses, else a string)",
     )
+
+    add_dlq(sub, _common)
 
     r = sub.add_parser("receipts", help="tail the sent-receipts topic (JSON lines)")
     _common(r)
@@ -530,6 +535,10 @@ def _cmd_receipts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    return run_dlq(args, _catalog(args), _bootstrap(args))
+
+
 def _cmd_operator(args: argparse.Namespace) -> int:
     from botmesh import _ops
 
@@ -548,6 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "produce": _cmd_produce,
         "send": _cmd_send,
         "receipts": _cmd_receipts,
+        "dlq": _cmd_dlq,
         "replay": _cmd_operator,
         "status": _cmd_operator,
         "metrics": _cmd_operator,

@@ -36,6 +36,11 @@ def _refused(command: str, message: str) -> int:
     return Exit.REFUSED
 
 
+def _missing(command: str, message: str) -> int:
+    _err().print(f"botmesh {command}: {message}", markup=False)
+    return Exit.UNREACHABLE
+
+
 def _json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True))
 
@@ -63,6 +68,8 @@ def cmd_replay(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
         )
     except op.Refused as exc:
         return _refused("replay", str(exc))
+    except op.TopicMissing as exc:
+        return _missing("replay", str(exc))
     if args.json:
         _json(result.as_dict())
     else:
@@ -140,6 +147,8 @@ def cmd_status(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
             )
     except op.Refused as exc:
         return _refused("status", str(exc))
+    except op.TopicMissing as exc:
+        return _missing("status", str(exc))
     if args.json:
         _json(result.as_dict())
     else:
@@ -195,6 +204,8 @@ def cmd_metrics(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
         workers = op.read_metrics(bootstrap, cat, timeout=args.timeout)
     except op.Refused as exc:
         return _refused("metrics", str(exc))
+    except op.TopicMissing as exc:
+        return _missing("metrics", str(exc))
     total = op.sum_counters(workers)
     if args.json:
         _json({"topic": cat.metrics, "workers": [_w(w) for w in workers], "sum": total})

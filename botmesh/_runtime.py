@@ -249,6 +249,13 @@ class Runtime:
         return await engine.publisher.flush()
 
     @property
+    def dead_letters_journaled(self) -> bool:
+        """Whether the journal copies its dead records to the receipts sink itself (a sink
+        that takes dead letters: the Kafka worker's), so the transport need not."""
+        engine = self._engine
+        return engine is not None and engine.publisher is not None and engine.publisher.dead_letters
+
+    @property
     def inbox_retries(self) -> Retries:
         """The bot's retry decision for inbounds that fail before their handlers."""
         return self.bot.config.inbox.retry_policy()

@@ -1,5 +1,6 @@
-"""Retry timing and the retry decision: ``Backoff`` (exponential, with jitter) and
-``Retries`` (retry or give up), used by the inbox, the outbox and the Kafka worker alike."""
+"""Retry timing and the retry decision: ``Backoff`` (exponential, with jitter),
+``Retries`` (retry or give up), used by the inbox, the outbox and the Kafka worker alike, and
+the delay tiers a failed send is parked on (``RETRY_TIERS``, ``park_delay``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from dataclasses import dataclass
 
 from state.errors import RateLimitedError, Reason
 
-__all__ = ["Backoff", "GiveUp", "Retries", "Retry"]
+__all__ = [
+    "PARK_GRACE",
+    "RETRY_TIERS",
+    "Backoff",
+    "GiveUp",
+    "Retries",
+    "Retry",
+    "park_delay",
+    "tier_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +79,37 @@ class Retries:
             return GiveUp(self.exhausted)
         floor = error.retry_after if isinstance(error, RateLimitedError) else 0.0
         return Retry(self.backoff.delay(attempts, rng, floor))
+
+
+#: The delay tiers of parked retries (name, seconds): a send is parked on the first tier at
+#: least as long as its backoff (or its ``RateLimitedError.retry_after``), so it never comes
+#: back earlier than asked; past the last tier it is parked there again until due.
+RETRY_TIERS: tuple[tuple[str, float], ...] = (
+    ("1s", 1.0),
+    ("5s", 5.0),
+    ("30s", 30.0),
+    ("1m", 60.0),
+    ("5m", 300.0),
+    ("10m", 600.0),
+)
+
+#: How long after its planned retry the sweeper takes a parked send that did not come back
+#: (its retry record lost: a crash between the journal write and the park).
+PARK_GRACE = 30.0
+
+
+def park_delay(delay: float) -> float:
+    """The retry delay a parked send gets: its tier's (at least ``delay``), or ``delay``
+    itself past the last tier."""
+    for _, seconds in RETRY_TIERS:
+        if seconds >= delay:
+            return seconds
+    return delay
+
+
+def tier_of(delay: float) -> str:
+    """The name of the tier a send due in ``delay`` seconds is parked on."""
+    for name, seconds in RETRY_TIERS:
+        if seconds >= delay:
+            return name
+    return RETRY_TIERS[-1][0]

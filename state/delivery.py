@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from state import records
-from state.backoff import GiveUp
+from state.backoff import PARK_GRACE, GiveUp, park_delay
 from state.errors import FencedError, Reason, SendDeferredError, VersionConflictError
 from state.events import AmbiguousEvent, DeadEvent, SentEvent
 from state.kv import Entry, Put, handover
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from state.engine import Engine
 
 __all__ = ["Delivery", "send_direct"]
+
 
 log = logging.getLogger("botmesh.delivery")
 
@@ -160,6 +161,8 @@ class Delivery:
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
         lease = e.leases.lease(now, decision.delay + self._lease) if inline else None
+        parked = not inline and e.publisher is not None and e.publisher.parks
+        retry_at = now + (park_delay(decision.delay) if parked else decision.delay)
         failed = revise(
             held.value,
             now,
@@ -167,13 +170,19 @@ class Delivery:
             inflight=None,
             lease=lease,
             error=records.error_of(exc, None),
+            failed_first=held.value.get("failed_first", now),
+            retry_at=retry_at if parked else None,
         )
-        due = lease["until"] if lease is not None else now + decision.delay
+        due = lease["until"] if lease is not None else retry_at
+        if parked:  # the tier brings it back; the sweeper only if the parked record is lost
+            due += PARK_GRACE
         await e.leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
         if inline:
             return decision.delay
         e.leases.held.pop(held.key, None)
         e.outbox.block(failed)
+        if parked and e.publisher is not None:
+            await e.publisher.park(failed, retry_at)
         e.wake.set()
         return None
 
@@ -212,7 +221,8 @@ class Delivery:
         """The one dead-letter path of a send (held, or read by the sweeper)."""
         e = self._e
         now = e.clock.now()
-        value = _closed(target.value, now, OutboxState.DEAD, error=error)
+        first = target.value.get("failed_first", now)
+        value = _closed(target.value, now, OutboxState.DEAD, error=error, failed_first=first)
         if await self._settle(target, value, now, background=background) is None:
             return False
         e.metrics.outbox_dead += 1
@@ -258,7 +268,7 @@ class Delivery:
         if state == OutboxState.SENT:
             await e.emit(SentEvent(receipt, background))
         if e.publisher is not None:
-            await e.publisher.publish(receipt)
+            await e.publisher.publish(receipt, value=value)
         return receipt
 
     async def bypass(
@@ -325,9 +335,20 @@ class Delivery:
                 return 0
         return None
 
+    async def parked_due(self, entry: Entry, now: float) -> int:
+        """A parked send whose retry tier brought it back: as :meth:`due`, without waiting
+        for the journal's ``due`` (the sweeper's backstop, later)."""
+        if self._e.leases.state(entry.value, now) == "live":
+            return 0
+        gated = await self._gate(entry, now)
+        if gated is not None:
+            return gated
+        return await self._deliver(entry, now, resend=False)
+
     async def _wait(self, entry: Entry, prev: Entry, now: float) -> None:
         """Look again when the earlier send is due (not an attempt)."""
-        later = max(prev.due or 0.0, now + max(self._e.config.poll, 0.001))
+        expected = prev.value.get("retry_at", prev.due or 0.0)
+        later = max(min(prev.due or 0.0, expected), now + max(self._e.config.poll, 0.001))
         value = revise(entry.value, now, lease=None)
         await self._e.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 

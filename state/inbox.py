@@ -91,7 +91,16 @@ def new_value(message: Json, now: float, lease: Json, source: str | None = None)
 
 def replay_value(value: Json, now: float) -> Json:
     """An operator's replay: pending again with a fresh attempt budget."""
-    return revise(value, now, state=InboxState.PENDING, lease=None, error=None, attempts=0)
+    return revise(
+        value,
+        now,
+        state=InboxState.PENDING,
+        lease=None,
+        error=None,
+        attempts=0,
+        published=None,
+        failed_first=None,
+    )
 
 
 class Inbox:
@@ -182,8 +191,32 @@ class Inbox:
             and entry.value.get("source") == source
         ):
             return await self._rerun(message)
+        if (
+            entry is not None
+            and state == InboxState.DEAD
+            and source is not None
+            and entry.value.get("source") not in (None, source)
+        ):
+            return await self._redrive(entry, source)
         e.metrics.inbound_duplicates += 1
         return Outcome.DEAD if state == InboxState.DEAD else Outcome.DUPLICATE
+
+    async def _redrive(self, entry: Entry, source: str) -> Outcome:
+        """A dead inbound produced again to its transport from elsewhere (an operator
+        re-producing its dead letter to the inbound topic): replayed with a fresh attempt
+        budget, as ``replay_inbound`` would, and journaled under its new source."""
+        e = self._e
+        now = e.clock.now()
+        value = {**replay_value(entry.value, now), "source": source}
+        try:
+            [version] = await e.kv.commit(
+                [handover(entry.key, value, expect=entry.version, due=now)],
+                label=Write.INBOX_REPLAY,
+            )
+        except VersionConflictError:
+            return Outcome.DUPLICATE
+        log.info("inbound %s redriven from %s (it was dead)", value["id"], source)
+        return await self.replay(Entry(entry.key, value, version, due=now), now)
 
     async def _rerun(self, message: Inbound) -> Outcome:
         """A done message delivered again by its transport from where it was journaled:
@@ -272,17 +305,30 @@ class Inbox:
             await self._dead(held, error_of(exc, decision.reason))
             return
         error = error_of(exc, Reason.HANDLE_FAILED)
-        retry = revise(held.value, now, state=InboxState.PENDING, lease=None, error=error)
+        first = held.value.get("failed_first", now)
+        retry = revise(
+            held.value, now, state=InboxState.PENDING, lease=None, error=error, failed_first=first
+        )
         await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
 
     async def _dead(self, target: Held | Entry, error: Json) -> None:
         e = self._e
         now = e.clock.now()
-        dead = revise(target.value, now, state=InboxState.DEAD, lease=None, error=error)
-        if not await e.leases.write(target, dead, Write.INBOX_MARK_DEAD):
+        first = target.value.get("failed_first", now)
+        dead = revise(
+            target.value, now, state=InboxState.DEAD, lease=None, error=error, failed_first=first
+        )
+        copied = e.publisher is not None and e.publisher.dead_letters
+        due = None
+        if copied:  # its dead letter goes out; the sweeper copies it again until acked
+            dead["published"] = False
+            due = now + self._lease
+        if not await e.leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due):
             return
         if isinstance(target, Held):
             target.value = dead
         e.metrics.inbound_dead += 1
         log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
+        if copied and e.publisher is not None:
+            await e.publisher.publish_inbound(dead)
         await e.emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))

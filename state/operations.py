@@ -140,6 +140,22 @@ class Operations:
         await e.kv.commit(ops, label=Write.OUTBOX_RETRY)
         e.wake.set()
 
+    async def retry_parked(self, key: str, attempts: int) -> str:
+        """A send parked for its retry came back from its tier: attempt it now when the
+        journal still holds it ``failed`` after ``attempts`` attempts (``"delivered"``, or
+        ``"waiting"`` behind an earlier send or part of its chat); else nothing
+        (``"stale"``: it was sent, retried by an operator, discarded or retried already)."""
+        e = self._e
+        entry = await e.kv.get(e.out_prefix + key)
+        if (
+            entry is None
+            or entry.value.get("state") != OutboxState.FAILED
+            or int(entry.value.get("attempts", 0)) != attempts
+        ):
+            return "stale"
+        acted = await e.delivery.parked_due(entry, e.clock.now())
+        return "delivered" if acted else "waiting"
+
     async def _cascaded_parts(self, value: Json) -> list[Entry]:
         part, parts = value.get("part", 1), value.get("parts", 1)
         if part >= parts:
@@ -166,4 +182,5 @@ def _retry_value(value: Json, now: float) -> Json:
         error=None,
         attempts=0,
         published=None,
+        failed_first=None,
     )

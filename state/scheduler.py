@@ -34,6 +34,9 @@ __all__ = ["Scheduler", "Sweeper"]
 log = logging.getLogger("botmesh.sweeper")
 
 _DELIVERABLE = frozenset({OutboxState.PENDING, OutboxState.FAILED})
+#: Records copied out once settled: settled sends (their receipts) and dead inbounds (their
+#: dead letters, with a sink that takes them).
+_COPIED = frozenset({*SETTLED, InboxState.DEAD})
 
 
 class Sweeper:
@@ -91,6 +94,9 @@ class Sweeper:
         e = self._e
         value = entry.value
         state = value.get("state")
+        unpublished = state in _COPIED and value.get("published") is False
+        if unpublished and e.publisher is not None and (recovering or _due_by(entry, now)):
+            return await e.publisher.republish(entry)
         if entry.key.startswith(e.in_prefix):
             if state != InboxState.PENDING or not self._due(entry, now):
                 return 0
@@ -98,9 +104,6 @@ class Sweeper:
             return int(outcome != "duplicate")
         if state in _DELIVERABLE:
             return await e.delivery.due(entry, now)
-        unpublished = state in SETTLED and value.get("published") is False
-        if unpublished and e.publisher is not None and (recovering or _due_by(entry, now)):
-            return await e.publisher.republish(entry)
         return 0
 
     def _due(self, entry: Entry, now: float) -> bool:

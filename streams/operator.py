@@ -20,8 +20,8 @@
 Everything here is synchronous (confluent-kafka's AdminClient and Consumer) except the
 removal of members (aiokafka, with a LeaveGroup v3 request: confluent-kafka has no call
 for it). A broker that does not
-answer raises ``ConnectionError``; a bad argument ``ValueError``; a precondition that does
-not hold :class:`Refused`.
+answer raises ``ConnectionError``; a missing topic :class:`TopicMissing`; a bad argument
+``ValueError``; a precondition that does not hold :class:`Refused`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ __all__ = [
     "ReplayResult",
     "Status",
     "TopicCount",
+    "TopicMissing",
     "WorkerMetrics",
     "decode_metrics",
     "metrics_record",
@@ -90,8 +91,13 @@ _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
 class Refused(Exception):
-    """A precondition does not hold (live members, a missing topic); the message names the
-    fix. The CLI exits 1."""
+    """A precondition does not hold (live members); the message names the fix. The CLI
+    exits 1."""
+
+
+class TopicMissing(LookupError):
+    """A topic of the prefix does not exist (a wrong prefix, no topics created yet). The
+    CLI exits 3, as ``botmesh dlq`` does."""
 
 
 # -- the group ---------------------------------------------------------------------------------
@@ -164,7 +170,7 @@ def _topics(admin: AdminClient, bootstrap: str, timeout: float) -> dict[str, int
 
 def _require(topics: Mapping[str, int], name: str, cat: Catalog) -> int:
     if name not in topics:
-        raise Refused(
+        raise TopicMissing(
             f"topic {name!r} does not exist: is the prefix right (--prefix, "
             f"BOTMESH_TOPIC_PREFIX; here {cat.prefix!r})? `botmesh topics create` creates the "
             "topics, and so does the worker at its start"

@@ -51,6 +51,21 @@ undecodable request goes at once, with its ``BadRecord`` reason. A request's dea
 to ``<prefix>.requests.dlq`` (produce role ``"requests-dlq"``), so each DLQ holds the
 records of one topic and is redriven to it.
 
+**Operator actions** (records of ``control_topic``, ``<prefix>.control``:
+``topics.control.ControlRequest``, keyed by chat id) are settled in their chat's sequence too:
+``retry_send``, ``replay_inbound`` or ``discard`` through ``runtime.durability`` in the
+chat's journal partition; a record in a state the action does not apply to (a send already
+sent, an unknown key) is refused, not retried. Each answers with a ``ControlResult`` on
+``<prefix>.control.results`` (role ``"control-results"``, keyed by the request id), acked
+before the batch is; an undecodable one goes to ``<prefix>.requests.dlq`` (its
+``source.topic`` says where it came from).
+
+**Dead records the journal copies itself.** When the runtime's receipts sink takes dead
+letters (:meth:`KafkaReceipts.dead_letter`), the journal copies every record it marks dead
+(a dead send to ``<prefix>.outbox.dlq``, a dead inbound to ``<prefix>.inbound.dlq``) and
+marks the copy once acked (``state.receipts``); the runner then adds no copy of its own for
+the outcome ``dead``, however often the record comes again.
+
 **A chat's order across the two topics.** Kafka orders a partition, not two topics: the
 consumer hands over inbound and request records of one batch round-robin by topic. Within a
 batch the runner settles a chat's records in the order of their timestamps (producer time,
@@ -89,7 +104,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -100,6 +115,7 @@ from state.errors import (
     FencedError,
     JournalUnavailableError,
     Reason,
+    RecordStateError,
     SendDeferredError,
     caused_by,
 )
@@ -109,7 +125,11 @@ from state.messages import Inbound, Media, Receipt
 from state.operations import Operations
 from state.ports import Provider
 from state.receipts import ReceiptSink
+from state.records import Json
+from streams.retry_tiers import parked_record
 from streams.table_kv import MembershipUnconfirmed, ProducerFencedOut, in_partition
+from topics.control import ControlRequest, ControlResult, decode_control, encode_result
+from topics.dead_letters import inbound_dead_letter, outbox_dead_letter
 from topics.records import SendRequest, chat_key, decode_inbound, decode_request, encode_receipt
 
 __all__ = [
@@ -126,10 +146,11 @@ log = logging.getLogger("botmesh.streams")
 
 Headers = list[tuple[str, bytes]]
 #: ``produce(role, key, value, headers)`` hands a record to the producer (role ``"sent"``,
-#: ``"dlq"`` or ``"requests-dlq"``) and returns an awaitable that resolves on the broker's ack.
+#: ``"dlq"``, ``"requests-dlq"``, ``"outbox-dlq"``, ``"control-results"`` or
+#: ``"retry:<tier>"``) and returns an awaitable that resolves on the broker's ack.
 Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]]]
 #: What one record of a batch is, once decoded.
-Item = tuple["RawRecord", Inbound | SendRequest]
+Item = tuple["RawRecord", Inbound | SendRequest | ControlRequest]
 _T = TypeVar("_T")
 DETAIL_MAX = 400
 #: Seconds between attempts at a record refused because the worker's group membership is
@@ -214,10 +235,34 @@ class KafkaReceipts:
     def __init__(self, produce: Produce) -> None:
         self._produce = produce
         self.published = 0
+        self.dead_letters = 0
+        self.parked = 0
 
     async def publish(self, receipt: Receipt) -> Awaitable[Any]:
         ack = await self._produce("sent", chat_key(receipt.chat_id), encode_receipt(receipt), [])
         self.published += 1
+        return ack
+
+    async def park(self, value: Json, retry_at: float) -> Awaitable[Any]:
+        """A failed send parked on its retry tier (``streams.retry_tiers``) until
+        ``retry_at``; the broker-ack future."""
+        tier, key, body, headers = parked_record(value, retry_at)
+        ack = await self._produce(f"retry:{tier}", key, body, headers)
+        self.parked += 1
+        return ack
+
+    async def dead_letter(self, kind: str, value: Json, source: str | None) -> Awaitable[Any]:
+        """The journal's dead record ``value`` (``kind``: ``"outbox"``, a dead send, or
+        ``"inbound"``) copied to ``<prefix>.outbox.dlq`` / ``<prefix>.inbound.dlq`` with the
+        headers of ``topics.dead_letters``; the broker-ack future."""
+        if kind == "outbox":
+            key, body, headers = outbox_dead_letter(value, source)
+            role = "outbox-dlq"
+        else:
+            key, body, headers = inbound_dead_letter(value, source)
+            role = "dlq"
+        ack = await self._produce(role, key, body, headers)
+        self.dead_letters += 1
         return ack
 
 
@@ -250,9 +295,13 @@ class InboundRunner:
         sleep: Callable[[float], Awaitable[None]] | None = None,
         owns: Callable[[int], bool] | None = None,
         requests_topic: str | None = None,
+        control_topic: str | None = None,
+        instance: str = "",
     ) -> None:
         self.runtime = runtime
         self.requests_topic = requests_topic
+        self.control_topic = control_topic
+        self.instance = instance
         self._owns = owns
         self._produce = produce
         self._retries = runtime.inbox_retries
@@ -271,6 +320,8 @@ class InboundRunner:
         self.requests: Counter[str] = Counter()
         #: Failed attempts that were retried.
         self.retried = 0
+        #: Operator actions carried out, by outcome (``done``, ``refused``, ``failed``).
+        self.actions: Counter[str] = Counter()
 
     # -- one batch ------------------------------------------------------------------------
 
@@ -281,10 +332,13 @@ class InboundRunner:
         mixed: set[str] = set()  # chats with requests: their records are merged by time
         requests = self.requests_topic
         for raw in records:
-            item: Inbound | SendRequest
+            item: Inbound | SendRequest | ControlRequest
             try:
                 if raw.topic == requests:
                     item = decode_request(raw.value)
+                    mixed.add(item.chat_id)
+                elif raw.topic == self.control_topic:
+                    item = decode_control(raw.value)
                     mixed.add(item.chat_id)
                 else:
                     item = decode_inbound(raw.value)
@@ -316,8 +370,10 @@ class InboundRunner:
             with in_partition(raw.partition):  # the chat's journal partition
                 if isinstance(item, Inbound):
                     await self._settle(raw, item, deadline)
-                else:
+                elif isinstance(item, SendRequest):
                     await self._settle_request(raw, item, deadline)
+                else:
+                    await self._settle_control(raw, item, deadline)
 
     async def _settle(self, raw: RawRecord, message: Inbound, deadline: float) -> None:
         handle, where = self.runtime.handle, raw.where
@@ -328,7 +384,9 @@ class InboundRunner:
             return
         outcome, attempt = done
         self.outcomes[outcome] += 1
-        if outcome == Outcome.DEAD:
+        # the journal copies its dead records itself when the runtime's sink takes them
+        # (``KafkaReceipts.dead_letter``): one copy, however often the record comes again
+        if outcome == Outcome.DEAD and not getattr(self.runtime, "dead_letters_journaled", False):
             await self.dead_letter(
                 raw,
                 Reason.ATTEMPTS_EXHAUSTED,
@@ -341,6 +399,65 @@ class InboundRunner:
         done = await self._attempts(raw, request.id, lambda: self._send(request), deadline)
         if done is not None:
             self.requests[done[0]] += 1
+
+    async def _settle_control(
+        self, raw: RawRecord, request: ControlRequest, deadline: float
+    ) -> None:
+        """An operator's action on a record of this chat, through the journal; its result
+        goes to ``<prefix>.control.results`` (acked before the batch is)."""
+        done = await self._attempts(raw, request.id, lambda: self._act(request), deadline)
+        if done is None:
+            return
+        result = done[0]
+        self.actions[result.outcome] += 1
+        log.warning(
+            "operator action %s of %r in chat %s (request %s%s): %s%s",
+            request.action,
+            request.target,
+            request.chat_id,
+            request.id,
+            f" by {request.by}" if request.by else "",
+            result.outcome,
+            f" ({result.detail})" if result.detail else "",
+        )
+        try:
+            ack = await self._produce(
+                "control-results", request.id.encode(), encode_result(result), []
+            )
+        except Exception as exc:
+            raise BatchAbandoned(f"cannot produce the result of {request.id!r}: {exc}") from exc
+        self._pending.add(ack)
+
+    async def _act(self, request: ControlRequest) -> ControlResult:
+        """Carry out one action; a refusal is a result, the journal's errors are raised."""
+        ops = self.runtime.durability
+        outcome: Literal["done", "refused"] = "done"
+        detail = ""
+        if ops is None:
+            outcome, detail = "refused", "this worker runs without a journal"
+            state = None
+        else:
+            try:
+                if request.action == "retry_send":
+                    await ops.retry_send(request.target)
+                elif request.action == "replay_inbound":
+                    await ops.replay_inbound(request.target)
+                else:
+                    await ops.outbox.discard(request.target)
+            except RecordStateError as exc:
+                outcome, detail = "refused", str(exc)
+            state = await _state_of(ops, request)
+        return ControlResult(
+            id=request.id,
+            chat_id=request.chat_id,
+            action=request.action,
+            target=request.target,
+            outcome=outcome,
+            state=state,
+            detail=detail,
+            instance=self.instance,
+            ts=time.time(),
+        )
 
     async def _send(self, request: SendRequest) -> str:
         """One attempt at a request: how it settled, or the journal's error (retried)."""
@@ -429,6 +546,8 @@ class InboundRunner:
                 await self._wait(decision.delay, deadline, f"{self._noun(raw)} {name!r}")
 
     def _noun(self, raw: RawRecord) -> str:
+        if raw.topic == self.control_topic:
+            return "operator action"
         return "request" if raw.topic == self.requests_topic else "inbound"
 
     async def _wait(self, delay: float, deadline: float, what: str) -> None:
@@ -480,7 +599,7 @@ class InboundRunner:
         headers += [(k, v) for k, v in raw.headers if k not in ours]
         noun = self._noun(raw)
         log.warning("%s %s -> DLQ (%s: %s)", noun, raw.where, reason, detail)
-        role = "requests-dlq" if noun == "request" else "dlq"
+        role = "dlq" if noun == "inbound" else "requests-dlq"
         try:
             ack = await self._produce(role, raw.key, raw.value or b"", headers)
         except Exception as exc:
@@ -496,6 +615,15 @@ class InboundRunner:
                 await asyncio.wait_for(asyncio.gather(*batch), self.ack_timeout)
             except Exception as exc:
                 raise BatchAbandoned(f"a dead letter was not acked by the broker: {exc}") from exc
+
+
+async def _state_of(ops: Operations, request: ControlRequest) -> str | None:
+    """The state of the record an action was about, after it (``None``: no record)."""
+    if request.action == "replay_inbound":
+        inbound = await ops.inbox.get(request.target)
+        return str(inbound.state) if inbound is not None else None
+    send = await ops.outbox.get(request.target)
+    return str(send.state) if send is not None else None
 
 
 def in_time_order(items: list[Item]) -> list[Item]:

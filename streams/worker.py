@@ -56,6 +56,7 @@ from aiokafka.errors import ProducerFenced
 from aiokafka.producer.transaction_manager import TransactionState
 from faust.types import TP
 
+from state.backoff import RETRY_TIERS
 from state.errors import ConfigError, DurabilityError, JournalUnavailableError
 from state.kv import DurableKv
 from state.ports import Provider
@@ -72,6 +73,7 @@ from streams.faust_defects import (
 )
 from streams.operator import metrics_record
 from streams.provision import ensure_topics, existing_topics
+from streams.retry_tiers import Parked, RetryTiers, parked_record
 from streams.runner import (
     BatchAbandoned,
     BotDefinition,
@@ -82,7 +84,13 @@ from streams.runner import (
     RuntimeLike,
     redact,
 )
-from streams.table_kv import TABLE_NAME, ProducerFencedOut, TableKv
+from streams.table_kv import (
+    CURRENT_PARTITION,
+    TABLE_NAME,
+    ProducerFencedOut,
+    TableKv,
+    in_partition,
+)
 from topics.catalog import Catalog, TopicSpec
 
 __all__ = ["build_app", "run_worker"]
@@ -100,6 +108,7 @@ class _BotApp(faust.App):
 
     botmesh_runtime: RuntimeLike | None = None
     botmesh_runner: InboundRunner | None = None
+    botmesh_tiers: RetryTiers | None = None
     botmesh_about = ""
     #: publishes the counters once more at a clean stop (``build_app``)
     botmesh_last_metrics: Callable[[], Awaitable[None]] | None = None
@@ -117,8 +126,12 @@ class _BotApp(faust.App):
                 _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_CONFIG)
             self._runtime_started = True
             log.info("runtime started: %s", self.botmesh_about)
+            if self.botmesh_tiers is not None:
+                self.botmesh_tiers.start()
 
     async def on_stop(self) -> None:
+        if self.botmesh_tiers is not None:
+            await self.botmesh_tiers.stop()
         if self.botmesh_runner is not None:
             self.botmesh_runner.stopping.set()
         await super().on_stop()  # stops the consumer, waiting for the batch in progress
@@ -626,8 +639,15 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         )
 
     # one topic object, two names: Faust co-partitions them (and the journal's changelog)
-    inbound = raw_topic(cat.inbound, cat.requests)
-    names = {"sent": cat.sent, "dlq": cat.inbound_dlq, "requests-dlq": cat.requests_dlq}
+    inbound = raw_topic(cat.inbound, cat.requests, cat.control)
+    names = {
+        "sent": cat.sent,
+        "dlq": cat.inbound_dlq,
+        "requests-dlq": cat.requests_dlq,
+        "outbox-dlq": cat.outbox_dlq,
+        "control-results": cat.control_results,
+        **{f"retry:{name}": cat.retry(name) for name, _ in RETRY_TIERS},
+    }
 
     async def produce(role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
         # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record;
@@ -637,7 +657,10 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         # receipts topic's partition, which Faust's assignor has no group for: KeyError)
         await app.producer.maybe_start()
         producer: Any = app.producer
-        return await producer.send(names[role], key, value, None, None, headers or None)
+        # a parked send goes to its journal partition's tier partition: the worker that owns
+        # the chat takes it back, whichever partitioner the inbound's producers use
+        partition = CURRENT_PARTITION.get() if role.startswith("retry:") else None
+        return await producer.send(names[role], key, value, partition, None, headers or None)
 
     journal: str | DurableKv = config.journal_url
     kv: TableKv | None = None
@@ -708,9 +731,35 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         batch_deadline=config.batch_deadline,
         owns=kv.owns if kv is not None else None,
         requests_topic=cat.requests,
+        control_topic=cat.control,
+        instance=str(getattr(runtime, "instance_id", config.instance_id or "")),
     )
     app.botmesh_runtime = runtime
     app.botmesh_runner = runner
+
+    def owned() -> set[int]:
+        """The partitions (inbound, journal, tiers) this worker owns now."""
+        try:
+            tps = app.consumer.assignment()
+        except Exception:  # not started yet
+            return set()
+        mine = {tp.partition for tp in tps if tp.topic == cat.inbound}
+        return {p for p in mine if kv.owns(p)} if kv is not None else mine
+
+    async def retry(partition: int, parked: Parked) -> str:
+        ops = runtime.durability
+        if ops is None:
+            return "stale"
+        with in_partition(partition):
+            return await ops.retry_parked(parked.key, parked.attempts)
+
+    async def repark(parked: Parked, tier: str) -> Any:
+        value = {"key": parked.key, "attempts": parked.attempts}
+        value["payload"] = {"chat_id": parked.chat_id}
+        tier, key, body, headers = parked_record(value, parked.retry_at)
+        return await (await produce(f"retry:{tier}", key, body, headers))
+
+    app.botmesh_tiers = RetryTiers(config.bootstrap, cat, owned, retry, repark)
 
     async def process(stream: Any) -> None:
         async for events in stream.take_events(config.batch_size, within=config.batch_within):
@@ -727,7 +776,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
     _publish_metrics(app, runtime, cat.metrics, config)
     app.botmesh_about = (
-        f"bot {bot.bot_id} on {cat.inbound} and {cat.requests}, "
+        f"bot {bot.bot_id} on {cat.inbound}, {cat.requests} and {cat.control}, "
         f"journal {redact(config.journal_url)}"
         f"{' (' + cat.changelog(TABLE_NAME) + ')' if kv is not None else ''}, "
         f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}"
@@ -781,15 +830,17 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
 def _check_copartitioned(cat: Catalog, have: Mapping[str, int]) -> None:
     """Refuse to run when the requests topic and the inbound have other partition counts: a
     chat's requests would land on another partition than its messages and its journal."""
-    inbound, requests = have.get(cat.inbound), have.get(cat.requests)
-    if inbound is not None and requests is not None and inbound != requests:
-        raise ConfigError(
-            "topics",
-            f"{cat.requests} has {requests} partitions but {cat.inbound} has {inbound}: a "
-            "chat's send requests must land on the partition of its inbound messages; once "
-            f"{cat.requests} is drained, delete it and let the worker create it again (with "
-            f"{inbound} partitions)",
-        )
+    inbound = have.get(cat.inbound)
+    for name, what in ((cat.requests, "send requests"), (cat.control, "operator actions")):
+        count = have.get(name)
+        if inbound is not None and count is not None and inbound != count:
+            raise ConfigError(
+                "topics",
+                f"{name} has {count} partitions but {cat.inbound} has {inbound}: a chat's "
+                f"{what} must land on the partition of its inbound messages; once {name} is "
+                f"drained, delete it and let the worker create it again (with {inbound} "
+                "partitions)",
+            )
 
 
 def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> None:

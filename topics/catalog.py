@@ -10,9 +10,15 @@ topic                                     cleanup     purpose
 ``<prefix>.requests``                     delete 7d   send requests (sends from outside a
                                                       handler), keyed by chat id;
                                                       partitions = inbound's
+``<prefix>.control``                      delete 7d   operator actions (retry a send, replay
+                                                      an inbound, discard), keyed by chat
+                                                      id; partitions = inbound's
+``<prefix>.control.results``              delete 7d   their results, keyed by request id
 ``<prefix>.sent``                         delete 7d   sent receipts, keyed by chat id
-``<prefix>.outbox.retry.5s`` / ``.1m`` /  delete 1d   outbox retry tiers (backoff)
-``.10m``
+``<prefix>.outbox.retry.1s`` / ``.5s`` /  delete 1d   outbox retry tiers: a failed send
+``.30s`` / ``.1m`` / ``.5m`` / ``.10m``                 parked until its retry
+                                                      (``state.backoff.RETRY_TIERS``);
+                                                      partitions = inbound's
 ``<prefix>.inbound.dlq``                  delete 30d  undecodable / failed inbound records
 ``<prefix>.requests.dlq``                 delete 30d  undecodable / failed send requests
 ``<prefix>.outbox.dlq``                   delete 30d  sends that failed for good
@@ -37,6 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from state.backoff import RETRY_TIERS
+
 __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_PREFIX",
@@ -52,9 +60,6 @@ DEFAULT_PREFIX = "botmesh"
 PREFIX_ENV = "BOTMESH_TOPIC_PREFIX"
 DEFAULT_PARTITIONS = 8
 
-#: Outbox retry tiers: (name suffix, delay in seconds). A failed send goes to the first tier
-#: whose delay is at least its backoff; the tier's consumer holds a record until it is due.
-RETRY_TIERS: tuple[tuple[str, float], ...] = (("5s", 5.0), ("1m", 60.0), ("10m", 600.0))
 
 #: The Faust tables of the worker; each has a compacted changelog topic. One table, the
 #: journal, holds the inbox, outbox and lease records (``streams.table_kv``).
@@ -63,7 +68,9 @@ TABLES: tuple[str, ...] = ("journal",)
 _DAY_MS = 24 * 3600 * 1000
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
-Role = Literal["inbound", "requests", "sent", "retry", "dlq", "changelog", "metrics"]
+Role = Literal[
+    "inbound", "requests", "control", "results", "sent", "retry", "dlq", "changelog", "metrics"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +129,16 @@ class Catalog:
         return f"{self.prefix}.requests"
 
     @property
+    def control(self) -> str:
+        """Operator actions (``topics.control``): keyed by chat id, read with the inbound
+        (same partitions), so the chat's owner carries them out."""
+        return f"{self.prefix}.control"
+
+    @property
+    def control_results(self) -> str:
+        return f"{self.prefix}.control.results"
+
+    @property
     def sent(self) -> str:
         return f"{self.prefix}.sent"
 
@@ -152,7 +169,8 @@ class Catalog:
         return self.app_id
 
     def retry(self, tier: str) -> str:
-        """The retry topic of one tier (``"5s"``, ``"1m"`` or ``"10m"``)."""
+        """The retry topic of one tier (``"1s"``, ``"5s"``, ``"30s"``, ``"1m"``, ``"5m"``
+        or ``"10m"``)."""
         if tier not in {name for name, _ in RETRY_TIERS}:
             known = ", ".join(name for name, _ in RETRY_TIERS)
             raise ValueError(f"unknown retry tier {tier!r}: use one of {known}")
@@ -193,6 +211,18 @@ class Catalog:
                 "requests",
                 {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
                 "send requests (sends from outside a handler), keyed by chat id",
+            ),
+            spec(
+                self.control,
+                "control",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "operator actions (retry_send, replay_inbound, discard), keyed by chat id",
+            ),
+            spec(
+                self.control_results,
+                "results",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "results of operator actions, keyed by request id",
             ),
             spec(
                 self.sent,
@@ -267,14 +297,19 @@ class Catalog:
         replication: int = 1,
     ) -> list[TopicSpec]:
         """:meth:`specs` for a cluster whose topics are ``existing`` (name -> partition
-        count): a requests topic still to create beside an existing inbound gets the
-        inbound's partition count, whatever ``partitions`` says (a chat's requests must land
-        on the partition of its messages)."""
+        count): a requests or control topic still to create beside an existing inbound
+        gets the inbound's partition count, whatever ``partitions`` says (a chat's requests
+        and operator actions must land on the partition of its messages)."""
         specs = self.specs(partitions, replication)
         inbound = existing.get(self.inbound)
-        if inbound is None or self.requests in existing:
+        if inbound is None:
             return specs
-        return [replace(s, partitions=inbound) if s.role == "requests" else s for s in specs]
+        return [
+            replace(s, partitions=inbound)
+            if s.role in {"requests", "control"} and s.name not in existing
+            else s
+            for s in specs
+        ]
 
     def names(self) -> list[str]:
         return [s.name for s in self.specs()]

@@ -12,9 +12,12 @@ it refuses for good (``RecipientUnreachableError``) a send whose text is ``refus
 send ends ``dead``.
 
 ``http_provider`` (``--provider tests.kafka.bot:http_provider``) records each send outside
-the worker instead: it POSTs ``{"chat_id", "text", "key", "pid"}`` to the recorder of the
-test process (``tests.kafka.recorder.Recorder``, URL in ``$BOTMESH_TEST_RECORDER``) and
-returns the message id the recorder gives only once it answered (a time limit of
+the worker instead (and maps the recorder's refusals as a channel adapter maps its API's:
+429 with ``Retry-After`` -> ``RateLimitedError``, another 4xx ->
+``RecipientUnreachableError``, final; 5xx -> ``SendError``, retried): it POSTs ``{"chat_id",
+"text", "key", "pid"}`` to the recorder of the test process
+(``tests.kafka.recorder.Recorder``, URL in ``$BOTMESH_TEST_RECORDER``) and returns the
+message id the recorder gives only once it answered (a time limit of
 ``$BOTMESH_TEST_RECORDER_TIMEOUT`` seconds, default 5, on connecting: a POST that could not
 connect is a retryable ``SendError``; once written, the answer is awaited, however late, up
 to a hang guard: ``tests.kafka.recorder.post_send``). It refuses ``refuse`` as the file
@@ -24,7 +27,11 @@ The inbox policy comes from the environment so a test can make a journal outage 
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
 milliseconds, default 200; the cap is 4 x the base, no jitter); ``BOTMESH_TEST_LEASE`` (a
 duration such as ``10s``) sets the inbox and outbox leases, so that a killed worker's
-records are taken over sooner.
+records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (seconds) and
+``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``;
+``BOTMESH_TEST_KILL_AT_DEAD_LETTER`` (a file) makes the worker SIGKILL itself once, between
+the journal's ``dead`` and its dead letter; ``BOTMESH_TEST_CRASH_MARKER`` (a file) makes the
+handler SIGKILL the worker once, in the middle of a message whose text is ``crash``.
 
 The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
 one process unchanged.
@@ -35,10 +42,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from typing import Any
 
 from botmesh import Bot, Context, Outbound, SendResult
-from botmesh.errors import RecipientUnreachableError, SendError
-from tests.kafka.recorder import RECORDER_ENV, post_send
+from botmesh.errors import RateLimitedError, RecipientUnreachableError, SendError
+from tests.kafka.recorder import RECORDER_ENV, HttpStatusError, post_send
 
 __all__ = ["FileProvider", "HttpProvider", "bot", "http_provider", "provider", "reply_text"]
 
@@ -48,14 +56,45 @@ def _policy() -> dict[str, object]:
     base_ms = float(os.environ.get("BOTMESH_TEST_INBOX_BACKOFF_MS", "200"))
     backoff = {"base": base_ms, "cap": base_ms * 4, "jitter": 0}
     policy: dict[str, dict[str, object]] = {"inbox": {"max_attempts": attempts, "backoff": backoff}}
+    policy["outbox"] = {}
     lease = os.environ.get("BOTMESH_TEST_LEASE", "").strip()
     if lease:  # the inbox and outbox leases (default 60s): how soon a dead holder's work moves
         policy["inbox"]["lease"] = lease
-        policy["outbox"] = {"lease": lease}
+        policy["outbox"]["lease"] = lease
+    inline = os.environ.get("BOTMESH_TEST_OUTBOX_INLINE", "").strip()
+    if inline:  # how long a reply retries inline before the sweeper takes it (default 15 s)
+        policy["outbox"]["inline_max"] = float(inline)
+    retries = os.environ.get("BOTMESH_TEST_OUTBOX_RETRIES", "").strip()
+    if retries:
+        policy["outbox"]["retries"] = int(retries)
     return dict(policy)
 
 
 bot = Bot("kafka-test", durability=_policy())
+
+
+def _die_at_the_first_dead_letter(marker: str) -> None:
+    """``BOTMESH_TEST_KILL_AT_DEAD_LETTER=<file>``: the worker SIGKILLs itself when its first
+    dead letter is about to be produced (after the journal recorded the record dead, before
+    the copy exists), once: the file marks that it happened."""
+    import signal
+
+    from streams.runner import KafkaReceipts
+
+    real = KafkaReceipts.dead_letter
+    armed = [not os.path.exists(marker)]  # read once, at import
+
+    async def dead_letter(self: KafkaReceipts, *args: Any, **kwargs: Any) -> Any:
+        if armed[0]:
+            _append(marker, "killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await real(self, *args, **kwargs)
+
+    KafkaReceipts.dead_letter = dead_letter  # type: ignore[method-assign]
+
+
+if os.environ.get("BOTMESH_TEST_KILL_AT_DEAD_LETTER"):
+    _die_at_the_first_dead_letter(os.environ["BOTMESH_TEST_KILL_AT_DEAD_LETTER"])
 
 
 def reply_text(inbound_id: str, text: str | None) -> str:
@@ -80,6 +119,10 @@ async def echo(ctx: Context) -> None:
         _append(handled, ctx.inbound_id)
     if ctx.text == "fail":
         raise RuntimeError("the handler failed on purpose")
+    crash = os.environ.get("BOTMESH_TEST_CRASH_MARKER", "")
+    if ctx.text == "crash" and crash and not os.path.exists(crash):  # noqa: ASYNC240
+        _append(crash, ctx.inbound_id)  # once: the marker says it happened
+        os.kill(os.getpid(), 9)
     await ctx.reply(reply_text(ctx.inbound_id, ctx.text))
 
 
@@ -130,6 +173,12 @@ class HttpProvider:
         }
         try:
             answer = await post_send(self.url, payload, self.timeout)
+        except HttpStatusError as exc:  # mapped as a channel adapter maps its API's answers
+            if exc.status == 429:
+                raise RateLimitedError(str(exc), retry_after=exc.retry_after or 0.0) from exc
+            if 400 <= exc.status < 500:
+                raise RecipientUnreachableError(str(exc)) from exc
+            raise SendError(str(exc)) from exc
         except (OSError, TimeoutError, ValueError) as exc:
             raise SendError(f"the recorder did not take the send: {exc!r}") from exc
         return SendResult(str(answer["message_id"]))

@@ -53,7 +53,9 @@ __all__ = [
     "RECORDER_ENV",
     "SESSION_TIMEOUT",
     "Call",
+    "HttpStatusError",
     "Recorder",
+    "Refusal",
     "Tally",
     "check_effects",
     "describe_group",
@@ -112,12 +114,39 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One send the recorder refused, as a channel's API would: its status and when."""
+
+    text: str
+    status: int
+    retry_after: float | None
+    at: float  # time.monotonic() in the test process
+
+
+class HttpStatusError(ValueError):
+    """The recorder answered a status other than 200 (``retry_after``: its Retry-After)."""
+
+    def __init__(self, status: int, retry_after: float | None, body: str) -> None:
+        super().__init__(f"the recorder answered {status}: {body}")
+        self.status = status
+        self.retry_after = retry_after
+
+
 class Recorder:
-    """``with Recorder() as rec:`` an HTTP server on 127.0.0.1 recording every POSTed send."""
+    """``with Recorder() as rec:`` an HTTP server on 127.0.0.1 recording every POSTed send.
+
+    Like a channel's API it can refuse a send: ``script(text, [(429, 2.0), (500, None)])``
+    answers the next two sends of ``text`` with a 429 (``Retry-After: 2``) and a 500, then
+    accepts; ``refuse(text)`` answers 400 to every send of ``text`` until ``allow(text)``.
+    Each refusal is kept (``refusals``) with the recorder's own clock."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._calls: list[Call] = []
+        self._script: dict[str, collections.deque[tuple[int, float | None]]] = {}
+        self._refused: set[str] = set()
+        self._refusals: list[Refusal] = []
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -132,12 +161,22 @@ class Recorder:
                 except (ValueError, KeyError, TypeError) as exc:
                     self._answer(400, {"error": str(exc)})
                     return
+                refusal = recorder._refusal(text)
+                if refusal is not None:
+                    status, retry_after = refusal
+                    error = {"error": {"code": status, "message": f"refused with {status}"}}
+                    self._answer(status, error, retry_after)
+                    return
                 call = recorder._add(chat_id, text, key, pid)
                 self._answer(200, {"message_id": call.message_id})
 
-            def _answer(self, status: int, payload: dict[str, Any]) -> None:
+            def _answer(
+                self, status: int, payload: dict[str, Any], retry_after: float | None = None
+            ) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                if retry_after is not None:
+                    self.send_header("Retry-After", f"{retry_after:g}")
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -148,6 +187,37 @@ class Recorder:
 
         self._server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def script(self, text: str, answers: Iterable[tuple[int, float | None]]) -> None:
+        """Answer the next sends of ``text`` with these (status, Retry-After), then 200."""
+        with self._lock:
+            self._script.setdefault(text, collections.deque()).extend(answers)
+
+    def refuse(self, text: str) -> None:
+        """Answer 400 to every send of ``text`` (a final refusal) until :meth:`allow`."""
+        with self._lock:
+            self._refused.add(text)
+
+    def allow(self, text: str) -> None:
+        with self._lock:
+            self._refused.discard(text)
+
+    def refusals(self) -> list[Refusal]:
+        with self._lock:
+            return list(self._refusals)
+
+    def _refusal(self, text: str) -> tuple[int, float | None] | None:
+        with self._lock:
+            queued = self._script.get(text)
+            if text in self._refused:
+                answer: tuple[int, float | None] | None = (400, None)
+            elif queued:
+                answer = queued.popleft()
+            else:
+                return None
+            assert answer is not None
+            self._refusals.append(Refusal(text, answer[0], answer[1], time.monotonic()))
+            return answer
 
     def _add(self, chat_id: str, text: str, key: str | None, pid: int) -> Call:
         with self._lock:
@@ -251,9 +321,16 @@ async def post_send(
         writer.close()
     status_line, _, rest = raw.partition(b"\r\n")
     fields = status_line.split()
+    head_text, _, content = rest.partition(b"\r\n\r\n")
     if len(fields) < 2 or fields[1] != b"200":
-        raise ValueError(f"the recorder answered {status_line!r}")
-    _, _, content = rest.partition(b"\r\n\r\n")
+        if len(fields) < 2 or not fields[1].isdigit():
+            raise ValueError(f"the recorder answered {status_line!r}")
+        retry_after = None
+        for line in head_text.decode(errors="replace").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "retry-after":
+                retry_after = float(value.strip())
+        raise HttpStatusError(int(fields[1]), retry_after, content.decode(errors="replace"))
     answer = json.loads(content)
     if not isinstance(answer, dict):
         raise ValueError(f"the recorder answered {content!r}")

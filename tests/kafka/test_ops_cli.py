@@ -264,7 +264,7 @@ def test_status_and_metrics_refuse_a_prefix_without_topics(
 ) -> None:
     for command in ("status", "metrics"):
         out = botmesh(command, bootstrap=kafka_bootstrap, prefix=topic_prefix)
-        assert out.returncode == 1, out.stderr
+        assert out.returncode == 3, out.stderr
         assert "does not exist" in out.stderr and "botmesh topics create" in out.stderr
 
 

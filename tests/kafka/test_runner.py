@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,22 @@ def make_bot(seen: list[str], **inbox: Any) -> Bot:
 def record(offset: int, chat: str, mid: str | None = None, text: str = "hi") -> RawRecord:
     value = encode_inbound(Inbound(id=mid or "", chat_id=chat, text=text))
     return RawRecord(TOPIC, 0, offset, chat.encode(), value, [("trace", b"t-1")])
+
+
+async def crashed_with_a1_journaled(seen: list[str]) -> tuple[Bot, MemoryKv]:
+    """A bot with ``inbox.max_attempts=1`` (its handler records runs in ``seen``) whose
+    process died (a real ``SimulatedCrash`` inside the engine, not an ``Exception``: nothing
+    of the batch is acked) right after inbound A1, offset 5 of chat A, was journaled; its
+    journal, for the next start."""
+    shared = MemoryKv()
+    kv = crashable(shared)
+    kv.crash_after(Write.INBOX_JOURNAL)
+    bot = make_bot(seen, max_attempts=1)
+    first = bot.bind(MockProvider(), kv, instance_id="w")
+    await first.start()
+    with pytest.raises(SimulatedCrash):
+        await InboundRunner(first, Produced()).run_batch([record(5, "A", "A1")])
+    return bot, shared
 
 
 class Waits:
@@ -235,18 +252,11 @@ async def test_an_inbound_the_journal_dead_lettered_goes_to_the_dlq_as_attempts_
     """A real crash after the inbound was journaled, with ``inbox.max_attempts=1``: the next
     start dead-letters it in the journal, and its redelivery is the outcome ``dead``."""
     seen: list[str] = []
-    shared = MemoryKv()
-    kv = crashable(shared)
-    kv.crash_after(Write.INBOX_JOURNAL)
-    bot = make_bot(seen, max_attempts=1)
-    first = bot.bind(MockProvider(), kv, instance_id="w")
-    await first.start()
-    with pytest.raises(SimulatedCrash):  # not an Exception: nothing of the batch is acked
-        await InboundRunner(first, Produced()).run_batch([record(0, "A", "A1")])
+    bot, shared = await crashed_with_a1_journaled(seen)
     produced = Produced()
     async with bot.bind(MockProvider(), shared, instance_id="w") as second:
         runner = InboundRunner(second, produced, sleep=Waits())
-        await runner.run_batch([record(0, "A", "A1")])
+        await runner.run_batch([record(5, "A", "A1")])
     assert runner.outcomes == {Outcome.DEAD: 1}
     [dead] = produced.dead()
     assert dead["reason"] == "attempts-exhausted"
@@ -528,7 +538,9 @@ async def test_a_request_the_journal_refuses_is_retried_then_dead_lettered() -> 
     assert dead["error.class"] == "JournalUnavailableError"
 
 
-async def test_a_request_the_provider_refuses_is_settled_dead_not_dead_lettered() -> None:
+async def test_a_request_the_provider_refuses_is_settled_dead_and_its_send_dead_lettered() -> None:
+    """The request itself is settled (not on ``requests.dlq``); its send is dead in the
+    journal, so its copy goes to ``outbox.dlq`` once, with the headers of the dead send."""
     provider, produced = MockProvider(), Produced()
     provider.fail_next(RecipientUnreachableError("blocked the bot"))
     bot = make_bot([])
@@ -540,7 +552,20 @@ async def test_a_request_the_provider_refuses_is_settled_dead_not_dead_lettered(
     assert runner.requests == {"refused": 1, "dead": 1}  # the copy: answered from the outbox
     # the copy's answer publishes the receipt again (receipts are at least once, by key)
     assert [(r.key, r.state) for r in produced.receipts()] == [("req:r1", OutboxState.DEAD)] * 2
-    assert [r for r in produced.records if r[0] != "sent"] == []
+    [(role, key, value, headers)] = [r for r in produced.records if r[0] != "sent"]
+    dead = {k: v.decode() for k, v in headers}
+    assert (role, key) == ("outbox-dlq", b"A")
+    assert json.loads(value) == {"v": 1, "key": "req:r1", "chat_id": "A", "text": "x"}
+    assert (dead["reason"], dead["idempotency.key"], dead["chat.id"]) == (
+        "send-refused",
+        "req:r1",
+        "A",
+    )
+    assert (dead["error.class"], dead["error.message"]) == (
+        "RecipientUnreachableError",
+        "blocked the bot",
+    )
+    assert dead["attempts"] == "1" and float(dead["failed.first"]) <= float(dead["failed.last"])
 
 
 def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:

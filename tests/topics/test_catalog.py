@@ -15,11 +15,10 @@ def test_names_derive_from_the_prefix() -> None:
     assert cat.requests == "acme.prod.requests"
     assert cat.requests_dlq == "acme.prod.requests.dlq"
     assert cat.outbox_dlq == "acme.prod.outbox.dlq"
-    assert cat.retries == (
-        "acme.prod.outbox.retry.5s",
-        "acme.prod.outbox.retry.1m",
-        "acme.prod.outbox.retry.10m",
+    assert cat.retries == tuple(
+        f"acme.prod.outbox.retry.{t}" for t in ("1s", "5s", "30s", "1m", "5m", "10m")
     )
+    assert (cat.control, cat.control_results) == ("acme.prod.control", "acme.prod.control.results")
     assert cat.app_id == cat.group == "acme.prod.worker"
     assert cat.changelog("journal") == "acme.prod.worker-journal-changelog"
     assert cat.metrics == "acme.prod.metrics"
@@ -38,13 +37,13 @@ def test_bad_prefix_is_refused_with_the_fix(bad: str) -> None:
 
 
 def test_unknown_retry_tier() -> None:
-    with pytest.raises(ValueError, match="use one of 5s, 1m, 10m"):
+    with pytest.raises(ValueError, match="use one of 1s, 5s, 30s, 1m, 5m, 10m"):
         Catalog().retry("2h")
 
 
 def test_specs_cover_every_topic_with_policies() -> None:
     specs = {s.name: s for s in Catalog("p").specs(partitions=6, replication=3)}
-    assert len(specs) == 3 + len(RETRY_TIERS) + 3 + 1 + 1
+    assert len(specs) == 5 + len(RETRY_TIERS) + 3 + 1 + 1
     assert all(s.partitions == 6 and s.replication == 3 for s in specs.values())
     assert all(s.config["min.insync.replicas"] == "2" for s in specs.values())
     changelogs = [s for s in specs.values() if s.role == "changelog"]
@@ -59,6 +58,7 @@ def test_specs_cover_every_topic_with_policies() -> None:
     requests = specs["p.requests"]
     assert requests.role == "requests" and not requests.compacted
     assert requests.config["retention.ms"] == specs["p.inbound"].config["retention.ms"]
+    assert specs["p.control"].role == "control" and specs["p.control.results"].role == "results"
     assert [s.name for s in specs.values() if s.role == "dlq"] == [
         "p.inbound.dlq",
         "p.requests.dlq",
@@ -79,8 +79,10 @@ def test_bad_counts(partitions: int, replication: int) -> None:
 def test_a_requests_topic_beside_an_existing_inbound_gets_its_partition_count() -> None:
     cat = Catalog("p")
     beside = {s.name: s.partitions for s in cat.specs_beside({"p.inbound": 3}, partitions=8)}
-    assert beside["p.requests"] == 3
-    assert beside["p.sent"] == 8  # only the requests follow the inbound here
+    assert beside["p.requests"] == beside["p.control"] == 3
+    assert beside["p.sent"] == 8  # only the requests and control follow the inbound here
     both = {"p.inbound": 3, "p.requests": 5}  # left as they are (the worker refuses them)
-    assert {s.partitions for s in cat.specs_beside(both, partitions=8)} == {8}
+    again = {s.name: s.partitions for s in cat.specs_beside(both, partitions=8)}
+    assert again["p.control"] == 3
+    assert {p for n, p in again.items() if n != "p.control"} == {8}
     assert cat.specs_beside({}, partitions=6) == cat.specs(6)

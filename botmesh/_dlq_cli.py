@@ -1,0 +1,273 @@
+"""``botmesh dlq list|show|retry|replay|discard``: the dead letters, for an operator.
+
+Exit codes (``EXIT_*``, from ``botmesh._exit``): 0 done; 1 refused (nothing matched, or an
+owner refused an action: the output says why); 2 bad input; 3 Kafka unreachable or a topic
+missing; 4 no answer from the chat's owner within ``--timeout`` (no worker running?).
+"""
+
+# Kafka code loads only when a dlq command runs (import cost ~1 s):
+# ruff: noqa: PLC0415
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from botmesh._exit import Exit
+from topics import Catalog
+from topics.dead_letters import DeadLetter
+
+__all__ = ["EXIT_NO_ANSWER", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "add_dlq", "run_dlq"]
+
+# the statuses of every operator command, defined once in botmesh._exit
+EXIT_OK = Exit.OK
+EXIT_REFUSED = Exit.REFUSED
+EXIT_USAGE = Exit.USAGE
+EXIT_UNREACHABLE = Exit.UNREACHABLE
+EXIT_NO_ANSWER = Exit.NO_ANSWER
+
+
+def _when(value: str) -> float:
+    """Unix seconds, or an ISO 8601 time (UTC unless it says otherwise)."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a time: give Unix seconds or ISO 8601 (2026-12-03T10:00:00Z)"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
+
+
+def add_dlq(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The ``dlq`` command and its actions, on the CLI's subparsers."""
+    d = sub.add_parser("dlq", help="list, show, retry, replay or discard dead letters")
+    dsub = d.add_subparsers(dest="action", required=True, metavar="ACTION")
+    helps = {
+        "list": "the dead letters that match (all three DLQs unless --kind)",
+        "show": "one dead letter in full: by topic:partition:offset, send key or inbound id",
+        "retry": "send the matching dead sends (outbox.dlq) again, through their chats' owners",
+        "replay": "run the matching dead inbounds (inbound.dlq) again, through their owners",
+        "discard": "make the owners forget the matching dead sends (outbox.dlq)",
+    }
+    for name, text in helps.items():
+        p = dsub.add_parser(name, help=text, description=text)
+        common(p)
+        p.add_argument("--json", action="store_true", help="JSON output, for scripts")
+        if name == "show":
+            p.add_argument("which", help="topic:partition:offset, a send key or an inbound id")
+            p.add_argument("--kind", choices=["inbound", "outbox", "requests"])
+            continue
+        if name == "list":
+            p.add_argument("--kind", choices=["inbound", "outbox", "requests"])
+            p.add_argument("--limit", type=int, help="at most N (the newest)")
+        p.add_argument("--chat", help="only this chat id")
+        p.add_argument("--key", help="only this send key (outbox) or inbound id (inbound)")
+        p.add_argument("--reason", help="only this reason (send-refused, retries-exhausted…)")
+        p.add_argument("--since", type=_when, help="dead at or after (ISO 8601 or Unix seconds)")
+        p.add_argument("--until", type=_when, help="dead before (ISO 8601 or Unix seconds)")
+        if name != "list":
+            p.add_argument(
+                "--dry-run", action="store_true", help="say what would be done; do nothing"
+            )
+            p.add_argument(
+                "--timeout",
+                type=float,
+                default=30.0,
+                help="seconds to wait for the owners' answers (default 30)",
+            )
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr (none with --json or when stderr is not a terminal)."""
+    if quiet or not sys.stderr.isatty():
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total or None)
+
+
+def _table(letters: Sequence[DeadLetter]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_lines=False)
+    for col in ("dead at (UTC)", "where", "chat", "key / inbound id", "reason", "error"):
+        table.add_column(col, overflow="fold")
+    for d in letters:
+        when = dt.datetime.fromtimestamp(d.dead_ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        error = " ".join(
+            x for x in (d.headers.get("error.class"), d.headers.get("error.message")) if x
+        )
+        ident = d.send_key or d.inbound_id or ""
+        where = f"{d.topic}:{d.partition}:{d.offset}"
+        table.add_row(when, where, d.chat_id or "", ident, d.reason, error[:80])
+    Console().print(table)
+
+
+def run_dlq(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
+    try:
+        return _run(args, cat, bootstrap)
+    except (ConnectionError, LookupError) as exc:  # no broker, or a topic missing
+        print(f"botmesh dlq {args.action}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ValueError as exc:
+        print(f"botmesh dlq {args.action}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _kinds(args: argparse.Namespace) -> list[str]:
+    if args.action in ("retry", "discard"):
+        return ["outbox"]
+    if args.action == "replay":
+        return ["inbound"]
+    return [args.kind] if getattr(args, "kind", None) else ["inbound", "outbox", "requests"]
+
+
+def _run(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
+    from streams import dlq
+
+    topics = [dlq.dlq_topic(cat, k) for k in _kinds(args)]
+    if args.action == "show":
+        flt = dlq.Filter()
+    else:
+        flt = dlq.Filter(
+            chat=args.chat, key=args.key, reason=args.reason, since=args.since, until=args.until
+        )
+    with _progress("reading dead letters", args.json) as progress:
+        letters = asyncio.run(dlq.read_dead_letters(bootstrap, topics, flt, progress=progress))
+    if args.action == "list":
+        if args.limit is not None:
+            letters = letters[-args.limit :] if args.limit > 0 else []
+        if args.json:
+            print(json.dumps([d.as_json() for d in letters], ensure_ascii=False))
+        elif letters:
+            _table(letters)
+        else:
+            print(f"no dead letters match (read {', '.join(topics)})")
+        return EXIT_OK
+    if args.action == "show":
+        return _show(args, letters)
+    return _act(args, cat, bootstrap, letters)
+
+
+def _show(args: argparse.Namespace, letters: list[DeadLetter]) -> int:
+    which = args.which
+    found = [
+        d
+        for d in letters
+        if f"{d.topic}:{d.partition}:{d.offset}" == which or which in (d.send_key, d.inbound_id)
+    ]
+    if not found:
+        print(f"botmesh dlq show: no dead letter {which!r}", file=sys.stderr)
+        return EXIT_REFUSED
+    if args.json:
+        print(json.dumps([d.as_json() for d in found], ensure_ascii=False))
+        return EXIT_OK
+    for d in found:
+        print(f"{d.topic}:{d.partition}:{d.offset}  key={d.key!r}")
+        for k, v in d.headers.items():
+            print(f"  {k}: {v}")
+        body = d.body()
+        text = json.dumps(body, indent=2, ensure_ascii=False) if not isinstance(body, str) else body
+        print(text if body is not None else f"<{len(d.value)} bytes, not UTF-8>")
+    return EXIT_OK
+
+
+def _act(args: argparse.Namespace, cat: Catalog, bootstrap: str, letters: list[DeadLetter]) -> int:
+    from streams import dlq
+
+    action = {"retry": "retry_send", "replay": "replay_inbound", "discard": "discard"}[args.action]
+    ident: Callable[[DeadLetter], str | None]
+    ident = (lambda d: d.send_key) if args.action != "replay" else (lambda d: d.inbound_id)
+    picked = dlq.unique(letters, ident)
+    undecodable = [d for d in picked if d.reason in dlq.DECODE_REASONS]
+    picked = [d for d in picked if d.reason not in dlq.DECODE_REASONS]
+    report: list[dict[str, Any]] = [
+        {
+            "target": ident(d),
+            "chat_id": d.chat_id,
+            "outcome": "refused",
+            "detail": f"it could not be decoded ({d.reason}): fix it and produce it again",
+        }
+        for d in undecodable
+    ]
+    if not picked and not undecodable:
+        _say(args, [], f"no {_kinds(args)[0]} dead letters match")
+        return EXIT_REFUSED
+    if args.dry_run:
+        for d in picked:
+            report.append(
+                {"target": ident(d), "chat_id": d.chat_id, "outcome": "would " + args.action}
+            )
+        _say(args, report, f"dry run: {len(picked)} to {args.action}, nothing done")
+        return EXIT_OK
+    requests = dlq.control_requests(picked, action, ident)
+    with _progress(f"waiting for the owners ({args.action})", args.json) as progress:
+        answers = asyncio.run(
+            dlq.ask_owners(bootstrap, cat, requests, wait_s=args.timeout, progress=progress)
+        )
+    by_target = {r.target: r for r in requests}
+    missing_record = []
+    for d in picked:
+        target = ident(d) or ""
+        answer = answers.get(by_target[target].id) if target in by_target else None
+        if answer is None:
+            report.append({"target": target, "chat_id": d.chat_id, "outcome": "no answer"})
+            continue
+        if action == "replay_inbound" and answer.outcome == "refused" and answer.state is None:
+            missing_record.append(d)  # never journaled: produced again to the inbound topic
+            continue
+        report.append(
+            {
+                "target": target,
+                "chat_id": d.chat_id,
+                "outcome": answer.outcome,
+                "state": answer.state,
+                "detail": answer.detail,
+                "worker": answer.instance,
+            }
+        )
+    if missing_record:
+        asyncio.run(dlq.reproduce(bootstrap, cat.inbound, missing_record))
+        report += [
+            {
+                "target": ident(d),
+                "chat_id": d.chat_id,
+                "outcome": "produced again",
+                "detail": f"never journaled: produced again to {cat.inbound}",
+            }
+            for d in missing_record
+        ]
+    done = sum(r["outcome"] in ("done", "produced again") for r in report)
+    _say(args, report, f"{args.action}: {done} of {len(report)} done")
+    if any(r["outcome"] == "no answer" for r in report):
+        return EXIT_NO_ANSWER
+    return EXIT_OK if done == len(report) else EXIT_REFUSED
+
+
+def _say(args: argparse.Namespace, report: list[dict[str, Any]], summary: str) -> None:
+    if args.json:
+        print(json.dumps({"summary": summary, "results": report}, ensure_ascii=False))
+        return
+    for r in report:
+        extra = "".join(f" {k}={r[k]}" for k in ("state", "worker") if r.get(k) not in (None, ""))
+        detail = f" ({r['detail']})" if r.get("detail") else ""
+        print(f"{r['outcome']:>14}  {r['target']}  chat {r['chat_id']}{extra}{detail}")
+    print(summary)
