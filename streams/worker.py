@@ -703,6 +703,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         batch_deadline=config.batch_deadline,
         owns=kv.owns if kv is not None else None,
         requests_topic=cat.requests,
+        # the limit the app's producer checks each record against (dead letters are cut)
+        max_request_size=int(app.conf.producer_max_request_size),
     )
     app.botmesh_runtime = runtime
     app.botmesh_runner = runner
