@@ -20,6 +20,9 @@ letter is on ``<prefix>.inbound.dlq``, acked by the broker:
 ``BadRecord`` (or decoding raised it)       DLQ at once, with its reason
 ``JournalUnavailableError``                 retried with the bot's inbox backoff; after the
                                             budget, DLQ reason ``journal-unavailable``
+an error raised from a record too large     DLQ at once, reason ``too-large`` (the journal's
+for the producer                            record of the message is over the producer's
+                                            limit: trying again cannot help)
 any other ``Exception``                     the same; DLQ reason ``handle-failed``
 ``MembershipUnconfirmed`` (the worker may   retried every 0.5 s, not charged; after 5 s the
 have been evicted: ``streams.table_kv``)    batch is abandoned (the worker exits and starts
@@ -514,6 +517,16 @@ class InboundRunner:
                         ) from exc
                     await self._wait(UNCONFIRMED_WAIT_S, deadline, f"{self._noun(raw)} {name!r}")
                     continue
+                cause = too_large(exc)
+                if cause is not None:  # trying again cannot make it smaller
+                    detail = (
+                        f"the {self._noun(raw)} cannot be journaled: a record holding it is "
+                        f"too large for the producer ({type(cause).__name__}: {cause})"
+                    )
+                    await self.dead_letter(
+                        raw, Reason.TOO_LARGE, detail, error=exc, attempts=attempt
+                    )
+                    return None
                 decision = self._retries.decide(exc, attempt, self._rng)
                 if isinstance(decision, GiveUp):
                     reason = (

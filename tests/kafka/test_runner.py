@@ -727,3 +727,42 @@ async def test_records_of_any_shape_reach_the_dlq_and_the_chat_goes_on() -> None
     ]
     assert all("truncated" not in d for _, _, d in dead[2:])
     assert runner.cut == 2
+
+
+async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
+    """The journal refuses a record as too large for the producer: trying again cannot
+    help, so the record goes to the DLQ at once (reason ``too-large``), not after the inbox
+    budget."""
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    class Journal:
+        inbox_retries = make_bot([], max_attempts=5).bind(MockProvider()).inbox_retries
+        durability = None
+
+        async def start(self) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
+            if message.id == "ok":
+                return Outcome.HANDLED
+            try:
+                raise MessageSizeTooLargeError("The message is 1048700 bytes")
+            except MessageSizeTooLargeError as exc:
+                raise JournalUnavailableError(f"journal write of {message.id} failed") from exc
+
+        async def flush_receipts(self) -> int:
+            return 0
+
+        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
+            raise AssertionError("no request in this batch")
+
+    produced, waits = Produced(), Waits()
+    runner = InboundRunner(Journal(), produced, sleep=waits)
+    await runner.run_batch([record(0, "A", "big"), record(1, "A", "ok")])
+    [dead] = produced.dead()
+    assert (dead["reason"], dead["attempts"]) == ("too-large", "1")
+    assert dead["error.class"] == "JournalUnavailableError"
+    assert "too large" in dead["detail"] and "MessageSizeTooLargeError" in dead["detail"]
+    assert waits.delays == [] and runner.retried == 0
+    assert runner.outcomes == {Outcome.HANDLED: 1}
