@@ -18,6 +18,7 @@ letter is on ``<prefix>.inbound.dlq``, acked by the broker:
 ``unjournaled``, ``replayed``
 ``dead`` (the journal dead-lettered it)     DLQ, reason ``attempts-exhausted``
 ``BadRecord`` (or decoding raised it)       DLQ at once, with its reason
+(decoding raised another ``Exception``)     DLQ at once, reason ``handle-failed``
 ``JournalUnavailableError``                 retried with the bot's inbox backoff; after the
                                             budget, DLQ reason ``journal-unavailable``
 an error raised from a record too large     DLQ at once, reason ``too-large`` (the journal's
@@ -404,6 +405,10 @@ class InboundRunner:
                         item = msgspec.structs.replace(item, id=raw.where)
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad)
+                continue
+            except Exception as exc:  # the decoder failed on it: the same record fails again
+                detail = f"decoding the record raised {type(exc).__name__}: {exc}"
+                await self.dead_letter(raw, Reason.HANDLE_FAILED, detail, error=exc)
                 continue
             chats.setdefault(item.chat_id, []).append((raw, item))
         for chat in mixed:

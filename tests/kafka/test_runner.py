@@ -766,3 +766,34 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
     assert "too large" in dead["detail"] and "MessageSizeTooLargeError" in dead["detail"]
     assert waits.delays == [] and runner.retried == 0
     assert runner.outcomes == {Outcome.HANDLED: 1}
+
+
+async def test_records_the_decoder_chokes_on_go_to_the_dlq_and_the_chat_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JSON nested too deeply (the decoder's ``RecursionError`` left the worker before), and
+    a decoder that raises something else than ``BadRecord``: each record goes to the DLQ at
+    once and the next message of the chat is handled."""
+    import streams.runner
+    from topics.records import decode_inbound
+
+    def choking(raw: bytes | str | None) -> Inbound:
+        if raw == b"{choke}":
+            raise MemoryError("the decoder choked")
+        return decode_inbound(raw)
+
+    monkeypatch.setattr(streams.runner, "decode_inbound", choking)
+    seen: list[str] = []
+    produced = Produced()
+    deep = b'{"v": 1, "chat_id": "A", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    records = [RawRecord(TOPIC, 0, 0, b"A", deep), RawRecord(TOPIC, 0, 1, b"A", b"{choke}")]
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch([*records, record(2, "A", "A2")])
+    assert seen == ["A2"]
+    first, second = produced.dead()
+    assert (first["reason"], first["source.offset"]) == ("bad-json", "0")
+    assert "nested too deeply" in first["detail"]
+    assert (second["reason"], second["error.class"]) == ("handle-failed", "MemoryError")
+    assert "decoding the record raised MemoryError" in second["detail"]
+    assert [r[2] for r in produced.records if r[0] == "dlq"] == [deep, b"{choke}"]
