@@ -56,9 +56,12 @@ to read it (``kcat -C -b <broker> -t <topic> -p <partition> -o <offset> -c 1``) 
 retention deletes it. Should the producer or the broker still refuse a copy as too large
 (the DLQ topic's ``max.message.bytes`` under the producer's limit), it is produced again
 cut to a sixteenth, then with no value and none of the record's own headers; only a copy
-refused at that size, or for another reason, gives the batch up. So no record, however
-large or odd (no key, no value, binary bytes, a huge key or header), stops the worker or
-holds up its partition.
+refused at that size, or for another reason, gives the batch up. A header key of the
+record that was not UTF-8 (the consumer keeps such bytes as surrogate escapes:
+``streams.faust_defects.lenient_header_keys``) is copied with U+FFFD in their place. So no
+record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
+huge key or header, a header key that is not UTF-8), stops the worker or holds up its
+partition.
 
 **Send requests** (records of ``requests_topic``, ``<prefix>.requests``: a send from outside
 a handler, ``topics.records.SendRequest``) go the same way: decoded with
@@ -285,6 +288,21 @@ def too_large(exc: BaseException) -> BaseException | None:
         if cause is not None:
             return cause
     return None
+
+
+def _encodable(name: str) -> str:
+    """A header key the producer can encode: bytes that were not UTF-8 (which the consumer
+    keeps as surrogate escapes, ``streams.faust_defects.lenient_header_keys``) become
+    U+FFFD."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = name.encode("utf-8", "replace")
+        return raw.decode("utf-8", "replace")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,7 +622,7 @@ class InboundRunner:
             ("dead.ts", f"{time.time():.3f}".encode()),
         ]
         ours = {k for k, _ in headers}
-        own = [(k, v) for k, v in raw.headers if k not in ours]
+        own = [(_encodable(k), v) for k, v in raw.headers if k not in ours]
         noun = self._noun(raw)
         log.warning("%s %s -> DLQ (%s: %s)", noun, raw.where, reason, detail)
         role = "requests-dlq" if noun == "request" else "dlq"

@@ -66,6 +66,7 @@ from streams.faust_defects import (
     drop_lost_producers,
     fresh_highwaters,
     guard_commit_holes,
+    lenient_header_keys,
     read_committed,
     shorten_recovery_poll,
     verify_aborted_tails,
@@ -575,6 +576,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
     guard_commit_holes()
+    lenient_header_keys()
     if config.exactly_once:
         shorten_recovery_poll()
         fresh_highwaters()

@@ -710,13 +710,16 @@ async def test_records_of_any_shape_reach_the_dlq_and_the_chat_goes_on() -> None
         RawRecord(TOPIC, 0, 2, None, None),
         RawRecord(TOPIC, 0, 3, b"A", b""),
         RawRecord(TOPIC, 0, 4, b"\x00\xff", bytes(range(256)) * 10, [("\x00", b"\xff")]),
+        # a header key that was not UTF-8, as the worker's consumer reads it (escaped)
+        RawRecord(TOPIC, 0, 5, b"A", b"{", [(b"k\xff".decode(errors="surrogateescape"), b"v")]),
     ]
     async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
         runner = InboundRunner(runtime, produced, sleep=Waits())
-        await runner.run_batch([*shapes, record(5, "A", "A2")])
+        await runner.run_batch([*shapes, record(6, "A", "A2")])
     assert seen == ["A2"] and produced.refused == []
     dead = dlq_records(produced)
-    assert [d["source.offset"] for _, _, d in dead] == ["0", "1", "2", "3", "4"]
+    assert [d["source.offset"] for _, _, d in dead] == ["0", "1", "2", "3", "4", "5"]
+    assert dead.pop()[2]["k\ufffd"] == "v"
     (key, _, first), (_, _, second) = dead[0], dead[1]
     assert first["original.key.size"] == "2000000" and key == b"k" * len(key or b"")
     assert second["headers.dropped"] == "1" and second["small"] == "s" and "big" not in second
