@@ -61,7 +61,10 @@ record that was not UTF-8 (the consumer keeps such bytes as surrogate escapes:
 ``streams.faust_defects.lenient_header_keys``) is copied with U+FFFD in their place. So no
 record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
 huge key or header, a header key that is not UTF-8), stops the worker or holds up its
-partition.
+partition. A record larger than the consumer's fetch size (1 MiB a partition; a topic
+whose ``max.message.bytes`` was raised) is fetched all the same: the broker hands over a
+partition's first batch whole whatever the fetch size (seen with a 3 MB record, cut here
+like any other).
 
 **Send requests** (records of ``requests_topic``, ``<prefix>.requests``: a send from outside
 a handler, ``topics.records.SendRequest``) go the same way: decoded with
