@@ -82,6 +82,9 @@ class Reason(StrEnum):
     WRONG_TYPE = "wrong-type"
     #: The inbound could not be journaled in ``inbox.max_attempts`` tries.
     JOURNAL_UNAVAILABLE = "journal-unavailable"
+    #: The inbound (or the request's send) is too large to journal: the journal's record
+    #: of it is over the producer's request limit (not retried).
+    TOO_LARGE = "too-large"
     #: Processing the inbound failed in ``inbox.max_attempts`` tries (not a handler error).
     HANDLE_FAILED = "handle-failed"
     #: ``inbox.max_attempts`` runs were charged without completing (it crashed every run).

@@ -89,6 +89,13 @@ ended without a next) makes the commit raise, the      the partitions are commit
 consumer crash, and the worker hang on a clean stop;   one, and a fenced one (before or
 one fenced during the commit crashes the app and       during the commit) is logged and its
 leaves the other partitions uncommitted.               offsets left to the new owner
+aiokafka 0.14.0 (under Faust's consumer) reads a       ``lenient_header_keys`` below: a
+header key as strict UTF-8: a record whose header key  batch the C reader refuses that way
+is not (the broker takes any bytes) makes every fetch  is read again by aiokafka's Python
+of its partition raise ``UnicodeDecodeError`` out of  reader, the bytes that are not UTF-8
+the consumer, so the worker stops at every start and   kept as surrogate escapes (a dead
+the partition stalls.                                  letter's copy of the header gets
+                                                       U+FFFD: ``streams.runner``)
 =====================================================  =====================================
 """
 
@@ -100,7 +107,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.consumer import fetcher
 from aiokafka.errors import ProducerFenced
+from aiokafka.record.default_records import DefaultRecordBatch, _DefaultRecordBatchPy
+from aiokafka.record.memory_records import _MemoryRecordsPy
 from faust.tables import recovery
 from faust.transport.consumer import Consumer, ThreadDelegateConsumer, TransactionManager
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -114,6 +124,7 @@ __all__ = [
     "fresh_highwaters",
     "guard_commit_holes",
     "held_commit",
+    "lenient_header_keys",
     "read_committed",
     "shorten_recovery_poll",
     "verify_aborted_tails",
@@ -394,3 +405,86 @@ def verify_aborted_tails() -> None:
     for aborted ones only when the changelog holds no committed record there (idempotent;
     the worker does it under ``exactly_once``)."""
     ThreadDelegateConsumer.position = _position  # type: ignore[method-assign]
+
+
+# -- aiokafka: header keys that are not UTF-8 ------------------------------------------------
+
+
+class _LenientBytes(bytearray):
+    """A record batch's bytes for aiokafka's Python reader: its slices stay lenient, and
+    decoding one (a header key) keeps the bytes that are not UTF-8 as surrogate escapes."""
+
+    def __getitem__(self, index: Any) -> Any:
+        got = super().__getitem__(index)
+        return _LenientBytes(got) if isinstance(got, bytearray) else got
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytearray.decode(self, encoding, "surrogateescape")
+
+
+class _LenientBatch(_DefaultRecordBatchPy):  # type: ignore[misc]
+    """aiokafka's Python reader of a record batch, on lenient bytes."""
+
+    _buffer: Any
+
+    def __init__(self, buffer: Any) -> None:
+        super().__init__(buffer)
+        self._buffer = _LenientBytes(self._buffer)
+
+    def _maybe_uncompress(self) -> None:
+        super()._maybe_uncompress()
+        if not isinstance(self._buffer, _LenientBytes):  # decompressed anew
+            self._buffer = _LenientBytes(self._buffer)
+
+
+class _Batch:
+    """A record batch read by aiokafka's C reader; when that refuses a header key that is
+    not UTF-8, the rest of the batch is read by the lenient Python reader."""
+
+    __slots__ = ("_batch", "_data")
+
+    def __init__(self, batch: Any, data: Any) -> None:
+        self._batch = batch
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def __next__(self) -> Any:  # the fetcher reads a control batch's marker this way
+        return next(self._batch)
+
+    def __iter__(self) -> Any:
+        last = -1
+        try:
+            for record in self._batch:
+                last = record.offset
+                yield record
+        except UnicodeDecodeError as exc:
+            log.warning(
+                "a record after offset %d of a batch at offset %d has a header key that is "
+                "not UTF-8 (%s): reading the batch leniently",
+                last,
+                self._batch.base_offset,
+                exc,
+            )
+            for record in _LenientBatch(self._data):
+                if record.offset > last:
+                    yield record
+
+
+class _MemoryRecords(_MemoryRecordsPy):  # type: ignore[misc]
+    """The fetcher's reader of a fetched partition's bytes: each record batch through
+    :class:`_Batch`."""
+
+    def next_batch(self, *args: Any, **kwargs: Any) -> Any:
+        data = self._next_slice
+        batch = super().next_batch(*args, **kwargs)
+        if isinstance(batch, DefaultRecordBatch) and data is not None:
+            return _Batch(batch, data)
+        return batch
+
+
+def lenient_header_keys() -> None:
+    """Make aiokafka's fetcher read a record whose header key is not UTF-8 instead of
+    raising at every fetch of its partition (idempotent; the worker does it at start)."""
+    fetcher.__dict__["MemoryRecords"] = _MemoryRecords

@@ -18,8 +18,12 @@ letter is on ``<prefix>.inbound.dlq``, acked by the broker:
 ``unjournaled``, ``replayed``
 ``dead`` (the journal dead-lettered it)     DLQ, reason ``attempts-exhausted``
 ``BadRecord`` (or decoding raised it)       DLQ at once, with its reason
+(decoding raised another ``Exception``)     DLQ at once, reason ``handle-failed``
 ``JournalUnavailableError``                 retried with the bot's inbox backoff; after the
                                             budget, DLQ reason ``journal-unavailable``
+an error raised from a record too large     DLQ at once, reason ``too-large`` (the journal's
+for the producer                            record of the message is over the producer's
+                                            limit: trying again cannot help)
 any other ``Exception``                     the same; DLQ reason ``handle-failed``
 ``MembershipUnconfirmed`` (the worker may   retried every 0.5 s, not charged; after 5 s the
 have been evicted: ``streams.table_kv``)    batch is abandoned (the worker exits and starts
@@ -33,6 +37,34 @@ The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts
 ``inbox.backoff``). Dead letters carry the record untouched, with headers ``reason``,
 ``detail``, ``error.class``, ``error.message``, ``attempts``, ``source.topic``,
 ``source.partition``, ``source.offset``, ``dead.ts`` (credentials in URLs are masked).
+
+**Dead letters too large to copy.** The producer refuses any record over its request limit
+(``max_request_size``: the worker passes its Faust producer's ``producer_max_request_size``,
+1,000,000 bytes unless set; aiokafka's own default is 1,048,576), and a dead letter is the
+record plus our headers. So a record the broker took can be too large to copy: the broker's
+default ``max.message.bytes`` (1,048,588) takes a value of 1,048,500 bytes, which with
+the headers is over the limit. Before it produces a dead letter the runner works out its
+size as the producer will (key, value, headers, and the record's overhead, every length at
+its longest); when it is over the limit less 16 KiB (``CUT_MARGIN``), the copy is cut to
+that size: our headers stay whole and two are added, ``truncated`` = ``true`` and
+``original.size`` = the value's length in bytes; the record's own headers stay while they
+fit in a quarter of the room (the others are left out and counted in ``headers.dropped``);
+the key stays whole up to a quarter of the room (a longer key is cut and its length put in
+``original.key.size``); the value keeps its first bytes, as many as fit. The whole record
+stays where it was: ``source.topic``, ``source.partition`` and ``source.offset`` say where
+to read it (``kcat -C -b <broker> -t <topic> -p <partition> -o <offset> -c 1``) until the topic's
+retention deletes it. Should the producer or the broker still refuse a copy as too large
+(the DLQ topic's ``max.message.bytes`` under the producer's limit), it is produced again
+cut to a sixteenth, then with no value and none of the record's own headers; only a copy
+refused at that size, or for another reason, gives the batch up. A header key of the
+record that was not UTF-8 (the consumer keeps such bytes as surrogate escapes:
+``streams.faust_defects.lenient_header_keys``) is copied with U+FFFD in their place. So no
+record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
+huge key or header, a header key that is not UTF-8), stops the worker or holds up its
+partition. A record larger than the consumer's fetch size (1 MiB a partition; a topic
+whose ``max.message.bytes`` was raised) is fetched all the same: the broker hands over a
+partition's first batch whole whatever the fetch size (seen with a 3 MB record, cut here
+like any other).
 
 **Send requests** (records of ``requests_topic``, ``<prefix>.requests``: a send from outside
 a handler, ``topics.records.SendRequest``) go the same way: decoded with
@@ -96,6 +128,7 @@ receipts are at least once, never lost.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import logging
 import random
@@ -107,6 +140,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
+from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from state.backoff import GiveUp, Retries
 from state.errors import (
@@ -118,6 +153,7 @@ from state.errors import (
     RecordStateError,
     SendDeferredError,
     caused_by,
+    find_cause,
 )
 from state.inbox import Outcome
 from state.kv import DurableKv
@@ -140,6 +176,7 @@ __all__ = [
     "RawRecord",
     "RuntimeLike",
     "in_time_order",
+    "record_size",
 ]
 
 log = logging.getLogger("botmesh.streams")
@@ -159,6 +196,19 @@ UNCONFIRMED_WAIT_S = 0.5
 #: How long a record waits for the group to confirm the worker before its batch is given up.
 UNCONFIRMED_PATIENCE_S = 5.0
 _CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+#: The largest record the worker's producer sends (key, value, headers and the overhead of
+#: its batch together): Faust's default ``producer_max_request_size``; aiokafka's own default
+#: is 1,048,576. ``streams.worker`` passes the app's setting to the runner.
+MAX_REQUEST_SIZE = 1_000_000
+#: Bytes a cut dead letter leaves free under that limit.
+CUT_MARGIN = 16 * 1024
+#: A cut dead letter keeps a key up to this long whatever its budget (a longer one is cut).
+KEY_FLOOR = 256
+#: The errors that say a record is too large: the producer's own check
+#: (``MessageSizeTooLargeError`` before sending), the broker's (the same class, from the
+#: topic's ``max.message.bytes``; ``RecordListTooLargeError``), the client's
+#: ``RecordTooLargeError``.
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
 
 
 class RuntimeLike(Protocol):
@@ -271,6 +321,82 @@ def redact(text: str) -> str:
     return _CREDENTIALS.sub(r"\1***@", text)
 
 
+def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    """The size the producer gives a record when it checks it against its request limit
+    (aiokafka's estimate: the record, its batch's overhead, every varint at its longest)."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
+
+
+def too_large(exc: BaseException) -> BaseException | None:
+    """The error that says a record is too large (the producer's check or the broker's):
+    ``exc`` itself or what it was raised from (Faust's ``ProducerSendError``, the journal's
+    ``JournalUnavailableError``); ``None`` when there is none."""
+    for kind in _TOO_LARGE:
+        cause: BaseException | None = find_cause(exc, kind)
+        if cause is not None:
+            return cause
+    return None
+
+
+def _encodable(name: str) -> str:
+    """A header key the producer can encode: bytes that were not UTF-8 (which the consumer
+    keeps as surrogate escapes, ``streams.faust_defects.lenient_header_keys``) become
+    U+FFFD."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = name.encode("utf-8", "replace")
+        return raw.decode("utf-8", "replace")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class _Letter:
+    """A dead letter to produce: the record, our headers, the record's own headers, and the
+    size it must fit in (``None``: whole, as long as it fits the producer's limit)."""
+
+    role: str
+    raw: RawRecord
+    ours: Headers
+    own: Headers
+    budget: int | None = None
+    #: Counted in ``InboundRunner.cut`` already.
+    counted: bool = False
+
+
+def cut_letter(
+    key: bytes | None, value: bytes, ours: Headers, own: Headers, budget: int
+) -> tuple[bytes | None, bytes, Headers]:
+    """A dead letter cut to fit in ``budget`` bytes (:func:`record_size`): our headers
+    whole, then ``truncated`` = ``true`` and ``original.size`` = the value's length; the
+    record's own headers while they fit in a quarter of the budget (those left out counted
+    in ``headers.dropped``); the key whole up to a quarter of the budget (at least
+    ``KEY_FLOOR`` bytes; a longer one is cut, its length in ``original.key.size``); the
+    value's first bytes in what is left (none when nothing is)."""
+    marks: Headers = [("truncated", b"true"), ("original.size", str(len(value)).encode())]
+    room = budget // 4
+    kept: Headers = []
+    ours_too = {"truncated", "original.size", "original.key.size", "headers.dropped"}
+    own = [(name, data) for name, data in own if name not in ours_too]
+    for name, data in own:
+        size = len(name.encode()) + len(data) + 10  # two varints at their longest
+        if size <= room:
+            kept.append((name, data))
+            room -= size
+    if len(kept) < len(own):
+        marks.append(("headers.dropped", str(len(own) - len(kept)).encode()))
+    longest = max(budget // 4, KEY_FLOOR)
+    if key is not None and len(key) > longest:
+        marks.append(("original.key.size", str(len(key)).encode()))
+        key = key[:longest]
+    headers = ours + marks + kept
+    room = budget - record_size(key, b"", headers) - 5  # the value's length varint
+    return key, value[: max(room, 0)], headers
+
+
 class InboundRunner:
     """Settles batches of inbound records through ``runtime.handle``, and of send requests
     through ``runtime.send`` (see the module doc).
@@ -281,7 +407,9 @@ class InboundRunner:
     raising ``BatchAbandoned``, when ``stopping`` is set). ``owns(partition)`` says whether
     this worker still owns a record's partition: a record that fails on a partition taken
     from it is neither retried nor dead-lettered here (``BatchAbandoned``). Records of
-    ``requests_topic`` are send requests (see the module doc).
+    ``requests_topic`` are send requests (see the module doc). ``max_request_size`` is the
+    producer's limit on one record (Faust's ``producer_max_request_size``): a dead letter
+    that would not fit under it is cut (see the module doc).
     """
 
     def __init__(
@@ -297,8 +425,10 @@ class InboundRunner:
         requests_topic: str | None = None,
         control_topic: str | None = None,
         instance: str = "",
+        max_request_size: int = MAX_REQUEST_SIZE,
     ) -> None:
         self.runtime = runtime
+        self.max_request_size = max_request_size
         self.requests_topic = requests_topic
         self.control_topic = control_topic
         self.instance = instance
@@ -308,7 +438,9 @@ class InboundRunner:
         self.ack_timeout = ack_timeout
         self.batch_deadline = batch_deadline
         self._rng = rng or random.Random()
-        self._pending: set[Awaitable[Any]] = set()
+        #: Dead letters produced and not acked yet, with what to cut if the broker refuses
+        #: one as too large.
+        self._pending: dict[Awaitable[Any], _Letter] = {}
         self.stopping = asyncio.Event()
         self._sleep = sleep or self._sleep_unless_stopping
         #: How many records ended with each outcome (``Outcome`` values).
@@ -322,6 +454,10 @@ class InboundRunner:
         self.retried = 0
         #: Operator actions carried out, by outcome (``done``, ``refused``, ``failed``).
         self.actions: Counter[str] = Counter()
+        #: Results of operator actions produced and not acked yet.
+        self._results: set[Awaitable[Any]] = set()
+        #: Dead letters that went out cut (``truncated`` = ``true``), each counted once.
+        self.cut = 0
 
     # -- one batch ------------------------------------------------------------------------
 
@@ -346,6 +482,10 @@ class InboundRunner:
                         item = msgspec.structs.replace(item, id=raw.where)
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad)
+                continue
+            except Exception as exc:  # the decoder failed on it: the same record fails again
+                detail = f"decoding the record raised {type(exc).__name__}: {exc}"
+                await self.dead_letter(raw, Reason.HANDLE_FAILED, detail, error=exc)
                 continue
             chats.setdefault(item.chat_id, []).append((raw, item))
         for chat in mixed:
@@ -426,7 +566,7 @@ class InboundRunner:
             )
         except Exception as exc:
             raise BatchAbandoned(f"cannot produce the result of {request.id!r}: {exc}") from exc
-        self._pending.add(ack)
+        self._results.add(ack)
 
     async def _act(self, request: ControlRequest) -> ControlResult:
         """Carry out one action; a refusal is a result, the journal's errors are raised."""
@@ -522,6 +662,16 @@ class InboundRunner:
                         ) from exc
                     await self._wait(UNCONFIRMED_WAIT_S, deadline, f"{self._noun(raw)} {name!r}")
                     continue
+                cause = too_large(exc)
+                if cause is not None:  # trying again cannot make it smaller
+                    detail = (
+                        f"the {self._noun(raw)} cannot be journaled: a record holding it is "
+                        f"too large for the producer ({type(cause).__name__}: {cause})"
+                    )
+                    await self.dead_letter(
+                        raw, Reason.TOO_LARGE, detail, error=exc, attempts=attempt
+                    )
+                    return None
                 decision = self._retries.decide(exc, attempt, self._rng)
                 if isinstance(decision, GiveUp):
                     reason = (
@@ -596,25 +746,102 @@ class InboundRunner:
             ("dead.ts", f"{time.time():.3f}".encode()),
         ]
         ours = {k for k, _ in headers}
-        headers += [(k, v) for k, v in raw.headers if k not in ours]
+        own = [(_encodable(k), v) for k, v in raw.headers if k not in ours]
         noun = self._noun(raw)
         log.warning("%s %s -> DLQ (%s: %s)", noun, raw.where, reason, detail)
         role = "dlq" if noun == "inbound" else "requests-dlq"
-        try:
-            ack = await self._produce(role, raw.key, raw.value or b"", headers)
-        except Exception as exc:
-            raise BatchAbandoned(f"cannot produce to the {noun} DLQ: {exc}") from exc
-        self._pending.add(ack)
+        await self._produce_letter(_Letter(role, raw, headers, own))
         self.dead_letters[reason] += 1
 
-    async def drain(self) -> None:
-        """Wait until every dead letter produced so far is acked by the broker."""
-        while self._pending:
-            batch, self._pending = self._pending, set()
+    async def _produce_letter(self, letter: _Letter) -> None:
+        """Hand ``letter`` to the producer: whole when it fits under ``max_request_size``
+        (less ``CUT_MARGIN``), else cut to that; a producer that refuses it as too large
+        gets it cut smaller (:meth:`_smaller`). Its ack is awaited in :meth:`drain`."""
+        raw, value = letter.raw, letter.raw.value or b""
+        while True:
+            budget = letter.budget
+            whole = letter.ours + letter.own
+            if budget is None and record_size(raw.key, value, whole) > self._cut_to():
+                budget = self._cut_to()
+                letter = dataclasses.replace(letter, budget=budget)
+            if budget is None:
+                key, data, headers = raw.key, value, whole
+            else:
+                key, data, headers = cut_letter(raw.key, value, letter.ours, letter.own, budget)
+                log.warning(
+                    "%s %s: its dead letter is cut to %d of %d value bytes to fit in %d bytes "
+                    "(headers truncated, original.size; the original stays at its source offset)",
+                    self._noun(raw),
+                    raw.where,
+                    len(data),
+                    len(value),
+                    budget,
+                )
             try:
-                await asyncio.wait_for(asyncio.gather(*batch), self.ack_timeout)
+                ack = await self._produce(letter.role, key, data, headers)
+            except Exception as exc:
+                smaller = self._smaller(letter, exc)
+                if smaller is None:
+                    raise BatchAbandoned(
+                        f"cannot produce to the {self._noun(raw)} DLQ: {exc}"
+                    ) from exc
+                letter = smaller
+                continue
+            if budget is not None and not letter.counted:
+                self.cut += 1
+                letter = dataclasses.replace(letter, counted=True)
+            self._pending[ack] = letter
+            return
+
+    def _cut_to(self) -> int:
+        return max(self.max_request_size - CUT_MARGIN, 0)
+
+    def _smaller(self, letter: _Letter, exc: BaseException) -> _Letter | None:
+        """The same dead letter cut smaller after ``exc`` refused it as too large (a topic
+        whose ``max.message.bytes`` is under the producer's limit): to a sixteenth, then to
+        its headers alone (no value, none of the record's own headers); ``None`` when
+        ``exc`` is another error or nothing is left to cut."""
+        if too_large(exc) is None or letter.budget == 0:
+            return None
+        budget = self._cut_to() if letter.budget is None else letter.budget
+        smaller = budget // 16 if budget > 64 * 1024 else 0
+        log.warning(
+            "%s %s: its dead letter was refused as too large (%s: %s); cutting it to %d bytes",
+            self._noun(letter.raw),
+            letter.raw.where,
+            type(exc).__name__,
+            exc,
+            smaller,
+        )
+        return dataclasses.replace(letter, budget=smaller)
+
+    async def drain(self) -> None:
+        """Wait until every dead letter and action result produced so far is acked by the
+        broker (a dead letter it refused as too large is produced again, cut smaller, and
+        waited for too)."""
+        if self._results:
+            acks, self._results = self._results, set()
+            try:
+                await asyncio.wait_for(asyncio.gather(*acks), self.ack_timeout)
+            except Exception as exc:
+                raise BatchAbandoned(f"an action's result was not acked: {exc}") from exc
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*batch, return_exceptions=True), self.ack_timeout
+                )
             except Exception as exc:
                 raise BatchAbandoned(f"a dead letter was not acked by the broker: {exc}") from exc
+            for letter, result in zip(batch.values(), results, strict=True):
+                if not isinstance(result, BaseException):
+                    continue
+                smaller = self._smaller(letter, result)
+                if smaller is None:
+                    raise BatchAbandoned(
+                        f"a dead letter was not acked by the broker: {result}"
+                    ) from result
+                await self._produce_letter(smaller)
 
 
 async def _state_of(ops: Operations, request: ControlRequest) -> str | None:

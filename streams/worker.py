@@ -67,6 +67,7 @@ from streams.faust_defects import (
     drop_lost_producers,
     fresh_highwaters,
     guard_commit_holes,
+    lenient_header_keys,
     read_committed,
     shorten_recovery_poll,
     verify_aborted_tails,
@@ -593,6 +594,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
     guard_commit_holes()
+    lenient_header_keys()
     if config.exactly_once:
         shorten_recovery_poll()
         fresh_highwaters()
@@ -733,6 +735,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         requests_topic=cat.requests,
         control_topic=cat.control,
         instance=str(getattr(runtime, "instance_id", config.instance_id or "")),
+        # the limit the app's producer checks each record against (dead letters are cut)
+        max_request_size=int(app.conf.producer_max_request_size),
     )
     app.botmesh_runtime = runtime
     app.botmesh_runner = runner

@@ -16,7 +16,7 @@ why, as a :class:`~state.errors.BadRecord` whose ``reason`` (a :class:`~state.er
 the DLQ ``reason`` header) is stable and whose ``detail`` names the field and the fix:
 
 ``empty``            no value (a tombstone) or an empty value
-``bad-json``         the value is not UTF-8 JSON
+``bad-json``         the value is not UTF-8 JSON, or is nested too deeply to decode
 ``not-object``       the JSON is not an object
 ``unknown-version``  ``v`` is missing or not a version we read (``1``)
 ``missing-chat-id``  no ``chat_id``, or a null or empty one
@@ -164,6 +164,19 @@ def _decode(
     """One typed decode on the valid path; the reason worked out on refusal."""
     if not raw:
         raise _empty(what)
+    try:
+        return _decode_or_diagnose(raw, what, struct, decoder)
+    except RecursionError:  # msgspec (and the slow path) stop at Python's recursion limit
+        raise BadRecord(
+            Reason.BAD_JSON,
+            f"the {what} value is nested too deeply to decode (arrays or objects inside each "
+            "other, more levels than the decoder takes); produce a flatter JSON object",
+        ) from None
+
+
+def _decode_or_diagnose(
+    raw: bytes | str, what: str, struct: type[_S], decoder: msgspec.json.Decoder[Any]
+) -> _S:
     try:
         value = decoder.decode(raw)
     except msgspec.ValidationError as exc:

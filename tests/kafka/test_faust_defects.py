@@ -11,7 +11,7 @@ from faust.transport.drivers.aiokafka import Consumer
 from faust.types import TP
 from intervaltree import IntervalTree
 
-from streams.faust_defects import _ORIGINAL, guard_commit_holes, held_commit
+from streams.faust_defects import _ORIGINAL, guard_commit_holes, held_commit, lenient_header_keys
 
 TPX = TP("t.inbound", 0)
 
@@ -335,3 +335,54 @@ async def test_a_partition_faust_left_unrestored_is_caught_up_from_the_changelog
     nowhere = Table("kafka://127.0.0.1:1")  # no broker: not checked, so not loaded
     nowhere.catch_up_s = 2.0
     assert await nowhere._catch_up({0}) == set()
+
+
+class _RawKey(str):
+    """A header key the Python batch builder writes as the byte 0xff (not UTF-8): what any
+    producer that is not aiokafka's can put on the broker."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"\xff"
+
+
+@pytest.mark.parametrize("codec", [0, 1])  # none, gzip
+def test_aiokafka_refuses_a_header_key_that_is_not_utf8_and_the_worker_reads_it(
+    codec: int,
+) -> None:
+    """aiokafka's fetcher reads a batch with its C reader, which raises on such a key (at
+    every fetch of the partition, out of Faust's consumer); the worker's reader reads the
+    batch again leniently, every record once, in order."""
+    from aiokafka.consumer import fetcher
+    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+    from aiokafka.record.memory_records import MemoryRecords
+
+    builder = _DefaultRecordBatchBuilderPy(
+        magic=2,
+        compression_type=codec,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=100_000,
+    )
+    builder.append(0, timestamp=None, key=b"c", value=b"v0", headers=[("a", b"1")])
+    builder.append(1, timestamp=None, key=b"c", value=b"v1", headers=[(_RawKey("x"), b"h")])
+    builder.append(2, timestamp=None, key=b"c", value=b"v2", headers=[])
+    data = bytes(builder.build())
+
+    strict = MemoryRecords(data).next_batch()
+    assert strict is not None
+    with pytest.raises(UnicodeDecodeError):
+        list(strict)
+
+    lenient_header_keys()
+    lenient_header_keys()  # idempotent
+    reader = fetcher.MemoryRecords(data + data)  # what the fetcher reads a fetch with
+    batches = []
+    while reader.has_next():
+        batch = reader.next_batch()
+        assert batch.validate_crc() and batch.base_offset == 0
+        batches.append([(r.offset, r.value, r.headers) for r in batch])
+    assert (
+        batches == [[(0, b"v0", [("a", b"1")]), (1, b"v1", [("\udcff", b"h")]), (2, b"v2", [])]] * 2
+    )

@@ -24,11 +24,13 @@ from botmesh.errors import BadRecord, JournalUnavailableError, Reason, Recipient
 from botmesh.journal import MemoryKv, OutboxState, Write
 from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from streams.runner import (
+    CUT_MARGIN,
     BatchAbandoned,
     InboundRunner,
     KafkaReceipts,
     RawRecord,
     in_time_order,
+    record_size,
     redact,
 )
 from topics.records import SendRequest, decode_receipt, encode_inbound, encode_request
@@ -589,3 +591,237 @@ def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() ->
     _check_copartitioned(cat, {"p.inbound": 4})  # no requests topic: nothing to refuse
     with pytest.raises(ConfigError, match=r"p\.requests has 8 partitions but p\.inbound has 4"):
         _check_copartitioned(cat, {"p.inbound": 4, "p.requests": 8})
+
+
+# -- records too large to copy ---------------------------------------------------------------
+
+#: The largest value the broker's default ``max.message.bytes`` (1,048,588) takes with a
+#: one-byte key and no headers: undecodable, it must still reach the DLQ.
+HUGE = 1_048_500
+
+
+@dataclass
+class Limited(Produced):
+    """A producer that checks sizes as the worker's does: ``limit`` as aiokafka's
+    ``max_request_size`` (refused before sending, raised through Faust's
+    ``ProducerSendError``), ``topic_limit`` as the DLQ topic's ``max.message.bytes`` (the
+    broker refuses it: the ack fails). ``records`` holds only what was accepted."""
+
+    limit: int = 1_000_000
+    topic_limit: int | None = None
+    refused: list[int] = field(default_factory=list)
+
+    async def __call__(
+        self, role: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> Awaitable[Any]:
+        from aiokafka.errors import MessageSizeTooLargeError
+        from faust.exceptions import ProducerSendError
+
+        size = record_size(key, value, headers)
+        if size > self.limit:
+            self.refused.append(size)
+            try:
+                raise MessageSizeTooLargeError(f"The message is {size} bytes when serialized")
+            except MessageSizeTooLargeError as exc:
+                raise ProducerSendError(f"Error while sending: {exc!r}") from exc
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.topic_limit is not None and size > self.topic_limit:
+            self.refused.append(size)
+            ack.set_exception(MessageSizeTooLargeError("MESSAGE_SIZE_TOO_LARGE"))
+            return ack
+        self.records.append((role, key, value, headers))
+        ack.set_result(None)
+        return ack
+
+
+def dlq_records(produced: Produced) -> list[tuple[bytes | None, bytes, dict[str, str]]]:
+    return [
+        (key, value, {k: v.decode(errors="replace") for k, v in headers})
+        for role, key, value, headers in produced.records
+        if role == "dlq"
+    ]
+
+
+async def test_a_record_too_large_to_copy_goes_to_the_dlq_cut_and_the_chat_goes_on() -> None:
+    """A value the broker took (1,048,500 bytes) is too large for the producer once the
+    dead letter's headers are on it: it goes cut, saying so, and the next record of the
+    chat is handled (before, the batch was abandoned at every start)."""
+    seen: list[str] = []
+    produced = Limited()
+    huge = b"\xff" + bytes(range(256)) * (HUGE // 256) + b"!" * (HUGE % 256 - 1)
+    assert len(huge) == HUGE
+    big = RawRecord(TOPIC, 0, 5, b"A", huge, [("trace", b"t-1")])
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch([big, record(6, "A", "A2")])
+    assert seen == ["A2"]
+    [(key, value, dead)] = dlq_records(produced)
+    assert dead["reason"] == "bad-json"
+    assert (dead["truncated"], dead["original.size"]) == ("true", str(HUGE))
+    assert (dead["source.topic"], dead["source.partition"], dead["source.offset"]) == (
+        TOPIC,
+        "0",
+        "5",
+    )
+    assert dead["trace"] == "t-1" and "headers.dropped" not in dead
+    assert key == b"A" and value == huge[: len(value)]
+    size = record_size(key, value, produced.records[0][3])
+    assert 1_000_000 - 2 * CUT_MARGIN < size <= 1_000_000 - CUT_MARGIN
+    assert produced.refused == []  # cut before it was produced, not after a refusal
+    assert runner.cut == 1 and runner.dead_letters == {Reason.BAD_JSON: 1}
+
+
+async def test_a_dead_letter_that_fits_goes_whole_under_the_limit_given() -> None:
+    produced = Limited(limit=50_000)
+    small = RawRecord(TOPIC, 0, 0, b"A", b"x" * 20_000)
+    large = RawRecord(TOPIC, 0, 1, b"A", b"y" * 60_000)
+    async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits(), max_request_size=50_000)
+        await runner.run_batch([small, large])
+    [(_, whole, first), (_, cut, second)] = dlq_records(produced)
+    assert whole == small.value and "truncated" not in first and "original.size" not in first
+    assert (second["truncated"], second["original.size"]) == ("true", "60000")
+    assert 0 < len(cut) < 50_000 - CUT_MARGIN and cut == b"y" * len(cut)
+    assert runner.cut == 1
+
+
+async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut() -> None:
+    """The runner's limit above the producer's (a misconfiguration): the producer refuses
+    the whole copy, the cut copy goes out instead of the batch being abandoned."""
+    produced = Limited(limit=200_000)
+    raw = RawRecord(TOPIC, 0, 3, b"A", b"z" * 300_000)
+    async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())  # believes 1,000,000
+        await runner.run_batch([raw, record(4, "A", "A2")])
+    assert len(produced.refused) == 1
+    [(_, value, dead)] = dlq_records(produced)
+    assert (dead["truncated"], dead["original.size"], dead["source.offset"]) == (
+        "true",
+        "300000",
+        "3",
+    )
+    assert 0 < len(value) <= (1_000_000 - CUT_MARGIN) // 16 and runner.cut == 1
+
+
+async def test_a_dead_letter_the_broker_refuses_as_too_large_is_produced_again_cut() -> None:
+    """The DLQ topic's ``max.message.bytes`` is under the producer's limit: the broker
+    refuses the copy (its ack fails), the runner produces it again cut smaller, then with
+    its headers alone, and the batch settles once that one is acked."""
+    produced = Limited(topic_limit=70_000)
+    mid = RawRecord(TOPIC, 0, 0, b"A", b"m" * 100_000)
+    tiny_topic = Limited(topic_limit=5_000)
+    async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch([mid])
+        second = InboundRunner(runtime, tiny_topic, sleep=Waits())
+        await second.run_batch([mid])
+    [(_, value, dead)] = dlq_records(produced)
+    assert len(produced.refused) == 1  # the whole copy
+    assert (dead["truncated"], dead["original.size"]) == ("true", "100000")
+    assert 0 < len(value) <= (1_000_000 - CUT_MARGIN) // 16
+    [(_, value, dead)] = dlq_records(tiny_topic)
+    assert len(tiny_topic.refused) == 2  # whole, then cut to a sixteenth
+    assert value == b"" and dead["truncated"] == "true" and dead["source.offset"] == "0"
+
+
+async def test_records_of_any_shape_reach_the_dlq_and_the_chat_goes_on() -> None:
+    """A huge key, a huge header of the record's own, no key, no value, binary garbage:
+    each dead letter fits under the producer's limit and the next message is handled."""
+    seen: list[str] = []
+    produced = Limited()
+    shapes = [
+        RawRecord(TOPIC, 0, 0, b"k" * 2_000_000, b"{"),
+        RawRecord(TOPIC, 0, 1, b"A", b"{", [("big", b"h" * 1_500_000), ("small", b"s")]),
+        RawRecord(TOPIC, 0, 2, None, None),
+        RawRecord(TOPIC, 0, 3, b"A", b""),
+        RawRecord(TOPIC, 0, 4, b"\x00\xff", bytes(range(256)) * 10, [("\x00", b"\xff")]),
+        # a header key that was not UTF-8, as the worker's consumer reads it (escaped)
+        RawRecord(TOPIC, 0, 5, b"A", b"{", [(b"k\xff".decode(errors="surrogateescape"), b"v")]),
+    ]
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch([*shapes, record(6, "A", "A2")])
+    assert seen == ["A2"] and produced.refused == []
+    dead = dlq_records(produced)
+    assert [d["source.offset"] for _, _, d in dead] == ["0", "1", "2", "3", "4", "5"]
+    assert dead.pop()[2]["k\ufffd"] == "v"
+    (key, _, first), (_, _, second) = dead[0], dead[1]
+    assert first["original.key.size"] == "2000000" and key == b"k" * len(key or b"")
+    assert second["headers.dropped"] == "1" and second["small"] == "s" and "big" not in second
+    assert [(k, v) for k, v, _ in dead[2:]] == [
+        (None, b""),
+        (b"A", b""),
+        (b"\x00\xff", bytes(range(256)) * 10),
+    ]
+    assert all("truncated" not in d for _, _, d in dead[2:])
+    assert runner.cut == 2
+
+
+async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
+    """The journal refuses a record as too large for the producer: trying again cannot
+    help, so the record goes to the DLQ at once (reason ``too-large``), not after the inbox
+    budget."""
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    class Journal:
+        inbox_retries = make_bot([], max_attempts=5).bind(MockProvider()).inbox_retries
+        durability = None
+
+        async def start(self) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
+            if message.id == "ok":
+                return Outcome.HANDLED
+            try:
+                raise MessageSizeTooLargeError("The message is 1048700 bytes")
+            except MessageSizeTooLargeError as exc:
+                raise JournalUnavailableError(f"journal write of {message.id} failed") from exc
+
+        async def flush_receipts(self) -> int:
+            return 0
+
+        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
+            raise AssertionError("no request in this batch")
+
+    produced, waits = Produced(), Waits()
+    runner = InboundRunner(Journal(), produced, sleep=waits)
+    await runner.run_batch([record(0, "A", "big"), record(1, "A", "ok")])
+    [dead] = produced.dead()
+    assert (dead["reason"], dead["attempts"]) == ("too-large", "1")
+    assert dead["error.class"] == "JournalUnavailableError"
+    assert "too large" in dead["detail"] and "MessageSizeTooLargeError" in dead["detail"]
+    assert waits.delays == [] and runner.retried == 0
+    assert runner.outcomes == {Outcome.HANDLED: 1}
+
+
+async def test_records_the_decoder_chokes_on_go_to_the_dlq_and_the_chat_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JSON nested too deeply (the decoder's ``RecursionError`` left the worker before), and
+    a decoder that raises something else than ``BadRecord``: each record goes to the DLQ at
+    once and the next message of the chat is handled."""
+    import streams.runner
+    from topics.records import decode_inbound
+
+    def choking(raw: bytes | str | None) -> Inbound:
+        if raw == b"{choke}":
+            raise MemoryError("the decoder choked")
+        return decode_inbound(raw)
+
+    monkeypatch.setattr(streams.runner, "decode_inbound", choking)
+    seen: list[str] = []
+    produced = Produced()
+    deep = b'{"v": 1, "chat_id": "A", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    records = [RawRecord(TOPIC, 0, 0, b"A", deep), RawRecord(TOPIC, 0, 1, b"A", b"{choke}")]
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=Waits())
+        await runner.run_batch([*records, record(2, "A", "A2")])
+    assert seen == ["A2"]
+    first, second = produced.dead()
+    assert (first["reason"], first["source.offset"]) == ("bad-json", "0")
+    assert "nested too deeply" in first["detail"]
+    assert (second["reason"], second["error.class"]) == ("handle-failed", "MemoryError")
+    assert "decoding the record raised MemoryError" in second["detail"]
+    assert [r[2] for r in produced.records if r[0] == "dlq"] == [deep, b"{choke}"]

@@ -151,3 +151,117 @@ async def test_restart_continues_from_committed_offsets(worker: Worker) -> None:
     assert set(handled) == {r.id for r in first + second}
     ids = [s.receipt.inbound_id for s in seen]
     assert len(ids) == len(set(ids)) == 600
+
+
+#: The largest value the broker takes with its default ``max.message.bytes`` (1,048,588) and
+#: a two-byte key: over the worker producer's limit (1,000,000) once copied with headers.
+HUGE = 1_048_500
+
+
+async def test_records_too_large_to_copy_reach_the_dlq_cut_and_the_worker_goes_on(
+    worker: Worker,
+) -> None:
+    """An undecodable inbound and an undecodable request of 1,048,500 bytes, then a valid
+    inbound too large to journal, then a normal message of the same chat: each large one
+    reaches its DLQ cut (headers ``truncated``, ``original.size``, the source offset), the
+    next message is answered and the worker never exits (before: status 75 at every start,
+    the partition stalled)."""
+    cat = Catalog(worker.prefix)
+    start = await end_offsets(worker.bootstrap, cat.sent)
+    junk = b"{" + bytes(range(256)) * (HUGE // 256) + b"!" * (HUGE % 256 - 1)
+    request = b'"' + b"r" * (HUGE - 2) + b'"'  # JSON, but a string
+    valid = encode_inbound(Inbound(chat_id="c1", id="big", text="y" * (HUGE - 200)))
+    assert len(junk) == len(request) == HUGE and HUGE - 200 < len(valid) <= HUGE
+    after = encode_inbound(Inbound(chat_id="c1", id="after", text="still here"))
+    # a producer whose own limit lets such records out (the broker is the judge)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=worker.bootstrap, acks="all", max_request_size=2 * 1024 * 1024
+    )
+    await producer.start()
+    try:
+        sources = {}
+        partitions = set()
+        for topic, value, reason in (
+            (cat.inbound, junk, "bad-json"),
+            (cat.requests, request, "not-object"),
+            (cat.inbound, valid, "too-large"),
+        ):
+            md = await producer.send_and_wait(topic, value, key=b"c1")
+            sources[(topic, md.offset)] = (value, reason)
+            partitions.add(md.partition)
+        last = await producer.send_and_wait(cat.inbound, after, key=b"c1")
+    finally:
+        await producer.stop()
+    assert partitions == {last.partition}  # one chat, one partition (both topics)
+    worker.start()
+    seen = await collect(worker, cat.sent, start, {"after"})
+    assert [s.receipt.inbound_id for s in seen] == ["after"]
+    dead = await dead_letters(
+        worker.bootstrap, cat.inbound_dlq, lambda d: len(d) >= 2, worker.check_alive
+    )
+    dead += await dead_letters(
+        worker.bootstrap, cat.requests_dlq, lambda d: len(d) >= 1, worker.check_alive
+    )
+    worker.check_alive()
+    assert worker.stop() == 0
+    assert worker.handled() == {"after": 1}  # the valid one was never journaled nor run
+
+    got = {}
+    for m in dead:
+        h = {k: v.decode(errors="replace") for k, v in m.headers}
+        where = (h["source.topic"], int(h["source.offset"]))
+        original, _ = sources[where]
+        assert h["source.partition"] == str(last.partition)
+        assert (h["truncated"], h["original.size"]) == ("true", str(len(original)))
+        assert m.key == b"c1" and 900_000 < len(m.value) < len(original)
+        assert m.value == original[: len(m.value)]
+        got[where] = h["reason"]
+    assert got == {where: reason for where, (_, reason) in sources.items()}
+
+
+class _RawKey(str):
+    """A header key aiokafka's Python batch builder writes as the byte 0xff (not UTF-8)."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"\xff"
+
+
+async def test_a_header_key_that_is_not_utf8_neither_stops_the_worker_nor_its_partition(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker takes any bytes as a header key; aiokafka's consumer raised on one that is
+    not UTF-8 at every fetch of the partition. A valid inbound with such a header is
+    answered, an undecodable one reaches the DLQ (its key there with U+FFFD), and the next
+    message is answered."""
+    import aiokafka.producer.message_accumulator as accumulator
+    import aiokafka.producer.producer
+    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+
+    cat = Catalog(worker.prefix)
+    start = await end_offsets(worker.bootstrap, cat.sent)
+    for module in (accumulator, aiokafka.producer.producer):  # the builder, the size check
+        monkeypatch.setattr(module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
+    odd = [(_RawKey("x"), b"odd"), ("trace", b"t-1")]
+    producer = AIOKafkaProducer(bootstrap_servers=worker.bootstrap, acks="all")
+    await producer.start()
+    try:
+        good = Inbound(chat_id="c1", id="odd-header", text="hi")
+        await producer.send_and_wait(cat.inbound, encode_inbound(good), key=b"c1", headers=odd)
+        bad = await producer.send_and_wait(cat.inbound, b"{nope", key=b"c1", headers=odd)
+        after = Inbound(chat_id="c1", id="after", text="still here")
+        await producer.send_and_wait(cat.inbound, encode_inbound(after), key=b"c1")
+    finally:
+        await producer.stop()
+    monkeypatch.undo()
+    worker.start()
+    seen = await collect(worker, cat.sent, start, {"odd-header", "after"})
+    assert [s.receipt.inbound_id for s in seen] == ["odd-header", "after"]
+    [dead] = await dead_letters(
+        worker.bootstrap, cat.inbound_dlq, lambda d: len(d) >= 1, worker.check_alive
+    )
+    worker.check_alive()
+    assert worker.stop() == 0
+    h = dict(dead.headers)
+    assert (h["reason"], h["source.offset"]) == (b"bad-json", str(bad.offset).encode())
+    assert (h["\ufffd"], h["trace"]) == (b"odd", b"t-1")
+    assert dead.value == b"{nope"

@@ -19,6 +19,7 @@ from topics import (
     encode_inbound,
     encode_receipt,
 )
+from topics.records import decode_request
 
 #: The reasons a value can be refused for when it is decoded (the others are the engine's).
 DECODE_REASONS = {
@@ -133,6 +134,29 @@ def test_bad_inbound_reasons(raw: bytes | str | None, reason: Reason, words: str
     assert bad.reason is reason
     assert words in bad.detail
     assert str(bad).startswith(f"{reason}: ")
+
+
+#: JSON nested deeper than the decoder takes (it stops at Python's recursion limit).
+DEEP = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"v": 1, "chat_id": "c", "data": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_001,
+    b'{"v": 1, "chat_id": "c", "extra": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+    b'{"v": 1, "id": "r", "chat_id": "c", "text": "x", "options": '
+    + b'{"a": ' * 5_000
+    + b"1"
+    + b"}" * 5_001,
+]
+
+
+@pytest.mark.parametrize("raw", DEEP)
+def test_json_nested_too_deeply_is_bad_json_not_a_crash(raw: bytes) -> None:
+    """Before, the decoder's ``RecursionError`` left the worker (status 70 at every start,
+    the partition stalled)."""
+    for decode, what in ((decode_inbound, "inbound"), (decode_request, "request")):
+        with pytest.raises(BadRecord) as info:
+            decode(raw)
+        assert info.value.reason is Reason.BAD_JSON
+        assert f"the {what} value is nested too deeply to decode" in info.value.detail
 
 
 def test_every_decode_reason_has_a_case() -> None:
