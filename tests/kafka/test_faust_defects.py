@@ -11,7 +11,13 @@ from faust.transport.drivers.aiokafka import Consumer
 from faust.types import TP
 from intervaltree import IntervalTree
 
-from streams.faust_defects import _ORIGINAL, guard_commit_holes, held_commit, lenient_header_keys
+from streams.faust_defects import (
+    _ORIGINAL,
+    ReadOffsets,
+    guard_commit_holes,
+    held_commit,
+    lenient_header_keys,
+)
 
 TPX = TP("t.inbound", 0)
 
@@ -386,3 +392,66 @@ def test_aiokafka_refuses_a_header_key_that_is_not_utf8_and_the_worker_reads_it(
     assert (
         batches == [[(0, b"v0", [("a", b"1")]), (1, b"v1", [("\udcff", b"h")]), (2, b"v2", [])]] * 2
     )
+
+
+def _drain(reads: Any, offsets: list[int]) -> list[int]:
+    """Faust's drain loop (``Consumer._drain_messages``) over ``offsets`` of one partition:
+    what it hands to the agent; a record below the read offset is dropped as seen."""
+    handed = []
+    for offset in offsets:
+        r_offset = reads[TPX]
+        if r_offset is None or offset >= r_offset:
+            handed.append(offset)
+            reads[TPX] = offset
+    return handed
+
+
+@pytest.mark.parametrize("rewinds", [False, True])
+def test_a_seek_back_to_a_hole_is_undone_by_records_fetched_before_it_unless_it_is_held(
+    rewinds: bool,
+) -> None:
+    """The guard seeks back to the hole (72) while records fetched before the seek (81, 82)
+    are still being handed over: Faust moves its read offset past 72 again and drops every
+    record fetched again (the defect); ``ReadOffsets`` holds the rewind until one of them
+    (72) arrives, so 72..80 reach the agent."""
+    reads: Any = ReadOffsets() if rewinds else defaultdict(lambda: None)
+    assert _drain(reads, [77, 78, 79, 80]) == [77, 78, 79, 80]
+    high = reads.get(TPX)
+    reads[TPX] = 72  # Faust's ``Consumer.seek`` sets the read offset to the offset sought
+    if rewinds:
+        reads.rewind(TPX, 72, high)
+    handed = _drain(reads, [81, 82, *range(72, 85)])  # the old records, then the refetch
+    if rewinds:
+        assert handed == [81, 82, *range(72, 85)]  # 81..84 twice: the journal dedupes them
+        assert not reads.rewinds and reads[TPX] == 84
+    else:
+        assert handed == [81, 82, 82, 83, 84]  # 72..80 dropped: never handled, commit held
+
+
+def test_the_guard_makes_faust_keep_its_read_offsets_in_a_read_offsets() -> None:
+    from faust.transport import consumer as faust_consumer
+
+    from streams import faust_defects
+
+    guard_commit_holes()
+    assert faust_consumer.Consumer.__init__ is faust_defects._init
+    assert faust_consumer.Consumer._add_gap is faust_defects._add_gap
+    reads = ReadOffsets()
+    reads.update({TPX: 5})
+    reads.rewind(TPX, 3, 5)
+    reads.update({TPX: 9})  # a fresh seek to the committed offsets ends the rewind
+    assert reads[TPX] == 9 and not reads.rewinds
+    reads.rewind(TPX, 3, 9)
+    assert reads.pop(TPX) == 9 and not reads.rewinds  # revoked
+
+
+async def test_no_gap_is_recorded_against_a_rewound_read_offset(consumer: Any) -> None:
+    guard_commit_holes()
+    consumer._read_offset = ReadOffsets()
+    consumer._committed_offset[TPX] = 72
+    consumer._read_offset.rewind(TPX, 72, 80)
+    await consumer._add_gap(TPX, 73, 81)  # 81 handed while the read offset reads 72
+    assert not consumer._gap[TPX]
+    consumer._read_offset[TPX] = 72  # the record fetched again: the rewind ends
+    await consumer._add_gap(TPX, 90, 92)
+    assert consumer._gap[TPX]
