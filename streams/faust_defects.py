@@ -23,10 +23,10 @@ at all), so a record that never reached the agent is
 committed past and lost.
 A seek back drops what it should redeliver: Faust's    ``ReadOffsets`` (installed with the
 drain loop hands over the records it fetched before    guard): the read offset reads as the
-the seek and each moves its read offset past the       hole until a record fetched again is
-offset sought again, so the records fetched again      handed over; no gap is recorded
-are dropped as seen (the joins/leaves test: 9 of 510   against it meanwhile
-never handled, the commit held at the hole for good).
+the seek and each moves its read offset past the       hole until the records fetched again
+offset sought again, so the records fetched again      reached, one by one, where the loop
+are dropped as seen (the joins/leaves test: 9 of 510   was at the seek; no gap is recorded
+never handled, the commit held at the hole for good).  against it meanwhile
 ``app.producer.flush()`` returns before a buffered     the journal never relies on it: it
 write is acked; a table write is not durable until     awaits the broker's ack of each of its
 the commit timer.                                      changelog records (``TableKv.commit``)
@@ -201,20 +201,22 @@ class ReadOffsets(defaultdict[Any, int | None]):
     moves the read offset past the hole again: the records fetched again from the hole are
     then all dropped (``DROPPED MESSAGE ROFF``), the hole is never handed to the agent and
     the commit stays held at it for good (the joins/leaves test: 9 of 510 records never
-    handled). While a rewind is pending the read offset reads as the hole, so both the old
-    records and the ones fetched again pass (the journal answers the copies as duplicates),
-    and no gap is recorded against it; the rewind ends when a record at or below the read
-    offset of the time of the seek (one fetched again) is handed over, or the partition is
-    sought or revoked.
+    handled). While a rewind is pending the read offset reads as the hole, so every record
+    from the hole on passes, whether fetched before the seek or again after it (the journal
+    answers the copies as duplicates), and no gap is recorded against it. The rewind ends
+    once the records fetched again have been handed over one by one from the hole up to
+    the read offset of the time of the seek (records fetched before it may come in
+    between), or when the partition is sought again or revoked.
     """
 
     def __init__(self) -> None:
         super().__init__(_none)
-        #: tp -> (the offset sought back to, the read offset when it was sought)
-        self.rewinds: dict[Any, tuple[int, int]] = {}
+        #: tp -> [the offset sought back to, the read offset when it was sought, the next
+        #: offset the records fetched again must bring]
+        self.rewinds: dict[Any, list[int]] = {}
 
     def rewind(self, tp: Any, offset: int, high: int) -> None:
-        self.rewinds[tp] = (offset, high)
+        self.rewinds[tp] = [offset, high, offset]
 
     def __getitem__(self, tp: Any) -> int | None:
         pending = self.rewinds.get(tp)
@@ -222,8 +224,13 @@ class ReadOffsets(defaultdict[Any, int | None]):
 
     def __setitem__(self, tp: Any, offset: int | None) -> None:
         pending = self.rewinds.get(tp)
-        if pending is not None and (offset is None or offset <= pending[1]):
-            del self.rewinds[tp]
+        if pending is not None:
+            if offset is None:
+                del self.rewinds[tp]
+            elif offset == pending[2]:  # the next record fetched again
+                pending[2] = offset + 1
+                if pending[2] > pending[1]:  # they reached where the drain loop was
+                    del self.rewinds[tp]
         super().__setitem__(tp, offset)
 
     def update(self, *args: Any, **kwargs: Any) -> None:  # perform_seek: a fresh start

@@ -424,6 +424,21 @@ def test_a_seek_back_to_a_hole_is_undone_by_records_fetched_before_it_unless_it_
     if rewinds:
         assert handed == [81, 82, *range(72, 85)]  # 81..84 twice: the journal dedupes them
         assert not reads.rewinds and reads[TPX] == 84
+        # records fetched before the seek coming between those fetched again drop nothing
+        reads[TPX] = 95
+        reads.rewind(TPX, 90, 95)
+        assert _drain(reads, [96, 90, 91, 97, 92, 93, 94, 95, 96]) == [
+            96,
+            90,
+            91,
+            97,
+            92,
+            93,
+            94,
+            95,
+            96,
+        ]
+        assert not reads.rewinds
     else:
         assert handed == [81, 82, 82, 83, 84]  # 72..80 dropped: never handled, commit held
 
@@ -439,6 +454,8 @@ def test_the_guard_makes_faust_keep_its_read_offsets_in_a_read_offsets() -> None
     reads = ReadOffsets()
     reads.update({TPX: 5})
     reads.rewind(TPX, 3, 5)
+    reads[TPX] = 4  # not the next record fetched again (3): the rewind holds
+    assert reads[TPX] == 3 and reads.rewinds
     reads.update({TPX: 9})  # a fresh seek to the committed offsets ends the rewind
     assert reads[TPX] == 9 and not reads.rewinds
     reads.rewind(TPX, 3, 9)
@@ -452,6 +469,7 @@ async def test_no_gap_is_recorded_against_a_rewound_read_offset(consumer: Any) -
     consumer._read_offset.rewind(TPX, 72, 80)
     await consumer._add_gap(TPX, 73, 81)  # 81 handed while the read offset reads 72
     assert not consumer._gap[TPX]
-    consumer._read_offset[TPX] = 72  # the record fetched again: the rewind ends
+    for offset in range(72, 81):  # the records fetched again, up to where it was: it ends
+        consumer._read_offset[TPX] = offset
     await consumer._add_gap(TPX, 90, 92)
     assert consumer._gap[TPX]
