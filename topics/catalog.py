@@ -297,16 +297,17 @@ class Catalog:
         replication: int = 1,
     ) -> list[TopicSpec]:
         """:meth:`specs` for a cluster whose topics are ``existing`` (name -> partition
-        count): a requests or control topic still to create beside an existing inbound
-        gets the inbound's partition count, whatever ``partitions`` says (a chat's requests
-        and operator actions must land on the partition of its messages)."""
+        count): a requests, control or retry-tier topic still to create beside an existing
+        inbound gets the inbound's partition count, whatever ``partitions`` says (a chat's
+        requests, operator actions and parked sends must land on the partition of its
+        messages)."""
         specs = self.specs(partitions, replication)
         inbound = existing.get(self.inbound)
         if inbound is None:
             return specs
         return [
             replace(s, partitions=inbound)
-            if s.role in {"requests", "control"} and s.name not in existing
+            if s.role in {"requests", "control", "retry"} and s.name not in existing
             else s
             for s in specs
         ]

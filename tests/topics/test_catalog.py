@@ -79,10 +79,11 @@ def test_bad_counts(partitions: int, replication: int) -> None:
 def test_a_requests_topic_beside_an_existing_inbound_gets_its_partition_count() -> None:
     cat = Catalog("p")
     beside = {s.name: s.partitions for s in cat.specs_beside({"p.inbound": 3}, partitions=8)}
-    assert beside["p.requests"] == beside["p.control"] == 3
-    assert beside["p.sent"] == 8  # only the requests and control follow the inbound here
+    follow = {"p.requests", "p.control", *cat.retries}
+    assert {beside[n] for n in follow} == {3}
+    assert beside["p.sent"] == 8  # only the requests, control and tiers follow the inbound
     both = {"p.inbound": 3, "p.requests": 5}  # left as they are (the worker refuses them)
     again = {s.name: s.partitions for s in cat.specs_beside(both, partitions=8)}
-    assert again["p.control"] == 3
-    assert {p for n, p in again.items() if n != "p.control"} == {8}
+    assert {again[n] for n in follow - {"p.requests"}} == {3}
+    assert {p for n, p in again.items() if n not in follow - {"p.requests"}} == {8}
     assert cat.specs_beside({}, partitions=6) == cat.specs(6)
