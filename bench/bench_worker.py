@@ -91,9 +91,9 @@ from state.errors import BadRecord  # noqa: E402
 from state.messages import Inbound  # noqa: E402
 from streams.config import KAFKA_JOURNAL, WorkerConfig  # noqa: E402
 from streams.provision import ensure_topics  # noqa: E402
-from streams.runner import redact  # noqa: E402
 from streams.tools import end_offsets  # noqa: E402
 from topics import Catalog, chat_key, encode_inbound  # noqa: E402
+from topics.dead_letters import redact  # noqa: E402
 from topics.records import decode_inbound, decode_receipt  # noqa: E402
 
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"

@@ -132,7 +132,6 @@ import dataclasses
 import heapq
 import logging
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -165,7 +164,7 @@ from state.records import Json
 from streams.retry_tiers import parked_record
 from streams.table_kv import MembershipUnconfirmed, ProducerFencedOut, in_partition
 from topics.control import ControlRequest, ControlResult, decode_control, encode_result
-from topics.dead_letters import inbound_dead_letter, outbox_dead_letter
+from topics.dead_letters import DETAIL_MAX, inbound_dead_letter, outbox_dead_letter, redact
 from topics.records import SendRequest, chat_key, decode_inbound, decode_request, encode_receipt
 
 __all__ = [
@@ -189,13 +188,11 @@ Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]
 #: What one record of a batch is, once decoded.
 Item = tuple["RawRecord", Inbound | SendRequest | ControlRequest]
 _T = TypeVar("_T")
-DETAIL_MAX = 400
 #: Seconds between attempts at a record refused because the worker's group membership is
 #: unconfirmed (``streams.table_kv.MembershipUnconfirmed``; not charged as attempts).
 UNCONFIRMED_WAIT_S = 0.5
 #: How long a record waits for the group to confirm the worker before its batch is given up.
 UNCONFIRMED_PATIENCE_S = 5.0
-_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 #: The largest record the worker's producer sends (key, value, headers and the overhead of
 #: its batch together): Faust's default ``producer_max_request_size``; aiokafka's own default
 #: is 1,048,576. ``streams.worker`` passes the app's setting to the runner.
@@ -314,11 +311,6 @@ class KafkaReceipts:
         ack = await self._produce(role, key, body, headers)
         self.dead_letters += 1
         return ack
-
-
-def redact(text: str) -> str:
-    """``scheme://user:secret@host`` -> ``scheme://***@host``."""
-    return _CREDENTIALS.sub(r"\1***@", text)
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:

@@ -83,7 +83,6 @@ from streams.runner import (
     KafkaReceipts,
     RawRecord,
     RuntimeLike,
-    redact,
 )
 from streams.table_kv import (
     CURRENT_PARTITION,
@@ -93,6 +92,7 @@ from streams.table_kv import (
     in_partition,
 )
 from topics.catalog import Catalog, TopicSpec
+from topics.dead_letters import redact
 
 __all__ = ["build_app", "run_worker"]
 

@@ -31,8 +31,8 @@ from streams.runner import (
     RawRecord,
     in_time_order,
     record_size,
-    redact,
 )
+from topics.dead_letters import redact
 from topics.records import SendRequest, decode_receipt, encode_inbound, encode_request
 
 TOPIC = "t.inbound"
