@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from state.errors import MediaUnavailableReason
+
 __all__ = [
     "SCHEMA_VERSION",
     "Inbound",
@@ -49,12 +51,31 @@ class OutboxState(StrEnum):
 
 
 class Media(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A media reference: a URL, a path, or inline bytes (base64 in JSON)."""
+    """A media reference: a URL, a path, inline bytes (base64 in JSON), or a channel's own
+    token (``id``: a Telegram ``file_id``, a Meta media id).
+
+    On an inbound, ``provider`` names the channel that received it. The inbox journals a
+    durable reference (``ref``: ``{"v": n, "data": ...}``, from the provider's
+    ``serialize_media_ref``), never the inline bytes; a replay rebuilds the media from it.
+    When it cannot, ``unavailable`` says why and ``load_media_of`` fails with that reason.
+    """
 
     url: str | None = None
     path: str | None = None
     data: bytes | None = None
     mime: str | None = None
+    #: The channel's media token (Telegram ``file_id``, WhatsApp media id, …).
+    id: str | None = None
+    #: The channel that received this media (a provider's ``name``).
+    provider: str | None = None
+    #: A file name, when the channel gave one (email attachments, documents).
+    name: str | None = None
+    #: Channel details the adapter needs again (message key, attachment index, digest, …).
+    extra: dict[str, Any] = {}
+    #: The durable reference journaled in place of the media (``{"v": n, "data": ...}``).
+    ref: dict[str, Any] | None = None
+    #: Set on a replayed inbound whose media could not be rebuilt.
+    unavailable: MediaUnavailableReason | None = None
 
 
 class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="v", tag=1):
