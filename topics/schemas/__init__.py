@@ -83,6 +83,15 @@ _FIELDS: Final[dict[str, dict[str, str]]] = {
         "path": "a local path to the media",
         "data": "inline bytes, base64",
         "mime": "MIME type, e.g. image/png",
+        "id": "the channel's media token (Telegram file_id, WhatsApp media id)",
+        "provider": "the channel that received the media (a provider name)",
+        "name": "a file name, when the channel gave one",
+        "extra": "channel details the adapter needs again (message key, attachment index)",
+        "ref": "a durable media reference {v, data}, as the inbox journals it",
+        "unavailable": (
+            "why a replayed message's media cannot be rebuilt: not-durable, "
+            "provider-mismatch or rehydrate-failed"
+        ),
     },
     "Receipt": {
         "v": "schema version",
