@@ -22,9 +22,9 @@ from state.errors import FencedError, Reason, SendDeferredError, VersionConflict
 from state.events import AmbiguousEvent, DeadEvent, SentEvent
 from state.kv import Entry, Put, handover
 from state.lease import Held
-from state.messages import Outbound, OutboxState, Receipt
+from state.messages import Outbound, OutboxState, Receipt, SendResult
 from state.outbox import new_values, part_payloads
-from state.ports import Provider
+from state.ports import AmbiguityResolver, Provider, call_send
 from state.records import SETTLED, Json, revise
 from state.splitter import split_text
 from state.writes import Write
@@ -60,7 +60,7 @@ async def send_direct(
     now: float,
 ) -> Receipt:
     """Call the provider for a send that is not journaled; its receipt."""
-    result = await provider.send(message)
+    result = await call_send(provider, message, key)
     return Receipt(
         key=key,
         chat_id=message.chat_id,
@@ -82,6 +82,18 @@ def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
         retryable=not dead,
         reason=Reason.PREVIOUS_PART_DEAD if dead else Reason.PREVIOUS_PART_UNKNOWN,
     )
+
+
+_AMBIGUOUS = records.encode_error(
+    "Ambiguous",
+    "the process stopped between calling the provider and recording it",
+    retryable=True,
+    reason=Reason.AMBIGUOUS,
+)
+
+
+class _Skipped(Exception):
+    """An ambiguous send the channel could not resolve was marked unknown (``skip``)."""
 
 
 class Delivery:
@@ -132,7 +144,7 @@ class Delivery:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
             try:
-                result = await e.provider.send(message)
+                result = await call_send(e.provider, message, held.value["key"])
             except Exception as exc:
                 delay = await self._failed(held, exc, started)
                 if delay is None:
@@ -298,14 +310,10 @@ class Delivery:
         if gated is not None:
             return gated
         if value.get("inflight") and ls in ("expired", "orphan"):
+            if isinstance(e.provider, AmbiguityResolver):
+                return await self._deliver(entry, now, resend=True, ask=True)
             if e.config.outbox.on_ambiguous == "skip":
-                error = records.encode_error(
-                    "Ambiguous",
-                    "the process stopped between calling the provider and recording it",
-                    retryable=True,
-                    reason=Reason.AMBIGUOUS,
-                )
-                return await self._unknown(entry, now, error, ambiguous=True)
+                return await self._unknown(entry, now, _AMBIGUOUS, ambiguous=True)
             return await self._deliver(entry, now, resend=True)
         return await self._deliver(entry, now, resend=False)
 
@@ -352,9 +360,11 @@ class Delivery:
         value = revise(entry.value, now, lease=None)
         await self._e.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
-    async def _deliver(self, entry: Entry, now: float, *, resend: bool) -> int:
+    async def _deliver(self, entry: Entry, now: float, *, resend: bool, ask: bool = False) -> int:
+        """Claim and send. ``resend``: its last attempt's outcome was lost; ``ask``: the
+        channel is asked whether it went out before anything is sent (``_resolve``)."""
         e = self._e
-        claimed, extra = await self._claim_value(entry, now, resend=resend)
+        claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:
             versions = await e.kv.commit(
@@ -363,7 +373,7 @@ class Delivery:
             )
         except VersionConflictError:
             return 0
-        if resend:
+        if resend and not ask:
             await self._ambiguous(claimed, resent=True)
         elif claimed["attempts"] > 1:
             e.metrics.outbox_retried += 1
@@ -373,7 +383,11 @@ class Delivery:
         try:
             async with e.outbox.chat_lock(message.chat_id):
                 try:
-                    result = await e.provider.send(message)
+                    result = await self._resolve(held, message) if ask else None
+                    if result is None:
+                        result = await call_send(e.provider, message, claimed["key"])
+                except _Skipped:
+                    return 1
                 except Exception as exc:
                     await self._failed(held, exc, None)
                     return 1
@@ -381,6 +395,40 @@ class Delivery:
                 return 1
         finally:
             e.leases.held.pop(entry.key, None)
+
+    async def _resolve(self, held: Held, message: Outbound) -> SendResult | None:
+        """Ask the channel whether an ambiguous send went out: its result when it did,
+        ``None`` when it did not (the caller sends it now). When the channel cannot tell,
+        the ``outbox.on_ambiguous`` policy decides: ``resend`` gives ``None``, ``skip``
+        marks the send unknown and raises ``_Skipped``."""
+        e = self._e
+        provider = e.provider
+        assert isinstance(provider, AmbiguityResolver)
+        value = held.value
+        key = value["key"]
+        since = float(value.get("created") or value.get("updated") or 0.0)
+        try:
+            found = await provider.resolve_ambiguous(message, key, since)
+        except Exception as exc:
+            log.warning("send %s is ambiguous and %s cannot tell: %s", key, provider.name, exc)
+            if e.config.outbox.on_ambiguous == "skip":
+                now = e.clock.now()
+                unknown = _closed(value, now, OutboxState.UNKNOWN, error=_AMBIGUOUS, ambiguous=True)
+                await self._settle(held, unknown, now, background=True)
+                await self._ambiguous(unknown, resent=False)
+                raise _Skipped from None
+            value["ambiguous"] = True
+            await self._ambiguous(value, resent=True)
+            return None
+        if found is None:
+            e.metrics.outbox_resolved_unsent += 1
+            value["resolved"] = "unsent"
+            log.info("ambiguous send %s: %s says it never arrived; sending it", key, provider.name)
+            return None
+        e.metrics.outbox_resolved_sent += 1
+        value["resolved"] = "sent"
+        log.info("ambiguous send %s: %s says it went out; not sending again", key, provider.name)
+        return found
 
     async def _claim_value(
         self, entry: Entry, now: float, *, resend: bool

@@ -1,4 +1,4 @@
-"""The thirteen durability counters, under the reference's names (``metrics()``).
+"""The durability counters, under the reference's names (``metrics()``), and two of ours.
 
 ``Metric`` defines each name once; ``Metrics`` keeps one counter per member, as a plain
 attribute (``metrics.outbox_dead += 1`` on the hot path) named after the member.
@@ -27,6 +27,10 @@ class Metric(StrEnum):
     OUTBOX_BYPASSED = "outboxBypassed"
     STALE_LEASES = "staleLeases"
     OUTBOX_DIVERGED = "outboxDiverged"
+    #: Beyond the reference: ambiguous sends the channel said had gone out (not resent).
+    OUTBOX_RESOLVED_SENT = "outboxResolvedSent"
+    #: Beyond the reference: ambiguous sends the channel said had never arrived (sent now).
+    OUTBOX_RESOLVED_UNSENT = "outboxResolvedUnsent"
 
 
 _ATTRS = tuple(m.name.lower() for m in Metric)
@@ -49,6 +53,8 @@ class Metrics:
     outbox_bypassed: int
     stale_leases: int
     outbox_diverged: int
+    outbox_resolved_sent: int
+    outbox_resolved_unsent: int
 
     def __init__(self) -> None:
         for attr in _ATTRS:

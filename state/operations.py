@@ -88,7 +88,7 @@ class Operations:
         return self._e.instance_id
 
     def metrics(self) -> dict[str, int]:
-        """The thirteen counters, under the reference's names."""
+        """The counters: the reference's thirteen, under its names, then our two."""
         return self._e.metrics.as_dict()
 
     async def sweep_once(self, now: float | None = None) -> int:
