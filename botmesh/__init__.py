@@ -8,6 +8,7 @@ runs it: ``botmesh.run(bot, provider, journal=...)`` in this process, ``botmesh 
 """
 
 from botmesh._bot import Bot
+from botmesh._media import load_media_of
 from botmesh._runtime import Context, Runtime, run
 from providers.console import ConsoleProvider
 from state.config import DurabilityConfig
@@ -36,5 +37,6 @@ __all__ = [
     "SendResult",
     "SentEvent",
     "__version__",
+    "load_media_of",
     "run",
 ]

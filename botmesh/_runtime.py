@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from botmesh._media import load_media_of
 from state.backends import check_url, is_shared, open_backend
 from state.backoff import Retries
 from state.clock import Clock
@@ -66,6 +67,15 @@ class Context:
     @property
     def inbound_id(self) -> str:
         return self.message.id
+
+    @property
+    def provider(self) -> Provider:
+        """The channel this bot runs on."""
+        return self._runtime.provider
+
+    async def load_media(self, *, throw_on_error: bool = False) -> bytes | None:
+        """This message's media bytes: ``botmesh.load_media_of(ctx, ...)``."""
+        return await load_media_of(self, throw_on_error=throw_on_error)
 
     def _key(self, idempotency_key: str | None) -> tuple[str, bool]:
         self._sends += 1

@@ -32,6 +32,7 @@ from state.errors import (
 from state.events import DeadEvent, ErrorEvent
 from state.kv import Entry, handover
 from state.lease import Held
+from state.media import journaled, rehydrated
 from state.messages import Inbound
 from state.records import (
     InboxState,
@@ -147,7 +148,8 @@ class Inbox:
             return await self._mark_done(self._undone[key], message.id)
         now = e.clock.now()
         try:
-            encoded = encode_inbound(message, media_refs=e.config.inbox.media_refs)
+            kept = journaled(message, e.provider, media_refs=e.config.inbox.media_refs)
+            encoded = encode_inbound(kept)
         except (TypeError, ValueError) as exc:
             raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
         value = new_value(encoded, now, e.leases.lease(now, self._lease), source)
@@ -287,7 +289,7 @@ class Inbox:
         held = Held(entry.key, claimed["token"], version, claimed, self._lease, now + self._lease)
         e.metrics.inbound_replayed += 1
         try:
-            message = decode_inbound(claimed["message"])
+            message = rehydrated(decode_inbound(claimed["message"]), e.provider)
         except Exception as exc:
             await self._failed_before_handlers(held, exc)
             return Outcome.DEAD if held.value["state"] == InboxState.DEAD else Outcome.DUPLICATE

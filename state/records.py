@@ -105,10 +105,9 @@ def error_of(exc: BaseException, reason: Reason | None) -> Json:
     )
 
 
-def encode_inbound(message: Inbound, *, media_refs: bool = True) -> Json:
-    """The journaled form of an inbound (JSON; media as a reference, bytes base64)."""
-    if not media_refs and message.media is not None:
-        message = msgspec.structs.replace(message, media=None)
+def encode_inbound(message: Inbound) -> Json:
+    """The journaled form of an inbound (JSON; bytes base64). ``state.media.journaled``
+    first replaces its media with a durable reference where the provider has one."""
     value: Json = msgspec.to_builtins(message)
     return value
 

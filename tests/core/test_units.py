@@ -88,4 +88,3 @@ def test_records_round_trip_with_binary_as_base64() -> None:
     enc = encode_outbound(o)
     assert enc["media"]["data"] == "AQI=" and enc["options"] == {"silent": True}
     assert decode_outbound(enc) == o
-    assert encode_inbound(m, media_refs=False).get("media") is None
