@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from botmesh._media import load_media_of
+from providers.http import HttpChannel
 from state.backends import check_url, is_shared, open_backend
 from state.backoff import Retries
 from state.clock import Clock
@@ -213,6 +214,8 @@ class Runtime:
         if self._engine is not None:
             await self._engine.close()
         await self._close_kv()
+        if isinstance(self.provider, HttpChannel):  # its connections; reopened when used again
+            await self.provider.close()
 
     async def _close_kv(self) -> None:
         kv, self._kv = self._kv, None
