@@ -68,6 +68,10 @@ class Worker:
     instance: str = "0"
     loglevel: str = "warning"
     recorder: str | None = None
+    #: ``--provider`` (a channel name such as ``telegram``, or ``module:attr``); default the
+    #: test bot's file provider, or its HTTP one with ``recorder``.
+    provider: str | None = None
+    app: str = "tests.kafka.bot:bot"
     child: Child | None = None
     runs: int = 0
 
@@ -94,7 +98,7 @@ class Worker:
 
     def start(self) -> Child:
         self.runs += 1
-        provider = (
+        provider = self.provider or (
             "tests.kafka.bot:provider" if self.recorder is None else "tests.kafka.bot:http_provider"
         )
         options = [
@@ -124,7 +128,7 @@ class Worker:
         }
         if self.child is not None and self.child.proc is not None:
             self.close()  # the run before (killed or exited): reaped, its log saved
-        self.child = Child(worker_command(*options, app="tests.kafka.bot:bot"), env=env)
+        self.child = Child(worker_command(*options, app=self.app), env=env)
         return self.child.start()
 
     def check_alive(self) -> None:
