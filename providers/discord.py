@@ -309,7 +309,7 @@ class DiscordProvider(ChannelProvider):
             err = UnsupportedContentError(what)
         else:
             err = status_error("discord", answer, self.redact(text))
-        log.info("%s", str(err))
+        log.debug("%s", str(err))
         return err
 
 

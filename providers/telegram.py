@@ -253,7 +253,7 @@ class TelegramProvider(ChannelProvider):
             err = UnsupportedContentError(what)
         else:
             err = status_error("telegram", answer, self.redact(f"{method}: {desc}"))
-        log.info("%s", str(err))
+        log.debug("%s", str(err))
         return err
 
     # -- send -----------------------------------------------------------------------------
@@ -283,9 +283,17 @@ class TelegramProvider(ChannelProvider):
         fields: dict[str, Any] = {**message.options, "chat_id": message.chat_id}
         if caption:
             fields["caption"] = caption
-        if media.id is not None or media.url is not None:
-            fields[field] = media.id if media.id is not None else media.url
+        # A file_id only means something to Telegram (and to this bot): another channel's
+        # media id is never sent as one.
+        file_id = media.id if media.provider in (None, "telegram") else None
+        if file_id is not None or media.url is not None:
+            fields[field] = file_id if file_id is not None else media.url
             return await self._call(method, json_body=fields)
+        if media.id is not None and media.data is None and media.path is None:
+            raise UnsupportedContentError(
+                f"telegram: the media is a {media.provider} media id, which Telegram cannot "
+                "fetch; send its bytes (load_media_of) or a URL instead"
+            )
         data = media.data
         if data is None and media.path is not None:
             data = await asyncio.to_thread(Path(media.path).read_bytes)

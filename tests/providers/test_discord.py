@@ -49,7 +49,8 @@ class Env:
 def no_token_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     caplog.set_level(logging.DEBUG)
     yield
-    assert TOKEN not in caplog.text
+    logged = [r.getMessage() for when in ("setup", "call") for r in caplog.get_records(when)]
+    assert all(TOKEN not in line for line in logged)
 
 
 @pytest.fixture
@@ -355,6 +356,20 @@ async def test_server_errors_are_retryable(env: Env, status: int) -> None:
         await env.dc.send(Outbound(CH, "hi"))
     assert err.value.retryable is True
     assert str(status) in clean(err.value)
+
+
+async def test_errors_are_logged_without_the_token(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    env.fake.rate_limit(1.5)
+    with pytest.raises(RateLimitedError):
+        await env.dc.send(Outbound(CH, "hi"))
+    with pytest.raises(RecipientUnreachableError):
+        await env.dc.send(Outbound("3300000000000000009", "hi"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "botmesh.providers.discord"]
+    assert any("rate limited" in line for line in lines)
+    assert any("Unknown Channel" in line for line in lines)
+    assert all(TOKEN not in line for line in lines)
 
 
 async def test_transport_error_is_retryable() -> None:

@@ -45,7 +45,8 @@ def no_token_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """Every test: nothing logged while it ran shows the token or its secret half."""
     caplog.set_level(logging.DEBUG)
     yield
-    assert SECRET_HALF not in caplog.text
+    logged = [r.getMessage() for when in ("setup", "call") for r in caplog.get_records(when)]
+    assert all(SECRET_HALF not in line for line in logged)
 
 
 @pytest.fixture
@@ -291,6 +292,22 @@ async def test_empty_text_from_the_api_is_unsupported(env: Env) -> None:
         await env.tg.send(Outbound("1001", "hi"))
 
 
+async def test_errors_are_logged_without_the_token(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    env.fake.flood(retry_after=3)
+    for chat in ("1001", "999"):
+        with pytest.raises(SendError):
+            await env.tg.send(Outbound(chat, "hi"))
+    with pytest.raises(ProviderError):
+        await env.tg.download_media(Media(provider="telegram", id="NOPE"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "botmesh.providers.telegram"]
+    assert any("retry after 3" in line for line in lines)
+    assert any("chat not found" in line for line in lines)
+    assert any("getFile" in line for line in lines)
+    assert all(SECRET_HALF not in line for line in lines)
+
+
 # -- media ----------------------------------------------------------------------------------
 
 
@@ -325,6 +342,14 @@ async def test_media_by_file_id_and_by_url(env: Env) -> None:
         ("sendPhoto", file_id, None),
         ("sendPhoto", url, "a cat"),
     ]
+
+
+async def test_another_channels_media_id_is_unsupported(env: Env) -> None:
+    media = Media(provider="whatsapp", id="1234567890", mime="image/jpeg")
+    with pytest.raises(UnsupportedContentError) as err:
+        await env.tg.send(Outbound("1001", media=media))
+    assert "whatsapp media id" in str(err.value)
+    assert env.fake.calls == []
 
 
 async def test_media_from_a_path_is_uploaded(env: Env, tmp_path: Any) -> None:
