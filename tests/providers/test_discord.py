@@ -358,6 +358,15 @@ async def test_server_errors_are_retryable(env: Env, status: int) -> None:
     assert str(status) in clean(err.value)
 
 
+async def test_another_4xx_is_final(env: Env) -> None:
+    env.fake.fail_next(403, "Cannot send messages in a non-text channel", 50008)
+    with pytest.raises(SendError) as err:
+        await env.dc.send(Outbound(CH, "hi"))
+    assert type(err.value) is SendError
+    assert err.value.retryable is False
+    assert "non-text channel" in clean(err.value)
+
+
 async def test_errors_are_logged_without_the_token(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -261,6 +261,15 @@ async def test_transport_error_is_retryable_and_shows_bot_stars() -> None:
     assert "/bot***/sendMessage" in clean(err.value)
 
 
+async def test_another_403_is_final(env: Env) -> None:
+    env.fake.fail_next(403, "Forbidden: not enough rights to send text messages to the chat")
+    with pytest.raises(SendError) as err:
+        await env.tg.send(Outbound("1001", "hi"))
+    assert type(err.value) is SendError
+    assert err.value.retryable is False
+    assert "not enough rights" in clean(err.value)
+
+
 async def test_other_400_is_final(env: Env) -> None:
     with pytest.raises(SendError) as err:
         await env.tg.send(Outbound("1001", "hi", options={"reply_to_message_id": 42}))

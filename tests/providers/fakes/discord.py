@@ -114,12 +114,15 @@ class FakeDiscord:
             body["global"] = glob
             self._injected.append(web.json_response(body, status=429, headers=headers))
 
-    def fail_next(self, status: int) -> None:
-        if status == 502:
+    def fail_next(self, status: int, message: str | None = None, code: int = 0) -> None:
+        """The next call answers ``status`` (502: an HTML page; others ``{"message",
+        "code"}``)."""
+        if status == 502 and message is None:
             html = "<html><head><title>502 Bad Gateway</title></head><body>cloudflare</body></html>"
             self._injected.append(web.Response(status=502, text=html, content_type="text/html"))
         else:
-            self._injected.append(_error(status, f"{status}: Internal Server Error", 0))
+            text = message or f"{status}: Internal Server Error"
+            self._injected.append(_error(status, text, code))
 
     def lose_next_answer(self) -> None:
         self._lose += 1
