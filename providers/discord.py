@@ -363,15 +363,20 @@ class DiscordWebhook:
 
     The interaction ``token`` (a credential that allows follow-up messages for 15 minutes)
     is never put in a record: the bot answers with an ordinary message to the channel
-    (``chat_id``) through ``DiscordProvider``. The reply is ``{"type": 5}`` (a deferred
-    answer: the user sees "thinking…"; Discord clears it when the token expires).
+    (``chat_id``) through ``DiscordProvider``. So the webhook answers at once, and never with
+    a deferred "thinking…" that only the token could end: a command or a modal gets an
+    ephemeral acknowledgement only its user sees (``ack_text``; type 4, flag 64), a button
+    or a select gets a bare acknowledgement (type 6).
     Autocomplete (type 4) produces nothing and is answered with no choices.
     Discord does not retry interactions; a replayed request has the same interaction id,
     so the gateway's and the inbox's deduplication drop it."""
 
     channel = "discord"
 
-    def __init__(self, public_key_hex: str) -> None:
+    def __init__(self, public_key_hex: str, *, ack_text: str = "Got it.") -> None:
+        if not ack_text.strip() or len(ack_text) > 2000:
+            raise ConfigError("ack_text", "must be 1 to 2000 characters")
+        self.ack_text = ack_text
         try:
             raw = bytes.fromhex(public_key_hex)
             if len(raw) != 32:
@@ -492,4 +497,7 @@ class DiscordWebhook:
             kind = None
         if kind == AUTOCOMPLETE:
             return WebhookReply(200, b'{"type":8,"data":{"choices":[]}}', _JSON)
-        return WebhookReply(200, b'{"type":5}', _JSON)
+        if kind == MESSAGE_COMPONENT:
+            return WebhookReply(200, b'{"type":6}', _JSON)
+        ack = {"type": 4, "data": {"content": self.ack_text, "flags": 64}}
+        return WebhookReply(200, json.dumps(ack).encode(), _JSON)

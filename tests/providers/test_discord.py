@@ -554,13 +554,24 @@ def test_autocomplete_produces_nothing_and_is_answered_with_no_choices() -> None
     assert json.loads(wh.reply(req, []).body) == {"type": 8, "data": {"choices": []}}
 
 
-def test_reply_is_a_deferred_channel_message() -> None:
-    req = signed(interaction(2, {"name": "weather"}))
-    wh = DiscordWebhook(PUBLIC_HEX)
+@pytest.mark.parametrize(
+    ("kind", "answer"),
+    [
+        (2, {"type": 4, "data": {"content": "On it.", "flags": 64}}),  # a command
+        (5, {"type": 4, "data": {"content": "On it.", "flags": 64}}),  # a modal
+        (3, {"type": 6}),  # a button: acknowledged, nothing shown
+    ],
+)
+def test_an_interaction_is_acknowledged_at_once_never_left_thinking(
+    kind: int, answer: dict[str, object]
+) -> None:
+    data = {"name": "weather"} if kind == 2 else {"custom_id": "b1", "components": []}
+    req = signed(interaction(kind, data))
+    wh = DiscordWebhook(PUBLIC_HEX, ack_text="On it.")
     reply = wh.reply(req, wh.parse(req))
     assert (reply.status, json.loads(reply.body), reply.content_type) == (
         200,
-        {"type": 5},
+        answer,
         "application/json",
     )
 
