@@ -512,8 +512,9 @@ class _Baileys(_Rules):
         key = _pack_key(extra.get("key"))
         if key is not None and _valid(_key, key, "key"):
             data["key"] = key
-        if extra.get("type") in _BAILEYS_TYPES:
-            data["type"] = extra["type"]
+        kind = extra.get("type")
+        if isinstance(kind, str) and kind in _BAILEYS_TYPES:
+            data["type"] = kind
         if once:
             data["view_once"] = True
         return data

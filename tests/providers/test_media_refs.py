@@ -830,3 +830,40 @@ def test_token_as_is_for_an_unknown_channel() -> None:
 def test_token_as_is_refuses(stored: Any) -> None:
     with pytest.raises(MediaRefInvalid, match="slack"):
         TokenAsIs("slack").rehydrate(stored, Media())
+
+
+@pytest.mark.parametrize("channel", [*sorted(LIVE), "slack"])
+def test_serialize_never_raises_and_writes_only_what_reads_back(channel: str) -> None:
+    """Whatever an adapter put in a Media, serialize gives None or a reference that reads
+    back (the inbox must never crash on a live message)."""
+    rules = media_rules(channel)
+    rng = random.Random(f"serialize:{channel}")
+    base = LIVE.get(channel, Media(url="https://files.example.com/a", id="F1"))
+    written = 0
+    for _ in range(400):
+        fields: dict[str, Any] = {
+            "url": base.url,
+            "id": base.id,
+            "extra": copy.deepcopy(base.extra),
+        }
+        for _ in range(rng.randint(1, 3)):
+            target = rng.choice(["url", "id", "extra"])
+            if target == "extra":
+                paths = _leaves(fields["extra"])
+                value = copy.deepcopy(rng.choice(_POOL))
+                if paths and rng.random() < 0.7:
+                    _set(fields["extra"], rng.choice(paths), value)
+                else:
+                    fields["extra"][rng.choice(["key", "type", "url", "x"])] = value
+            else:
+                value = rng.choice(_POOL)
+                fields[target] = value if isinstance(value, str) else None
+        media = Media(mime="image/png", provider=channel, **fields)
+        stored = rules.serialize(media)
+        if stored is None:
+            continue
+        written += 1
+        back = rules.rehydrate(journal(stored), media)
+        if channel in LIVE:
+            _assert_downloadable(channel, back)
+    assert written > 0
