@@ -21,19 +21,22 @@ journal cannot make the bot fetch an internal address, not even through DNS or a
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import ipaddress
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from state.errors import ProviderError, RateLimitedError, SendError
@@ -60,7 +63,7 @@ class MediaUrlRefused(ProviderError):
 
 @dataclass(frozen=True, slots=True)
 class HttpAnswer:
-    """A channel API's answer."""
+    """A channel API's answer. ``HttpChannel.request`` gives case-insensitive ``headers``."""
 
     status: int
     headers: Mapping[str, str]
@@ -81,17 +84,35 @@ class HttpAnswer:
         return 200 <= self.status < 300
 
 
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """``headers[name]``, whatever the case of the name."""
+    found = headers.get(name)
+    if found is None:
+        low = name.lower()
+        found = next((v for k, v in headers.items() if k.lower() == low), None)
+    return found
+
+
 def retry_after_of(headers: Mapping[str, str], fallback: float | None = None) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP date); else
-    ``fallback``; else 1."""
-    raw = headers.get("Retry-After") or headers.get("retry-after")
+    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP date, any case of
+    the name); else ``fallback``; else 1. A header that is neither (or not finite) is
+    ignored."""
+    raw = (_header(headers, "Retry-After") or "").strip()
     if raw:
         try:
-            return max(0.0, float(raw))
+            seconds = float(raw)
         except ValueError:
-            when = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
+            try:
+                when = email.utils.parsedate_to_datetime(raw)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                when = None
             if when is not None:
+                if when.tzinfo is None:  # "-0000": UTC by RFC 5322
+                    when = when.replace(tzinfo=datetime.UTC)
                 return max(0.0, when.timestamp() - time.time())
+        else:
+            if math.isfinite(seconds):
+                return max(0.0, seconds)
     return fallback if fallback is not None else 1.0
 
 
@@ -141,12 +162,14 @@ def check_media_url(
     ``hosts`` (``None``: any host), and, unless ``allow_private``, not a literal private,
     loopback, link-local or reserved address (names are checked when they resolve).
     Raises ``MediaUrlRefused`` naming what failed."""
+    hosts = None if hosts is None else tuple(hosts)
+    schemes = tuple(schemes)
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
     except ValueError as exc:
         raise MediaUrlRefused(f"media URL is not a URL: {exc}") from None
-    if parts.scheme not in tuple(schemes):
+    if parts.scheme not in schemes:
         raise MediaUrlRefused(
             f"media URL scheme {parts.scheme!r} is not allowed (allowed: {', '.join(schemes)})"
         )
@@ -167,6 +190,13 @@ def check_media_url(
         if literal:
             raise MediaUrlRefused(f"media host {host!r} is a private or loopback address")
     return url
+
+
+def _same_origin(current: URL, url: str) -> bool:
+    try:
+        return URL(url).origin() == current.origin()
+    except ValueError:
+        return False
 
 
 class _PublicOnlyResolver(AbstractResolver):
@@ -256,9 +286,11 @@ class HttpChannel:
     # -- calls ----------------------------------------------------------------------------
 
     def redact(self, text: str) -> str:
-        """``text`` with every secret replaced by ``***``."""
+        """``text`` with every secret replaced by ``***``, as it is and percent-encoded (as
+        it appears in a URL an error message quotes)."""
         for s in self._secrets:
-            text = text.replace(s, "***")
+            for form in dict.fromkeys((s, quote(s, safe=""), quote(s), quote(s, safe=":"))):
+                text = text.replace(form, "***")
         return text
 
     async def request(
@@ -286,7 +318,7 @@ class HttpChannel:
                 allow_redirects=False,
             ) as resp:
                 body = await resp.read()
-                return HttpAnswer(resp.status, dict(resp.headers), body)
+                return HttpAnswer(resp.status, CIMultiDictProxy(CIMultiDict(resp.headers)), body)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             what = type(exc).__name__
             raise SendError(
@@ -295,7 +327,8 @@ class HttpChannel:
 
     async def fetch_media(self, url: str, *, headers: Mapping[str, str] | None = None) -> bytes:
         """Download ``url`` after ``check_media_url``; redirects are followed only to URLs
-        that pass the same check. Raises ``MediaUrlRefused`` or ``ProviderError``."""
+        that pass the same check, and ``headers`` (credentials) only go along to the same
+        origin (scheme, host, port). Raises ``MediaUrlRefused`` or ``ProviderError``."""
         session = self._media_client()
         for _ in range(5):
             check_media_url(
@@ -308,6 +341,8 @@ class HttpChannel:
                 async with session.get(url, headers=headers, allow_redirects=False) as resp:
                     if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
                         url = str(resp.url.join(URL(resp.headers["Location"])))
+                        if headers and not _same_origin(resp.url, url):
+                            headers = None
                         continue
                     if resp.status != 200:
                         raise ProviderError(
@@ -318,12 +353,14 @@ class HttpChannel:
                             f"{self.name}: media is {resp.content_length} bytes, over "
                             f"media_max_bytes={self.media_max_bytes}"
                         )
-                    body = await resp.content.read(self.media_max_bytes + 1)
-                    if len(body) > self.media_max_bytes:
-                        raise ProviderError(
-                            f"{self.name}: media is over media_max_bytes={self.media_max_bytes}"
-                        )
-                    return body
+                    body = bytearray()
+                    async for chunk in resp.content.iter_chunked(64 * 1024):
+                        body += chunk
+                        if len(body) > self.media_max_bytes:
+                            raise ProviderError(
+                                f"{self.name}: media is over media_max_bytes={self.media_max_bytes}"
+                            )
+                    return bytes(body)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 cause = exc.__cause__ if isinstance(exc.__cause__, MediaUrlRefused) else None
                 if cause is not None:
