@@ -23,7 +23,8 @@ __all__ = ["ChannelProvider"]
 class ChannelProvider(HttpChannel):
     """A channel adapter on HTTP. ``media_ref_hosts`` replaces the channel's list of hosts
     whose media URLs are journaled and accepted back (the reference's ``mediaRefHosts``);
-    it also rules downloads when given."""
+    it also rules downloads when given. ``media_view_once`` journals view-once media too
+    (the reference's ``durableMedia: { viewOnce: true }``; Baileys)."""
 
     #: The key of this channel's rules in ``providers.media_refs``.
     media_channel: str = ""
@@ -36,8 +37,10 @@ class ChannelProvider(HttpChannel):
         media_ref_hosts: Iterable[str] | None = None,
         allow_private_media: bool = False,
         media_max_bytes: int | None = None,
+        media_view_once: bool = False,
     ) -> None:
         self.media_ref_hosts = None if media_ref_hosts is None else tuple(media_ref_hosts)
+        self.media_view_once = media_view_once
         kwargs: dict[str, Any] = {}
         if media_max_bytes is not None:
             kwargs["media_max_bytes"] = media_max_bytes
@@ -55,7 +58,25 @@ class ChannelProvider(HttpChannel):
     # -- media references (state.ports.MediaRefs) ------------------------------------------
 
     def _rules(self) -> MediaRefRules:
-        return media_rules(self.media_channel or self.name, hosts=self.media_ref_hosts)
+        return media_rules(
+            self.media_channel or self.name,
+            hosts=self.media_ref_hosts,
+            view_once=self.media_view_once,
+            allow_private=self.allow_private_media,
+        )
+
+    @staticmethod
+    def media_env(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
+        """The media settings of a channel's environment, as constructor keywords:
+        ``<PREFIX>_MEDIA_REF_HOSTS`` (comma-separated; replaces the channel's media hosts)
+        and ``<PREFIX>_ALLOW_PRIVATE_MEDIA=1`` (local fakes and tests only)."""
+        out: dict[str, Any] = {}
+        hosts = env.get(f"{prefix}_MEDIA_REF_HOSTS", "").strip()
+        if hosts:
+            out["media_ref_hosts"] = tuple(h.strip() for h in hosts.split(",") if h.strip())
+        if env.get(f"{prefix}_ALLOW_PRIVATE_MEDIA", "").strip() not in ("", "0"):
+            out["allow_private_media"] = True
+        return out
 
     def serialize_media_ref(self, media: Media) -> dict[str, Any] | None:
         return self._rules().serialize(media)

@@ -191,7 +191,8 @@ class DiscordProvider(ChannelProvider):
                 "DISCORD_ALLOW_PRIVATE_MEDIA",
                 "only honoured when DISCORD_API_URL is on 127.0.0.1 (a local fake); unset it",
             )
-        return cls(token, base_url=base, allow_private_media=private)
+        media = cls.media_env(env, "DISCORD")
+        return cls(token, base_url=base, **media)
 
     # -- send -----------------------------------------------------------------------------
 

@@ -187,7 +187,8 @@ class TelegramProvider(ChannelProvider):
                 "TELEGRAM_ALLOW_PRIVATE_MEDIA",
                 "only honoured when TELEGRAM_API_URL is on 127.0.0.1 (a local fake); unset it",
             )
-        return cls(token, base_url=base, allow_private_media=private)
+        media = cls.media_env(env, "TELEGRAM")
+        return cls(token, base_url=base, **media)
 
     # -- calls ----------------------------------------------------------------------------
 
