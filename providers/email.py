@@ -343,7 +343,10 @@ class EmailProvider(ChannelProvider):
             isinstance(exc, smtplib.SMTPException) and "authentication method" in str(exc)
         ):
             return SendError(
-                self.redact(f"{where}: {exc}; check starttls / smtps in EMAIL_SMTP_URL"),
+                self.redact(
+                    f"{where}: {exc}; the server lacks that extension: check starttls / smtps "
+                    "and the user in EMAIL_SMTP_URL"
+                ),
                 retryable=False,
             )
         if isinstance(exc, ssl_module.SSLCertVerificationError):

@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -25,7 +26,7 @@ from state.errors import (
 )
 from state.messages import Media, Outbound
 from state.ports import AmbiguityResolver, KeyedSends, Provider
-from tests.providers.fakes.smtp import FakeSmtp
+from tests.providers.fakes.smtp import FakeSmtp, self_signed
 
 PASSWORD = "s3cr3t-Pa55word!"
 USER = "bot"
@@ -241,6 +242,38 @@ async def test_starttls_on_a_server_without_it_is_final(smtp: FakeSmtp) -> None:
     p = EmailProvider("127.0.0.1", smtp.port, SENDER, starttls=True)
     with pytest.raises(SendError, match="STARTTLS") as info:
         await p.send_keyed(Outbound(RCPT, "x"), "k")
+    assert info.value.retryable is False
+
+
+@pytest.mark.parametrize("mode", ["starttls", "implicit"])
+async def test_tls_delivers_with_auth(
+    tmp_path: Path, mode: Literal["starttls", "implicit"]
+) -> None:
+    server_ctx, client_ctx = self_signed(tmp_path)
+    with FakeSmtp(username=USER, password=PASSWORD, tls=mode, tls_context=server_ctx) as server:
+        p = EmailProvider(
+            "127.0.0.1",
+            server.port,
+            SENDER,
+            username=USER,
+            password=PASSWORD,
+            starttls=mode == "starttls",
+            ssl=mode == "implicit",
+            tls_context=client_ctx,
+            timeout=5.0,
+        )
+        await p.send_keyed(Outbound(RCPT, "over TLS"), "k")
+        [got] = server.messages
+    assert got.tls and got.login == USER
+
+
+async def test_an_untrusted_certificate_is_final(tmp_path: Path) -> None:
+    server_ctx, _ = self_signed(tmp_path)
+    with FakeSmtp(tls="starttls", tls_context=server_ctx) as server:
+        p = EmailProvider("127.0.0.1", server.port, SENDER, starttls=True, timeout=5.0)
+        with pytest.raises(SendError, match="certificate") as info:
+            await p.send_keyed(Outbound(RCPT, "x"), "k")
+        assert server.messages == []
     assert info.value.retryable is False
 
 

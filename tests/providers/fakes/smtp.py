@@ -12,21 +12,33 @@ it accepted (``messages``). It behaves like a relay:
 - ``data_size_limit`` refuses larger messages with aiosmtpd's own ``552 Error: Too much
   mail data`` (and advertises ``SIZE``).
 
+- ``tls="starttls"`` offers (and requires) STARTTLS, ``tls="implicit"`` speaks TLS from the
+  first byte (as port 465 does), both with ``tls_context``; ``self_signed(dir)`` makes a
+  certificate for 127.0.0.1 and the contexts of both ends.
+
 Use it as a context manager: ``with FakeSmtp(...) as smtp: smtp.port``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email
 import email.policy
+import ipaddress
+import ssl
 from dataclasses import dataclass
 from email.message import EmailMessage
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 PRESETS = {
     "no-such-user": "550 5.1.1 <{rcpt}>: Recipient address rejected: User unknown",
@@ -45,6 +57,8 @@ class Received:
     rcpt_tos: tuple[str, ...]
     content: bytes
     login: str | None
+    #: The connection was encrypted (STARTTLS or implicit TLS).
+    tls: bool = False
 
     @property
     def message(self) -> EmailMessage:
@@ -69,6 +83,8 @@ class FakeSmtp:
         username: str | None = None,
         password: str | None = None,
         data_size_limit: int = 32 * 1024 * 1024,
+        tls: Literal["starttls", "implicit"] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.username = username
         self.password = password
@@ -76,6 +92,13 @@ class FakeSmtp:
         self.auth_failures = 0
         self._rcpt: dict[str, str] = {}
         self._data: dict[str, str] = {}
+        if tls is not None and tls_context is None:
+            raise ValueError("tls needs a tls_context (see self_signed)")
+        kwargs: dict[str, Any] = {}
+        if tls == "starttls":
+            kwargs.update(tls_context=tls_context, require_starttls=True)
+        elif tls == "implicit":
+            kwargs.update(ssl_context=tls_context)
         self._controller = _Ephemeral(
             self,
             hostname="127.0.0.1",
@@ -83,6 +106,7 @@ class FakeSmtp:
             authenticator=self._authenticate,
             auth_require_tls=False,
             data_size_limit=data_size_limit,
+            **kwargs,
         )
 
     # -- scripting ------------------------------------------------------------------------
@@ -167,6 +191,49 @@ class FakeSmtp:
         auth = session.auth_data
         login = auth.login.decode() if isinstance(auth, LoginPassword) else None
         self.messages.append(
-            Received(str(envelope.mail_from), tuple(envelope.rcpt_tos), content, login)
+            Received(
+                str(envelope.mail_from),
+                tuple(envelope.rcpt_tos),
+                content,
+                login,
+                tls=server.transport is not None
+                and server.transport.get_extra_info("ssl_object") is not None,
+            )
         )
         return "250 2.0.0 Message accepted for delivery"
+
+
+def self_signed(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 in ``directory``: (the server's context, a client
+    context that trusts it)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    certfile, keyfile = directory / "smtp-cert.pem", directory / "smtp-key.pem"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(certfile, keyfile)
+    client = ssl.create_default_context(cafile=str(certfile))
+    return server, client
