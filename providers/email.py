@@ -247,10 +247,11 @@ class EmailProvider(ChannelProvider):
             raise UnsupportedContentError(f"email: bad header value: {exc}") from None
         body = message.text or ""
         media = message.media
-        if media is not None and media.url is not None and media.data is None:
+        attached = media is not None and (media.data is not None or media.path is not None)
+        if media is not None and not attached and media.url is not None:
             body = f"{body}\n\n{media.url}" if body else media.url
         mail.set_content(body)
-        if media is not None and (media.data is not None or media.path is not None):
+        if media is not None and attached:
             await self._attach(mail, media)
         elif media is not None and media.url is None:
             raise UnsupportedContentError(

@@ -310,6 +310,9 @@ class TwilioProvider(ChannelProvider):
                 if hit is not None:
                     found.append(hit)
             nxt = page.get("next_page_uri")
+            if nxt and not (isinstance(nxt, str) and nxt.startswith("/")):
+                # Only a path on the API: the credentials go nowhere else.
+                raise ProviderError(f"twilio: next_page_uri {nxt!r} is not a path on the API")
             url, params = (f"{self.base_url}{nxt}", {}) if nxt else (None, params)
         else:
             if url is not None:

@@ -116,8 +116,12 @@ async def test_a_file_path_is_attached_with_its_name(
 ) -> None:
     path = tmp_path / "photo.png"
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 100)
-    await provider.send_keyed(Outbound(RCPT, None, Media(path=str(path))), "k")
-    [part] = list(smtp.messages[0].message.iter_attachments())
+    media = Media(path=str(path), url="https://example.com/photo.png")
+    await provider.send_keyed(Outbound(RCPT, "pic", media), "k")
+    mail = smtp.messages[0].message
+    body = mail.get_body(preferencelist=("plain",))
+    assert body is not None and body.get_content().strip() == "pic"  # attached, not linked
+    [part] = list(mail.iter_attachments())
     assert (part.get_filename(), part.get_content_type()) == ("photo.png", "image/png")
     assert part.get_payload(decode=True) == path.read_bytes()
 
