@@ -327,9 +327,10 @@ class EmailProvider(ChannelProvider):
             code, text = next(iter(exc.recipients.values()), (-1, b""))
             return self._by_code(code, text, "RCPT", rcpt)
         if isinstance(exc, smtplib.SMTPAuthenticationError):
+            said = _text_of(exc.smtp_error)
             return SendError(
                 self.redact(
-                    f"{where}: the credentials are wrong (SMTP {exc.smtp_code} for user "
+                    f"{where}: the credentials are wrong (SMTP {exc.smtp_code} {said} for user "
                     f"{self.username!r}); check the user and password in EMAIL_SMTP_URL"
                 ),
                 retryable=False,
@@ -360,7 +361,7 @@ class EmailProvider(ChannelProvider):
         )
 
     def _by_code(self, code: int, raw: bytes | str, stage: str, rcpt: str) -> SendError:
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        text = _text_of(raw)
         what = self.redact(f"email: SMTP {code} at {stage} for {rcpt}: {text}")
         enhanced = _ENHANCED.search(text)
         status = enhanced.group(0) if enhanced else ""
@@ -383,6 +384,10 @@ class EmailProvider(ChannelProvider):
         if code in (550, 551, 553) and not status.startswith("5.7."):
             return RecipientUnreachableError(f"{what} (no such mailbox)")
         return SendError(what, retryable=False)
+
+
+def _text_of(raw: bytes | str) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _shown(url: str) -> str:

@@ -397,8 +397,6 @@ def _match(item: Any, body: str, media: int, start: float) -> tuple[float, str] 
     """``(created, sid)`` when ``item`` (a listed message) is the send we look for."""
     if not isinstance(item, dict) or not isinstance(item.get("sid"), str):
         return None
-    if item.get("direction", "outbound-api") == "inbound":
-        return None
     got = item.get("body") or ""
     if got != body and got.removeprefix(TRIAL_PREFIX) != body:
         return None

@@ -218,16 +218,18 @@ async def test_other_5xx_is_final(smtp: FakeSmtp, provider: EmailProvider) -> No
     assert type(info.value) is SendError and info.value.retryable is False
 
 
+@pytest.mark.parametrize("echo", [False, True])
 async def test_a_wrong_password_is_final_and_never_shown(
-    smtp: FakeSmtp, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture, echo: bool
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="botmesh.providers")
     wrong = "Wr0ng-" + PASSWORD
-    p = EmailProvider("127.0.0.1", smtp.port, SENDER, username=USER, password=wrong)
-    with pytest.raises(SendError, match="credentials are wrong") as info:
-        await p.send_keyed(Outbound(RCPT, "x"), "k")
+    with FakeSmtp(username=USER, password=PASSWORD, echo_auth=echo) as smtp:
+        p = EmailProvider("127.0.0.1", smtp.port, SENDER, username=USER, password=wrong)
+        with pytest.raises(SendError, match="credentials are wrong") as info:
+            await p.send_keyed(Outbound(RCPT, "x"), "k")
+        assert smtp.auth_failures >= 1 and smtp.messages == []  # smtplib: PLAIN, then LOGIN
     assert info.value.retryable is False and "535" in str(info.value)
-    assert smtp.auth_failures >= 1 and smtp.messages == []  # smtplib tries PLAIN, then LOGIN
     lines = [str(info.value), repr(p)] + [r.getMessage() for r in caplog.records]
     assert any("failed" in line for line in lines[2:])  # the adapter's log is captured
     encoded = base64.b64encode(f"\0{USER}\0{wrong}".encode()).decode()

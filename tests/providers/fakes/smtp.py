@@ -5,7 +5,8 @@ it accepted (``messages``). It behaves like a relay:
 
 - AUTH PLAIN / LOGIN (offered without TLS, since it is local) checks ``username`` /
   ``password`` when they are set: a wrong pair gets ``535 5.7.8``, and MAIL without AUTH
-  gets ``530 5.7.0 Authentication required``;
+  gets ``530 5.7.0 Authentication required``; ``echo_auth`` makes the 535 repeat the
+  credentials it got (as a careless server might), to test redaction;
 - ``script(rcpt, reply)`` answers RCPT TO for that address with ``reply`` (``550 5.1.1 no
   such user``, ``421 4.3.2 busy``, ``451 4.3.0``, ``452 4.2.2``…); ``script(rcpt, reply,
   at="DATA")`` answers the DATA of a message to it (``552 5.3.4 Message too big``);
@@ -22,6 +23,7 @@ Use it as a context manager: ``with FakeSmtp(...) as smtp: smtp.port``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import email
 import email.policy
@@ -85,8 +87,10 @@ class FakeSmtp:
         data_size_limit: int = 32 * 1024 * 1024,
         tls: Literal["starttls", "implicit"] | None = None,
         tls_context: ssl.SSLContext | None = None,
+        echo_auth: bool = False,
     ) -> None:
         self.username = username
+        self.echo_auth = echo_auth
         self.password = password
         self.messages: list[Received] = []
         self.auth_failures = 0
@@ -149,9 +153,12 @@ class FakeSmtp:
             self.auth_failures += 1
         if ok:
             return AuthResult(success=True, auth_data=data)
-        return AuthResult(
-            success=False, handled=False, message="535 5.7.8 Authentication credentials invalid"
-        )
+        message = "535 5.7.8 Authentication credentials invalid"
+        if self.echo_auth and isinstance(data, LoginPassword):
+            # A careless server that repeats what it got (the test of the adapter's redaction).
+            blob = base64.b64encode(b"\0" + data.login + b"\0" + data.password).decode()
+            message += f" ({blob} / {data.password.decode()})"
+        return AuthResult(success=False, handled=False, message=message)
 
     async def handle_MAIL(
         self,
