@@ -302,7 +302,6 @@ class HttpChannel:
         data: Any = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
-        auth: aiohttp.BasicAuth | None = None,
     ) -> HttpAnswer:
         """One call. Transport errors (refused, reset, timeout) become a retryable
         ``SendError`` with the URL's secrets redacted; any HTTP status is returned."""
@@ -314,7 +313,6 @@ class HttpChannel:
                 data=data,
                 params=params,
                 headers=headers,
-                auth=auth,
                 allow_redirects=False,
             ) as resp:
                 body = await resp.read()

@@ -194,7 +194,7 @@ class TwilioProvider(ChannelProvider):
             values["TWILIO_AUTH_TOKEN"],
             values["TWILIO_FROM"],
             base_url=base_url,
-            allow_private_media=private,
+            **{**cls.media_env(env, "TWILIO"), "allow_private_media": private},
         )
 
     # -- sending --------------------------------------------------------------------------
