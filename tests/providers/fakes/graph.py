@@ -1,0 +1,371 @@
+"""A fake of the Graph API serving the three Meta channels: WhatsApp Cloud API, Messenger
+and Instagram (``/v21.0`` under the base URL, as on ``graph.facebook.com``).
+
+- ``POST /v21.0/{phone_number_id}/messages`` (WhatsApp) and ``POST /v21.0/me/messages``
+  (Messenger with the page token, Instagram with the Instagram token), JSON or multipart
+  (Messenger's ``filedata``);
+- ``POST /v21.0/{phone_number_id}/media`` (multipart upload) and ``GET /v21.0/{media_id}``
+  (its ``url`` points at ``GET /lookaside/{media_id}`` on this server, which wants the
+  WhatsApp Bearer token as the real ``lookaside.fbsbx.com`` does);
+- ``GET /cdn/{name}``: public files, as a Messenger attachment URL on a Meta CDN.
+
+Every Graph call wants ``Authorization: Bearer <token>`` (else 401, code 190
+``OAuthException``). Behaviour: WhatsApp 131047 for a chat in ``closed_windows``, 131026
+for a number not in ``numbers``, text over 4096 → code 100 with Meta's message; Messenger
+and Instagram text over 2000 / 1000 → code 100, code 10 (subcode 2018278 / 2534022) for a
+closed window, 551 for a user in ``unavailable``, 100 / 2018001 (2534014) for an unknown
+id. ``fail_next(channel, code, ...)`` scripts the next answers (rate limits with or
+without ``Retry-After``, 500s, code 2…), with the real status, type and message of the
+code. Accepted messages are kept per channel in ``accepted``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+VERSION = "v21.0"
+
+#: Real Graph / Cloud API errors: code → (HTTP status, type, message).
+ERRORS: dict[int, tuple[int, str, str]] = {
+    1: (500, "OAuthException", "An unknown error has occurred."),
+    2: (
+        500,
+        "OAuthException",
+        "An unexpected error has occurred. Please retry your request later.",
+    ),
+    4: (400, "OAuthException", "(#4) Application request limit reached"),
+    10: (
+        400,
+        "OAuthException",
+        "(#10) This message is sent outside of allowed window. Learn more about the new "
+        "policy here: https://developers.facebook.com/docs/messenger-platform/policy-overview",
+    ),
+    17: (400, "OAuthException", "(#17) User request limit reached"),
+    32: (400, "OAuthException", "(#32) Page request limit reached"),
+    100: (400, "OAuthException", "(#100) Invalid parameter"),
+    190: (401, "OAuthException", "Invalid OAuth access token - Cannot parse access token"),
+    551: (400, "OAuthException", "(#551) This person isn't available right now."),
+    613: (400, "OAuthException", "(#613) Calls to this api have exceeded the rate limit."),
+    1200: (500, "OAuthException", "(#1200) Temporary send message failure. Please try again later"),
+    80007: (400, "OAuthException", "(#80007) Rate limit issues"),
+    130429: (400, "OAuthException", "(#130429) Rate limit hit"),
+    131000: (500, "OAuthException", "(#131000) Something went wrong"),
+    131016: (503, "OAuthException", "(#131016) Service unavailable"),
+    131026: (400, "OAuthException", "(#131026) Message Undeliverable"),
+    131030: (400, "OAuthException", "(#131030) Recipient phone number not in allowed list"),
+    131047: (400, "OAuthException", "(#131047) Re-engagement message"),
+    131051: (400, "OAuthException", "(#131051) Unsupported message type"),
+    131052: (400, "OAuthException", "(#131052) Media download error"),
+    131053: (400, "OAuthException", "(#131053) Media upload error"),
+    131056: (
+        400,
+        "OAuthException",
+        "(#131056) (Business Account, Consumer Account) pair rate limit hit",
+    ),
+}
+
+#: The longest text each channel takes.
+TEXT_LIMITS = {"whatsapp": 4096, "messenger": 2000, "instagram": 1000}
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A message the fake accepted: its id, recipient and the request body."""
+
+    channel: str
+    id: str
+    chat_id: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Scripted:
+    status: int
+    error: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass
+class GraphFake:
+    """The fake's state; ``app()`` serves it."""
+
+    whatsapp_token: str = "EAAwa-fake-whatsapp-token-0001"
+    page_token: str = "EAApage-fake-messenger-token-0002"
+    instagram_token: str = "EAAig-fake-instagram-token-0003"
+    phone_number_id: str = "106540352242922"
+    #: WhatsApp numbers that exist (others: 131026).
+    numbers: set[str] = field(default_factory=lambda: {"15551230001", "15551230002"})
+    #: Messenger / Instagram scoped ids that exist (others: "No matching user found").
+    users: set[str] = field(default_factory=lambda: {"24000000000000001", "17841400000000001"})
+    #: Chats whose customer-service window is closed (any channel).
+    closed_windows: set[str] = field(default_factory=set)
+    #: Messenger / Instagram users who blocked the page (551).
+    unavailable: set[str] = field(default_factory=set)
+    #: Public files under ``/cdn/{name}``.
+    cdn: dict[str, bytes] = field(default_factory=dict)
+    accepted: dict[str, list[Accepted]] = field(default_factory=lambda: defaultdict(list))
+    #: Uploaded or received WhatsApp media: id → (bytes, mime).
+    media: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    #: Bytes ``/lookaside`` serves instead of the stored media (a corrupted CDN copy).
+    corrupt: dict[str, bytes] = field(default_factory=dict)
+    #: The ``Authorization`` header of each ``/lookaside`` download.
+    downloads: list[str] = field(default_factory=list)
+    _script: dict[str, deque[Scripted]] = field(default_factory=lambda: defaultdict(deque))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # -- scripting ------------------------------------------------------------------------
+
+    def fail_next(
+        self,
+        channel: str,
+        code: int,
+        *,
+        subcode: int | None = None,
+        status: int | None = None,
+        message: str | None = None,
+        details: str | None = None,
+        headers: dict[str, str] | None = None,
+        transient: bool | None = None,
+        times: int = 1,
+    ) -> None:
+        """The next ``times`` calls of ``channel`` answer Graph error ``code`` (its real
+        status, type and message unless given)."""
+        for _ in range(times):
+            status_, body = _error(code, subcode=subcode, message=message, details=details)
+            if transient is not None:
+                body["error"]["is_transient"] = transient
+            self._script[channel].append(Scripted(status or status_, body, dict(headers or {})))
+
+    def add_media(self, data: bytes, mime: str) -> str:
+        """Store a media (as a user's inbound media); its id."""
+        media_id = str(900000000000000 + next(self._ids))
+        self.media[media_id] = (data, mime)
+        return media_id
+
+    # -- the server -----------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post(f"/{VERSION}/{{node}}/messages", self._messages)
+        app.router.add_post(f"/{VERSION}/{{node}}/media", self._upload)
+        app.router.add_get(f"/{VERSION}/{{media_id}}", self._media_info)
+        app.router.add_get("/lookaside/{media_id}", self._download)
+        app.router.add_get("/cdn/{name}", self._cdn)
+        return app
+
+    def _channel_of(self, request: web.Request) -> str | None:
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        return {
+            self.whatsapp_token: "whatsapp",
+            self.page_token: "messenger",
+            self.instagram_token: "instagram",
+        }.get(token or "")
+
+    def _scripted(self, channel: str) -> web.Response | None:
+        if not self._script[channel]:
+            return None
+        s = self._script[channel].popleft()
+        return web.json_response(s.error, status=s.status, headers=s.headers)
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        channel = self._channel_of(request)
+        node = request.match_info["node"]
+        if channel is None:
+            return _reply(190)
+        if (channel == "whatsapp") != (node == self.phone_number_id) or (
+            channel != "whatsapp" and node != "me"
+        ):
+            return _reply(
+                100,
+                subcode=33,
+                message=f"Unsupported post request. Object with ID '{node}' does not exist, "
+                "cannot be loaded due to missing permissions, or does not support this operation",
+            )
+        scripted = self._scripted(channel)
+        if scripted is not None:
+            return scripted
+        if channel == "whatsapp":
+            return self._whatsapp(await request.json())
+        return await self._messenger(channel, request)
+
+    def _whatsapp(self, body: dict[str, Any]) -> web.Response:
+        to = str(body.get("to") or "")
+        kind = body.get("type")
+        if body.get("messaging_product") != "whatsapp":
+            return _wa(100, "The parameter messaging_product is required.")
+        if kind == "text":
+            text = (body.get("text") or {}).get("body") or ""
+            if len(text) > TEXT_LIMITS["whatsapp"]:
+                return _wa(
+                    100,
+                    "Param text['body'] must be at most 4096 characters long.",
+                    message="(#100) Param text['body'] must be at most 4096 characters long.",
+                )
+        elif kind in ("image", "video", "audio", "document", "sticker"):
+            item = body.get(kind) or {}
+            if "id" in item and item["id"] not in self.media:
+                return _wa(
+                    100,
+                    f"Param {kind}['id'] is not a valid whatsapp business account media "
+                    "attachment ID",
+                )
+            if "link" in item and "/missing" in str(item["link"]):
+                return _wa(131053, "Downloading media from weblink failed with http code 404")
+            if "id" not in item and "link" not in item:
+                return _wa(100, f"Param {kind} must contain id or link")
+        else:
+            return _wa(131051, f"Message type {kind!r} is not currently supported")
+        if to not in self.numbers:
+            return _wa(131026, "Message Undeliverable.")
+        if to in self.closed_windows:
+            return _wa(
+                131047,
+                "Message failed to send because more than 24 hours have passed since the "
+                "customer last replied to this number.",
+            )
+        wamid = f"wamid.HBgL{next(self._ids):020d}"
+        self.accepted["whatsapp"].append(Accepted("whatsapp", wamid, to, body))
+        return web.json_response(
+            {
+                "messaging_product": "whatsapp",
+                "contacts": [{"input": to, "wa_id": to}],
+                "messages": [{"id": wamid}],
+            }
+        )
+
+    async def _messenger(self, channel: str, request: web.Request) -> web.Response:
+        if request.content_type.startswith("multipart/"):
+            form = await request.post()
+            filedata = form.get("filedata")
+            if not isinstance(filedata, web.FileField):
+                return _reply(100, message="(#100) Upload attachment failure.")
+            body: dict[str, Any] = {
+                k: json.loads(str(form[k])) if k in ("recipient", "message") else str(form[k])
+                for k in form
+                if k != "filedata"
+            }
+            body["filedata"] = {
+                "filename": filedata.filename,
+                "content_type": filedata.content_type,
+                "size": len(filedata.file.read()),
+            }
+        else:
+            body = await request.json()
+        psid = str((body.get("recipient") or {}).get("id") or "")
+        message = body.get("message") or {}
+        instagram = channel == "instagram"
+        if "text" in message and "attachment" in message:
+            return _reply(100, message="(#100) Only one of text or attachment can be specified")
+        if len(message.get("text") or "") > TEXT_LIMITS[channel]:
+            return _reply(
+                100,
+                message="(#100) Length of param message[text] must be less than or equal to "
+                f"{TEXT_LIMITS[channel]}",
+            )
+        if psid not in self.users:
+            return _reply(
+                100, subcode=2534014 if instagram else 2018001, message="No matching user found"
+            )
+        if psid in self.unavailable:
+            return _reply(551, subcode=1545041)
+        if psid in self.closed_windows:
+            return _reply(10, subcode=2534022 if instagram else 2018278)
+        mid = f"m_{channel[:2]}{next(self._ids):016d}"
+        self.accepted[channel].append(Accepted(channel, mid, psid, body))
+        return web.json_response({"recipient_id": psid, "message_id": mid})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        if self._channel_of(request) != "whatsapp":
+            return _reply(190)
+        if request.match_info["node"] != self.phone_number_id:
+            return _reply(100, subcode=33, message="Unsupported post request.")
+        scripted = self._scripted("whatsapp")
+        if scripted is not None:
+            return scripted
+        form = await request.post()
+        upload = form.get("file")
+        if form.get("messaging_product") != "whatsapp" or not isinstance(upload, web.FileField):
+            return _wa(100, "Param messaging_product and file are required")
+        mime = str(form.get("type") or upload.content_type)
+        return web.json_response({"id": self.add_media(upload.file.read(), mime)})
+
+    async def _media_info(self, request: web.Request) -> web.Response:
+        if self._channel_of(request) != "whatsapp":
+            return _reply(190)
+        media_id = request.match_info["media_id"]
+        if media_id not in self.media:
+            return _reply(
+                100,
+                subcode=33,
+                message=f"Unsupported get request. Object with ID '{media_id}' does not exist, "
+                "cannot be loaded due to missing permissions, or does not support this operation",
+            )
+        data, mime = self.media[media_id]
+        origin = f"{request.scheme}://{request.host}"
+        return web.json_response(
+            {
+                "messaging_product": "whatsapp",
+                "url": f"{origin}/lookaside/{media_id}?ext=1&hash=ATuX",
+                "mime_type": mime,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "file_size": str(len(data)),
+                "id": media_id,
+            }
+        )
+
+    async def _download(self, request: web.Request) -> web.Response:
+        self.downloads.append(request.headers.get("Authorization", ""))
+        if self._channel_of(request) != "whatsapp":
+            return web.Response(status=401, text="Unauthorized")
+        media_id = request.match_info["media_id"]
+        found = self.media.get(media_id)
+        if found is None:
+            return web.Response(status=404)
+        return web.Response(body=self.corrupt.get(media_id, found[0]), content_type=found[1])
+
+    async def _cdn(self, request: web.Request) -> web.Response:
+        data = self.cdn.get(request.match_info["name"])
+        if data is None:
+            return web.Response(status=404)
+        return web.Response(body=data, content_type="application/octet-stream")
+
+
+def _error(
+    code: int,
+    *,
+    subcode: int | None = None,
+    message: str | None = None,
+    details: str | None = None,
+) -> tuple[int, dict[str, Any]]:
+    status, kind, text = ERRORS.get(code, (400, "OAuthException", f"(#{code}) Error"))
+    err: dict[str, Any] = {
+        "message": message or text,
+        "type": kind,
+        "code": code,
+        "fbtrace_id": "AbCdEf012345_fake",
+    }
+    if subcode is not None:
+        err["error_subcode"] = subcode
+    if details is not None:
+        err["error_data"] = {"messaging_product": "whatsapp", "details": details}
+    if code in (1, 2, 1200, 131000, 131016):
+        err["is_transient"] = True
+    return status, {"error": err}
+
+
+def _reply(code: int, *, subcode: int | None = None, message: str | None = None) -> web.Response:
+    status, body = _error(code, subcode=subcode, message=message)
+    return web.json_response(body, status=status)
+
+
+def _wa(code: int, details: str, *, message: str | None = None) -> web.Response:
+    status, body = _error(code, message=message, details=details)
+    return web.json_response(body, status=status)
