@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -609,3 +610,21 @@ def test_another_object_or_a_broken_body_is_malformed(hook: WhatsAppWebhook) -> 
 
 def test_reply_is_a_bare_200(hook: WhatsAppWebhook) -> None:
     assert hook.reply(_request(b"{}"), []).status == 200
+
+
+async def test_a_refused_connection_is_retryable_and_shows_no_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "EAAtransport-token-secret"
+    provider = WhatsAppProvider(token, "106540352242922", api_url=f"http://127.0.0.1:{port}/v21.0")
+    caplog.set_level(logging.DEBUG)
+    try:
+        with pytest.raises(SendError) as err:
+            await provider.send(Outbound(USER, "hi"))
+    finally:
+        await provider.close()
+    assert err.value.retryable is True and type(err.value) is SendError
+    assert token not in str(err.value) and token not in caplog.text
