@@ -412,3 +412,18 @@ def test_malformed(hook: MessengerWebhook) -> None:
         hook.parse(_request(json.dumps({"object": "instagram", "entry": []}).encode()))
     with pytest.raises(MalformedWebhook):
         hook.parse(_request(_page(_event(message={"text": "no mid"}))))
+
+
+def test_a_cdn_attachment_url_is_journaled_and_read_back(
+    fb: MessengerProvider, hook: MessengerWebhook
+) -> None:
+    cdn = "https://scontent.xx.fbcdn.net/v/t1.15752-9/123_n.jpg?oh=00_AfA&oe=6650A1B2"
+    message = {"mid": "m_9", "attachments": [{"type": "image", "payload": {"url": cdn}}]}
+    [rec] = hook.parse(_request(_page(_event(message=message))))
+    assert rec.media is not None
+    stored = fb.serialize_media_ref(rec.media)
+    assert stored is not None
+    back = fb.rehydrate_media_ref(json.loads(json.dumps(stored)), rec.media)
+    assert back.url is not None and back.url.startswith("https://scontent.xx.fbcdn.net/v/")
+    assert "oh=00_AfA" in back.url and "oe=6650A1B2" in back.url
+    assert back.provider == "messenger"

@@ -628,3 +628,19 @@ async def test_a_refused_connection_is_retryable_and_shows_no_token(
         await provider.close()
     assert err.value.retryable is True and type(err.value) is SendError
     assert token not in str(err.value) and token not in caplog.text
+
+
+async def test_a_parsed_media_id_survives_the_journal_and_downloads_on_replay(
+    fake: tuple[GraphFake, str], wa: WhatsAppProvider, hook: WhatsAppWebhook
+) -> None:
+    graph, _ = fake
+    media_id = graph.add_media(b"OggS-voice-note", "audio/ogg")
+    part = {"mime_type": "audio/ogg", "sha256": "x", "id": media_id, "voice": True}
+    [rec] = hook.parse(_request(_message("audio", part)))
+    assert rec.media is not None
+    stored = wa.serialize_media_ref(rec.media)
+    assert stored is not None
+    assert graph.whatsapp_token not in json.dumps(stored) and "http" not in json.dumps(stored)
+    back = wa.rehydrate_media_ref(json.loads(json.dumps(stored)), rec.media)
+    assert back.id == media_id
+    assert await wa.download_media(back) == b"OggS-voice-note"
