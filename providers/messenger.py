@@ -96,13 +96,13 @@ class MessengerProvider(GraphProvider):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Self:
-        """``MESSENGER_PAGE_TOKEN``; optional ``MESSENGER_API_URL`` and (with a local API
-        URL) ``MESSENGER_ALLOW_PRIVATE_MEDIA``."""
+        """``MESSENGER_PAGE_TOKEN`` (Instagram: ``INSTAGRAM_ACCESS_TOKEN``); optional
+        ``<PREFIX>_API_URL``, ``<PREFIX>_MEDIA_REF_HOSTS`` (comma-separated, replaces the Meta
+        CDN list) and (with a local API URL) ``<PREFIX>_ALLOW_PRIVATE_MEDIA=1``."""
         token = env_value(
             env, cls.token_env, "set it to the Page access token (pages_messaging permission)"
         )
-        url, allow = env_api(env, cls.env_prefix)
-        return cls(token, api_url=url, allow_private_media=allow)
+        return cls(token, **env_api(env, cls.env_prefix))
 
     async def send(self, message: Outbound) -> SendResult:
         options = message.options

@@ -110,15 +110,15 @@ class WhatsAppProvider(GraphProvider):
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Self:
         """``WHATSAPP_ACCESS_TOKEN``, ``WHATSAPP_PHONE_NUMBER_ID``; optional
-        ``WHATSAPP_API_URL`` and (with a local API URL) ``WHATSAPP_ALLOW_PRIVATE_MEDIA``."""
+        ``WHATSAPP_API_URL``, ``WHATSAPP_MEDIA_REF_HOSTS`` and (with a local API URL)
+        ``WHATSAPP_ALLOW_PRIVATE_MEDIA=1``."""
         token = env_value(
             env, "WHATSAPP_ACCESS_TOKEN", "set it to a system-user access token of the app"
         )
         number = env_value(
             env, "WHATSAPP_PHONE_NUMBER_ID", "set it to the sending number's id (API Setup)"
         )
-        url, allow = env_api(env, "WHATSAPP")
-        return cls(token, number, api_url=url, allow_private_media=allow)
+        return cls(token, number, **env_api(env, "WHATSAPP"))
 
     # -- sending --------------------------------------------------------------------------
 

@@ -282,6 +282,10 @@ def test_from_env() -> None:
         }
     )
     assert p.allow_private_media and p.api_url == "http://127.0.0.1:1/v21.0"
+    p = MessengerProvider.from_env(
+        {"MESSENGER_PAGE_TOKEN": "tok", "MESSENGER_MEDIA_REF_HOSTS": "fbcdn.net"}
+    )
+    assert p.media_ref_hosts == ("fbcdn.net",) and not p.allow_private_media
     with pytest.raises(ConfigError, match="MESSENGER_PAGE_TOKEN"):
         MessengerProvider.from_env({})
     hook = MessengerWebhook.from_env(

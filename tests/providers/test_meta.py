@@ -64,16 +64,22 @@ def test_a_token_quoted_in_a_non_json_body_is_redacted() -> None:
 
 
 def test_env_api() -> None:
-    assert env_api({}, "MESSENGER") == (GRAPH_URL, False)
-    assert env_api(
-        {"MESSENGER_API_URL": "http://127.0.0.1:8/v21.0", "MESSENGER_ALLOW_PRIVATE_MEDIA": "0"},
-        "MESSENGER",
-    ) == ("http://127.0.0.1:8/v21.0", False)
+    assert env_api({}, "MESSENGER") == {"api_url": GRAPH_URL}
+    local = {
+        "MESSENGER_API_URL": "http://127.0.0.1:8/v21.0",
+        "MESSENGER_ALLOW_PRIVATE_MEDIA": "1",
+        "MESSENGER_MEDIA_REF_HOSTS": "127.0.0.1, cdn.example.com",
+    }
+    assert env_api(local, "MESSENGER") == {
+        "api_url": "http://127.0.0.1:8/v21.0",
+        "allow_private_media": True,
+        "media_ref_hosts": ("127.0.0.1", "cdn.example.com"),
+    }
+    assert env_api({**local, "MESSENGER_ALLOW_PRIVATE_MEDIA": "0"}, "MESSENGER")[
+        "api_url"
+    ].startswith("http://127.0.0.1")
     with pytest.raises(ConfigError, match="not 1 or 0"):
-        env_api(
-            {"MESSENGER_API_URL": "http://127.0.0.1:8", "MESSENGER_ALLOW_PRIVATE_MEDIA": "maybe"},
-            "MESSENGER",
-        )
+        env_api({**local, "MESSENGER_ALLOW_PRIVATE_MEDIA": "false"}, "MESSENGER")
     with pytest.raises(ConfigError, match="only honoured with a local"):
         env_api(
             {

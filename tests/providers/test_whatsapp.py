@@ -82,6 +82,7 @@ async def test_media_by_link_and_by_id_carry_the_caption(
     media_id = graph.add_media(b"%PDF", "application/pdf")
     await wa.send(Outbound(USER, "look", Media(url="https://example.com/a.jpg", mime="image/jpeg")))
     await wa.send(Outbound(USER, "invoice", Media(id=media_id, name="inv.pdf")))
+    assert graph.texts("whatsapp") == {USER: ["look", "invoice"]}
     first, second = (a.body for a in graph.accepted["whatsapp"])
     assert first["type"] == "image"
     assert first["image"] == {"link": "https://example.com/a.jpg", "caption": "look"}

@@ -149,6 +149,20 @@ class GraphFake:
         self.media[media_id] = (data, mime)
         return media_id
 
+    def texts(self, channel: str) -> dict[str, list[str]]:
+        """``chat -> [text or caption of each accepted message]`` (an attachment without
+        text counts as ``""``)."""
+        out: dict[str, list[str]] = {}
+        for a in self.accepted[channel]:
+            body = a.body
+            if channel == "whatsapp":
+                part = body.get(str(body.get("type")), {})
+                text = part.get("body") or part.get("caption") or ""
+            else:
+                text = (body.get("message") or {}).get("text") or ""
+            out.setdefault(a.chat_id, []).append(str(text))
+        return out
+
     # -- the server -----------------------------------------------------------------------
 
     def app(self) -> web.Application:
