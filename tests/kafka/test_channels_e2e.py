@@ -29,10 +29,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from providers.webhooks import hmac_hex
 from streams.provision import ensure_topics
 from streams.tools import end_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_all
 from tests.kill import Child, python
+from tests.providers.fakes.graph import GraphFake
 from tests.providers.fakes.telegram import FakeTelegram
 from tests.providers.serve import Background
 from topics import Catalog
@@ -108,7 +110,146 @@ def telegram() -> Case:
     )
 
 
-CASES: dict[str, Callable[[], Case]] = {"telegram": telegram}
+# -- WhatsApp, Messenger (the Graph API) ----------------------------------------------------
+
+META_SECRET = "e2e-meta-app-secret"
+
+
+def _meta_headers(body: bytes) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "X-Hub-Signature-256": "sha256=" + hmac_hex(META_SECRET, body),
+    }
+
+
+def whatsapp() -> Case:
+    fake = GraphFake()
+    media_id = fake.add_media(PHOTO, "image/jpeg")
+    chat = "15551230001"
+
+    def webhook(n: int, chat: str, text: str, media: bool) -> tuple[dict[str, str], bytes]:
+        msg: dict[str, Any] = {
+            "from": chat,
+            "id": f"wamid.E2E{n}",
+            "timestamp": str(int(time.time())),
+        }
+        if media:
+            msg.update(
+                type="image",
+                image={
+                    "id": media_id,
+                    "mime_type": "image/jpeg",
+                    "sha256": hashlib.sha256(PHOTO).hexdigest(),
+                    "caption": text,
+                },
+            )
+        else:
+            msg.update(type="text", text={"body": text})
+        body = json.dumps(
+            {
+                "object": "whatsapp_business_account",
+                "entry": [
+                    {
+                        "id": "1",
+                        "changes": [
+                            {
+                                "field": "messages",
+                                "value": {
+                                    "messaging_product": "whatsapp",
+                                    "metadata": {
+                                        "display_phone_number": "1555",
+                                        "phone_number_id": fake.phone_number_id,
+                                    },
+                                    "contacts": [{"profile": {"name": "Ann"}, "wa_id": chat}],
+                                    "messages": [msg],
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ).encode()
+        return _meta_headers(body), body
+
+    return Case(
+        name="whatsapp",
+        app=fake.app(),
+        worker_env=lambda url: {
+            "WHATSAPP_ACCESS_TOKEN": fake.whatsapp_token,
+            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
+            "WHATSAPP_API_URL": url + "/v21.0",
+            "WHATSAPP_ALLOW_PRIVATE_MEDIA": "1",
+        },
+        gateway_env={"META_APP_SECRET": META_SECRET, "META_VERIFY_TOKEN": "v"},
+        webhook=webhook,
+        replies=lambda: fake.texts("whatsapp"),
+        chat=chat,
+        ids=["wamid.E2E1", "wamid.E2E2", "wamid.E2E3"],
+    )
+
+
+def messenger() -> Case:
+    fake = GraphFake()
+    fake.cdn["photo.jpg"] = PHOTO
+    chat = "24000000000000001"
+    holder: dict[str, str] = {}
+
+    def webhook(n: int, chat: str, text: str, media: bool) -> tuple[dict[str, str], bytes]:
+        message: dict[str, Any] = {"mid": f"m_E2E{n}"}
+        if media:
+            message["attachments"] = [
+                {"type": "image", "payload": {"url": holder["url"] + "/cdn/photo.jpg"}}
+            ]
+            message["text"] = text
+        else:
+            message["text"] = text
+        body = json.dumps(
+            {
+                "object": "page",
+                "entry": [
+                    {
+                        "id": "1",
+                        "time": 1,
+                        "messaging": [
+                            {
+                                "sender": {"id": chat},
+                                "recipient": {"id": "1"},
+                                "timestamp": int(time.time() * 1000),
+                                "message": message,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ).encode()
+        return _meta_headers(body), body
+
+    def env(url: str) -> dict[str, str]:
+        holder["url"] = url
+        return {
+            "MESSENGER_PAGE_TOKEN": fake.page_token,
+            "MESSENGER_API_URL": url + "/v21.0",
+            "MESSENGER_ALLOW_PRIVATE_MEDIA": "1",
+            "MESSENGER_MEDIA_REF_HOSTS": "127.0.0.1",
+        }
+
+    return Case(
+        name="messenger",
+        app=fake.app(),
+        worker_env=env,
+        gateway_env={"META_APP_SECRET": META_SECRET, "META_VERIFY_TOKEN": "v"},
+        webhook=webhook,
+        replies=lambda: fake.texts("messenger"),
+        chat=chat,
+        ids=["m_E2E1", "m_E2E2", "m_E2E3"],
+    )
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "telegram": telegram,
+    "whatsapp": whatsapp,
+    "messenger": messenger,
+}
 
 
 # -- the gateway process ---------------------------------------------------------------------
