@@ -605,6 +605,13 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return run[args.command](args, _bootstrap(args), _catalog(args))
 
 
+def _replication_env() -> int:
+    raw = os.environ.get("BOTMESH_REPLICATION", "").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"BOTMESH_REPLICATION={raw!r}: must be a whole number >= 1")
+    return int(raw)
+
+
 def _cmd_gateway(args: argparse.Namespace) -> int:
     import logging
 
@@ -629,7 +636,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         if args.request_timeout is not None
         else _gateway.DEFAULT_REQUEST_TIMEOUT,
         seen_max=args.seen_max if args.seen_max is not None else _gateway.DEFAULT_SEEN_MAX,
-        replication=int(os.environ.get("BOTMESH_REPLICATION", "").strip() or 1),
+        replication=_replication_env(),
     )
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be 0-65535")

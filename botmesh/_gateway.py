@@ -16,7 +16,8 @@ A webhook goes through, in order:
 5. ``parse`` → 400 on ``MalformedWebhook`` or any error, nothing produced;
 6. each record is produced to ``<prefix>.inbound`` keyed by chat id (acks=all, idempotent
    producer), and the webhook is answered only once the broker acked every one of them; a
-   failure, or no ack within ``request_timeout``, → 503, so the channel retries;
+   failure, or no ack within ``request_timeout``, → 503, so the channel retries (a record
+   acked after its 503 still counts as produced: the retry is then a duplicate);
 7. ``reply`` (usually a bare 200).
 
 Duplicates: a channel retries a webhook it got no 2xx for, with the same event id. The
@@ -666,15 +667,15 @@ def _reply(reply: WebhookReply) -> web.Response:
 async def serving(gateway: Gateway, host: str, port: int) -> AsyncIterator[str]:
     """Run ``gateway`` on ``host:port`` (0: any free port) until the block ends; yields its
     base URL. On the way out: stop accepting, finish the requests in flight, flush, stop."""
-    await gateway.start()
     runner = web.AppRunner(
         gateway.app(),
         access_log=None,
         handle_signals=False,
         shutdown_timeout=gateway.config.request_timeout + 5.0,
     )
-    await runner.setup()
     try:
+        await gateway.start()
+        await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses[0]

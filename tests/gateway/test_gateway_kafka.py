@@ -219,6 +219,63 @@ async def test_readyz_waits_for_the_inbound_topic(kafka_bootstrap: str, topic_pr
     assert accepted[0] == 200 and len(records) == 1
 
 
+async def test_a_failed_produce_is_503_and_not_remembered(
+    kafka_bootstrap: str, catalog: Catalog
+) -> None:
+    """The broker refuses the record (stood in for by a failing send): 503, counted, not
+    taken for produced, so the channel's retry produces it."""
+    body = slack_message("Ev12")
+    async with gateway_at(kafka_bootstrap, catalog.prefix) as (gw, url):
+        real_send = gw._kafka.send
+        failures = [RuntimeError("NotEnoughReplicasError")]
+
+        async def failing_send(topic: str, key: bytes, value: bytes) -> Any:
+            if topic == catalog.inbound and failures:
+                raise failures.pop()
+            return await real_send(topic, key, value)
+
+        gw._kafka.send = failing_send  # type: ignore[method-assign]
+        refused = await _post(f"{url}/slack", body, slack_headers(body))
+        assert ("slack", "Ev12") not in gw.seen
+        retried = await _post(f"{url}/slack", body, slack_headers(body, retry=1))
+        records = await read_topic(kafka_bootstrap, catalog.inbound)
+    assert (refused[0], retried[0]) == (503, 200)
+    assert gw.counts["slack"]["produce_failed"] == 1 and gw.counts["slack"]["produced"] == 1
+    assert [decode_inbound(r.value).id for r in records] == ["Ev12"]
+
+
+async def test_no_ack_in_time_is_503_and_the_late_ack_still_counts(
+    kafka_bootstrap: str, catalog: Catalog
+) -> None:
+    """The ack does not come within the request timeout: 503 so the channel retries; when it
+    comes after all, the retry is a duplicate, not a second record."""
+    body = slack_message("Ev13")
+    async with gateway_at(kafka_bootstrap, catalog.prefix, request_timeout=0.5) as (gw, url):
+        real_send = gw._kafka.send
+        release = asyncio.Event()
+
+        async def slow_send(topic: str, key: bytes, value: bytes) -> Any:
+            ack = await real_send(topic, key, value)
+            if topic != catalog.inbound:
+                return ack
+
+            async def late() -> Any:
+                await release.wait()
+                return await ack
+
+            return late()
+
+        gw._kafka.send = slow_send  # type: ignore[method-assign]
+        timed_out = await _post(f"{url}/slack", body, slack_headers(body))
+        release.set()
+        retried = await _post(f"{url}/slack", body, slack_headers(body, retry=1))
+        records = await read_topic(kafka_bootstrap, catalog.inbound)
+    assert (timed_out[0], retried[0]) == (503, 200)
+    assert gw.counts["slack"]["produce_failed"] == 1
+    assert gw.counts["slack"]["produced"] == 1 and gw.counts["slack"]["duplicates"] == 1
+    assert len(records) == 1
+
+
 async def test_a_body_over_the_limit_is_413(kafka_bootstrap: str, catalog: Catalog) -> None:
     big = slack_message("Ev07", text="x" * 3000)
 

@@ -8,6 +8,7 @@ import pytest
 from botmesh._cli import main
 from botmesh._gateway import Gateway, GatewayConfig, SeenSet
 from tests.gateway.kit import webhooks
+from topics.catalog import Catalog
 
 
 def test_the_seen_set_is_bounded_oldest_first() -> None:
@@ -76,3 +77,24 @@ def test_secrets_are_not_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert caught.value.code == 2
     help_text = capsys.readouterr().err
     assert "unrecognized arguments" in help_text
+
+
+def test_the_seen_topic_is_compacted_and_kept_as_long_as_the_inbound() -> None:
+    cat = Catalog("acme")
+    (spec,) = cat.gateway_specs(replication=3)
+    inbound = next(s for s in cat.specs() if s.role == "inbound")
+    assert spec.name == "acme.gateway.seen" and spec.role == "seen"
+    assert (spec.partitions, spec.replication) == (1, 3)
+    assert spec.config["cleanup.policy"] == "compact,delete"
+    assert spec.config["retention.ms"] == inbound.config["retention.ms"]
+    assert spec.config["min.insync.replicas"] == "2"
+    assert spec.name not in cat.names()  # created by the gateway, not by every worker
+
+
+def test_a_bad_replication_variable_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
+    monkeypatch.setenv("BOTMESH_REPLICATION", "three")
+    assert main(["gateway", "--channel", "slack"]) == 2
+    assert "BOTMESH_REPLICATION='three'" in capsys.readouterr().err
