@@ -142,10 +142,14 @@ def load_provider(spec: str, option: str = "--provider") -> Provider:
     from the environment by ``provider_from_env``), or ``module:attribute`` naming a provider
     or a zero-argument factory."""
     from providers.channels import CHANNELS, provider_from_env
+    from state.errors import ConfigError
 
     name = spec.strip()
     if name.lower() in CHANNELS:
-        return provider_from_env(name, os.environ)
+        try:
+            return provider_from_env(name, os.environ)
+        except ConfigError as exc:  # names the variable (or the missing adapter) and the fix
+            raise AppLoadError(f"{option} {spec!r}: {exc}") from None
     if name == "console":
         from providers.console import ConsoleProvider
 

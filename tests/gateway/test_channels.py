@@ -102,18 +102,21 @@ def test_worker_provider_takes_a_channel_name(
     provider = load_provider("fakechan")
     assert isinstance(provider, FakeChannelProvider) and provider.token == "abc"
     monkeypatch.delenv("FAKECHAN_TOKEN")
-    with pytest.raises(ConfigError, match="FAKECHAN_TOKEN"):
+    with pytest.raises(AppLoadError, match="--provider 'fakechan': FAKECHAN_TOKEN: not set"):
         load_provider("fakechan")
+    with pytest.raises(AppLoadError, match="BOTMESH_PROVIDER 'fakechan': FAKECHAN_TOKEN"):
+        load_provider("fakechan", "BOTMESH_PROVIDER")
 
 
 def test_worker_provider_keeps_its_other_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(load_provider("mock"), MockProvider)
     assert isinstance(load_provider("providers.mock:MockProvider"), MockProvider)
-    with pytest.raises(ConfigError, match="no sending adapter"):
+    with pytest.raises(AppLoadError, match=r"--provider 'slack': provider: .*no sending adapter"):
         load_provider("slack")
     for name in ("TELEGRAM_BOT_TOKEN", "TELEGRAM_API_URL"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ConfigError):  # the module missing, or its token: both say so
+    # the module not there yet, or there without its token: either way an error naming it
+    with pytest.raises(AppLoadError, match=r"--provider 'telegram': .*TELEGRAM|telegram"):
         load_provider("telegram")
     with pytest.raises(AppLoadError, match="a channel"):
         load_provider("icq")
