@@ -382,7 +382,7 @@ class Gateway:
                 raise
             except Exception as exc:
                 self._reason = (
-                    f"cannot reach Kafka at {self.config.bootstrap} ({_what(exc)}); "
+                    f"not connected to Kafka at {self.config.bootstrap} ({_what(exc)}); "
                     f"retrying in {delay:.1f} s"
                 )
                 log.warning("gateway: %s", self._reason)
