@@ -19,6 +19,9 @@
                                                           reset the worker group's offsets
     botmesh status [--no-journal] [--json]                group, lag, journal, dead letters
     botmesh metrics [--json]                              the workers' counters
+    botmesh gateway --channel NAME [--channel NAME ...] [--host H] [--port N]
+                    [--public-url URL] [--bootstrap H:P] [--prefix P]
+                                                          the channels' webhooks → inbound
 
 Exit statuses (``botmesh._exit``): 0 ok, 1 refused (a precondition, e.g. live members), 2 a
 usage error, 3 the broker unreachable.
@@ -31,12 +34,19 @@ answered from the outbox after a restart, not twice; ``--journal memory://`` kee
 ``--journal none`` runs without a journal.
 
 The worker loads a bot *definition* (``--app``) and supplies what it runs on: the provider
-(``--provider`` / ``BOTMESH_PROVIDER``, default ``console``), the journal (``--journal`` /
+(``--provider`` / ``BOTMESH_PROVIDER``, default ``console``; a channel name such as
+``telegram`` builds that channel's adapter from its environment variables,
+``providers.channels``), the journal (``--journal`` /
 ``BOTMESH_JOURNAL``, default ``file://<data dir>/journal?append_log=true``; never none and
 never ``memory://``) and the instance id (``--instance-id`` / ``BOTMESH_INSTANCE_ID``).
 Options default to the environment: ``KAFKA_BOOTSTRAP_SERVERS`` (``127.0.0.1:9092``),
 ``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``, ``BOTMESH_WEB_PORT`` (see
 ``streams.config``). Kafka code is imported only by the commands that need it.
+
+``gateway`` (``botmesh._gateway``) serves ``GET|POST /<channel>`` for each ``--channel`` (or
+``BOTMESH_GATEWAY_CHANNELS=telegram,whatsapp``), verifies each webhook with the channel's
+secret (from the environment only: a missing one exits 2 naming the variable) and produces
+its records to ``<prefix>.inbound``, answering the channel once the broker acked them.
 
 ``send`` produces one send request on ``<prefix>.requests`` (acks=all; the worker that owns
 the chat journals and delivers it in order with the chat's other sends) and prints the
@@ -128,8 +138,18 @@ def load_app(spec: str) -> BotDefinition:
 
 def load_provider(spec: str, option: str = "--provider") -> Provider:
     """The provider ``spec`` names: ``console`` (``BOTMESH_CONSOLE_QUIET=1``: count, do not
-    print), ``mock``, or ``module:attribute`` naming a provider or a zero-argument factory."""
+    print), ``mock``, a channel of ``providers.channels`` (``telegram``, ``whatsapp``…, built
+    from the environment by ``provider_from_env``), or ``module:attribute`` naming a provider
+    or a zero-argument factory."""
+    from providers.channels import CHANNELS, provider_from_env
+    from state.errors import ConfigError
+
     name = spec.strip()
+    if name.lower() in CHANNELS:
+        try:
+            return provider_from_env(name, os.environ)
+        except ConfigError as exc:  # names the variable (or the missing adapter) and the fix
+            raise AppLoadError(f"{option} {spec!r}: {exc}") from None
     if name == "console":
         from providers.console import ConsoleProvider
 
@@ -141,8 +161,9 @@ def load_provider(spec: str, option: str = "--provider") -> Provider:
         return MockProvider()
     if ":" not in name:
         raise AppLoadError(
-            f"{option} {spec!r}: expected one of {', '.join(BUILTIN_PROVIDERS)} or "
-            "'module:attribute' naming a provider instance or a zero-argument factory"
+            f"{option} {spec!r}: expected one of {', '.join(BUILTIN_PROVIDERS)}, a channel "
+            f"({', '.join(sorted(CHANNELS))}), or 'module:attribute' naming a provider "
+            "instance or a zero-argument factory"
         )
     module, attr, obj = _import(name, option, "mychannel:provider")
     where = f"{module.__name__}.{attr}"
@@ -202,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--app", required=True, help="the bot definition, as module:attribute")
     w.add_argument(
         "--provider",
-        help="console (default), mock, or module:attribute naming a provider or a "
+        help="console (default), mock, a channel name (telegram, whatsapp, …: its adapter, "
+        "configured from the environment), or module:attribute naming a provider or a "
         "zero-argument factory (env BOTMESH_PROVIDER)",
     )
     w.add_argument(
@@ -276,7 +298,46 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--limit", type=int, help="stop after N receipts")
     r.add_argument("--idle", type=float, help="stop after SECONDS without a receipt")
     _operator_commands(sub)
+    _gateway_command(sub)
     return parser
+
+
+def _gateway_command(sub: Any) -> None:
+    g = sub.add_parser(
+        "gateway",
+        help="receive the channels' webhooks and produce them to <prefix>.inbound",
+        description="An HTTP server: GET|POST /<channel> for each channel, /healthz, /readyz, "
+        "/metrics. Each webhook is verified with the channel's secret (environment "
+        "variables only) and answered once the broker acked its records.",
+    )
+    g.add_argument(
+        "--channel",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a channel to serve at /NAME (repeatable, or comma-separated; env "
+        "BOTMESH_GATEWAY_CHANNELS)",
+    )
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    g.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
+    g.add_argument(
+        "--public-url",
+        help="the URL the channels call, without the channel path (e.g. "
+        "https://hooks.example.com); Twilio signs it (env BOTMESH_GATEWAY_PUBLIC_URL)",
+    )
+    _common(g)
+    g.add_argument("--max-body", type=int, help="largest body in bytes (default 1 MiB; 413)")
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        help="seconds a webhook may take, broker ack included (default 10; then 503)",
+    )
+    g.add_argument(
+        "--seen-max",
+        type=int,
+        help="produced event ids remembered to drop retried webhooks (default 200000)",
+    )
+    g.add_argument("--loglevel", default="info", help="log level (default info)")
 
 
 def _operator(p: argparse.ArgumentParser) -> None:
@@ -548,6 +609,47 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return run[args.command](args, _bootstrap(args), _catalog(args))
 
 
+def _replication_env() -> int:
+    raw = os.environ.get("BOTMESH_REPLICATION", "").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"BOTMESH_REPLICATION={raw!r}: must be a whole number >= 1")
+    return int(raw)
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    import logging
+
+    from botmesh import _gateway
+    from providers.channels import CHANNELS, webhook_from_env
+
+    raw = args.channel or [os.environ.get("BOTMESH_GATEWAY_CHANNELS", "")]
+    names = [n.strip().lower() for item in raw for n in item.split(",") if n.strip()]
+    if not names:
+        raise ValueError(
+            "name the channels to serve: --channel NAME (repeatable) or "
+            f"BOTMESH_GATEWAY_CHANNELS=a,b; known: {', '.join(sorted(CHANNELS))}"
+        )
+    webhooks = {name: webhook_from_env(name, os.environ) for name in dict.fromkeys(names)}
+    public_url = args.public_url or os.environ.get("BOTMESH_GATEWAY_PUBLIC_URL", "").strip()
+    config = _gateway.GatewayConfig(
+        bootstrap=_bootstrap(args),
+        prefix=_catalog(args).prefix,
+        public_url=public_url or None,
+        max_body=args.max_body if args.max_body is not None else _gateway.DEFAULT_MAX_BODY,
+        request_timeout=args.request_timeout
+        if args.request_timeout is not None
+        else _gateway.DEFAULT_REQUEST_TIMEOUT,
+        seen_max=args.seen_max if args.seen_max is not None else _gateway.DEFAULT_SEEN_MAX,
+        replication=_replication_env(),
+    )
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: must be 0-65535")
+    logging.basicConfig(
+        level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return _gateway.run_gateway(_gateway.Gateway(webhooks, config), args.host, args.port)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
@@ -561,6 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay": _cmd_operator,
         "status": _cmd_operator,
         "metrics": _cmd_operator,
+        "gateway": _cmd_gateway,
     }
     try:
         return commands[args.command](args)

@@ -29,6 +29,13 @@ topic                                     cleanup     purpose
                                                       keyed by its instance id (every
                                                       ``BOTMESH_METRICS_INTERVAL`` s and
                                                       at a clean stop; ``botmesh metrics``)
+``<prefix>.gateway.seen``                 compact,    the webhook gateway's produced events
+                                          delete 7d   (``<channel>:<event id>``), so a
+                                                      webhook the channel retries is
+                                                      produced once; 1 partition; created
+                                                      by ``botmesh gateway``
+                                                      (:meth:`Catalog.gateway_specs`), not
+                                                      by ``specs()``
 ========================================  ==========  =================================
 
 The prefix comes from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``). The worker's consumer
@@ -69,7 +76,16 @@ _DAY_MS = 24 * 3600 * 1000
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 Role = Literal[
-    "inbound", "requests", "control", "results", "sent", "retry", "dlq", "changelog", "metrics"
+    "inbound",
+    "requests",
+    "control",
+    "results",
+    "sent",
+    "retry",
+    "dlq",
+    "changelog",
+    "metrics",
+    "seen",
 ]
 
 
@@ -158,6 +174,35 @@ class Catalog:
     def metrics(self) -> str:
         """The workers' counters (compacted, keyed by instance id; ``botmesh metrics``)."""
         return f"{self.prefix}.metrics"
+
+    @property
+    def gateway_seen(self) -> str:
+        """The webhook gateway's record of the events it produced (compacted, keyed by
+        ``<channel>:<event id>``)."""
+        return f"{self.prefix}.gateway.seen"
+
+    def gateway_specs(self, replication: int = 1) -> list[TopicSpec]:
+        """The topics the webhook gateway creates (``botmesh gateway``): its seen topic, one
+        partition (every replica reads all of it), compacted and deleted after the
+        inbound's retention (7 d): past that, a retried webhook is no longer recognised."""
+        if replication < 1:
+            raise ValueError(f"replication must be >= 1, got {replication}")
+        return [
+            TopicSpec(
+                self.gateway_seen,
+                "seen",
+                1,
+                replication,
+                {
+                    "cleanup.policy": "compact,delete",
+                    "retention.ms": str(7 * _DAY_MS),
+                    "segment.ms": str(3600 * 1000),
+                    "min.cleanable.dirty.ratio": "0.1",
+                    "min.insync.replicas": "2" if replication >= 3 else "1",
+                },
+                "events the webhook gateway produced to the inbound, keyed by channel:id",
+            )
+        ]
 
     @property
     def app_id(self) -> str:

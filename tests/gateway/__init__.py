@@ -1,0 +1,1 @@
+"""The webhook gateway (``botmesh gateway``), the channel registry and the Slack webhook."""
