@@ -48,7 +48,8 @@ def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> Non
 @pytest.mark.parametrize(
     ("args", "env", "words"),
     [
-        (["--provider", "telegram"], {}, "--provider 'telegram': expected one of console, mock"),
+        (["--provider", "icq"], {}, "--provider 'icq': expected one of console, mock, a channel"),
+        (["--provider", "telegram"], {}, "--provider 'telegram': TELEGRAM_BOT_TOKEN: not set"),
         (["--provider", "examples.echo_bot:bot"], {}, "gave a Bot, not a provider"),
         (["--provider", "examples.nope:p"], {}, "cannot import module 'examples.nope'"),
         (["--provider", "tests.kafka.bot:provider"], {}, "set BOTMESH_TEST_SENDS"),
