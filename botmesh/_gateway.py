@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import signal
@@ -62,7 +61,6 @@ from urllib.parse import parse_qsl
 
 import msgspec
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from providers.webhooks import (
     BadSignature,
@@ -72,7 +70,7 @@ from providers.webhooks import (
     WebhookRequest,
 )
 from state.messages import Inbound
-from streams.provision import ensure_topics, existing_topics
+from streams.gateway import GatewayKafka, KafkaUnavailable
 from topics.catalog import Catalog
 from topics.records import chat_key, encode_inbound
 
@@ -171,168 +169,6 @@ class SeenSet:
             self._at.popitem(last=False)
 
 
-class _Unavailable(Exception):
-    """Kafka cannot take the records now: the webhook is answered 503."""
-
-
-def _seen_key(channel: str, event_id: str) -> bytes:
-    return f"{channel}:{event_id}".encode()
-
-
-class _Kafka:
-    """The gateway's Kafka side: the idempotent producer, the seen topic and its tail."""
-
-    def __init__(self, config: GatewayConfig, on_seen: Callable[[str, str, float], None]) -> None:
-        self.config = config
-        self.catalog = Catalog(config.prefix)
-        self._on_seen = on_seen
-        self.producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._tail: asyncio.Task[None] | None = None
-        self.inbound_exists = False
-
-    async def connect(self) -> None:
-        """Start the producer, create the seen topic, read it to its end, start the tail.
-        Raises on any failure (having closed what it opened)."""
-        try:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.config.bootstrap,
-                acks="all",
-                enable_idempotence=True,
-                request_timeout_ms=int(max(self.config.request_timeout, 5.0) * 1000),
-                client_id="botmesh-gateway",
-            )
-            self.producer = producer
-            await producer.start()
-            topics = await asyncio.to_thread(self._provision)
-            self.inbound_exists = self.catalog.inbound in topics
-            await self._known(self.catalog.gateway_seen)
-            await self._load(topics.get(self.catalog.gateway_seen, 1))
-        except BaseException:
-            await self.close()
-            raise
-        self._tail = asyncio.create_task(self._follow(), name="gateway-seen-tail")
-
-    async def _known(self, topic: str, within: float = 15.0) -> None:
-        """Wait until the broker's metadata has ``topic`` with its leaders (a topic just
-        created takes a moment to show)."""
-        assert self.producer is not None
-        async with asyncio.timeout(within):
-            while True:
-                metadata = await self.producer.client.fetch_all_metadata()
-                parts = metadata.partitions_for_topic(topic)
-                if parts and all(
-                    metadata.leader_for_partition(TopicPartition(topic, p)) not in (None, -1)
-                    for p in parts
-                ):
-                    return
-                await asyncio.sleep(0.1)
-
-    def _provision(self) -> dict[str, int]:
-        specs = self.catalog.gateway_specs(self.config.replication)
-        ensure_topics(self.config.bootstrap, specs, timeout=10.0)
-        return existing_topics(self.config.bootstrap, timeout=10.0)
-
-    async def _load(self, partitions: int) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.config.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            client_id="botmesh-gateway-seen",
-        )
-        self._consumer = consumer
-        await consumer.start()
-        tps = [TopicPartition(self.catalog.gateway_seen, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        loaded = 0
-        while any([await consumer.position(tp) < end[tp] for tp in tps]):
-            batch = await consumer.getmany(*tps, timeout_ms=500)
-            for records in batch.values():
-                for r in records:
-                    loaded += self._record(r.key, r.value, r.timestamp)
-        log.info("gateway: %d produced events loaded from %s", loaded, self.catalog.gateway_seen)
-
-    def _record(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> int:
-        if not key or value is None:
-            return 0
-        channel, sep, event_id = key.decode("utf-8", "replace").partition(":")
-        if not sep:
-            return 0
-        self._on_seen(channel, event_id, timestamp_ms / 1000.0)
-        return 1
-
-    async def _follow(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        while True:
-            try:
-                batch = await consumer.getmany(timeout_ms=1000)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the broker away: aiokafka reconnects on the next call
-                log.warning("gateway: reading %s failed: %s", self.catalog.gateway_seen, exc)
-                await asyncio.sleep(1.0)
-                continue
-            for records in batch.values():
-                for r in records:
-                    self._record(r.key, r.value, r.timestamp)
-
-    async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
-        """Enqueue one record; the result resolves when the broker acked it."""
-        if self.producer is None:
-            raise _Unavailable("the producer is not started")
-        fut: Awaitable[Any] = await self.producer.send(topic, value, key=key)
-        return fut
-
-    async def write_seen(self, channel: str, event_id: str, where: Any) -> None:
-        value = json.dumps(
-            {"v": 1, "topic": where.topic, "partition": where.partition, "offset": where.offset}
-        ).encode()
-        try:
-            ack = await self.send(self.catalog.gateway_seen, _seen_key(channel, event_id), value)
-            await ack
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning(
-                "gateway: %s event %r produced but not recorded in %s (%s: %s); a retry of it "
-                "would be produced again, and the worker's inbox dedupes it",
-                channel,
-                event_id,
-                self.catalog.gateway_seen,
-                type(exc).__name__,
-                exc,
-            )
-
-    async def topics(self) -> set[str]:
-        """The topic names the cluster has now (a metadata request, no auto-creation)."""
-        if self.producer is None:
-            raise _Unavailable("the producer is not started")
-        metadata = await self.producer.client.fetch_all_metadata()
-        names: set[str] = set(metadata.topics())
-        self.inbound_exists = self.catalog.inbound in names
-        return names
-
-    async def close(self) -> None:
-        """Flush and stop (idempotent)."""
-        if self._tail is not None:
-            self._tail.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tail
-            self._tail = None
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await consumer.stop()
-        producer, self.producer = self.producer, None
-        if producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.flush(), self.config.request_timeout)
-            await producer.stop()
-
-
 class Gateway:
     """The webhook gateway for ``webhooks`` (channel name → its ``ChannelWebhook``)."""
 
@@ -359,7 +195,13 @@ class Gateway:
         self.counts: dict[str, dict[str, int]] = {
             name: dict.fromkeys(COUNTERS, 0) for name in self.webhooks
         }
-        self._kafka = _Kafka(config, self._remember)
+        self._kafka = GatewayKafka(
+            config.bootstrap,
+            config.prefix,
+            request_timeout=config.request_timeout,
+            replication=config.replication,
+            on_seen=self._remember,
+        )
         self._connected = False
         self._reason = "connecting to Kafka"
         self._connector: asyncio.Task[None] | None = None
@@ -497,7 +339,7 @@ class Gateway:
         try:
             async with asyncio.timeout_at(deadline):
                 await self._produce(name, outcome)
-        except (TimeoutError, _Unavailable) as exc:
+        except (TimeoutError, KafkaUnavailable) as exc:
             counts["produce_failed"] += 1
             why = str(exc) or f"no ack within {self.config.request_timeout:g} s"
             log.warning("gateway %s: not produced, answered 503: %s", name, why)
@@ -570,11 +412,11 @@ class Gateway:
     async def _produce(self, name: str, records: list[Inbound]) -> None:
         """Produce the records not produced before; return once every one is acked."""
         if not self._connected:
-            raise _Unavailable(f"not connected: {self._reason}")
+            raise KafkaUnavailable(f"not connected: {self._reason}")
         if not self._kafka.inbound_exists:
             reason = await self.not_ready()
             if reason:
-                raise _Unavailable(reason)
+                raise KafkaUnavailable(reason)
         counts = self.counts[name]
         waits: list[tuple[asyncio.Task[None], bool]] = []
         for rec in records:
@@ -603,7 +445,7 @@ class Gateway:
                     await self._kafka.send(self.catalog.inbound, chat_key(rec.chat_id), value)
                 )
             except BaseException as exc:
-                failure = exc if isinstance(exc, _Unavailable) else _Unavailable(_what(exc))
+                failure = exc if isinstance(exc, KafkaUnavailable) else KafkaUnavailable(_what(exc))
                 if not enqueued.done():
                     enqueued.set_exception(failure)
                 if isinstance(exc, Exception):
@@ -616,7 +458,7 @@ class Gateway:
         )
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            raise _Unavailable(f"{len(failed)} of {len(waits)} not acked: {failed[0]!r}")
+            raise KafkaUnavailable(f"{len(failed)} of {len(waits)} not acked: {failed[0]!r}")
         counts["duplicates"] += sum(1 for _, mine in waits if not mine)
 
     async def _settle(

@@ -246,6 +246,13 @@ def test_no_kafka_in_the_source(package: str) -> None:
     assert bad == [], f"{package} never imports Kafka clients:\n" + "\n".join(bad)
 
 
+def test_only_streams_imports_kafka_clients_itself() -> None:
+    """``botmesh`` reaches Kafka through ``streams`` only (DESIGN: streams/ is the one Kafka
+    importer), so a client's quirks and workarounds live in one package."""
+    bad = [str(i) for i in all_imports() if i.top in KAFKA and not i.file.startswith("streams/")]
+    assert bad == [], "import Kafka clients in streams/ only:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize(("module", "banned"), LAZY.items())
 def test_lazy_in_the_source(module: str, banned: frozenset[str]) -> None:
     closure = import_time_closure(module)
