@@ -25,7 +25,7 @@ topic                                     cleanup     purpose
 ``<prefix>.worker-journal-changelog``     compact     the worker's journal (a Faust table:
                                                       inbox, outbox and lease records);
                                                       partitions = inbound's
-``<prefix>.metrics``                      compact     each worker's 13 engine counters,
+``<prefix>.metrics``                      compact     each worker's engine counters,
                                                       keyed by its instance id (every
                                                       ``BOTMESH_METRICS_INTERVAL`` s and
                                                       at a clean stop; ``botmesh metrics``)
