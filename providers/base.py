@@ -11,13 +11,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from providers.http import HttpChannel
 from providers.media_refs import MediaRefRules, media_rules
-from state.errors import ProviderError
+from state.errors import ConfigError, ProviderError
 from state.messages import Media, Outbound, SendResult
 
-__all__ = ["ChannelProvider"]
+__all__ = ["LOOPBACK", "ChannelProvider", "check_api_url"]
+
+#: The hosts of a local API (a fake, in tests).
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_api_url(url: str, field: str, default: str) -> str:
+    """``url`` without its trailing ``/`` when it may carry a credential: https, or http on
+    the loopback (a local fake); else a ``ConfigError`` on ``field``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ConfigError(field, f"{url!r} is not an http(s) URL; unset it to use {default}")
+    if parts.scheme == "http" and parts.hostname not in LOOPBACK:
+        raise ConfigError(
+            field,
+            f"{url!r} is plain http to a remote host: the credentials would travel in clear; "
+            "use https (http is only accepted on 127.0.0.1)",
+        )
+    return url.rstrip("/")
 
 
 class ChannelProvider(HttpChannel):
@@ -69,14 +88,36 @@ class ChannelProvider(HttpChannel):
     def media_env(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
         """The media settings of a channel's environment, as constructor keywords:
         ``<PREFIX>_MEDIA_REF_HOSTS`` (comma-separated; replaces the channel's media hosts)
-        and ``<PREFIX>_ALLOW_PRIVATE_MEDIA=1`` (local fakes and tests only)."""
+        and ``<PREFIX>_ALLOW_PRIVATE_MEDIA`` (``1`` or ``0``; local fakes and tests only:
+        ``api_env`` honours it only with a local API URL)."""
         out: dict[str, Any] = {}
         hosts = env.get(f"{prefix}_MEDIA_REF_HOSTS", "").strip()
         if hosts:
             out["media_ref_hosts"] = tuple(h.strip() for h in hosts.split(",") if h.strip())
-        if env.get(f"{prefix}_ALLOW_PRIVATE_MEDIA", "").strip() not in ("", "0"):
+        flag = env.get(f"{prefix}_ALLOW_PRIVATE_MEDIA", "").strip()
+        if flag not in ("", "0", "1"):
+            raise ConfigError(f"{prefix}_ALLOW_PRIVATE_MEDIA", f"{flag!r} is not 1 or 0")
+        if flag == "1":
             out["allow_private_media"] = True
         return out
+
+    @classmethod
+    def api_env(
+        cls, env: Mapping[str, str], prefix: str, default: str
+    ) -> tuple[str, dict[str, Any]]:
+        """A channel's API URL (``<PREFIX>_API_URL``, else ``default``) and its media
+        settings (``media_env``). The URL must be https, or http on the loopback (a local
+        fake: a credential never travels in clear); ``<PREFIX>_ALLOW_PRIVATE_MEDIA=1`` is
+        honoured only with such a local URL."""
+        field = f"{prefix}_API_URL"
+        url = check_api_url(env.get(field, "").strip() or default, field, default)
+        media = cls.media_env(env, prefix)
+        if media.get("allow_private_media") and urlsplit(url).hostname not in LOOPBACK:
+            raise ConfigError(
+                f"{prefix}_ALLOW_PRIVATE_MEDIA",
+                f"is only honoured with a local {field} (http://127.0.0.1…), for tests; unset it",
+            )
+        return url, media
 
     def serialize_media_ref(self, media: Media) -> dict[str, Any] | None:
         return self._rules().serialize(media)

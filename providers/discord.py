@@ -56,13 +56,12 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import aiohttp
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from providers.base import ChannelProvider
+from providers.base import ChannelProvider, check_api_url
 from providers.http import HttpAnswer, retry_after_of, status_error
 from providers.webhooks import BadSignature, MalformedWebhook, WebhookReply, WebhookRequest
 from state.errors import (
@@ -93,7 +92,6 @@ USER_AGENT = "DiscordBot (https://github.com/botmesh/botmesh, 0.1)"
 DISCORD_EPOCH_MS = 1420070400000
 
 _SNOWFLAKE = re.compile(r"^\d{1,20}$")
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _UNREACHABLE = {50007, 10003, 50001, 50013}
 
 
@@ -102,19 +100,6 @@ def nonce_of(key: str) -> str:
     the same on every attempt and every process."""
     digest = hashlib.sha256(key.encode()).digest()
     return base64.b32encode(digest).decode().rstrip("=").lower()[:25]
-
-
-def _check_api_url(url: str, field: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(field, f"{url!r} is not an http(s) URL; use {API_URL}")
-    if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
-        raise ConfigError(
-            field,
-            f"{url!r} is plain http to a remote host: the bot token would travel in clear; "
-            "use https (http is only accepted on 127.0.0.1)",
-        )
-    return url.rstrip("/")
 
 
 def _form_errors(tree: Any, path: str = "") -> Iterator[tuple[str, str, str]]:
@@ -159,7 +144,7 @@ class DiscordProvider(ChannelProvider):
                 f"must be in (0, {NONCE_WINDOW_MAX:.0f}] seconds, got {nonce_window}: Discord "
                 "only deduplicates a nonce for a few minutes, so a later resend could duplicate",
             )
-        self.base_url = _check_api_url(base_url, "base_url")
+        self.base_url = check_api_url(base_url, "base_url", API_URL)
         self.nonce_window = nonce_window
         super().__init__(
             timeout=timeout,
@@ -184,14 +169,7 @@ class DiscordProvider(ChannelProvider):
             )
         if token.startswith("Bot "):
             raise ConfigError("DISCORD_BOT_TOKEN", "give the token without the 'Bot ' prefix")
-        base = _check_api_url(env.get("DISCORD_API_URL") or API_URL, "DISCORD_API_URL")
-        private = env.get("DISCORD_ALLOW_PRIVATE_MEDIA", "") not in ("", "0")
-        if private and urlsplit(base).hostname not in _LOOPBACK:
-            raise ConfigError(
-                "DISCORD_ALLOW_PRIVATE_MEDIA",
-                "only honoured when DISCORD_API_URL is on 127.0.0.1 (a local fake); unset it",
-            )
-        media = cls.media_env(env, "DISCORD")
+        base, media = cls.api_env(env, "DISCORD", API_URL)
         return cls(token, base_url=base, **media)
 
     # -- send -----------------------------------------------------------------------------

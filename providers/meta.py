@@ -344,22 +344,8 @@ def env_api(env: Mapping[str, str], prefix: str) -> dict[str, Any]:
     ``ChannelProvider.media_env`` (``<PREFIX>_MEDIA_REF_HOSTS``,
     ``<PREFIX>_ALLOW_PRIVATE_MEDIA``), the latter only with a local ``http://127.0.0.1`` API
     URL (a fake, in tests)."""
-    url = env.get(f"{prefix}_API_URL", "").strip() or GRAPH_URL
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"{prefix}_API_URL", f"{url!r} is not an http(s) URL; unset it to use {GRAPH_URL}"
-        )
-    flag = env.get(f"{prefix}_ALLOW_PRIVATE_MEDIA", "").strip()
-    if flag not in ("", "0", "1"):
-        raise ConfigError(f"{prefix}_ALLOW_PRIVATE_MEDIA", f"{flag!r} is not 1 or 0")
-    if flag == "1" and not url.startswith(("http://127.0.0.1:", "http://127.0.0.1/")):
-        raise ConfigError(
-            f"{prefix}_ALLOW_PRIVATE_MEDIA",
-            f"is only honoured with a local {prefix}_API_URL (http://127.0.0.1…), for tests; "
-            "unset it",
-        )
-    return {"api_url": url, **ChannelProvider.media_env(env, prefix)}
+    url, media = ChannelProvider.api_env(env, prefix, GRAPH_URL)
+    return {"api_url": url, **media}
 
 
 # -- the webhook side -------------------------------------------------------------------------

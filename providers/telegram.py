@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from providers.base import ChannelProvider
+from providers.base import ChannelProvider, check_api_url
 from providers.http import HttpAnswer, retry_after_of, status_error
 from providers.webhooks import (
     BadSignature,
@@ -81,7 +81,6 @@ TEXT_LIMIT = 4096
 CAPTION_LIMIT = 1024
 _TOKEN = re.compile(r"^\d+:[A-Za-z0-9_-]+$")
 _SECRET_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 _UNREACHABLE = (
     "bot was blocked by the user",
@@ -117,19 +116,6 @@ def _media_method(mime: str | None) -> tuple[str, str]:
     return "sendDocument", "document"
 
 
-def _check_api_url(url: str, field: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ConfigError(field, f"{url!r} is not an http(s) URL; use https://api.telegram.org")
-    if parts.scheme == "http" and parts.hostname not in _LOOPBACK:
-        raise ConfigError(
-            field,
-            f"{url!r} is plain http to a remote host: the bot token would travel in clear; "
-            "use https (http is only accepted on 127.0.0.1)",
-        )
-    return url.rstrip("/")
-
-
 class TelegramProvider(ChannelProvider):
     """Sends through the Telegram Bot API with the bot token from @BotFather."""
 
@@ -152,7 +138,7 @@ class TelegramProvider(ChannelProvider):
                 "not a Telegram bot token (<bot id>:<secret>, as @BotFather gives it); "
                 "check TELEGRAM_BOT_TOKEN",
             )
-        self.base_url = _check_api_url(base_url, "base_url")
+        self.base_url = check_api_url(base_url, "base_url", API_URL)
         # The whole token and its secret half: either shown anywhere becomes ***.
         super().__init__(
             timeout=timeout,
@@ -180,14 +166,7 @@ class TelegramProvider(ChannelProvider):
                 "TELEGRAM_BOT_TOKEN",
                 "not a bot token (<bot id>:<secret>, as @BotFather gives it); copy it again",
             )
-        base = _check_api_url(env.get("TELEGRAM_API_URL") or API_URL, "TELEGRAM_API_URL")
-        private = env.get("TELEGRAM_ALLOW_PRIVATE_MEDIA", "") not in ("", "0")
-        if private and urlsplit(base).hostname not in _LOOPBACK:
-            raise ConfigError(
-                "TELEGRAM_ALLOW_PRIVATE_MEDIA",
-                "only honoured when TELEGRAM_API_URL is on 127.0.0.1 (a local fake); unset it",
-            )
-        media = cls.media_env(env, "TELEGRAM")
+        base, media = cls.api_env(env, "TELEGRAM", API_URL)
         return cls(token, base_url=base, **media)
 
     # -- calls ----------------------------------------------------------------------------

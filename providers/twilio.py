@@ -182,19 +182,13 @@ class TwilioProvider(ChannelProvider):
                     var, "is not set; copy it from the Twilio console (Account Info / numbers)"
                 )
             values[var] = value
-        base_url = env.get("TWILIO_API_URL", "").strip() or DEFAULT_BASE_URL
-        private = env.get("TWILIO_ALLOW_PRIVATE_MEDIA", "").strip() in ("1", "true", "yes")
-        if private and not base_url.startswith("http://127.0.0.1"):
-            raise ConfigError(
-                "TWILIO_ALLOW_PRIVATE_MEDIA",
-                "is only allowed with TWILIO_API_URL=http://127.0.0.1:… (a local fake)",
-            )
+        base_url, media = cls.api_env(env, "TWILIO", DEFAULT_BASE_URL)
         return cls(
             values["TWILIO_ACCOUNT_SID"],
             values["TWILIO_AUTH_TOKEN"],
             values["TWILIO_FROM"],
             base_url=base_url,
-            **{**cls.media_env(env, "TWILIO"), "allow_private_media": private},
+            **media,
         )
 
     # -- sending --------------------------------------------------------------------------

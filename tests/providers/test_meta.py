@@ -80,12 +80,17 @@ def test_env_api() -> None:
     ].startswith("http://127.0.0.1")
     with pytest.raises(ConfigError, match="not 1 or 0"):
         env_api({**local, "MESSENGER_ALLOW_PRIVATE_MEDIA": "false"}, "MESSENGER")
-    with pytest.raises(ConfigError, match="only honoured with a local"):
+    with pytest.raises(ConfigError, match="plain http to a remote host"):
         env_api(
             {
                 "MESSENGER_API_URL": "http://127.0.0.1.evil.com/",
                 "MESSENGER_ALLOW_PRIVATE_MEDIA": "1",
             },
+            "MESSENGER",
+        )
+    with pytest.raises(ConfigError, match="only honoured with a local"):
+        env_api(
+            {"MESSENGER_API_URL": "https://graph.example", "MESSENGER_ALLOW_PRIVATE_MEDIA": "1"},
             "MESSENGER",
         )
 
