@@ -192,7 +192,7 @@ class Inbox:
             and source is not None
             and entry.value.get("source") == source
         ):
-            return await self._rerun(message)
+            return await self._rerun(message, entry)
         if (
             entry is not None
             and state == InboxState.DEAD
@@ -220,12 +220,19 @@ class Inbox:
         log.info("inbound %s redriven from %s (it was dead)", value["id"], source)
         return await self.replay(Entry(entry.key, value, version, due=now), now)
 
-    async def _rerun(self, message: Inbound) -> Outcome:
+    async def _rerun(self, message: Inbound, entry: Entry) -> Outcome:
         """A done message delivered again by its transport from where it was journaled:
         its handlers run again; the record stays done (its sends are answered from the
-        outbox, so nothing is written unless a handler took another path)."""
+        outbox, so nothing is written unless a handler took another path). They get the
+        input of the run that completed the record: the journaled message when that run
+        was a replay (its media rebuilt from the reference), so they take the same path."""
         e = self._e
         e.metrics.inbound_replayed += 1
+        if entry.value.get("replayed"):
+            try:
+                message = rehydrated(decode_inbound(entry.value["message"]), e.provider)
+            except Exception as exc:  # as the replay that completed it would have failed
+                log.warning("inbound %s: journaled message unreadable: %s", message.id, exc)
         await e.hooks.dispatch(message)
         return Outcome.REPLAYED
 
@@ -278,7 +285,8 @@ class Inbox:
             await self._dead(entry, error)
             return Outcome.DEAD
         claimed = e.leases.claimed(value, now, self._lease)
-        claimed.update(attempts=attempts + 1, state=InboxState.PENDING)
+        # replayed: the run that completes it gets the journaled message (see _rerun)
+        claimed.update(attempts=attempts + 1, state=InboxState.PENDING, replayed=True)
         try:
             [version] = await e.kv.commit(
                 [handover(entry.key, claimed, expect=entry.version, due=now + self._lease)],

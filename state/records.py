@@ -3,13 +3,17 @@
 An inbox record (key ``<scope>/in/<id>``)::
 
     {"id", "state": InboxState, "attempts", "token", "lease", "message", "error",
-     "created", "updated"}
+     "created", "updated", "source", "failed_first", "published", "replayed"}
+
+(``replayed``: a replay from the journal ran it, not a delivery; a later rerun gets the
+journaled message too. ``message.media`` is the channel's durable reference:
+``state.media``.)
 
 An outbox record (key ``<scope>/out/<key>``)::
 
     {"key", "state": OutboxState, "attempts", "token", "lease", "inflight", "payload",
      "fp", "part", "parts", "previous_part", "after", "inbound_id", "message_id", "error",
-     "created", "updated", "ambiguous", "published"}
+     "created", "updated", "ambiguous", "published", "resolved", "retry_at", "failed_first"}
 
 Records are sparse: a field at its default (``None``, ``False``, part 1 of 1) is left out,
 and readers use ``.get`` with the default; ``revise(value, now, field=None)`` removes a

@@ -220,3 +220,25 @@ async def test_a_provider_without_the_methods_journals_the_token_as_it_is() -> N
 
 def _put(entry: Any, value: dict[str, Any]) -> Any:
     return handover(entry.key, value, expect=entry.version, due=entry.due)
+
+
+async def test_a_redelivery_after_a_replay_runs_on_the_same_input() -> None:
+    """Killed before replying; the replay (media from the journal, no longer downloadable)
+    answers; then the transport delivers the record again (its offset was never committed):
+    the handlers rerun on the journaled message, as the replay did, so they answer the same
+    and nothing is sent twice. On the live message (its bytes inline) they would answer
+    otherwise, and that other reply would go out too."""
+    shared, clock, channel = MemoryKv(), ManualClock(), RefChannel()
+    a = crashable(shared)
+    a.crash_before(Write.OUTBOX_JOURNAL)
+    first = await make_app(channel, kv=a, clock=clock, bot=_bot(Seen(), throw=True))
+    live = Inbound(id="m1", chat_id="c", media=PHOTO)
+    with pytest.raises(SimulatedCrash):
+        await first.runtime.handle(live, source="inbound:0:7")
+    assert channel.sent == []
+    seen = Seen()
+    again = await make_app(channel, kv=shared, clock=clock, bot=_bot(seen, throw=True))
+    assert seen.errors == ["rehydrate-failed"]  # f1 is not in the channel's store
+    await again.runtime.handle(live, source="inbound:0:7")  # delivered again
+    assert seen.errors == ["rehydrate-failed", "rehydrate-failed"] and seen.loaded == []
+    assert [m.text for m in channel.sent] == ["Please send the image again."]
