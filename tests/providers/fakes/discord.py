@@ -17,10 +17,15 @@ Nonces: a message with ``enforce_nonce: true`` whose nonce was used by the same 
 again). ``lose_next_answer()`` accepts the next message and drops the connection before the
 answer (a send that went out but whose answer was lost); ``drop_next_request()`` drops the
 connection before the message is made (a send that never went out).
+
+Inbound attachments: ``add_attachment(channel, data, content_type, filename)`` stores a file a user
+attached to an interaction and returns its CDN path (``/attachments/…``, with Discord's
+``ex``/``is``/``hm`` signature parameters), served like the bot's own uploads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -92,6 +97,8 @@ class FakeDiscord:
         self.calls = 0
         self._nonces: dict[str, tuple[DiscordMessage, float]] = {}
         self._ids = itertools.count(1300000000000000001)
+        #: Files users attached (``add_attachment``): attachment id → (channel id, file).
+        self.uploads: dict[str, tuple[str, Attachment]] = {}
         self._injected: deque[web.Response] = deque()
         self._lose = 0
         self._drop = 0
@@ -129,6 +136,18 @@ class FakeDiscord:
 
     def drop_next_request(self) -> None:
         self._drop += 1
+
+    def add_attachment(
+        self, channel_id: str, data: bytes, content_type: str, filename: str
+    ) -> tuple[str, str]:
+        """Store a file a user attached (as an interaction's resolved attachment carries
+        it); returns its attachment id and its CDN path, signed as Discord signs it."""
+        att = Attachment(str(next(self._ids)), filename, content_type, data)
+        self.uploads[att.id] = (channel_id, att)
+        issued = int(time.time())
+        sig = hashlib.sha256(f"{att.id}:{issued}".encode()).hexdigest()
+        query = f"ex={issued + 86400:x}&is={issued:x}&hm={sig}"
+        return att.id, f"/attachments/{channel_id}/{att.id}/{filename}?{query}"
 
     def in_channel(self, channel_id: str) -> list[DiscordMessage]:
         return [m for m in self.messages if m.channel_id == channel_id]
@@ -267,6 +286,10 @@ class FakeDiscord:
         return web.json_response(body, headers=self._limit_headers())
 
     async def _cdn(self, request: web.Request) -> web.Response:
+        upload = self.uploads.get(request.match_info["attachment_id"])
+        if upload is not None and upload[0] == request.match_info["channel_id"]:
+            att = upload[1]
+            return web.Response(body=att.data, content_type=att.content_type)
         for m in self.messages:
             for a in m.attachments:
                 if a.id == request.match_info["attachment_id"]:
