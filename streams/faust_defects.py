@@ -158,6 +158,8 @@ _warned: set[tuple[Any, int]] = set()
 
 
 def _new_offset(self: Any, tp: Any) -> int | None:
+    if tp in getattr(self, "gap_checks", ()):
+        return None  # a gap being checked: the commit waits at it (see ``_add_gap``)
     if held_commit(self, tp):
         committed = self._committed_offset[tp]
         if (tp, committed) not in _warned:
@@ -255,13 +257,61 @@ _ORIGINAL_ADD_GAP: Callable[[Any, Any, int, int], Awaitable[None]] = Consumer._a
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     _ORIGINAL_INIT(self, *args, **kwargs)
     self._read_offset = ReadOffsets()
+    #: tp -> gaps of it being checked on the broker (``_add_gap``)
+    self.gap_checks = defaultdict(int)
 
 
 async def _add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
+    """Faust takes every offset its drain loop jumped over for one without a record (a
+    transaction marker, an aborted record) and commits past it. A record the loop never
+    handed over (a fetch cut short by a generation change, a record fetched while its
+    partition was not active) is then committed past and lost (seen under ``exactly_once``:
+    an inbound produced during a rebalance never journaled, its offset committed). So the
+    jumped-over offsets are first read on the broker (``read_committed``): only when they
+    hold no committed record do they become a gap; else the partition is read again from
+    the first one. The commit of the partition waits meanwhile."""
     reads = self._read_offset
     if isinstance(reads, ReadOffsets) and tp in reads.rewinds:
         return  # measured against the rewound offset, not a gap in the partition
-    await _ORIGINAL_ADD_GAP(self, tp, offset_from, offset_to)
+    checks = getattr(self, "gap_checks", None)
+    if checks is None:
+        await _ORIGINAL_ADD_GAP(self, tp, offset_from, offset_to)
+        return
+    checks[tp] += 1
+    task = asyncio.get_running_loop().create_task(
+        _check_gap(self, tp, offset_from, offset_to, checks)
+    )
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+async def _check_gap(
+    consumer: Any, tp: Any, offset_from: int, offset_to: int, checks: defaultdict[Any, int]
+) -> None:
+    try:
+        try:
+            found = await committed_record_between(
+                bootstrap_of(consumer.app), tp, offset_from, offset_to
+            )
+        except Exception as exc:  # not known to be empty: read it again
+            log.warning("%s: offsets %d-%d not checked (%r)", tp, offset_from, offset_to - 1, exc)
+            found = offset_from
+        if tp not in consumer.assignment():
+            return  # revoked meanwhile: its new owner reads from the committed offset
+        if found is None:
+            await _ORIGINAL_ADD_GAP(consumer, tp, offset_from, offset_to)
+            return
+        log.warning(
+            "%s: offset %d was skipped by the consumer but holds a record; the partition is "
+            "read again from there",
+            tp,
+            found,
+        )
+        await _rewind(consumer, tp, found)
+    finally:
+        checks[tp] -= 1
+        if checks[tp] <= 0:
+            del checks[tp]
 
 
 _tasks: set[asyncio.Task[None]] = set()

@@ -431,9 +431,11 @@ class Tally:
             check()
             self.check()
             if time.monotonic() > deadline:
+                unanswered = sorted(missing - self.accounted(recorder))
                 raise AssertionError(
                     f"{len(missing)} of {len(ids)} inbounds unaccounted for after {limit}s, "
-                    f"e.g. {sorted(missing)[:5]}"
+                    f"e.g. {sorted(missing)[:5]}; with no reply at the channel: "
+                    f"{unanswered[:5]}, with no receipt: {sorted(missing - set(unanswered))[:5]}"
                 )
             await asyncio.sleep(0.05)
 

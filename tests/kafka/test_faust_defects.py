@@ -473,3 +473,80 @@ async def test_no_gap_is_recorded_against_a_rewound_read_offset(consumer: Any) -
         consumer._read_offset[TPX] = offset
     await consumer._add_gap(TPX, 90, 92)
     assert consumer._gap[TPX]
+
+
+async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold_no_record(
+    kafka_bootstrap: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Faust takes offsets its drain loop jumped over for transaction markers or aborted
+    records (a gap) and commits past them. A record the loop never handed over (a fetch cut
+    short by a generation change) was then committed past and lost: an inbound produced
+    during a rebalance under ``exactly_once`` was never journaled. The guard reads the
+    jumped-over offsets on the broker first: a marker becomes a gap, a record is read again
+    (and the partition's commit waits at it meanwhile)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiokafka import AIOKafkaProducer, TopicPartition
+    from yarl import URL
+
+    from streams import faust_defects
+    from streams.provision import ensure_topics
+    from topics.catalog import TopicSpec
+
+    topic = f"{topic_prefix}.inbound"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, "inbound", 1, 1)])
+    plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    tx = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, transactional_id=f"{topic_prefix}-tx", acks="all"
+    )
+    await plain.start()
+    await tx.start()
+    try:  # 0-3 records; 4 a record in a transaction (marker 5); 6-7 records
+        for k in (b"k0", b"k1", b"k2", b"k3"):
+            await plain.send_and_wait(topic, b"v", key=k, partition=0)
+        async with tx.transaction():
+            await tx.send_and_wait(topic, b"v", key=b"k4", partition=0)
+        for k in (b"k6", b"k7"):
+            await plain.send_and_wait(topic, b"v", key=k, partition=0)
+    finally:
+        await plain.stop()
+        await tx.stop()
+
+    tp = TopicPartition(topic, 0)
+    sought: list[int] = []
+
+    async def seek(_tp: Any, offset: int) -> None:
+        sought.append(offset)
+
+    guard_commit_holes()
+    c: Any = Consumer.__new__(Consumer)
+    c._acked = defaultdict(list)
+    c._acked_index = defaultdict(set)
+    c._committed_offset = defaultdict(lambda: None)
+    c._gap = defaultdict(IntervalTree)
+    c._read_offset = ReadOffsets()
+    c.gap_checks = defaultdict(int)
+    c.app = SimpleNamespace(conf=SimpleNamespace(broker=[URL(f"kafka://{kafka_bootstrap}")]))
+    c.seek = seek
+    c.assignment = lambda: {tp}
+    c._committed_offset[tp] = 4
+
+    # the loop handed over 4 and then 6: offset 5 is the transaction's marker, a gap
+    c._read_offset[tp] = 4
+    await c._add_gap(tp, 5, 6)
+    assert tp in c.gap_checks and c._new_offset(tp) is None  # held while it is read
+    await asyncio.gather(*faust_defects._tasks)
+    assert c._gap[tp] and not c.gap_checks and sought == []
+
+    # the loop handed over 1 and then 6: records 2 and 3 were never handed over
+    c._gap[tp] = IntervalTree()
+    c._committed_offset[tp] = 2
+    c._read_offset[tp] = 6
+    with caplog.at_level("WARNING", logger="botmesh.streams"):
+        await c._add_gap(tp, 2, 6)
+        await asyncio.gather(*faust_defects._tasks)
+    assert not c._gap[tp], "records taken for a gap: they would be committed past"
+    assert sought == [2], "the partition is not read again from the first record skipped"
+    assert "offset 2 was skipped by the consumer but holds a record" in caplog.text
+    assert c._read_offset.rewinds[tp] == [2, 6, 2]

@@ -148,9 +148,12 @@ class Worker:
         """SIGTERM (a clean stop: the batch finishes, offsets are committed); the status."""
         assert self.child is not None
         try:
-            return self.child.stop()
+            status = self.child.stop()
         except AssertionError as exc:
             raise AssertionError(f"{exc} (its whole log: {self.save_log('stuck')})") from None
+        if status != 0:  # kept for the test's report: close() finds nothing left to save
+            self.save_log(f"stopped-{status}")
+        return status
 
     def kill(self) -> None:
         assert self.child is not None
