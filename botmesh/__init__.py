@@ -8,11 +8,13 @@ runs it: ``botmesh.run(bot, provider, journal=...)`` in this process, ``botmesh 
 """
 
 from botmesh._bot import Bot
+from botmesh._flows import Conversation
 from botmesh._media import load_media_of
 from botmesh._runtime import Context, Runtime, run
 from providers.console import ConsoleProvider
 from state.config import DurabilityConfig
-from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, SentEvent
+from state.errors import FlowCancelled, FlowTimeout
+from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEndedEvent, SentEvent
 from state.inbox import Outcome
 from state.messages import Inbound, Media, Outbound, Receipt, SendResult
 from state.ports import Provider
@@ -24,9 +26,13 @@ __all__ = [
     "Bot",
     "ConsoleProvider",
     "Context",
+    "Conversation",
     "DeadEvent",
     "DurabilityConfig",
     "ErrorEvent",
+    "FlowCancelled",
+    "FlowEndedEvent",
+    "FlowTimeout",
     "Inbound",
     "Media",
     "Outbound",
