@@ -505,9 +505,11 @@ class FlowRunner:
         flow = self._flows.get(record["flow"])
         problem = _refusal(flow, record)
         outcome: _Result | _Diverged
-        if problem is None and flow is not None and record.get("restart"):
-            fresh = {**record}
+        if flow is not None and record.get("restart"):
+            # a restart starts the flow under this code, whatever version it was
+            fresh = {**record, "version": flow.version}
             fresh.pop("restart")
+            problem = None
             outcome = (await self._run_start(flow, fresh))[1]
         elif problem is None and flow is not None:
             deadline = record.get("deadline")
