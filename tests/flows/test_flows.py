@@ -12,6 +12,7 @@ from botmesh import (
     Bot,
     Context,
     Conversation,
+    ErrorEvent,
     FlowCancelled,
     FlowEndedEvent,
     Inbound,
@@ -66,7 +67,7 @@ async def test_ask_validate_parse_result_and_event() -> None:
 
 
 async def test_routing_other_chats_and_redelivery() -> None:
-    bot, seen = five_bot()
+    bot, _seen = five_bot()
     app = await start_app(bot)
     chat = Chat(app)
     await chat.say("/start")
@@ -169,7 +170,7 @@ async def test_max_tries_and_a_failing_flow() -> None:
     bot = Bot("tries", durability=policy())
     bot.on(FlowEndedEvent, seen.ended.append)
     errors: list[Any] = []
-    bot.on(__import__("botmesh").ErrorEvent, errors.append)
+    bot.on(ErrorEvent, errors.append)
 
     @bot.flow("pin")
     async def pin(conv: Conversation) -> int:
@@ -230,7 +231,7 @@ async def test_a_start_replaces_the_active_flow() -> None:
 async def test_non_persistent_flow_is_lost_on_restart() -> None:
     kv = MemoryKv()
     clock = ManualClock()
-    bot, seen = five_bot(persistent=False)
+    bot, _seen = five_bot(persistent=False)
     app = await start_app(bot, kv=kv, clock=clock)
     chat = Chat(app)
     await chat.say("/start")
@@ -326,7 +327,7 @@ async def test_version_mismatch(policy_name: str) -> None:
     errors: list[Any] = []
     ended: list[FlowEndedEvent] = []
     bot2 = versioned(2, policy_name)
-    bot2.on(__import__("botmesh").ErrorEvent, errors.append)
+    bot2.on(ErrorEvent, errors.append)
     bot2.on(FlowEndedEvent, ended.append)
     app2 = await start_app(bot2, kv=kv, clock=clock)
     chat.app = app2
@@ -394,7 +395,7 @@ async def test_divergence_is_detected_not_mixed() -> None:
     await app.stop()
     errors: list[Any] = []
     bot2 = versioned(1, question="another first question")  # changed, version not bumped
-    bot2.on(__import__("botmesh").ErrorEvent, errors.append)
+    bot2.on(ErrorEvent, errors.append)
     app2 = await start_app(bot2, kv=kv, clock=clock)
     chat.app = app2
     await chat.say("b")
@@ -408,7 +409,7 @@ async def test_divergence_is_detected_not_mixed() -> None:
 async def test_checkpoint_conflict_leaves_the_inbound_not_done_and_replays_it() -> None:
     """Another replica moved the flow between the turn's read and its done write: the
     commit fails as a whole; the inbound is released (not done), and its turn runs again."""
-    bot, seen = five_bot()
+    bot, _seen = five_bot()
     inner = MemoryKv()
     kv = crashable(inner)
     app = await start_app(bot, kv=kv)
@@ -442,7 +443,7 @@ async def test_checkpoint_conflict_leaves_the_inbound_not_done_and_replays_it() 
 
 
 async def test_a_failed_checkpoint_write_is_not_parked_as_done() -> None:
-    bot, seen = five_bot()
+    bot, _seen = five_bot()
     inner = MemoryKv()
     kv = crashable(inner)
     app = await start_app(bot, kv=kv)
