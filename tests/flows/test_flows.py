@@ -16,6 +16,7 @@ from botmesh import (
     FlowCancelled,
     FlowEndedEvent,
     Inbound,
+    Media,
     Outcome,
 )
 from botmesh.errors import (
@@ -26,7 +27,7 @@ from botmesh.errors import (
     JournalUnavailableError,
 )
 from botmesh.journal import MemoryKv, Write
-from botmesh.testing import ManualClock, crashable
+from botmesh.testing import ManualClock, SimulatedCrash, crashable
 from tests.flows.kit import QUESTIONS, Chat, Seen, five_bot, signup_bot, start_app
 from tests.kit import policy, texts
 
@@ -470,3 +471,66 @@ def test_bad_options_are_refused() -> None:
         bot.flow("x", on_incompatible="ignore")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="name"):
         bot.flow("has space")
+
+
+@pytest.mark.parametrize("on_diverged", ["send", "skip"])
+async def test_non_persistent_crash_replays_the_answer_to_the_handlers(on_diverged: str) -> None:
+    """A crash while an in-memory flow's turn ran (its answer journaled, not done): the
+    flow is gone, so the replayed answer goes to the handlers as a new message; their
+    reply takes the key the flow's question had (``<answer id>:1``) with other content, and
+    ``outbox.on_diverged`` decides (send it under a new key, or answer from the record)."""
+    inner = MemoryKv()
+    clock = ManualClock()
+    kv = crashable(inner)
+    kv.crash_before(Write.INBOX_MARK_DONE, 2)  # the answer's turn: q2 sent, not done
+    bot, _ = five_bot(persistent=False, outbox={"on_diverged": on_diverged})
+    app = await start_app(bot, kv=kv, clock=clock)
+    chat = Chat(app)
+    await chat.say("/start")
+    with pytest.raises(SimulatedCrash):
+        await chat.say("a1")
+    assert texts(app.provider) == QUESTIONS[:2]
+    bot2, seen2 = five_bot(persistent=False, outbox={"on_diverged": on_diverged})
+    app2 = await start_app(bot2, kv=inner, clock=clock)  # recovery replays m2
+    assert seen2.handled == ["a1"]
+    assert app2.ops.metrics()["outboxDiverged"] == 1
+    assert texts(app2.provider) == (["echo a1"] if on_diverged == "send" else [])
+    record = await app2.ops.inbox.get("m2")
+    assert record is not None and record.state == "done"
+    await app2.stop()
+
+
+async def test_an_answer_with_media_replays_with_its_media() -> None:
+    kv = MemoryKv()
+    clock = ManualClock()
+
+    def media_bot() -> tuple[Bot, list[FlowEndedEvent]]:
+        ended: list[FlowEndedEvent] = []
+        bot = Bot("media", durability=policy())
+        bot.on(FlowEndedEvent, ended.append)
+
+        @bot.flow("photo", persistent=True)
+        async def photo(conv: Conversation) -> str | None:
+            await conv.ask("a photo?")
+            assert conv.message is not None and conv.message.media is not None
+            url = conv.message.media.url
+            await conv.ask("caption?")
+            return url
+
+        @bot.on_message
+        async def handler(ctx: Context) -> None:
+            await ctx.start_flow(photo)
+
+        return bot, ended
+
+    bot, _ = media_bot()
+    app = await start_app(bot, kv=kv, clock=clock)
+    await app.runtime.handle(Inbound(id="p1", chat_id="c", text="go"))
+    pic = Media(url="https://example.org/cat.jpg", mime="image/jpeg")
+    await app.runtime.handle(Inbound(id="p2", chat_id="c", media=pic))
+    await app.stop()
+    bot2, ended = media_bot()
+    app2 = await start_app(bot2, kv=kv, clock=clock)
+    await app2.runtime.handle(Inbound(id="p3", chat_id="c", text="a cat"))
+    assert [(e.status, e.result) for e in ended] == [("done", "https://example.org/cat.jpg")]
+    await app2.stop()
