@@ -482,6 +482,42 @@ class FlowRunner:
         assert not isinstance(outcome, _Diverged)  # nothing recorded: nothing to diverge from
         return (conv._sends if conv._cursor == 0 else 0), outcome
 
+    async def start_outside(
+        self, chat_id: str, flow: Flow[Any] | str, args: Mapping[str, Any]
+    ) -> None:
+        """``app.start_flow``: start ``flow`` in ``chat_id`` outside a handler (a reminder,
+        an operator). A persistent flow's record is written first (``flow.checkpoint``,
+        marked to be started), then its start runs: after a crash in between, the sweeper
+        runs it, its sends (``flow:<run>:0:<n>``) answered from the outbox."""
+        resolved = self.resolve(flow)
+        slot = await self.load(chat_id)
+        old = slot.record
+        now = self._rt._now()
+        record = fresh_record(
+            resolved.name, resolved.version, chat_id, _json_args(resolved, dict(args)), now
+        )
+        if old is not None and old["status"] == ACTIVE:
+            await self._rt._emit(FlowEndedEvent(old["flow"], chat_id, "cancelled"))
+        engine = self._rt._engine
+        if resolved.persistent and engine is not None:
+            record["restart"] = True
+            self._memory.pop(chat_id, None)
+            expect = slot.version if slot.journaled else None
+            [version] = await engine.kv.commit(
+                [handover(slot.key, record, expect=expect, due=now)], label=Write.FLOW_CHECKPOINT
+            )
+            await self.due(Entry(slot.key, record, version, due=now), now)
+            return
+        if slot.journaled and old is not None and old["status"] == ACTIVE and engine is not None:
+            gone = ended_record(old, "cancelled", now)
+            await engine.kv.commit(
+                [handover(slot.key, gone, expect=slot.version, purge=engine.purge_at(now))],
+                label=Write.FLOW_CHECKPOINT,
+            )
+        _, outcome = await self._run_start(resolved, record)
+        self._memory[chat_id] = outcome.record
+        await self._ended(resolved, outcome)
+
     def resolve(self, flow: Flow[Any] | str) -> Flow[Any]:
         if isinstance(flow, Flow):
             registered = self._flows.get(flow.name)

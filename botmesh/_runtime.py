@@ -331,6 +331,15 @@ class Runtime:
         a no-op. Returns the key."""
         return (await self._submit_outside(chat_id, text, opts, inline=False)).key
 
+    async def start_flow(
+        self, chat_id: str, flow: Flow[Any] | str, *, args: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start ``flow`` in ``chat_id`` outside a handler (a reminder, a campaign): its
+        first question goes out now, keyed ``flow:<run id>:0:<n>``. A flow active in the
+        chat is replaced (it ends ``cancelled``). See ``Context.start_flow``."""
+        self._check_running()
+        await self._flow_runner().start_outside(chat_id, flow, args or {})
+
     async def _submit_outside(
         self, chat_id: str, text: str | None, opts: SendOptions, *, inline: bool
     ) -> Receipt:

@@ -534,3 +534,41 @@ async def test_an_answer_with_media_replays_with_its_media() -> None:
     await app2.runtime.handle(Inbound(id="p3", chat_id="c", text="a cat"))
     assert [(e.status, e.result) for e in ended] == [("done", "https://example.org/cat.jpg")]
     await app2.stop()
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+async def test_app_start_flow_outside_a_handler(persistent: bool) -> None:
+    bot, seen = five_bot(persistent=persistent)
+    app = await start_app(bot)
+    await app.runtime.start_flow("c", "five")
+    assert texts(app.provider) == QUESTIONS[:1]
+    if persistent:
+        [record] = await app.ops.flows("c")
+        out = {r.key for r in await app.ops.outbox.list()}
+        assert f"flow:{record.run}:0:1" in out
+    chat = Chat(app)
+    for answer in ["a1", "a2", "a3", "a4", "a5"]:
+        await chat.say(answer)
+    assert [(e.status, e.result) for e in seen.ended] == [("done", ["a1", "a2", "a3", "a4", "a5"])]
+    assert seen.handled == []
+    await app.stop()
+
+
+async def test_app_start_flow_after_a_crash_is_finished_by_the_sweeper() -> None:
+    inner = MemoryKv()
+    clock = ManualClock()
+    kv = crashable(inner)
+    kv.crash_before(Write.OUTBOX_MARK_SENT)  # the first question went out, not recorded
+    bot, _ = five_bot(outbox={"on_ambiguous": "skip"})
+    app = await start_app(bot, kv=kv, clock=clock)
+    with pytest.raises(SimulatedCrash):
+        await app.runtime.start_flow("c", "five")
+    bot2, _ = five_bot(outbox={"on_ambiguous": "skip"})
+    app2 = await start_app(bot2, kv=inner, clock=clock)  # recovery runs the start
+    [record] = await app2.ops.flows("c")
+    assert (record.status, record.steps) == ("active", 0)
+    # the question was in flight at the crash: unknown under skip, not asked twice
+    assert texts(app2.provider) == []
+    await Chat(app2).say("a1")
+    assert texts(app2.provider) == [QUESTIONS[1]]
+    await app2.stop()
