@@ -38,7 +38,6 @@ from state.errors import (
     ConfigError,
     FlowCancelled,
     FlowDivergedError,
-    FlowInterrupt,
     FlowInvalidAnswer,
     FlowTimeout,
     FlowVersionError,
@@ -619,41 +618,41 @@ class FlowRunner:
         return await self._drive(flow, conv)
 
     async def _drive(self, flow: Flow[Any], conv: Conversation) -> _Result | _Diverged:
+        """Run the flow coroutine once: suspended at an ask, ended, or diverged."""
         record = conv._record
         now = self._rt._now()
+        result: Any = None
+        error: BaseException | None = None
+        suspended = False
         try:
             result = await flow.fn(conv)
         except _Suspend:
-            record.update(deadline=conv._deadline, updated=now, data=_json_state(conv))
-            return _Result(record)
+            suspended = True
         except _Diverged as div:
             return div
-        except FlowInterrupt as exc:
-            if conv._cursor < len(conv._steps) or conv._input is not None:
-                return _Diverged(f"the flow ended ({type(exc).__name__}) before its last step")
-            status: FlowStatus = "cancelled" if isinstance(exc, FlowCancelled) else "timed_out"
-            if isinstance(exc, FlowInvalidAnswer):
-                status = "failed"
-                await self._rt._emit(ErrorEvent(exc, "flow", _last_src(conv)))
-            record.update(data=_json_state(conv))
-            return _Result(ended_record(record, status, now), status, None, exc)
         except Exception as exc:
-            if conv._cursor < len(conv._steps) or conv._input is not None:
-                return _Diverged(f"the flow raised {type(exc).__name__} before its last step")
-            log.warning("flow %s in chat %s failed: %s", flow.name, conv.chat_id, exc)
-            await self._rt._emit(ErrorEvent(exc, "flow", _last_src(conv)))
-            record.update(data=_json_state(conv))
-            return _Result(ended_record(record, "failed", now), "failed", None, exc)
-        if conv._cursor < len(conv._steps) or conv._input is not None:
-            return _Diverged("the flow returned where the checkpoint recorded an answer")
-        ended: FlowStatus = "done"
-        if conv.last_kind == "cancel":
-            ended = "cancelled"
-        elif conv.last_kind == "timeout":
-            ended = "timed_out"
-        record.update(data=_json_state(conv))
-        stored = result if _is_json(result) else None
-        return _Result(ended_record(record, ended, now, stored), ended, result)
+            error = exc
+        if not suspended and (conv._cursor < len(conv._steps) or conv._input is not None):
+            what = "returned" if error is None else f"raised {type(error).__name__}"
+            return _Diverged(f"the flow {what} where the checkpoint recorded an answer")
+        try:
+            record.update(data=_json_state(conv), updated=now)
+        except TypeError as exc:
+            suspended, error = False, exc
+        if suspended:
+            record["deadline"] = conv._deadline
+            return _Result(record)
+        status: FlowStatus = "done"
+        if isinstance(error, FlowCancelled) or (error is None and conv.last_kind == "cancel"):
+            status = "cancelled"
+        elif isinstance(error, FlowTimeout) or (error is None and conv.last_kind == "timeout"):
+            status = "timed_out"
+        elif error is not None:
+            status = "failed"
+            log.warning("flow %s in chat %s failed: %s", flow.name, conv.chat_id, error)
+            await self._rt._emit(ErrorEvent(error, "flow", _last_src(conv)))
+        stored = result if error is None and _is_json(result) else None
+        return _Result(ended_record(record, status, now, stored), status, result, error)
 
     async def _ended(self, flow: Flow[Any], outcome: _Result) -> None:
         if outcome.status is None:

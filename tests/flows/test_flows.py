@@ -572,3 +572,24 @@ async def test_app_start_flow_after_a_crash_is_finished_by_the_sweeper() -> None
     await Chat(app2).say("a1")
     assert texts(app2.provider) == [QUESTIONS[1]]
     await app2.stop()
+
+
+async def test_a_state_that_is_not_json_fails_the_flow() -> None:
+    seen = Seen()
+    bot = Bot("badstate", durability=policy())
+    bot.on(FlowEndedEvent, seen.ended.append)
+
+    @bot.flow("s", persistent=True)
+    async def s(conv: Conversation) -> None:
+        conv.state["when"] = object()
+        await conv.ask("q?")
+
+    @bot.on_message
+    async def handler(ctx: Context) -> None:
+        await ctx.start_flow(s)
+
+    app = await start_app(bot)
+    assert await Chat(app).say("go") == Outcome.HANDLED
+    [ended] = seen.ended
+    assert ended.status == "failed" and "conv.state must stay a JSON object" in str(ended.error)
+    await app.stop()
