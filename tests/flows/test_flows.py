@@ -29,7 +29,7 @@ from botmesh.errors import (
 from botmesh.journal import MemoryKv, Write
 from botmesh.testing import ManualClock, SimulatedCrash, crashable
 from tests.flows.kit import QUESTIONS, Chat, Seen, five_bot, signup_bot, start_app
-from tests.kit import policy, texts
+from tests.kit import make_app, policy, texts
 
 
 async def test_ask_validate_parse_result_and_event() -> None:
@@ -593,3 +593,24 @@ async def test_a_state_that_is_not_json_fails_the_flow() -> None:
     [ended] = seen.ended
     assert ended.status == "failed" and "conv.state must stay a JSON object" in str(ended.error)
     await app.stop()
+
+
+async def test_a_persistent_flow_goes_on_on_whichever_replica_gets_the_answer() -> None:
+    """Two runtimes (two replicas, other instance ids) on one journal: the answers of one
+    chat land on either; the flow goes on from the checkpoint, each question once."""
+    kv = MemoryKv()
+    clock = ManualClock()
+    bot_a, seen_a = five_bot()
+    bot_b, seen_b = five_bot()
+    a = await make_app(kv=kv, clock=clock, bot=bot_a, instance_id="replica-a")
+    b = await make_app(kv=kv, clock=clock, bot=bot_b, instance_id="replica-b")
+    chats = [Chat(a), Chat(b)]
+    for i, text in enumerate(["/start", "a1", "a2", "a3", "a4", "a5"]):
+        chat = chats[i % 2]
+        chat.n = i
+        assert await chat.say(text) == Outcome.HANDLED
+    sent = texts(a.provider) + texts(b.provider)
+    assert sorted(t or "" for t in sent) == sorted([*QUESTIONS, "thanks a1,a2,a3,a4,a5"])
+    assert [e.result for e in seen_a.ended + seen_b.ended] == [["a1", "a2", "a3", "a4", "a5"]]
+    await a.stop()
+    await b.stop()
