@@ -1,8 +1,8 @@
 """botmesh: durable chat bots on Apache Kafka.
 
-A bot is a definition (``Bot``: handlers, hooks, listeners, durability policy); a runtime
-runs it: ``botmesh.run(bot, provider, journal=...)`` in this process, ``botmesh worker
---app module:bot`` on Kafka. The error tree is ``botmesh.errors``; the journal's names
+A bot is a definition (``Bot``: handlers, flows, hooks, listeners, durability policy); a
+runtime runs it: ``botmesh.run(bot, provider, journal=...)`` in this process, ``botmesh
+worker --app module:bot`` on Kafka. The error tree is ``botmesh.errors``; the journal's names
 (backends, records, the SPI) are in ``botmesh.journal``; the crash-test kit is
 ``botmesh.testing``. ``tests/test_exports.py`` holds this surface to ``__all__``.
 """

@@ -12,7 +12,9 @@
 inbound could not be journaled (fail closed: nothing ran; the caller must not
 acknowledge it) or when its handlers ran but ``done`` could not be written (a retry
 settles it without running them again). Every transition is a compare-and-set write under
-a ``Write`` label.
+a ``Write`` label. Writes the dispatch hook returns (a flow's checkpoint) land in the same
+commit as ``done``; when that commit fails the record is released and its handlers run
+again (``_mark_done_with``).
 """
 
 from __future__ import annotations
