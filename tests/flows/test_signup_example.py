@@ -44,3 +44,13 @@ def test_the_signup_example_resumes_in_a_new_process(tmp_path: Path) -> None:
         "[7] Welcome! What is your name? (/cancel stops)",
         "[7] Sign-up cancelled. /signup starts again.",
     ]
+
+
+def test_produce_text_makes_one_message_per_text_in_order() -> None:
+    from botmesh._cli import text_records
+
+    records = text_records(["/signup", "Ann"], "7", "r1")
+    assert [(r.id, r.chat_id, r.text) for r in records] == [
+        ("r1-0", "7", "/signup"),
+        ("r1-1", "7", "Ann"),
+    ]
