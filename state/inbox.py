@@ -294,7 +294,10 @@ class Inbox:
                     if entry is not None and entry.value.get("token") == held.token:
                         held.version = entry.version
                         continue
-                    fenced = FencedError(held.key, held.token, None)
+                    held.fenced = True
+                    e.metrics.stale_leases += 1
+                    current = entry.value.get("token") if entry is not None else None
+                    fenced = FencedError(held.key, held.token, current)
                     await e.emit(ErrorEvent(fenced, "inbox.mark_done", inbound_id))
                     return Outcome.FENCED
                 return await self._release(held, inbound_id, exc)
