@@ -614,3 +614,31 @@ async def test_a_persistent_flow_goes_on_on_whichever_replica_gets_the_answer() 
     assert [e.result for e in seen_a.ended + seen_b.ended] == [["a1", "a2", "a3", "a4", "a5"]]
     await a.stop()
     await b.stop()
+
+
+async def test_a_flow_turn_taken_over_by_another_holder_is_fenced() -> None:
+    bot, _ = five_bot()
+    inner = MemoryKv()
+    kv = crashable(inner)
+    app = await start_app(bot, kv=kv)
+    chat = Chat(app)
+    await chat.say("/start")
+    original = kv.commit
+    taken = False
+
+    async def commit(ops: Any, *, label: str = "") -> list[int]:
+        nonlocal taken
+        if label == Write.INBOX_MARK_DONE and len(ops) > 1 and not taken:
+            taken = True  # another instance claimed the inbound (a new fencing token)
+            entry = await inner.get(ops[0].key)
+            assert entry is not None
+            value = {**entry.value, "token": entry.value["token"] + 1}
+            await inner.commit([type(ops[0])(entry.key, value, entry.version)])
+        return await original(ops, label=label)
+
+    kv.commit = commit  # type: ignore[method-assign]
+    assert await chat.say("a1") == Outcome.FENCED
+    assert app.ops.metrics()["staleLeases"] == 1
+    [flow] = await app.ops.flows("c")
+    assert flow.steps == 0  # nothing of the fenced turn landed: the new holder's turn will
+    await app.stop()
