@@ -11,10 +11,11 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from botmesh._flows import Flow, FlowFn, Incompatible, check_flow_options
 from botmesh._runtime import Runtime
 from state.clock import Clock
 from state.config import DurabilityConfig
-from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, SentEvent
+from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEndedEvent, SentEvent
 from state.keys import scope_id
 from state.kv import DurableKv
 from state.messages import Inbound, Outbound, Receipt
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["AfterSend", "BeforeSend", "Bot", "Handler", "Listener"]
 
-E = TypeVar("E", SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent)
+E = TypeVar("E", SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent, FlowEndedEvent)
+R = TypeVar("R")
+_EVENTS = (SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent, FlowEndedEvent)
 
 #: A message handler: ``async def handler(ctx: Context) -> None``.
 Handler = Callable[["Context"], Awaitable[None]]
@@ -68,6 +71,7 @@ class Bot:
         self._listeners: dict[type, list[Callable[[Any], object]]] = {}
         self._before_send: list[BeforeSend] = []
         self._after_send: list[AfterSend] = []
+        self._flows: dict[str, Flow[Any]] = {}
 
     @property
     def scope(self) -> str:
@@ -100,10 +104,12 @@ class Bot:
         self, event: type[E], listener: Listener[E] | None = None
     ) -> Listener[E] | Callable[[Listener[E]], Listener[E]]:
         """Listen to ``event`` (``SentEvent``, ``DeadEvent``, ``AmbiguousEvent``,
-        ``ErrorEvent``): ``bot.on(DeadEvent, alert)`` or ``@bot.on(DeadEvent)``."""
-        if event not in (SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent):
+        ``ErrorEvent``, ``FlowEndedEvent``): ``bot.on(DeadEvent, alert)`` or
+        ``@bot.on(DeadEvent)``."""
+        if event not in _EVENTS:
             raise TypeError(
-                f"bot.on({event!r}): listen to SentEvent, DeadEvent, AmbiguousEvent or ErrorEvent"
+                f"bot.on({event!r}): listen to SentEvent, DeadEvent, AmbiguousEvent, "
+                "ErrorEvent or FlowEndedEvent"
             )
 
         def register(fn: Listener[E]) -> Listener[E]:
@@ -111,6 +117,46 @@ class Bot:
             return fn
 
         return register if listener is None else register(listener)
+
+    def flow(
+        self,
+        name: str,
+        *,
+        persistent: bool = False,
+        version: int = 1,
+        cancel: tuple[str, ...] = ("/cancel",),
+        on_incompatible: Incompatible = "refuse",
+    ) -> Callable[[FlowFn[R]], Flow[R]]:
+        """Register a conversation flow (decorator): ``async def f(conv: Conversation)``,
+        plain sequential code that ``await conv.ask(...)``. Start it with
+        ``ctx.start_flow(f)`` (or by ``name``).
+
+        ``persistent=True`` checkpoints it in the journal (it survives a crash, a restart,
+        the chat moving to another worker); otherwise it lives in this process. ``version``
+        is stored with the checkpoint: bump it when the questions or their order change; a
+        checkpoint of another version is refused (``FlowVersionError``) and
+        ``on_incompatible`` decides: ``"refuse"`` (the flow stays parked, the message goes
+        to the handlers, an ``ErrorEvent`` fires), ``"restart"`` (it starts again from its
+        beginning) or ``"drop"`` (it ends ``dropped``). A message whose text is one of the
+        ``cancel`` commands raises ``FlowCancelled`` at the pending ask. See docs/flows.md.
+        """
+        commands = check_flow_options(name, version, cancel, on_incompatible)
+        if name in self._flows:
+            raise ValueError(f"a flow named {name!r} is registered already on bot {self.bot_id!r}")
+
+        def register(fn: FlowFn[R]) -> Flow[R]:
+            flow = Flow(
+                name,
+                fn,
+                persistent=persistent,
+                version=version,
+                cancel=commands,
+                on_incompatible=on_incompatible,
+            )
+            self._flows[name] = flow
+            return flow
+
+        return register
 
     def before_send(self, hook: BeforeSend) -> BeforeSend:
         """Run ``hook(outbound)`` once per send, before the journal and before a text is

@@ -8,7 +8,7 @@
                    [--guarantee at_least_once|exactly_once]
     botmesh topics create [--prefix P] [--bootstrap H:P] [--partitions N] [--replication N]
     botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
-    botmesh produce [-n 100] [--chats 10] [--text T]      demo traffic on <prefix>.inbound
+    botmesh produce [-n 100] [--chats 10] [--text T --chat-id C]  demo traffic or given texts
     botmesh send --chat-id ID --text T [--key K] [--id ID] [--media-url U] [--option K=V]
                                                           a send from outside a handler
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 from botmesh._dlq_cli import add_dlq, run_dlq
 from botmesh._exit import Exit
 from state.errors import AppLoadError
+from state.messages import Inbound
 from state.ports import Provider
 from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
 
@@ -266,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--messages", type=int, default=100)
     p.add_argument("--chats", type=int, default=10)
     p.add_argument("--run", help="id prefix of the messages (default random)")
+    p.add_argument(
+        "--text",
+        action="append",
+        default=[],
+        help="produce this text instead of demo messages (repeatable: one message each, in "
+        "order, to --chat-id), e.g. --text /signup --text Ann",
+    )
+    p.add_argument("--chat-id", default="chat-0", help="the chat of the --text messages")
 
     s = sub.add_parser(
         "send", help="ask the bot to send to a chat (a request on <prefix>.requests)"
@@ -513,14 +522,22 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     run = args.run or f"run{uuid.uuid4().hex[:6]}"
-    records = demo_records(args.messages, args.chats, run=run)
+    records = text_records(args.text, args.chat_id, run) if args.text else None
+    if records is None:
+        records = demo_records(args.messages, args.chats, run=run)
     took = asyncio.run(produce_inbound(bootstrap, cat.inbound, records))
     rate = len(records) / took if took > 0 else 0.0
+    chats = 1 if args.text else args.chats
     print(
-        f"produced {len(records)} messages over {args.chats} chats to {cat.inbound} "
+        f"produced {len(records)} messages over {chats} chats to {cat.inbound} "
         f"(ids {run}-0..) in {took:.2f} s ({rate:.0f} msg/s)"
     )
     return 0
+
+
+def text_records(texts: list[str], chat_id: str, run: str) -> list[Inbound]:
+    """``botmesh produce --text``: one inbound per text, in order, to one chat."""
+    return [Inbound(id=f"{run}-{i}", chat_id=chat_id, text=t) for i, t in enumerate(texts)]
 
 
 def _options(pairs: list[str]) -> dict[str, object]:

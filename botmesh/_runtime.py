@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from botmesh._flows import FlowRunner
 from botmesh._media import load_media_of
 from providers.http import HttpChannel
 from state.backends import check_url, is_shared, open_backend
@@ -29,7 +30,7 @@ from state.errors import ConfigError, DurabilityError, JournalUnavailableError, 
 from state.events import ErrorEvent, Event, SentEvent
 from state.inbox import Outcome
 from state.keys import check_explicit, derived_key, fingerprint, random_key
-from state.kv import DurableKv
+from state.kv import DurableKv, Entry, Op
 from state.messages import Inbound, Media, Outbound, Receipt
 from state.operations import Operations
 from state.ports import Provider
@@ -37,6 +38,7 @@ from state.receipts import ReceiptSink
 
 if TYPE_CHECKING:
     from botmesh._bot import Bot
+    from botmesh._flows import Flow, Slot
 
 __all__ = ["Context", "Runtime", "SendOptions", "run"]
 
@@ -50,12 +52,16 @@ class Context:
     you pass ``idempotency_key``; so a replay of the message is answered from the outbox.
     """
 
-    __slots__ = ("_runtime", "_sends", "message")
+    __slots__ = ("_flow", "_riders", "_runtime", "_sends", "message")
 
     def __init__(self, runtime: Runtime, message: Inbound) -> None:
         self._runtime = runtime
         self.message = message
         self._sends = 0
+        #: The chat's flow as this turn read it (``botmesh._flows.Slot``), once read.
+        self._flow: Slot | None = None
+        #: Journal writes that land with this inbound's done (a flow checkpoint), by key.
+        self._riders: dict[str, Op] = {}
 
     @property
     def chat_id(self) -> str:
@@ -99,6 +105,16 @@ class Context:
     ) -> str:
         """Journal a send for the background sweeper and return its key at once."""
         return (await self._submit(chat_id, text, opts, inline=False)).key
+
+    async def start_flow(
+        self, flow: Flow[Any] | str, *, args: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start ``flow`` (the object ``@bot.flow`` returned, or its name) in this chat,
+        with ``args`` (JSON) as ``conv.args``. Its first question goes out now, keyed from
+        this message (after this handler's earlier sends); the chat's next messages go to
+        it. A flow already active in the chat is replaced (it ends ``cancelled``)."""
+        runner = self._runtime._flow_runner()
+        await runner.start(self, flow, args or {})
 
     async def _submit(
         self, chat_id: str, text: str | None, opts: SendOptions, *, inline: bool
@@ -172,6 +188,7 @@ class Runtime:
         self._kv: DurableKv | None = None
         self._engine: Engine | None = None
         self._running = False
+        self._flows: FlowRunner | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -190,7 +207,12 @@ class Runtime:
                 scope=bot.scope,
                 config=bot.config,
                 provider=self.provider,
-                hooks=EngineHooks(self._dispatch, self._emit),
+                hooks=EngineHooks(
+                    self._dispatch,
+                    self._emit,
+                    flow_due=self._flow_due if bot._flows else None,
+                    sweep=self._flow_sweep if bot._flows else None,
+                ),
                 instance_id=self.instance_id,
                 receipts=self._receipts,
                 clock=self._clock,
@@ -309,6 +331,15 @@ class Runtime:
         a no-op. Returns the key."""
         return (await self._submit_outside(chat_id, text, opts, inline=False)).key
 
+    async def start_flow(
+        self, chat_id: str, flow: Flow[Any] | str, *, args: Mapping[str, Any] | None = None
+    ) -> None:
+        """Start ``flow`` in ``chat_id`` outside a handler (a reminder, a campaign): its
+        first question goes out now, keyed ``flow:<run id>:0:<n>``. A flow active in the
+        chat is replaced (it ends ``cancelled``). See ``Context.start_flow``."""
+        self._check_running()
+        await self._flow_runner().start_outside(chat_id, flow, args or {})
+
     async def _submit_outside(
         self, chat_id: str, text: str | None, opts: SendOptions, *, inline: bool
     ) -> Receipt:
@@ -330,8 +361,32 @@ class Runtime:
         assert self._engine is not None
         return self._engine
 
-    async def _dispatch(self, message: Inbound) -> None:
+    def _flow_runner(self) -> FlowRunner:
+        if self._flows is None:
+            if not self.bot._flows:
+                raise ValueError("this bot has no flows: register one with @bot.flow(...)")
+            self._flows = FlowRunner(self)
+        return self._flows
+
+    @staticmethod
+    def _outbound(chat_id: str, text: str | None, opts: SendOptions) -> Outbound:
+        return _outbound(chat_id, text, opts)
+
+    def _now(self) -> float:
+        if self._engine is not None:
+            return self._engine.clock.now()
+        return self._clock.now() if self._clock is not None else time.time()
+
+    async def _flow_due(self, entry: Entry, now: float) -> int:
+        return await self._flow_runner().due(entry, now)
+
+    async def _flow_sweep(self, now: float) -> int:
+        return await self._flow_runner().sweep(now)
+
+    async def _dispatch(self, message: Inbound) -> list[Op] | None:
         ctx = Context(self, message)
+        if self.bot._flows and await self._flow_runner().route(ctx):
+            return list(ctx._riders.values())  # the chat's flow took it
         for predicate, handler in self.bot._handlers:
             if predicate is not None and not predicate(message):
                 continue
@@ -348,6 +403,7 @@ class Runtime:
                     # refused because another worker owns the record now is a fence:
                     # the inbound settles as fenced)
                     raise
+        return list(ctx._riders.values()) if ctx._riders else None
 
     async def _emit(self, event: Event) -> None:
         if isinstance(event, SentEvent):

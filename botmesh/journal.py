@@ -3,12 +3,14 @@
 Backends are picked by URL (``memory://``, ``file:///path``) or passed as a ``DurableKv``
 you opened (``MemoryKv()``, ``await open_file_kv(path)``); write your own by implementing
 ``DurableKv`` (versioned compare-and-set plus two sorted indexes). Records read back as
-``InboxRecord`` / ``OutboxRecord`` through ``app.durability`` (an ``Operations``).
+``InboxRecord`` / ``OutboxRecord`` (and flow checkpoints as ``FlowRecord``) through
+``app.durability`` (an ``Operations``).
 """
 
 from state.backends import check_url, open_backend
 from state.backends.file import FileKv, FileOptions, open_file_kv
 from state.config import BackoffConfig, InboxConfig, OutboxConfig
+from state.flows import FlowRecord
 from state.kv import Delete, DurableKv, Entry, MemoryKv, Op, Put
 from state.operations import Operations
 from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
@@ -21,6 +23,7 @@ __all__ = [
     "Entry",
     "FileKv",
     "FileOptions",
+    "FlowRecord",
     "InboxConfig",
     "InboxRecord",
     "InboxState",

@@ -1,6 +1,7 @@
 """The demo behind ``make run``: Kafka, topics, the echo bot worker, traffic, receipts.
 
     python -m examples.demo [--once] [--messages 300] [--chats 12] [--prefix botmesh]
+                            [--app examples.echo_bot:bot]
 
 (from the repository root: the demo and the example bots are not part of the installed
 package).
@@ -9,8 +10,9 @@ package).
    ``deploy/kafka/kafka.sh`` on 127.0.0.1:9092 (started, and stopped at the end, if it is not
    already running);
 2. the topics of the prefix (``BOTMESH_TOPIC_PREFIX``, default ``botmesh``), created if missing;
-3. ``botmesh worker --app examples.echo_bot:bot`` as a subprocess (log in the data dir),
-   on its default journal, on Kafka (``<prefix>.worker-journal-changelog``);
+3. ``botmesh worker --app examples.echo_bot:bot`` (or the bot ``--app`` names, such as
+   ``examples.signup_bot:bot``: each demo message gets its one reply) as a subprocess (log
+   in the data dir), on its default journal, on Kafka (``<prefix>.worker-journal-changelog``);
 4. demo inbound messages over several chats, and each receipt as it comes back;
 5. a summary: receipts, per-chat order, messages per second.
 
@@ -35,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from botmesh._cli import load_app
+from botmesh.errors import AppLoadError
 from examples.echo_bot import bot as echo_bot
 from streams.provision import ensure_topics
 from streams.table_kv import changelog_topic
@@ -91,7 +95,7 @@ def worker_command(*options: str, app: str = "examples.echo_bot:bot") -> list[st
 
 
 def _start_worker(
-    bootstrap: str, prefix: str, data_dir: Path
+    bootstrap: str, prefix: str, data_dir: Path, app: str = "examples.echo_bot:bot"
 ) -> tuple[subprocess.Popen[bytes], Path]:
     log_path = data_dir / "worker.log"
     env = dict(os.environ, BOTMESH_CONSOLE_QUIET="1", PYTHONUNBUFFERED="1")
@@ -105,6 +109,7 @@ def _start_worker(
         str(data_dir / "worker"),
         "--loglevel",
         "warning",
+        app=app,
     )
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -214,9 +219,9 @@ async def _run(
     return True
 
 
-def _show_journal(bootstrap: str, cat: Catalog) -> None:
+def _show_journal(bootstrap: str, cat: Catalog, scope: str = echo_bot.scope) -> None:
     try:
-        summary = asyncio.run(journal_summary(bootstrap, cat, echo_bot.scope))
+        summary = asyncio.run(journal_summary(bootstrap, cat, scope))
     except Exception as exc:  # the demo's last line; the worker's log says more
         print(f"demo: cannot read the journal: {exc}", file=sys.stderr)
         return
@@ -240,7 +245,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prefix", help="topic prefix (env BOTMESH_TOPIC_PREFIX)")
     parser.add_argument("--quiet", action="store_true", help="do not print each receipt")
     parser.add_argument("--data-dir", help="worker data and log (default: a temporary dir)")
+    parser.add_argument(
+        "--app",
+        default="examples.echo_bot:bot",
+        help="the bot the worker runs, module:attribute (default examples.echo_bot:bot)",
+    )
     args = parser.parse_args(argv)
+    try:
+        scope = getattr(load_app(args.app), "scope", echo_bot.scope)
+    except AppLoadError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _sigterm)
     cat = Catalog(args.prefix) if args.prefix else Catalog(prefix_from_env())
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="botmesh-demo-"))
@@ -256,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"demo: topics {cat.prefix}.*: {len(result.created)} created, "
             f"{len(result.existing)} existed"
         )
-        proc, log_path = _start_worker(bootstrap, cat.prefix, data_dir)
+        proc, log_path = _start_worker(bootstrap, cat.prefix, data_dir, args.app)
         ok = asyncio.run(_run(bootstrap, cat, proc, log_path, args))
     except KeyboardInterrupt:
         print("\ndemo: stopping ...")
@@ -267,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if proc is not None:
             stop_process(proc)
             print(f"demo: worker stopped (exit {proc.returncode})")
-            _show_journal(bootstrap, cat)
+            _show_journal(bootstrap, cat, scope)
         if started:
             subprocess.run([str(KAFKA_SH), "stop"], check=False)
             print("demo: local Kafka stopped")

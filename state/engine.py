@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from state.clock import Clock, SystemClock
@@ -32,7 +32,7 @@ from state.config import DurabilityConfig
 from state.delivery import Delivery
 from state.events import Event
 from state.inbox import Inbox
-from state.kv import DurableKv, Partitioned, anywhere, unpartitioned
+from state.kv import DurableKv, Entry, Op, Partitioned, anywhere, unpartitioned
 from state.lease import Leases
 from state.messages import Inbound
 from state.metrics import Metrics
@@ -52,10 +52,17 @@ log = logging.getLogger("botmesh.engine")
 class EngineHooks:
     """What the engine calls back into the bot."""
 
-    #: Run the handlers of one inbound (handler errors are the bot's to report).
-    dispatch: Callable[[Inbound], Awaitable[None]]
+    #: Run the handlers of one inbound (handler errors are the bot's to report). It may
+    #: return journal writes that must land with the inbound's ``done`` (a flow checkpoint):
+    #: the inbox commits them in the same ``inbox.mark_done`` write, or not at all.
+    dispatch: Callable[[Inbound], Awaitable[Sequence[Op] | None]]
     #: Deliver an event to the bot's listeners (never raises).
     emit: Callable[[Event], Awaitable[None]]
+    #: A flow checkpoint (``<scope>/flow/<chat>``) whose ``due`` time came: its pending ask
+    #: timed out, or an operator restarted it. Returns how many it acted on (0 or 1).
+    flow_due: Callable[[Entry, float], Awaitable[int]] | None = None
+    #: Once per sweeper pass: due work the bot keeps in memory (non-persistent flows).
+    sweep: Callable[[float], Awaitable[int]] | None = None
 
 
 class Engine:
@@ -94,6 +101,7 @@ class Engine:
         self.prefix = f"{scope}/"
         self.in_prefix = f"{scope}/in/"
         self.out_prefix = f"{scope}/out/"
+        self.flow_prefix = f"{scope}/flow/"
         self.metrics = Metrics()
         self.wake = asyncio.Event()
         self.leases = Leases(self)

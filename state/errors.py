@@ -11,6 +11,10 @@ does next. ``args`` stay meaningful so that every error pickles.
     ├── InvalidKeyError                  an idempotency key botmesh cannot keep apart (``#``)
     ├── AppLoadError                     ``--app`` / ``--provider`` does not name what it should
     ├── BadRecord                        an inbound record that cannot be decoded (``reason``)
+    ├── FlowInterrupt                    raised inside a flow at its pending ``conv.ask``
+    │   ├── FlowTimeout                  no answer came within the ask's ``timeout``
+    │   ├── FlowCancelled                the chat sent one of the flow's cancel commands
+    │   └── FlowInvalidAnswer            ``max_tries`` answers were refused
     ├── DurabilityError                  the journal layer
     │   ├── JournalUnavailableError      the backend cannot be reached or written
     │   │   └── JournalWriteError        one write failed (EIO, ENOSPC, short write)
@@ -18,6 +22,8 @@ does next. ``args`` stay meaningful so that every error pickles.
     │   ├── JournalLockedError           another process or open() holds the journal
     │   ├── JournalCorruptError          unreadable journal file (code, file, line, offset)
     │   ├── RecordStateError             an operator action on a missing or busy record
+    │   ├── FlowVersionError             a flow checkpoint of another version (or no such flow)
+    │   │   └── FlowDivergedError        a flow's code no longer replays its checkpoint
     │   └── FencedError                  a stale lease holder: stop, you are a zombie; never retry
     └── ProviderError                    a channel adapter failed
         ├── SendError                    a send failed; ``retryable`` says whether to retry
@@ -43,6 +49,12 @@ __all__ = [
     "ConfigError",
     "DurabilityError",
     "FencedError",
+    "FlowCancelled",
+    "FlowDivergedError",
+    "FlowInterrupt",
+    "FlowInvalidAnswer",
+    "FlowTimeout",
+    "FlowVersionError",
     "InvalidKeyError",
     "JournalCorruptError",
     "JournalLockedError",
@@ -147,6 +159,32 @@ class ConfigError(BotmeshError, ValueError):
         return f"{self.field}: {self.message}"
 
 
+class FlowInterrupt(BotmeshError):
+    """Raised inside a flow, at the ``conv.ask`` that waits: the flow may catch it (to say
+    goodbye) or let it end the flow. ``flow`` and ``chat_id`` name the conversation."""
+
+    def __init__(self, flow: str, chat_id: str, message: str) -> None:
+        super().__init__(flow, chat_id, message)
+        self.flow = flow
+        self.chat_id = chat_id
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"flow {self.flow!r} in chat {self.chat_id!r}: {self.message}"
+
+
+class FlowTimeout(FlowInterrupt):
+    """No answer came within the pending ask's ``timeout`` (fired by the sweeper)."""
+
+
+class FlowCancelled(FlowInterrupt):
+    """The chat sent one of the flow's ``cancel`` commands while it waited for an answer."""
+
+
+class FlowInvalidAnswer(FlowInterrupt, ValueError):
+    """``max_tries`` answers in a row were refused by ``validate`` or ``parse``."""
+
+
 class DurabilityError(BotmeshError):
     """Something in the journal layer failed."""
 
@@ -232,6 +270,28 @@ class RecordStateError(DurabilityError):
 
     def __str__(self) -> str:
         return f"{self.key!r} ({self.state or 'missing'}): {self.message}"
+
+
+class FlowVersionError(DurabilityError):
+    """A chat's flow checkpoint was written by another version of the flow (or by a flow no
+    longer registered): it is not replayed against this code. The flow's
+    ``on_incompatible`` decides (refuse, restart, drop); an operator can also
+    ``restart_flow`` or ``drop_flow`` it."""
+
+    def __init__(self, flow: str, chat_id: str, message: str) -> None:
+        super().__init__(flow, chat_id, message)
+        self.flow = flow
+        self.chat_id = chat_id
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"flow {self.flow!r} in chat {self.chat_id!r}: {self.message}"
+
+
+class FlowDivergedError(FlowVersionError):
+    """The flow's code no longer takes the path its checkpoint recorded (another question
+    at a recorded step, an end where an answer was recorded): its code changed without a
+    ``version`` bump. Handled like a version mismatch (``on_incompatible``)."""
 
 
 class FencedError(DurabilityError):

@@ -7,12 +7,25 @@ an instance of that class. ``name`` keeps the reference's event name for logs an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from state.errors import Reason
 from state.messages import Receipt
 
-__all__ = ["AmbiguousEvent", "DeadEvent", "ErrorEvent", "Event", "SentEvent"]
+__all__ = [
+    "AmbiguousEvent",
+    "DeadEvent",
+    "ErrorEvent",
+    "Event",
+    "FlowEndedEvent",
+    "FlowStatus",
+    "SentEvent",
+]
+
+#: How a flow ended: it returned (``done``), the chat cancelled it (``cancelled``, also when
+#: another flow replaced it), an ask timed out (``timed_out``), it raised (``failed``), or
+#: an operator or ``on_incompatible="drop"`` dropped its checkpoint (``dropped``).
+FlowStatus = Literal["done", "cancelled", "timed_out", "failed", "dropped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,4 +71,19 @@ class ErrorEvent:
     inbound_id: str | None = None
 
 
-Event = SentEvent | DeadEvent | AmbiguousEvent | ErrorEvent
+@dataclass(frozen=True, slots=True)
+class FlowEndedEvent:
+    """A conversation flow ended in ``chat_id``: ``flow`` its name, ``status`` how,
+    ``result`` what it returned (``done``, or a flow that caught its cancel or timeout and
+    returned), ``error`` what ended it otherwise. Delivered at least once: a turn replayed
+    after a crash before its checkpoint landed ends the flow again."""
+
+    name: ClassVar[str] = "flow:ended"
+    flow: str
+    chat_id: str
+    status: FlowStatus
+    result: Any = None
+    error: BaseException | None = None
+
+
+Event = SentEvent | DeadEvent | AmbiguousEvent | ErrorEvent | FlowEndedEvent

@@ -12,12 +12,15 @@
 inbound could not be journaled (fail closed: nothing ran; the caller must not
 acknowledge it) or when its handlers ran but ``done`` could not be written (a retry
 settles it without running them again). Every transition is a compare-and-set write under
-a ``Write`` label.
+a ``Write`` label. Writes the dispatch hook returns (a flow's checkpoint) land in the same
+commit as ``done``; when that commit fails the record is released and its handlers run
+again (``_mark_done_with``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -30,7 +33,7 @@ from state.errors import (
     VersionConflictError,
 )
 from state.events import DeadEvent, ErrorEvent
-from state.kv import Entry, handover
+from state.kv import Entry, Op, handover
 from state.lease import Held
 from state.media import journaled, rehydrated
 from state.messages import Inbound
@@ -241,9 +244,11 @@ class Inbox:
         e = self._e
         e.leases.held[held.key] = held
         try:
-            await e.hooks.dispatch(message)
+            riders = await e.hooks.dispatch(message)
         finally:
             e.leases.held.pop(held.key, None)
+        if riders:  # a flow turn: its checkpoint lands with done, or the turn runs again
+            return await self._mark_done_with(held, message.id, riders)
         return await self._mark_done(held, message.id)
 
     async def _mark_done(self, held: Held, inbound_id: str) -> Outcome:
@@ -265,6 +270,61 @@ class Inbox:
             ) from exc
         self._undone.pop(held.key, None)
         return Outcome.HANDLED
+
+    # -- flow turns: the checkpoint rides on done (issue 12) -----------------------------
+
+    async def _mark_done_with(self, held: Held, inbound_id: str, riders: Sequence[Op]) -> Outcome:
+        """Mark a flow turn's inbound done in the same commit as the writes its handlers
+        returned (the flow checkpoint, a compare-and-set on the version the turn read).
+        When that commit fails (the flow moved under us: another replica's turn; or the
+        journal), nothing of it landed: the inbound is released, not done, and its turn
+        runs again from the checkpoint (its sends answered from the outbox). It is never
+        parked as "handlers ran, only done missing": a flow turn must run again."""
+        e = self._e
+        now = e.clock.now()
+        done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
+        purge = e.purge_at(now)
+        for _ in range(8):
+            ops = [handover(held.key, done, expect=held.version, purge=purge), *riders]
+            try:
+                versions = await e.kv.commit(ops, label=Write.INBOX_MARK_DONE)
+            except VersionConflictError as exc:
+                if exc.key == held.key:  # our heartbeat landed first, or we were fenced
+                    entry = await e.kv.get(held.key)
+                    if entry is not None and entry.value.get("token") == held.token:
+                        held.version = entry.version
+                        continue
+                    held.fenced = True
+                    e.metrics.stale_leases += 1
+                    current = entry.value.get("token") if entry is not None else None
+                    fenced = FencedError(held.key, held.token, current)
+                    await e.emit(ErrorEvent(fenced, "inbox.mark_done", inbound_id))
+                    return Outcome.FENCED
+                return await self._release(held, inbound_id, exc)
+            except Exception as exc:
+                return await self._release(held, inbound_id, exc)
+            held.version, held.value = versions[0], done
+            self._undone.pop(held.key, None)
+            return Outcome.HANDLED
+        return await self._release(held, inbound_id, VersionConflictError(held.key, None, None))
+
+    async def _release(self, held: Held, inbound_id: str, exc: Exception) -> Outcome:
+        """A flow turn whose checkpoint did not land: give the record up (pending, no
+        lease, due now) so it is replayed, then raise: the transport must not acknowledge
+        it. If even the release fails, the lease expires and the sweeper replays it."""
+        e = self._e
+        now = e.clock.now()
+        retry = revise(held.value, now, state=InboxState.PENDING, lease=None)
+        try:
+            await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
+        except Exception as release_exc:
+            log.warning("inbound %s not released (%s); its lease expires", inbound_id, release_exc)
+        e.wake.set()
+        log.warning("inbound %s: flow checkpoint not written (%s); released", inbound_id, exc)
+        raise JournalUnavailableError(
+            f"inbound {inbound_id!r}: its flow checkpoint could not be written ({exc}); the "
+            "inbound was released and is replayed (handle it again, or the sweeper does)"
+        ) from exc
 
     async def replay(self, entry: Entry, now: float) -> Outcome:
         """Take a pending record (restart, expired lease, operator) and run it again, or

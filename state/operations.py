@@ -1,11 +1,13 @@
 """Operating a running bot's journal: list records, replay an inbound, retry a send,
-discard one, read the counters (``app.durability``)."""
+discard one, list, restart or drop a chat's flow, read the counters (``app.durability``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from state.errors import Reason, RecordStateError
+from state.events import FlowEndedEvent
+from state.flows import ACTIVE, FlowRecord, ended_record, fresh_record
 from state.inbox import replay_value
 from state.keys import part_base, part_key
 from state.kv import Delete, Entry, handover
@@ -155,6 +157,60 @@ class Operations:
             return "stale"
         acted = await e.delivery.parked_due(entry, e.clock.now())
         return "delivered" if acted else "waiting"
+
+    # -- flows (persistent ones: those in the journal) -----------------------------------
+
+    async def flows(self, chat_id: str | None = None) -> list[FlowRecord]:
+        """The flow checkpoints of this scope (active, parked or ended and not purged yet),
+        or the one of ``chat_id``. Non-persistent flows live in memory and are not listed."""
+        e = self._e
+        if chat_id is not None:
+            entry = await e.kv.get(e.flow_prefix + chat_id)
+            return [] if entry is None else [FlowRecord.from_value(entry.value, entry.version)]
+        return [FlowRecord.from_value(x.value, x.version) for x in await e.kv.scan(e.flow_prefix)]
+
+    async def restart_flow(self, chat_id: str) -> FlowRecord:
+        """Start the chat's flow again from its beginning (same flow, same args, a new
+        run): what to do with a checkpoint refused by new code (``FlowVersionError``). The
+        sweeper runs the start: its first question goes out keyed from the new run."""
+        e = self._e
+        entry = await self._flow_entry(chat_id)
+        now = e.clock.now()
+        old = entry.value
+        new = fresh_record(old["flow"], int(old.get("version", 1)), chat_id, old["args"], now)
+        new["restart"] = True
+        with e.near(entry.key):
+            [version] = await e.kv.commit(
+                [handover(entry.key, new, expect=entry.version, due=now)],
+                label=Write.FLOW_CHECKPOINT,
+            )
+        e.wake.set()
+        return FlowRecord.from_value(new, version)
+
+    async def drop_flow(self, chat_id: str) -> FlowRecord:
+        """End the chat's flow now (``dropped``): its next message goes to the handlers."""
+        e = self._e
+        entry = await self._flow_entry(chat_id)
+        now = e.clock.now()
+        if entry.value.get("status") != ACTIVE:
+            raise RecordStateError(chat_id, entry.value.get("status"), "this flow ended already")
+        ended = ended_record(entry.value, "dropped", now)
+        with e.near(entry.key):
+            [version] = await e.kv.commit(
+                [handover(entry.key, ended, expect=entry.version, purge=e.purge_at(now))],
+                label=Write.FLOW_CHECKPOINT,
+            )
+        await e.emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
+        return FlowRecord.from_value(ended, version)
+
+    async def _flow_entry(self, chat_id: str) -> Entry:
+        e = self._e
+        key = e.flow_prefix + chat_id
+        with e.near(key):
+            entry = await e.kv.get(key)
+        if entry is None:
+            raise RecordStateError(chat_id, None, "no flow checkpoint for this chat in this scope")
+        return entry
 
     async def _cascaded_parts(self, value: Json) -> list[Entry]:
         part, parts = value.get("part", 1), value.get("parts", 1)

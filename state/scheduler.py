@@ -3,7 +3,8 @@ the lease heartbeat (``Scheduler``).
 
 A sweep pass looks at every record of the scope whose ``due`` time came: inbounds to
 replay (a restart, an expired lease), sends to retry, to resolve after a crash or to let
-go after the part or send they waited for, receipts to publish again; then retention. A
+go after the part or send they waited for, receipts to publish again, flows whose pending
+ask timed out (or an operator restarted); then retention. A
 record whose visit fails is retried after the inbox backoff, without holding up the rest.
 
 The timer sleeps in real time and wakes early when the engine sets ``wake`` (an enqueue,
@@ -62,6 +63,8 @@ class Sweeper:
         acted = 0
         for key in keys:
             acted += await self._visit(key, now, recovering)
+        if e.hooks.sweep is not None:
+            acted += await e.hooks.sweep(now)
         acted += await e.retention.purge(now)
         if e.publisher is not None:
             await e.publisher.flush(wait=False)
@@ -97,6 +100,10 @@ class Sweeper:
         unpublished = state in _COPIED and value.get("published") is False
         if unpublished and e.publisher is not None and (recovering or _due_by(entry, now)):
             return await e.publisher.republish(entry)
+        if entry.key.startswith(e.flow_prefix):
+            if e.hooks.flow_due is None or not _due_by(entry, now):
+                return 0
+            return await e.hooks.flow_due(entry, now)
         if entry.key.startswith(e.in_prefix):
             if state != InboxState.PENDING or not self._due(entry, now):
                 return 0

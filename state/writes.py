@@ -58,3 +58,6 @@ class Write(StrEnum):
     OUTBOX_DISCARD = "outbox.discard"
     #: Done and sent records past retention deleted.
     RETENTION_PURGE = "retention.purge"
+    #: A flow checkpoint written outside an inbound (a timeout fired by the sweeper, an
+    #: operator's restart or drop); a turn fed by an inbound rides on ``inbox.mark_done``.
+    FLOW_CHECKPOINT = "flow.checkpoint"

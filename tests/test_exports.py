@@ -35,7 +35,9 @@ def test_all_is_every_public_name(name: str) -> None:
 
 
 def test_the_front_door_stays_small() -> None:
-    assert 15 <= len(botmesh.__all__) <= 20, botmesh.__all__
+    # 20 before flows; flows add Conversation, FlowEndedEvent, FlowTimeout, FlowCancelled
+    # (a flow author catches the last two at conv.ask)
+    assert 15 <= len(botmesh.__all__) <= 24, botmesh.__all__
 
 
 def test_every_error_is_in_the_one_tree() -> None:

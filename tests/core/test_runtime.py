@@ -135,7 +135,9 @@ async def test_typed_listeners() -> None:
 
 @pytest.mark.parametrize("event", ["sent", "durability:dead", Exception, Receipt])
 def test_listening_to_anything_but_an_event_class_is_refused(event: object) -> None:
-    with pytest.raises(TypeError, match="SentEvent, DeadEvent, AmbiguousEvent or ErrorEvent"):
+    with pytest.raises(
+        TypeError, match="SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent or FlowEndedEvent"
+    ):
         Bot("b").on(event, print)  # type: ignore[call-overload]
 
 
