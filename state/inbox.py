@@ -283,30 +283,17 @@ class Inbox:
         e = self._e
         now = e.clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
-        purge = e.purge_at(now)
-        for _ in range(8):
-            ops = [handover(held.key, done, expect=held.version, purge=purge), *riders]
-            try:
-                versions = await e.kv.commit(ops, label=Write.INBOX_MARK_DONE)
-            except VersionConflictError as exc:
-                if exc.key == held.key:  # our heartbeat landed first, or we were fenced
-                    entry = await e.kv.get(held.key)
-                    if entry is not None and entry.value.get("token") == held.token:
-                        held.version = entry.version
-                        continue
-                    held.fenced = True
-                    e.metrics.stale_leases += 1
-                    current = entry.value.get("token") if entry is not None else None
-                    fenced = FencedError(held.key, held.token, current)
-                    await e.emit(ErrorEvent(fenced, "inbox.mark_done", inbound_id))
-                    return Outcome.FENCED
-                return await self._release(held, inbound_id, exc)
-            except Exception as exc:
-                return await self._release(held, inbound_id, exc)
-            held.version, held.value = versions[0], done
-            self._undone.pop(held.key, None)
-            return Outcome.HANDLED
-        return await self._release(held, inbound_id, VersionConflictError(held.key, None, None))
+        try:
+            await e.leases.write(
+                held, done, Write.INBOX_MARK_DONE, purge=e.purge_at(now), riders=riders
+            )
+        except FencedError as exc:
+            await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            return Outcome.FENCED
+        except Exception as exc:
+            return await self._release(held, inbound_id, exc)
+        self._undone.pop(held.key, None)
+        return Outcome.HANDLED
 
     async def _release(self, held: Held, inbound_id: str, exc: Exception) -> Outcome:
         """A flow turn whose checkpoint did not land: give the record up (pending, no

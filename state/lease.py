@@ -15,11 +15,12 @@ that are a third or more through (``heartbeat_once``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from state.errors import DurabilityError, FencedError, VersionConflictError
-from state.kv import Entry, handover
+from state.kv import Entry, Op, handover
 from state.records import Json
 from state.writes import Write
 
@@ -94,12 +95,16 @@ class Leases:
         label: Write,
         due: float | None = None,
         purge: float | None = None,
+        *,
+        riders: Sequence[Op] = (),
     ) -> bool:
         """Write ``value`` over ``target``.
 
         A ``Held`` record is written as its holder: ``FencedError`` when it was taken over.
         An ``Entry`` is written with a compare-and-set on its version: ``False`` when
-        someone wrote it first (the caller leaves it to them).
+        someone wrote it first (the caller leaves it to them). ``riders`` (a held record
+        only) are other writes that land in the same commit or not at all: a conflict on
+        one of them raises its ``VersionConflictError``.
         """
         if isinstance(target, Entry):
             try:
@@ -110,20 +115,29 @@ class Leases:
             except VersionConflictError:
                 return False
             return True
-        await self._write_held(target, value, label, due, purge)
+        await self._write_held(target, value, label, due, purge, riders=riders)
         return True
 
     async def _write_held(
-        self, held: Held, value: Json, label: Write, due: float | None, purge: float | None
+        self,
+        held: Held,
+        value: Json,
+        label: Write,
+        due: float | None,
+        purge: float | None,
+        *,
+        riders: Sequence[Op] = (),
     ) -> None:
         kv = self._e.kv
         for _ in range(8):
             try:
-                [version] = await kv.commit(
-                    [handover(held.key, value, expect=held.version, due=due, purge=purge)],
+                version, *_ = await kv.commit(
+                    [handover(held.key, value, expect=held.version, due=due, purge=purge), *riders],
                     label=label,
                 )
-            except VersionConflictError:
+            except VersionConflictError as exc:
+                if riders and exc.key != held.key:
+                    raise
                 entry = await kv.get(held.key)
                 current = entry.value.get("token") if entry is not None else None
                 if entry is None or current != held.token:
