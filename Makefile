@@ -27,8 +27,10 @@ kafka-start: kafka-jars ## start the local single-node Kafka on 127.0.0.1:9092
 kafka-stop: ## stop the local Kafka
 	$(KAFKA) stop
 
-run: venv kafka-jars ## the demo: Kafka, topics, the echo bot worker, demo traffic, receipts (Ctrl-C stops)
-	$(BIN)/python -m examples.demo
+APP ?= examples.echo_bot:bot
+
+run: venv kafka-jars ## the demo: Kafka, topics, a worker running APP (default the echo bot), traffic, receipts (Ctrl-C stops)
+	$(BIN)/python -m examples.demo --app $(APP)
 
 test: venv kafka-jars ## the whole test suite, Kafka tests included (a local broker is started)
 	$(BIN)/pytest
