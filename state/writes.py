@@ -58,3 +58,13 @@ class Write(StrEnum):
     OUTBOX_DISCARD = "outbox.discard"
     #: Done and sent records past retention deleted.
     RETENTION_PURGE = "retention.purge"
+    #: The provider session's leadership lease taken, renewed or released (``state.leader``).
+    LEADER_LEASE = "leader.lease"
+    #: A send journaled on a standby handed back to the leader (not charged).
+    OUTBOX_NOT_LEADER = "outbox.not_leader"
+    #: A chat's turn taken (``state.turns``), before the inbound's handlers run.
+    TURN_TAKE = "turn.take"
+    #: A chat's turn extended while the handlers run.
+    TURN_HEARTBEAT = "turn.heartbeat"
+    #: An inbound whose chat's turn stays held elsewhere left for the sweeper (not charged).
+    INBOX_TURN_WAIT = "inbox.turn_wait"
