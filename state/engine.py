@@ -10,6 +10,7 @@
 ``retention``  purge of finished records (``state.retention``)
 ``operations`` list, replay, retry, discard, metrics (``state.operations``)
 ``leader``     the provider session's lease, ``provider_session="leader"`` (``state.leader``)
+``turns``      a chat's handlers on one replica at a time (``state.turns``)
 =============  ====================================================================
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
@@ -44,6 +45,7 @@ from state.ports import Provider
 from state.receipts import Publisher, ReceiptSink
 from state.retention import Retention
 from state.scheduler import Scheduler, Sweeper
+from state.turns import Turns
 
 __all__ = ["Engine", "EngineHooks"]
 
@@ -101,6 +103,8 @@ class Engine:
         self.leases = Leases(self)
         #: The provider session's lease (``provider_session="leader"``), else ``None``.
         self.leader = Leadership.of(self)
+        #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
+        self.turns = Turns.of(self)
         self.publisher = Publisher(self, receipts) if receipts is not None else None
         self.outbox = Outbox(self)
         self.delivery = Delivery(self)

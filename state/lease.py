@@ -15,11 +15,12 @@ that are a third or more through (``heartbeat_once``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from state.errors import DurabilityError, FencedError, VersionConflictError
-from state.kv import Entry, handover
+from state.kv import Entry, Op, handover
 from state.records import Json
 from state.writes import Write
 
@@ -94,12 +95,16 @@ class Leases:
         label: Write,
         due: float | None = None,
         purge: float | None = None,
+        *,
+        extra: Sequence[Op] = (),
     ) -> bool:
         """Write ``value`` over ``target``.
 
         A ``Held`` record is written as its holder: ``FencedError`` when it was taken over.
         An ``Entry`` is written with a compare-and-set on its version: ``False`` when
-        someone wrote it first (the caller leaves it to them).
+        someone wrote it first (the caller leaves it to them). ``extra`` operations join
+        the same commit (a ``Held`` only); a conflict on one of them raises
+        ``VersionConflictError`` naming it, for the caller to settle.
         """
         if isinstance(target, Entry):
             try:
@@ -110,20 +115,29 @@ class Leases:
             except VersionConflictError:
                 return False
             return True
-        await self._write_held(target, value, label, due, purge)
+        await self._write_held(target, value, label, due, purge, extra=extra)
         return True
 
     async def _write_held(
-        self, held: Held, value: Json, label: Write, due: float | None, purge: float | None
+        self,
+        held: Held,
+        value: Json,
+        label: Write,
+        due: float | None,
+        purge: float | None,
+        *,
+        extra: Sequence[Op] = (),
     ) -> None:
         kv = self._e.kv
         for _ in range(8):
             try:
-                [version] = await kv.commit(
-                    [handover(held.key, value, expect=held.version, due=due, purge=purge)],
+                [version, *_] = await kv.commit(
+                    [handover(held.key, value, expect=held.version, due=due, purge=purge), *extra],
                     label=label,
                 )
-            except VersionConflictError:
+            except VersionConflictError as exc:
+                if exc.key != held.key:
+                    raise
                 entry = await kv.get(held.key)
                 current = entry.value.get("token") if entry is not None else None
                 if entry is None or current != held.token:
@@ -162,6 +176,13 @@ class Leases:
         await self.write(held, new, Write.OUTBOX_CLAIM, due=now + seconds)
         held.token = new["token"]
 
+    def _heartbeat_label(self, key: str) -> Write:
+        if key.startswith(self._e.in_prefix):
+            return Write.INBOX_HEARTBEAT
+        if key.startswith(self._e.out_prefix):
+            return Write.OUTBOX_HEARTBEAT
+        return Write.TURN_HEARTBEAT
+
     async def heartbeat_once(self, now: float) -> int:
         """Extend every lease held here that is a third or more through; returns how many."""
         extended = 0
@@ -173,11 +194,7 @@ class Leases:
                 continue
             new = dict(held.value)
             new["lease"] = {**lease, "until": now + held.lease}
-            label = (
-                Write.INBOX_HEARTBEAT
-                if held.key.startswith(self._e.in_prefix)
-                else Write.OUTBOX_HEARTBEAT
-            )
+            label = self._heartbeat_label(held.key)
             try:
                 [version] = await self._e.kv.commit(
                     [handover(held.key, new, expect=held.version, due=now + held.lease)],

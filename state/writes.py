@@ -66,5 +66,8 @@ class Write(StrEnum):
     TURN_TAKE = "turn.take"
     #: A chat's turn extended while the handlers run.
     TURN_HEARTBEAT = "turn.heartbeat"
+    #: A chat's turn given back by a run that ended without marking its inbound done (the
+    #: usual release joins ``inbox.mark_done``).
+    TURN_RELEASE = "turn.release"
     #: An inbound whose chat's turn stays held elsewhere left for the sweeper (not charged).
     INBOX_TURN_WAIT = "inbox.turn_wait"
