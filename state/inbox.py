@@ -319,7 +319,8 @@ class Inbox:
         value = entry.value
         attempts = int(value.get("attempts", 0))
         # -- chat turns (state.turns): a chat whose turn is held runs nothing now --------
-        if e.turns is not None and await e.turns.busy(value["message"]["chat_id"]):
+        chat = (value.get("message") or {}).get("chat_id")
+        if e.turns is not None and isinstance(chat, str) and await e.turns.busy(chat):
             return Outcome.DUPLICATE
         if attempts >= e.config.inbox.max_attempts:
             error = encode_error(

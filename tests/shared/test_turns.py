@@ -11,6 +11,7 @@ default there) for the real ones: the handler proves no overlap with an ``O_EXCL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from contextlib import ExitStack
@@ -57,6 +58,16 @@ class Overlaps:
                 self.busy.discard(ctx.chat_id)
 
         return bot
+
+
+class _PartitionedKv(MemoryKv):
+    """A journal that says it is split by partition (as the Kafka worker's is)."""
+
+    def near(self, key: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def across_partitions(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def _turn_key(app: App, chat: str = "c") -> str:
@@ -177,6 +188,8 @@ async def test_turns_are_on_by_default_only_on_a_shared_journal(tmp_path: Path) 
         await kv.close()
     forced = await make_app(inbox={"chat_turns": True})
     assert forced.engine.turns is not None
+    partitioned = await make_app(kv=_PartitionedKv(), inbox={"chat_turns": True})
+    assert partitioned.engine.turns is None  # the partition serializes a chat already
 
 
 async def test_a_heartbeat_landing_first_does_not_fail_the_release() -> None:
