@@ -159,7 +159,7 @@ class Delivery:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
             if e.leader is not None:
-                e.leader.check(e.clock.now())
+                await e.leader.ensure()
             try:
                 result = await call_send(e.provider, message, held.value["key"])
             except ProviderNotLeaderError:
@@ -308,7 +308,7 @@ class Delivery:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
         e = self._e
         if e.leader is not None:  # it cannot be journaled, so it cannot wait for the leader
-            e.leader.check(e.clock.now())
+            await e.leader.ensure()
         e.metrics.outbox_bypassed += 1
         now = e.clock.now()
         receipt = await send_direct(e.provider, message, key, inbound_id, part=part, now=now)
@@ -410,11 +410,11 @@ class Delivery:
             async with e.outbox.chat_lock(message.chat_id):
                 try:
                     if e.leader is not None:
-                        e.leader.check(e.clock.now())
+                        await e.leader.ensure()
                     result = await self._resolve(held, message) if ask else None
                     if result is None:
                         if e.leader is not None and ask:
-                            e.leader.check(e.clock.now())
+                            await e.leader.ensure()
                         result = await call_send(e.provider, message, claimed["key"])
                 except _Skipped:
                     return 1

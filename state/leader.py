@@ -97,6 +97,13 @@ class Leadership:
             raise ProviderNotLeaderError(self._e.instance_id, self._until)
         raise ProviderNotLeaderError(self._holder, self._holder_until)
 
+    async def ensure(self) -> None:
+        """Right before a provider call: renew the lease if it is due (a long sweeper pass
+        must not starve the renewals), then ``check``."""
+        if self._version > 0:
+            await self.tick()
+        self.check(self._e.clock.now())
+
     async def tick(self, now: float | None = None) -> bool:
         """Take, renew or watch the lease; returns whether this engine leads now. A journal
         error leaves the state as it was (a leader then stops at its margin)."""

@@ -284,3 +284,5 @@ def test_a_holder_killed_mid_turn_is_taken_over(backend_name: str, tmp_path: Pat
     assert Counter(_lines(tmp_path, "handled.log")) == Counter(["r2 k1", "r2 k2"])
     assert summary["inbox"] == {"k1": "done", "k2": "done"}
     assert any(line.startswith("OUT k2 ") for line in outcome)
+    figures = {"inbounds": 2, "kills": 1, "overlaps": 0, "lost": 0, "replayed": ["k1"]}
+    print(json.dumps({f"turn-kill/{backend_name}": figures}))
