@@ -21,9 +21,9 @@ of finishing. Within one process the turn also serializes the chat's concurrent 
 
 Turns are on by default when the journal is shared by several processes (sqlite,
 postgres, redis) and not partitioned; on the Kafka worker the partition already serializes
-a chat. ``inbox.chat_turns=False`` turns them off (sticky routing, for speed). A turn
-record stays in the journal (one per chat; it is never deleted, so its version and token
-only grow).
+a chat. ``inbox.chat_turns=False`` turns them off (sticky routing, for speed). A free
+turn record is purged with the done records (``retention``): a chat idle that long starts
+again at token 1 (a holder of a purged turn is long fenced: its version is gone).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class Turns:
             return None  # another live instance runs this chat's handlers
         # (ours, of this boot, yet not held here: a release that did not land; taken again)
         taken = e.leases.claimed(value, now, self._lease)
-        taken["inbound"] = inbound_id
+        taken.update(inbound=inbound_id, state="held")
         try:
             [version] = await e.kv.commit(
                 [handover(key, taken, expect=entry.version if entry is not None else 0)],
@@ -135,8 +135,8 @@ class Turns:
 
     def release_op(self, turn: Held, now: float) -> Put:
         """The write that releases ``turn``, joined to the inbound's mark-done commit."""
-        value = revise(turn.value, now, lease=None, inbound=None)
-        return handover(turn.key, value, expect=turn.version)
+        value = revise(turn.value, now, lease=None, inbound=None, state="done")
+        return handover(turn.key, value, expect=turn.version, purge=self._e.purge_at(now))
 
     def released(self, turn: Held) -> None:
         """The release landed (or the turn is given up): the chat is free here."""

@@ -286,3 +286,19 @@ def test_a_holder_killed_mid_turn_is_taken_over(backend_name: str, tmp_path: Pat
     assert any(line.startswith("OUT k2 ") for line in outcome)
     figures = {"inbounds": 2, "kills": 1, "overlaps": 0, "lost": 0, "replayed": ["k1"]}
     print(json.dumps({f"turn-kill/{backend_name}": figures}))
+
+
+async def test_a_free_turn_is_purged_with_retention_a_held_one_is_not() -> None:
+    seen = Overlaps()
+    seen.gate = asyncio.Event()
+    a, _ = await _pair(seen, chat_turns=True)
+    await a.runtime.handle(Inbound(id="m1", chat_id="c", text="x"))
+    seen.entered.clear()
+    held = asyncio.create_task(a.runtime.handle(Inbound(id="m2", chat_id="d", text="gated")))
+    await seen.entered.wait()
+    a.clock.advance(8 * 86400.0)  # past the default retention of 7 days
+    await a.ops.sweep_once()
+    assert await a.kv.get(_turn_key(a, "c")) is None  # free: purged
+    assert await a.kv.get(_turn_key(a, "d")) is not None  # held: kept
+    seen.gate.set()
+    assert await held == Outcome.HANDLED  # lapsed, but nobody took it: it completes
