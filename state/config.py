@@ -21,10 +21,11 @@ from state.backoff import Backoff, Retries
 from state.durations import parse_duration
 from state.errors import ConfigError, Reason
 
-__all__ = ["BackoffConfig", "DurabilityConfig", "InboxConfig", "OutboxConfig"]
+__all__ = ["BackoffConfig", "DurabilityConfig", "InboxConfig", "LeaderConfig", "OutboxConfig"]
 
 OnAmbiguous = Literal["skip", "resend"]
 OnDiverged = Literal["send", "skip"]
+ProviderSession = Literal["any", "leader"]
 
 #: The shortest outbox lease the engine accepts (seconds).
 MIN_OUTBOX_LEASE = 0.020
@@ -82,6 +83,14 @@ class InboxConfig:
     #: Journal a serializable media reference (default True). Media is journaled as a
     #: reference (url, path, or base64 bytes); provider rehydration is not implemented.
     media_refs: bool = True
+    #: Serialize each chat's turns across replicas (see ``state.turns``): ``None`` (the
+    #: default) turns them on when the journal is shared (sqlite, postgres, redis) and not
+    #: partitioned (the Kafka worker's partitions serialize a chat already); ``False``
+    #: turns them off (sticky routing, for speed); ``True`` on any unpartitioned journal.
+    chat_turns: bool | None = None
+    #: How long an inbound waits for its chat's turn held by another replica before it is
+    #: left journaled for the sweeper, seconds (default 10 s).
+    turn_wait: float = 10.0
 
     def retry_policy(self) -> Retries:
         """The decision for failures before the handlers (a journal outage, say)."""
@@ -91,12 +100,19 @@ class InboxConfig:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> InboxConfig:
-        _known(raw, "inbox", ("lease", "max_attempts", "backoff", "media_refs"))
+        _known(
+            raw,
+            "inbox",
+            ("lease", "max_attempts", "backoff", "media_refs", "chat_turns", "turn_wait"),
+        )
+        turns = raw.get("chat_turns")
         return cls(
             lease=parse_duration(raw.get("lease", "60s"), "inbox.lease"),
             max_attempts=_int(raw.get("max_attempts", 5), "inbox.max_attempts"),
             backoff=BackoffConfig.from_value(raw.get("backoff", {}), "inbox.backoff"),
             media_refs=_bool(raw.get("media_refs", True), "inbox.media_refs"),
+            chat_turns=None if turns is None else _bool(turns, "inbox.chat_turns"),
+            turn_wait=parse_duration(raw.get("turn_wait", "10s"), "inbox.turn_wait"),
         )
 
 
@@ -154,6 +170,24 @@ class OutboxConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderConfig:
+    """The leadership lease of ``provider_session="leader"`` (see ``state.leader``)."""
+
+    #: Lease of the provider session, seconds (default 10 s). The leader renews it every
+    #: third of it and stops calling the provider a quarter of it before it ends; a
+    #: standby takes the session once it ended (a dead leader: one lease at most).
+    lease: float = 10.0
+
+    @classmethod
+    def from_value(cls, value: object) -> LeaderConfig:
+        if isinstance(value, LeaderConfig):
+            return value
+        raw = _mapping(value, "leader")
+        _known(raw, "leader", ("lease",))
+        return cls(lease=parse_duration(raw.get("lease", "10s"), "leader.lease"))
+
+
+@dataclass(frozen=True, slots=True)
 class DurabilityConfig:
     """The durability policy of a bot: ``Bot("id", durability=DurabilityConfig(...) | {...})``."""
 
@@ -167,6 +201,13 @@ class DurabilityConfig:
     poll: float = 1.0
     #: How long ``done`` / ``sent`` records are kept, seconds (default 7 days); 0 keeps them.
     retention: float = 7 * 86400.0
+    #: Which replicas may call the provider: ``"any"`` (default) or ``"leader"``, for a
+    #: transport that allows one live session (a WhatsApp Web socket): the replica holding
+    #: the leadership lease in the shared journal delivers every send; a standby journals
+    #: its sends and leaves them to the leader (``ProviderNotLeaderError``, never charged).
+    provider_session: ProviderSession = "any"
+    #: The leadership lease (``provider_session="leader"`` only).
+    leader: LeaderConfig = field(default_factory=LeaderConfig)
 
     def __post_init__(self) -> None:
         if self.outbox.lease < MIN_OUTBOX_LEASE:
@@ -190,6 +231,17 @@ class DurabilityConfig:
             )
         if self.outbox.max_payload_bytes < 1:
             raise ConfigError("outbox.max_payload_bytes", "must be at least 1")
+        if self.inbox.turn_wait < 0:
+            raise ConfigError("inbox.turn_wait", "must be 0 or more (for example '10s')")
+        if self.provider_session not in ("any", "leader"):
+            raise ConfigError(
+                "provider_session",
+                f"must be 'any' or 'leader', got {self.provider_session!r}",
+            )
+        if self.leader.lease < MIN_OUTBOX_LEASE * 5:
+            raise ConfigError(
+                "leader.lease", f"must be at least 100ms, got {self.leader.lease * 1000:g}ms"
+            )
 
     def replace(self, **changes: Any) -> DurabilityConfig:
         return dataclasses.replace(self, **changes)
@@ -208,7 +260,11 @@ class DurabilityConfig:
                     "the runtime chooses this, not the bot: pass "
                     f"botmesh.run(bot, provider, {arg}=...) or `botmesh worker {flag} ...`",
                 )
-        _known(raw, "", ("fail_open", "inbox", "outbox", "poll", "retention"))
+        _known(
+            raw,
+            "",
+            ("fail_open", "inbox", "outbox", "poll", "retention", "provider_session", "leader"),
+        )
         inbox = InboxConfig.from_mapping(_mapping(raw.get("inbox", {}), "inbox"))
         outbox = OutboxConfig.from_mapping(_mapping(raw.get("outbox", {}), "outbox"), inbox.backoff)
         return cls(
@@ -217,6 +273,8 @@ class DurabilityConfig:
             outbox=outbox,
             poll=parse_duration(raw.get("poll", "1s"), "poll"),
             retention=parse_duration(raw.get("retention", "7d"), "retention"),
+            provider_session=raw.get("provider_session", "any"),
+            leader=LeaderConfig.from_value(raw.get("leader", {})),
         )
 
     @classmethod

@@ -9,6 +9,11 @@ and hands its receipt to the runtime's receipts sink, when there is one.
 A part never goes out before the part before it settled: a part waits while the earlier
 one is pending or failed (not charged as an attempt), dies with it when it is dead, and
 becomes ``unknown`` with it when its outcome was lost in a crash.
+
+With ``provider_session="leader"`` a replica that does not hold the provider session never
+calls the provider: its sweeper leaves sends alone, and an attempt refused right before
+the call (``ProviderNotLeaderError``, the lease lost meanwhile) hands the record back as it
+was before the claim (``hand_back``: the attempt not charged, due now) for the leader.
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from state import records
 from state.backoff import PARK_GRACE, GiveUp, park_delay
-from state.errors import FencedError, Reason, SendDeferredError, VersionConflictError
+from state.errors import (
+    FencedError,
+    ProviderNotLeaderError,
+    Reason,
+    SendDeferredError,
+    VersionConflictError,
+)
 from state.events import AmbiguousEvent, DeadEvent, SentEvent
 from state.kv import Entry, Put, handover
 from state.lease import Held
@@ -122,6 +133,10 @@ class Delivery:
                     await e.leases.reclaim(held, self._lease)
                 try:
                     receipt = await self._attempt_inline(held, outs[i], started)
+                except ProviderNotLeaderError:  # the leader's sweeper delivers it
+                    receipt = await self.hand_back(held, inflight=False)
+                    await self._release(helds[i + 1 :])
+                    return first or receipt
                 except SendDeferredError:
                     await self._release(helds[i + 1 :])
                     raise
@@ -143,8 +158,12 @@ class Delivery:
         while True:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
+            if e.leader is not None:
+                await e.leader.ensure()
             try:
                 result = await call_send(e.provider, message, held.value["key"])
+            except ProviderNotLeaderError:
+                raise
             except Exception as exc:
                 delay = await self._failed(held, exc, started)
                 if delay is None:
@@ -288,6 +307,8 @@ class Delivery:
     ) -> Receipt:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
         e = self._e
+        if e.leader is not None:  # it cannot be journaled, so it cannot wait for the leader
+            await e.leader.ensure()
         e.metrics.outbox_bypassed += 1
         now = e.clock.now()
         receipt = await send_direct(e.provider, message, key, inbound_id, part=part, now=now)
@@ -306,6 +327,8 @@ class Delivery:
         ls = e.leases.state(value, now)
         if ls == "live" or not (ls == "orphan" or entry.due is None or entry.due <= now):
             return 0
+        if e.leader is not None and not e.leader.may_send(now):
+            return 0  # a standby: left to the leader, nothing written
         gated = await self._gate(entry, now)
         if gated is not None:
             return gated
@@ -346,7 +369,10 @@ class Delivery:
     async def parked_due(self, entry: Entry, now: float) -> int:
         """A parked send whose retry tier brought it back: as :meth:`due`, without waiting
         for the journal's ``due`` (the sweeper's backstop, later)."""
-        if self._e.leases.state(entry.value, now) == "live":
+        e = self._e
+        if e.leases.state(entry.value, now) == "live":
+            return 0
+        if e.leader is not None and not e.leader.may_send(now):
             return 0
         gated = await self._gate(entry, now)
         if gated is not None:
@@ -383,11 +409,18 @@ class Delivery:
         try:
             async with e.outbox.chat_lock(message.chat_id):
                 try:
+                    if e.leader is not None:
+                        await e.leader.ensure()
                     result = await self._resolve(held, message) if ask else None
                     if result is None:
+                        if e.leader is not None and ask:
+                            await e.leader.ensure()
                         result = await call_send(e.provider, message, claimed["key"])
                 except _Skipped:
                     return 1
+                except ProviderNotLeaderError:
+                    await self.hand_back(held, inflight=bool(entry.value.get("inflight")))
+                    return 0
                 except Exception as exc:
                     await self._failed(held, exc, None)
                     return 1
@@ -395,6 +428,31 @@ class Delivery:
                 return 1
         finally:
             e.leases.held.pop(entry.key, None)
+
+    async def hand_back(self, held: Held, *, inflight: bool) -> Receipt:
+        """A claimed send this replica may not deliver (``ProviderNotLeaderError``): back to
+        pending, its attempt not charged, due now, for the leader. A send that was in flight
+        before the claim (``inflight``: its outcome lost in a crash) stays so, with an
+        expired lease, so the leader resolves it by the ambiguity policy."""
+        e = self._e
+        now = e.clock.now()
+        lease = {**e.leases.lease(now, 0.0)} if inflight else None
+        value = revise(
+            held.value,
+            now,
+            state=OutboxState.PENDING,
+            inflight=True if inflight else None,
+            lease=lease,
+            attempts=max(int(held.value.get("attempts", 1)) - 1, 0),
+        )
+        try:
+            await e.leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
+        except FencedError:
+            pass
+        finally:
+            e.leases.held.pop(held.key, None)
+        log.info("send %s left to the provider leader", value["key"])
+        return records.receipt_of(value, now)
 
     async def _resolve(self, held: Held, message: Outbound) -> SendResult | None:
         """Ask the channel whether an ambiguous send went out: its result when it did,

@@ -9,6 +9,8 @@
 ``publisher``  receipts to the runtime's sink, at least once (``state.receipts``)
 ``retention``  purge of finished records (``state.retention``)
 ``operations`` list, replay, retry, discard, metrics (``state.operations``)
+``leader``     the provider session's lease, ``provider_session="leader"`` (``state.leader``)
+``turns``      a chat's handlers on one replica at a time (``state.turns``)
 =============  ====================================================================
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
@@ -33,6 +35,7 @@ from state.delivery import Delivery
 from state.events import Event
 from state.inbox import Inbox
 from state.kv import DurableKv, Entry, Op, Partitioned, anywhere, unpartitioned
+from state.leader import Leadership
 from state.lease import Leases
 from state.messages import Inbound
 from state.metrics import Metrics
@@ -42,6 +45,7 @@ from state.ports import Provider
 from state.receipts import Publisher, ReceiptSink
 from state.retention import Retention
 from state.scheduler import Scheduler, Sweeper
+from state.turns import Turns
 
 __all__ = ["Engine", "EngineHooks"]
 
@@ -105,6 +109,10 @@ class Engine:
         self.metrics = Metrics()
         self.wake = asyncio.Event()
         self.leases = Leases(self)
+        #: The provider session's lease (``provider_session="leader"``), else ``None``.
+        self.leader = Leadership.of(self)
+        #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
+        self.turns = Turns.of(self)
         self.publisher = Publisher(self, receipts) if receipts is not None else None
         self.outbox = Outbox(self)
         self.delivery = Delivery(self)
@@ -123,6 +131,8 @@ class Engine:
 
     async def open(self) -> None:
         """Recover (the journal is open already), then start the background scheduler."""
+        if self.leader is not None:
+            await self.leader.tick()
         await self.recover()
         self.scheduler.start()
 
@@ -135,8 +145,11 @@ class Engine:
         return await self.sweeper.sweep_once(recovering=True)
 
     async def close(self) -> None:
-        """Stop the scheduler (letting a pass finish) and record the receipts published."""
+        """Stop the scheduler (letting a pass finish), release the provider session, and
+        record the receipts published."""
         await self.scheduler.stop()
+        if self.leader is not None:
+            await self.leader.release()
         if self.publisher is not None:
             try:
                 await self.publisher.flush()

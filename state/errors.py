@@ -383,7 +383,29 @@ class SendDeferredError(ProviderError):
 
 
 class ProviderNotLeaderError(ProviderError):
-    """This replica is not the transport leader; the attempt is retried elsewhere."""
+    """This replica does not hold the provider session (``provider_session="leader"``): the
+    provider was not called. ``leader`` names the instance holding it (``None``: nobody
+    now), ``until`` is when its lease ends (epoch seconds; ``None``: unknown). Never
+    charged as a failure: the send stays journaled and the leader delivers it."""
+
+    retryable = True
+
+    def __init__(self, leader: str | None, until: float | None) -> None:
+        super().__init__(leader, until)
+        self.leader = leader
+        self.until = until
+
+    def __str__(self) -> str:
+        if self.leader is None:
+            holder = "no replica holds the provider session now"
+        else:
+            holder = f"the provider session is held by {self.leader!r}"
+            if self.until is not None:
+                holder += f" (its lease ends at {self.until:.3f})"
+        return (
+            f"this replica is not the provider leader: {holder}; the send stays journaled "
+            "and the leader delivers it"
+        )
 
 
 MediaUnavailableReason = Literal["not-durable", "provider-mismatch", "rehydrate-failed"]

@@ -74,6 +74,9 @@ class Outcome(StrEnum):
     #: replay, or a redelivery after a crash): its handlers ran again, its sends were
     #: answered from the outbox (their receipts published again); nothing was written.
     REPLAYED = "replayed"
+    #: Journaled, but its chat's turn stayed held by another replica (``state.turns``):
+    #: nothing ran yet; it is pending, and the sweeper runs it once the turn is free.
+    DEFERRED = "deferred"
 
 
 def new_value(message: Json, now: float, lease: Json, source: str | None = None) -> Json:
@@ -239,29 +242,50 @@ class Inbox:
         await e.hooks.dispatch(message)
         return Outcome.REPLAYED
 
-    async def run(self, held: Held, message: Inbound) -> Outcome:
-        """Run the handlers of a record we hold, then mark it done."""
+    async def run(self, held: Held, message: Inbound, *, wait: bool = True) -> Outcome:
+        """Run the handlers of a record we hold, then mark it done. With chat turns, the
+        chat's turn is taken first (waited for when ``wait``) and released with the
+        mark-done; a turn that stays held elsewhere leaves the record pending
+        (``Outcome.DEFERRED``)."""
         e = self._e
         e.leases.held[held.key] = held
+        turn: Held | None = None
         try:
+            # -- chat turns (state.turns) ---------------------------------------------------
+            if e.turns is not None:
+                turn = await e.turns.take(message.chat_id, message.id, wait=wait)
+                if turn is None:
+                    e.leases.held.pop(held.key, None)
+                    stepped = await e.turns.step_aside(held)
+                    return Outcome.DEFERRED if stepped else Outcome.FENCED
+                e.leases.held[turn.key] = turn
+            # ---------------------------------------------------------------------------------
             riders = await e.hooks.dispatch(message)
+        except BaseException as exc:
+            if turn is not None and e.turns is not None:  # a crash leaves it to expire
+                await e.turns.give_back(turn, written=isinstance(exc, Exception))
+            raise
         finally:
             e.leases.held.pop(held.key, None)
+            if turn is not None:
+                e.leases.held.pop(turn.key, None)
         if riders:  # a flow turn: its checkpoint lands with done, or the turn runs again
-            return await self._mark_done_with(held, message.id, riders)
-        return await self._mark_done(held, message.id)
+            return await self._mark_done_with(held, message.id, riders, turn)
+        return await self._mark_done(held, message.id, turn)
 
-    async def _mark_done(self, held: Held, inbound_id: str) -> Outcome:
+    async def _mark_done(self, held: Held, inbound_id: str, turn: Held | None = None) -> Outcome:
         e = self._e
         now = e.clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
-            await e.leases.write(held, done, Write.INBOX_MARK_DONE, purge=e.purge_at(now))
+            await self._write_done(held, done, now, turn)
         except FencedError as exc:
             self._undone.pop(held.key, None)
             await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
+            if turn is not None and e.turns is not None:
+                e.turns.released(turn)  # the retry marks it done alone; the turn lapses
             self._undone[held.key] = held
             log.warning("inbound %s handled but not marked done: %s", inbound_id, exc)
             raise JournalUnavailableError(
@@ -271,9 +295,36 @@ class Inbox:
         self._undone.pop(held.key, None)
         return Outcome.HANDLED
 
+    async def _write_done(
+        self, held: Held, done: Json, now: float, turn: Held | None, riders: Sequence[Op] = ()
+    ) -> None:
+        """Mark done, with ``riders`` (a flow checkpoint) in the same commit; with a chat
+        turn, release it in that commit too (``state.turns``)."""
+        e = self._e
+        purge = e.purge_at(now)
+        if turn is None or e.turns is None:
+            await e.leases.write(held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders)
+            return
+        for _ in range(4):
+            release = e.turns.release_op(turn, now)
+            try:
+                await e.leases.write(
+                    held, done, Write.INBOX_MARK_DONE, purge=purge, extra=[*riders, release]
+                )
+            except VersionConflictError as exc:
+                if exc.key != turn.key:
+                    raise
+                await e.turns.recheck(turn)  # our heartbeat landed first, or FencedError
+                continue
+            e.turns.released(turn)
+            return
+        raise JournalUnavailableError(f"{turn.key}: too many concurrent writes by this holder")
+
     # -- flow turns: the checkpoint rides on done (issue 12) -----------------------------
 
-    async def _mark_done_with(self, held: Held, inbound_id: str, riders: Sequence[Op]) -> Outcome:
+    async def _mark_done_with(
+        self, held: Held, inbound_id: str, riders: Sequence[Op], turn: Held | None
+    ) -> Outcome:
         """Mark a flow turn's inbound done in the same commit as the writes its handlers
         returned (the flow checkpoint, a compare-and-set on the version the turn read).
         When that commit fails (the flow moved under us: another replica's turn; or the
@@ -284,13 +335,13 @@ class Inbox:
         now = e.clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
-            await e.leases.write(
-                held, done, Write.INBOX_MARK_DONE, purge=e.purge_at(now), riders=riders
-            )
+            await self._write_done(held, done, now, turn, riders)
         except FencedError as exc:
             await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
+            if turn is not None and e.turns is not None:
+                await e.turns.give_back(turn, written=True)
             return await self._release(held, inbound_id, exc)
         self._undone.pop(held.key, None)
         return Outcome.HANDLED
@@ -319,6 +370,10 @@ class Inbox:
         e = self._e
         value = entry.value
         attempts = int(value.get("attempts", 0))
+        # -- chat turns (state.turns): a chat whose turn is held runs nothing now --------
+        chat = (value.get("message") or {}).get("chat_id")
+        if e.turns is not None and isinstance(chat, str) and await e.turns.busy(chat):
+            return Outcome.DUPLICATE
         if attempts >= e.config.inbox.max_attempts:
             error = encode_error(
                 "AttemptsExhausted",
@@ -348,7 +403,7 @@ class Inbox:
         except Exception as exc:
             await self._failed_before_handlers(held, exc)
             return Outcome.DEAD if held.value["state"] == InboxState.DEAD else Outcome.DUPLICATE
-        return await self.run(held, message)
+        return await self.run(held, message, wait=False)
 
     async def _failed_before_handlers(self, held: Held, exc: Exception) -> None:
         e = self._e

@@ -96,15 +96,15 @@ class Leases:
         due: float | None = None,
         purge: float | None = None,
         *,
-        riders: Sequence[Op] = (),
+        extra: Sequence[Op] = (),
     ) -> bool:
         """Write ``value`` over ``target``.
 
         A ``Held`` record is written as its holder: ``FencedError`` when it was taken over.
         An ``Entry`` is written with a compare-and-set on its version: ``False`` when
-        someone wrote it first (the caller leaves it to them). ``riders`` (a held record
-        only) are other writes that land in the same commit or not at all: a conflict on
-        one of them raises its ``VersionConflictError``.
+        someone wrote it first (the caller leaves it to them). ``extra`` operations join
+        the same commit (a ``Held`` only); a conflict on one of them raises
+        ``VersionConflictError`` naming it, for the caller to settle.
         """
         if isinstance(target, Entry):
             try:
@@ -115,7 +115,7 @@ class Leases:
             except VersionConflictError:
                 return False
             return True
-        await self._write_held(target, value, label, due, purge, riders=riders)
+        await self._write_held(target, value, label, due, purge, extra=extra)
         return True
 
     async def _write_held(
@@ -126,17 +126,17 @@ class Leases:
         due: float | None,
         purge: float | None,
         *,
-        riders: Sequence[Op] = (),
+        extra: Sequence[Op] = (),
     ) -> None:
         kv = self._e.kv
         for _ in range(8):
             try:
-                version, *_ = await kv.commit(
-                    [handover(held.key, value, expect=held.version, due=due, purge=purge), *riders],
+                [version, *_] = await kv.commit(
+                    [handover(held.key, value, expect=held.version, due=due, purge=purge), *extra],
                     label=label,
                 )
             except VersionConflictError as exc:
-                if riders and exc.key != held.key:
+                if exc.key != held.key:
                     raise
                 entry = await kv.get(held.key)
                 current = entry.value.get("token") if entry is not None else None
@@ -176,6 +176,13 @@ class Leases:
         await self.write(held, new, Write.OUTBOX_CLAIM, due=now + seconds)
         held.token = new["token"]
 
+    def _heartbeat_label(self, key: str) -> Write:
+        if key.startswith(self._e.in_prefix):
+            return Write.INBOX_HEARTBEAT
+        if key.startswith(self._e.out_prefix):
+            return Write.OUTBOX_HEARTBEAT
+        return Write.TURN_HEARTBEAT
+
     async def heartbeat_once(self, now: float) -> int:
         """Extend every lease held here that is a third or more through; returns how many."""
         extended = 0
@@ -187,11 +194,7 @@ class Leases:
                 continue
             new = dict(held.value)
             new["lease"] = {**lease, "until": now + held.lease}
-            label = (
-                Write.INBOX_HEARTBEAT
-                if held.key.startswith(self._e.in_prefix)
-                else Write.OUTBOX_HEARTBEAT
-            )
+            label = self._heartbeat_label(held.key)
             try:
                 [version] = await self._e.kv.commit(
                     [handover(held.key, new, expect=held.version, due=now + held.lease)],

@@ -31,6 +31,9 @@ class Metric(StrEnum):
     OUTBOX_RESOLVED_SENT = "outboxResolvedSent"
     #: Beyond the reference: ambiguous sends the channel said had never arrived (sent now).
     OUTBOX_RESOLVED_UNSENT = "outboxResolvedUnsent"
+    #: Beyond the reference: delivery attempts a standby refused before calling the
+    #: provider (``provider_session="leader"``); left to the leader, never charged.
+    PROVIDER_NOT_LEADER = "providerNotLeader"
 
 
 _ATTRS = tuple(m.name.lower() for m in Metric)
@@ -55,6 +58,7 @@ class Metrics:
     outbox_diverged: int
     outbox_resolved_sent: int
     outbox_resolved_unsent: int
+    provider_not_leader: int
 
     def __init__(self) -> None:
         for attr in _ATTRS:

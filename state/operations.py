@@ -90,7 +90,7 @@ class Operations:
         return self._e.instance_id
 
     def metrics(self) -> dict[str, int]:
-        """The counters: the reference's thirteen, under its names, then our two."""
+        """The counters: the reference's thirteen, under its names, then our three."""
         return self._e.metrics.as_dict()
 
     async def sweep_once(self, now: float | None = None) -> int:

@@ -16,6 +16,11 @@ A text over the channel's limit is split first, into one record per part (``key`
 cannot be journaled (over ``outbox.max_payload_bytes``, or not JSON) bypasses the outbox.
 With ``outbox.keep_chat_order`` a send to a chat whose earlier send waits for a retry is
 journaled behind it (``after``) and leaves that to the sweeper.
+
+With ``provider_session="leader"`` an inline send on a standby (a replica not holding the
+provider session) is journaled as an enqueued one would be, its receipt ``pending``: the
+leader's sweeper delivers it. The standby's sends to a chat are chained (``after``) so the
+leader delivers them in the order they were made.
 """
 
 from __future__ import annotations
@@ -199,7 +204,8 @@ class Outbox:
         for _ in range(4):
             now = e.clock.now()
             after = self.tails.get(plan.chat_id) if self._keep_order else None
-            live = inline and after is None
+            standby = inline and e.leader is not None and not e.leader.may_send(now)
+            live = inline and after is None and not standby
             lease = e.leases.lease(now, self._lease) if live else None
             values = new_values(
                 key,
@@ -225,11 +231,13 @@ class Outbox:
                 key = answer
                 continue
             e.metrics.outbox_journaled += 1
-            if after is not None:
+            if after is not None or (standby and self._keep_order):
                 self.tails[plan.chat_id] = values[-1]["key"]
             if not live:
                 e.wake.set()
-                if inline:  # its chat waits for a retry: it goes after that send
+                if standby:  # handed to the leader
+                    e.metrics.provider_not_leader += 1
+                elif inline:  # its chat waits for a retry: it goes after that send
                     e.metrics.outbox_deferred += 1
                 return receipt_of(values[0], now)
             return [
@@ -352,7 +360,9 @@ class Outbox:
                 del self.tails[chat]
 
     async def rebuild_tails(self) -> None:
-        """After a restart: the chats whose sends wait for a retry or behind one."""
+        """After a restart (and when this replica takes the provider session): the chats
+        whose sends wait for a retry or behind one."""
+        self.tails.clear()
         if not self._keep_order:
             return
         e = self._e

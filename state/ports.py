@@ -14,6 +14,8 @@ each a small protocol the core looks for with ``isinstance``:
   the inbox journals in place of an inbound's media, and its validation when read back.
 - ``MediaDownloads``: ``download_media(media)``, the bytes of an inbound's media
   (``botmesh.load_media_of``).
+- ``SessionHooks``: ``open_session()`` / ``close_session()``, called when this replica
+  gains or loses the provider session (``provider_session="leader"``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "MediaDownloads",
     "MediaRefs",
     "Provider",
+    "SessionHooks",
     "call_send",
 ]
 
@@ -93,6 +96,19 @@ class MediaDownloads(Protocol):
     async def download_media(self, media: Media) -> bytes:
         """The bytes of ``media``. Checks the URL it fetches (scheme, allowed hosts, no
         private address unless configured); raises a ``ProviderError`` on failure."""
+        ...
+
+
+@runtime_checkable
+class SessionHooks(Protocol):
+    """A channel with one live session at a time (``provider_session="leader"``)."""
+
+    async def open_session(self) -> None:
+        """This replica became the leader: open the transport's session (log in, connect)."""
+        ...
+
+    async def close_session(self) -> None:
+        """This replica lost the lead or stops: close the session, so another can open it."""
         ...
 
 

@@ -55,6 +55,8 @@ class Sweeper:
         expiry, and publishes every receipt left unpublished."""
         e = self._e
         now = e.clock.now() if now is None else now
+        if e.leader is not None:
+            await e.leader.tick(now)
         until = math.inf if recovering else now
         keys = await e.kv.range("due", e.prefix, until, limit=1_000_000 if recovering else 500)
         # Sends first: a replayed handler must find its earlier sends settled (sent,
@@ -143,6 +145,8 @@ class Scheduler:
         cfg = engine.config
         self.poll = cfg.poll
         self.tick = min(cfg.poll, cfg.inbox.lease / 3, cfg.outbox.lease / 3)
+        if engine.leader is not None:
+            self.tick = min(self.tick, cfg.leader.lease / 6)
         self.grace = cfg.outbox.lease
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -178,6 +182,8 @@ class Scheduler:
             woken = e.wake.is_set()
             e.wake.clear()
             try:
+                if e.leader is not None:
+                    await e.leader.tick()
                 await e.leases.heartbeat_once(e.clock.now())
                 mono = time.monotonic()
                 if woken or mono - last >= self.poll:

@@ -61,3 +61,16 @@ class Write(StrEnum):
     #: A flow checkpoint written outside an inbound (a timeout fired by the sweeper, an
     #: operator's restart or drop); a turn fed by an inbound rides on ``inbox.mark_done``.
     FLOW_CHECKPOINT = "flow.checkpoint"
+    #: The provider session's leadership lease taken, renewed or released (``state.leader``).
+    LEADER_LEASE = "leader.lease"
+    #: A send journaled on a standby handed back to the leader (not charged).
+    OUTBOX_NOT_LEADER = "outbox.not_leader"
+    #: A chat's turn taken (``state.turns``), before the inbound's handlers run.
+    TURN_TAKE = "turn.take"
+    #: A chat's turn extended while the handlers run.
+    TURN_HEARTBEAT = "turn.heartbeat"
+    #: A chat's turn given back by a run that ended without marking its inbound done (the
+    #: usual release joins ``inbox.mark_done``).
+    TURN_RELEASE = "turn.release"
+    #: An inbound whose chat's turn stays held elsewhere left for the sweeper (not charged).
+    INBOX_TURN_WAIT = "inbox.turn_wait"

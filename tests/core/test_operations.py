@@ -26,8 +26,9 @@ REFERENCE_COUNTERS = [
     "staleLeases",
     "outboxDiverged",
 ]
-#: Ours, beyond the reference: ambiguous sends resolved by asking the channel.
-OUR_COUNTERS = ["outboxResolvedSent", "outboxResolvedUnsent"]
+#: Ours, beyond the reference: ambiguous sends resolved by asking the channel, and sends
+#: a standby left to the provider leader.
+OUR_COUNTERS = ["outboxResolvedSent", "outboxResolvedUnsent", "providerNotLeader"]
 
 
 async def test_metrics_have_the_thirteen_reference_names_then_ours() -> None:

@@ -1,5 +1,5 @@
 """What ``Runtime.handle()`` returns: an ``Outcome`` the worker may acknowledge (handled,
-duplicate, dead, fenced, unjournaled, replayed), or an error it must not (``BadRecord``,
+duplicate, dead, fenced, unjournaled, replayed, deferred), or an error it must not (``BadRecord``,
 ``JournalUnavailableError``: see ``tests/invariants/test_fail_closed.py``)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def test_the_outcomes() -> None:
         "fenced",
         "unjournaled",
         "replayed",
+        "deferred",
     ]
 
 
