@@ -11,10 +11,11 @@ does next. ``args`` stay meaningful so that every error pickles.
     ├── InvalidKeyError                  an idempotency key botmesh cannot keep apart (``#``)
     ├── AppLoadError                     ``--app`` / ``--provider`` does not name what it should
     ├── BadRecord                        an inbound record that cannot be decoded (``reason``)
-    ├── FlowInterrupt                    raised inside a flow at its pending ``conv.ask``
-    │   ├── FlowTimeout                  no answer came within the ask's ``timeout``
-    │   ├── FlowCancelled                the chat sent one of the flow's cancel commands
-    │   └── FlowInvalidAnswer            ``max_tries`` answers were refused
+    ├── FlowError                        about one chat's flow (``flow``, ``chat_id``)
+    │   └── FlowInterrupt                raised inside a flow at its pending ``conv.ask``
+    │       ├── FlowTimeout              no answer came within the ask's ``timeout``
+    │       ├── FlowCancelled            the chat sent one of the flow's cancel commands
+    │       └── FlowInvalidAnswer        ``max_tries`` answers were refused
     ├── DurabilityError                  the journal layer
     │   ├── JournalUnavailableError      the backend cannot be reached or written
     │   │   └── JournalWriteError        one write failed (EIO, ENOSPC, short write)
@@ -22,7 +23,7 @@ does next. ``args`` stay meaningful so that every error pickles.
     │   ├── JournalLockedError           another process or open() holds the journal
     │   ├── JournalCorruptError          unreadable journal file (code, file, line, offset)
     │   ├── RecordStateError             an operator action on a missing or busy record
-    │   ├── FlowVersionError             a flow checkpoint of another version (or no such flow)
+    │   ├── FlowVersionError             a flow checkpoint of another version (also a FlowError)
     │   │   └── FlowDivergedError        a flow's code no longer replays its checkpoint
     │   └── FencedError                  a stale lease holder: stop, you are a zombie; never retry
     └── ProviderError                    a channel adapter failed
@@ -51,6 +52,7 @@ __all__ = [
     "FencedError",
     "FlowCancelled",
     "FlowDivergedError",
+    "FlowError",
     "FlowInterrupt",
     "FlowInvalidAnswer",
     "FlowTimeout",
@@ -159,9 +161,8 @@ class ConfigError(BotmeshError, ValueError):
         return f"{self.field}: {self.message}"
 
 
-class FlowInterrupt(BotmeshError):
-    """Raised inside a flow, at the ``conv.ask`` that waits: the flow may catch it (to say
-    goodbye) or let it end the flow. ``flow`` and ``chat_id`` name the conversation."""
+class FlowError(BotmeshError):
+    """About one chat's flow: ``flow`` and ``chat_id`` name the conversation."""
 
     def __init__(self, flow: str, chat_id: str, message: str) -> None:
         super().__init__(flow, chat_id, message)
@@ -171,6 +172,11 @@ class FlowInterrupt(BotmeshError):
 
     def __str__(self) -> str:
         return f"flow {self.flow!r} in chat {self.chat_id!r}: {self.message}"
+
+
+class FlowInterrupt(FlowError):
+    """Raised inside a flow, at the ``conv.ask`` that waits: the flow may catch it (to say
+    goodbye) or let it end the flow."""
 
 
 class FlowTimeout(FlowInterrupt):
@@ -272,20 +278,11 @@ class RecordStateError(DurabilityError):
         return f"{self.key!r} ({self.state or 'missing'}): {self.message}"
 
 
-class FlowVersionError(DurabilityError):
+class FlowVersionError(FlowError, DurabilityError):
     """A chat's flow checkpoint was written by another version of the flow (or by a flow no
     longer registered): it is not replayed against this code. The flow's
     ``on_incompatible`` decides (refuse, restart, drop); an operator can also
     ``restart_flow`` or ``drop_flow`` it."""
-
-    def __init__(self, flow: str, chat_id: str, message: str) -> None:
-        super().__init__(flow, chat_id, message)
-        self.flow = flow
-        self.chat_id = chat_id
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"flow {self.flow!r} in chat {self.chat_id!r}: {self.message}"
 
 
 class FlowDivergedError(FlowVersionError):
