@@ -395,6 +395,11 @@ class FlowRunner:
             return True  # consumed already: a redelivery of a done turn writes nothing
         if record["status"] != ACTIVE:
             return False
+        if record["origin"]["base"] == message.id and not record.get("restart"):
+            # the message that started this flow, delivered again (an offset replay after a
+            # crash): it is not an answer; its handler runs again and ``start`` finds the
+            # flow started already
+            return False
         flow = self._flows.get(record["flow"])
         problem = _refusal(flow, record)
         if problem is not None:
