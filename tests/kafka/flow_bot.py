@@ -29,7 +29,16 @@ from botmesh import Bot, Context, Conversation, Outbound, SendResult
 from botmesh.errors import SendError
 from tests.kafka.recorder import RECORDER_ENV, post_send
 
-__all__ = ["QUESTIONS", "RecordedChannel", "answer", "bot", "done_text", "provider"]
+__all__ = [
+    "QUESTIONS",
+    "RecordedChannel",
+    "answer",
+    "bot",
+    "done_text",
+    "five_questions",
+    "provider",
+    "start",
+]
 
 QUESTIONS = 5
 
@@ -57,8 +66,8 @@ def _is(want: str) -> Callable[[str], bool]:
     return lambda text: text == want
 
 
-@bot.flow("five", persistent=True)
-async def five(conv: Conversation) -> list[str]:
+async def five_questions(conv: Conversation) -> list[str]:
+    """The flow: five validated questions, then the answers in one message."""
     answers: list[str] = []
     for k in range(1, QUESTIONS + 1):
         answers.append(
@@ -68,10 +77,15 @@ async def five(conv: Conversation) -> list[str]:
     return answers
 
 
+five = bot.flow("five", persistent=True)(five_questions)
+
+
 @bot.on_message
 async def start(ctx: Context) -> None:
+    """``/start`` starts the flow (by name: ``tests.shared._flow_replica`` registers the
+    same two functions on a bot of its own); anything else is unexpected."""
     if ctx.text == "/start":
-        await ctx.start_flow(five)
+        await ctx.start_flow("five")
     else:
         await ctx.reply(f"unexpected {ctx.text}")
 
