@@ -69,7 +69,7 @@ class Ambiguity(collections.Counter[str]):
 
 def expected(chat: str, bad: int | None) -> collections.Counter[str]:
     """Every text the channel must get in ``chat``, once each."""
-    texts = [f"q{k}?" for k in range(1, QUESTIONS + 1)] + [done_text(chat)]
+    texts = ["unexpected hi"] + [f"q{k}?" for k in range(1, QUESTIONS + 1)] + [done_text(chat)]
     if bad is not None:
         texts.append(f"invalid q{bad}")
     return collections.Counter(texts)
@@ -95,6 +95,9 @@ class Users:
                 out.append(Inbound(id=mid, chat_id=chat, text=text, sender="user", ts=time.time()))
 
         for chat in self.chats:
+            say(chat, f"{chat}-hi", "hi")  # before the flow: the handler answers it
+            if "unexpected hi" not in seen[chat]:
+                continue
             say(chat, f"{chat}-start", "/start")
             for k in range(1, QUESTIONS + 1):
                 if f"q{k}?" not in seen[chat]:
