@@ -1,25 +1,34 @@
-"""Real SIGKILLs of a worker in the middle of persistent five-question flows.
+"""Real SIGKILLs of workers in the middle of persistent five-question flows.
 
 A real ``botmesh worker`` runs ``tests/kafka/flow_bot.py``: ``/start`` begins a persistent
 flow of five validated questions (``q1?`` .. ``q5?``, then ``done <answers>``). This
-process plays the users of ``CHATS`` chats: it produces each chat's ``/start`` on the
-inbound topic, then answers each question when it reaches the channel (the recorder,
-``tests.kafka.recorder.Recorder``, in this process); one chat in ``BAD_EVERY`` first
-answers one of its questions wrongly and gives the right answer once ``invalid q<k>``
-arrived. The worker is SIGKILLed ``KILLS`` times, each time once the channel has seen a
-random number of the run's sends plus a random fraction of a send's latency (the provider
-waits ``DELAY`` s before each call and after its answer, so kills land inside sends), and
-restarted at once, as a supervisor would; the last run is stopped with SIGTERM.
+process plays the users of ``CHATS`` chats: each chat first says ``hi`` (the handler
+answers ``unexpected hi``: a message the handlers had before the flow), then ``/start``,
+then answers each question when it reaches the channel (the recorder,
+``tests.kafka.recorder.Recorder``, in this process), all through the inbound topic; one
+chat in ``BAD_EVERY`` first answers one of its questions wrongly and gives the right
+answer once ``invalid q<k>`` arrived. A worker is SIGKILLed ``KILLS`` times, each time once
+the channel has seen a random number of sends plus a random fraction of a send's latency
+(the provider waits ``DELAY`` s before each call and after its answer, so kills land
+inside sends), the one that made the last send; it is restarted at once, as a supervisor
+would (a static group member: it gets its partitions back). After ``JOIN_AFTER`` kills a
+second worker joins the group, so chats move to it by rebalance in the middle of their
+flows. The workers are stopped with SIGTERM at the end.
+
+A restarted worker reads its partitions again from the last committed offsets: messages
+done already come again (``Outcome.REPLAYED``). This test found that such a message was
+taken by its chat's flow as the answer to the pending question (``hi`` or ``/start``
+answering ``q2?``): it now goes where it went the first time (``state.inbox.rerunning``).
 
 The provider resolves ambiguous sends (``state.ports.AmbiguityResolver``: it asks the
 recorder whether the key arrived) and the bot runs with ``on_ambiguous="skip"``: a question
 left in flight by a kill is sent again only when it never arrived. So the claim is exact:
-per chat, each question (and the invalid-answer note, and the final message) reached the
-channel exactly once, the final message carries all five answers, nothing was sent that the
-flow should not have (``unexpected ...``: an answer that reached the handlers, not the
-flow), no send settled ``dead`` or ``unknown``, nothing was dead-lettered. It prints the
-figures: chats, kills, questions, duplicates, lost, ambiguous sends found (resolved sent /
-resolved unsent / left to the policy, from the runs' logs) and seconds.
+per chat, each text (``unexpected hi``, each question, the invalid-answer note, the final
+message with all five answers) reached the channel exactly once; no send settled ``dead``
+or ``unknown``, nothing was dead-lettered, no ambiguous send was left to the policy. It
+prints the figures: chats, kills, chats the joining worker answered, questions,
+duplicates, lost, ambiguous sends found (resolved sent / resolved unsent, from the runs'
+logs) and seconds. ``BOTMESH_TEST_KILL_SEED`` replays a run's kill moments.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from aiokafka import AIOKafkaProducer
 
 from state.messages import Inbound
 from tests.kafka.flow_bot import QUESTIONS, answer, done_text
-from tests.kafka.recorder import Call, Recorder, Tally
+from tests.kafka.recorder import SESSION_TIMEOUT, Call, Recorder, Tally
 from tests.kafka.worker import WAIT_S, Worker
 from topics import Catalog, chat_key, encode_inbound
 
@@ -46,6 +55,8 @@ CHATS = 24
 KILLS = 5
 #: Seconds the provider waits before each call and again after its answer.
 DELAY = 0.03
+#: After this many kills a second worker joins the group (chats move to it by rebalance).
+JOIN_AFTER = 2
 #: Set it to the seed a run printed to replay its kill moments.
 SEED_ENV = "BOTMESH_TEST_KILL_SEED"
 #: One chat in ``BAD_EVERY`` answers one question wrongly first.
@@ -131,24 +142,33 @@ async def test_sigkills_mid_flow_ask_each_question_once_and_lose_no_answer(
     kill_at = sorted(rng.sample(range(5, total - 5), KILLS))
     ambiguity = Ambiguity()
     kills: list[int] = []  # the channel's send count at each kill
-    worker = Worker(
-        kafka_bootstrap,
-        topic_prefix,
-        tmp_path,
-        recorder=recorder.url,
-        provider="tests.kafka.flow_bot:provider",
-        app="tests.kafka.flow_bot:bot",
-        loglevel="info",
-        env={"BOTMESH_TEST_SEND_DELAY": str(DELAY)},
-    )
+
+    def worker(instance: str) -> Worker:
+        folder = tmp_path / f"w{instance}"
+        folder.mkdir()
+        return Worker(
+            kafka_bootstrap,
+            topic_prefix,
+            folder,
+            instance=instance,
+            recorder=recorder.url,
+            provider="tests.kafka.flow_bot:provider",
+            app="tests.kafka.flow_bot:bot",
+            loglevel="info",
+            env={"BOTMESH_TEST_SEND_DELAY": str(DELAY), **SESSION_TIMEOUT},
+        )
+
+    workers = [worker("0")]
+    joined: set[int] = set()  # the pids of the second worker's runs
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=2)
     await producer.start()
     t0 = time.monotonic()
     try:
-        worker.start()
+        workers[0].start()
         deadline = time.monotonic() + WAIT_S
         while not users.finished(calls := recorder.calls()):
-            worker.check_alive()
+            for w in workers:
+                w.check_alive()
             tally.check()
             assert time.monotonic() < deadline, (
                 f"not every chat finished its flow after {WAIT_S}s "
@@ -159,18 +179,27 @@ async def test_sigkills_mid_flow_ask_each_question_once_and_lose_no_answer(
             await producer.flush()
             if kill_at and len(calls) >= kill_at[0]:
                 kill_at.pop(0)
+                # the worker that made the last send (the other one, if any, goes on)
+                victim = next((w for w in workers if w.pid == calls[-1].pid), workers[0])
                 await asyncio.sleep(rng.uniform(0.0, 2 * DELAY))
                 kills.append(len(recorder.calls()))
-                worker.kill()  # reaped: its log is complete
-                ambiguity.read(worker.lines())
-                worker.start()
+                victim.kill()  # reaped: its log is complete
+                ambiguity.read(victim.lines())
+                victim.start()  # as a supervisor would (a static member: its partitions back)
+                if len(kills) == JOIN_AFTER:  # a second worker joins: chats move to it
+                    workers.append(worker("1"))
+                    workers[-1].start()
+                joined |= {w.pid for w in workers[1:]}
                 continue
             await asyncio.sleep(0.02)
-        assert worker.stop() == 0, worker.child.tail() if worker.child else ""
-        ambiguity.read(worker.lines())
+        for w in workers:
+            assert w.stop() == 0, w.child.tail() if w.child else ""
+            ambiguity.read(w.lines())
+        moved = {c.chat_id for c in calls if c.pid in joined}
     finally:
         await producer.stop()
-        worker.close()
+        for w in workers:
+            w.close()
     elapsed = time.monotonic() - t0
 
     calls = recorder.calls()
@@ -183,6 +212,7 @@ async def test_sigkills_mid_flow_ask_each_question_once_and_lose_no_answer(
     states = collections.Counter(str(r.state) for r in tally.receipts)
     print(
         f"\n  flow kills: {CHATS} chats, {len(kills)} kills (at sends {kills}, seed {seed}), "
+        f"{len(moved)} chats answered by the worker that joined after kill {JOIN_AFTER}, "
         f"{questions} questions at the channel for {CHATS * QUESTIONS}, {len(calls)} sends "
         f"for {total}, {duplicates} duplicates, {lost} lost, ambiguous "
         f"{sum(ambiguity.values())} {dict(ambiguity)}, receipts {dict(states)}, "
