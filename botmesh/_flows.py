@@ -45,6 +45,7 @@ from state.errors import (
 )
 from state.events import ErrorEvent, FlowEndedEvent, FlowStatus
 from state.flows import ACTIVE, ended_record, fresh_record, question_fp
+from state.inbox import rerunning
 from state.keys import check_explicit, derived_key
 from state.kv import Entry, copy_json, handover
 from state.media import journaled, rehydrated
@@ -394,6 +395,12 @@ class FlowRunner:
         if any(s.get("src") == message.id for s in record["steps"]):
             return True  # consumed already: a redelivery of a done turn writes nothing
         if record["status"] != ACTIVE:
+            return False
+        if rerunning():
+            # a done message delivered again (an offset replay after a crash) that is not
+            # one of the flow's steps: the handlers had it the first time (the message that
+            # started this flow among them: ``start`` finds the flow started already), so
+            # they have it again; it is not an answer
             return False
         flow = self._flows.get(record["flow"])
         problem = _refusal(flow, record)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextvars import ContextVar
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -51,9 +52,19 @@ from state.writes import Write
 if TYPE_CHECKING:
     from state.engine import Engine
 
-__all__ = ["Inbox", "Outcome"]
+__all__ = ["Inbox", "Outcome", "rerunning"]
 
 log = logging.getLogger("botmesh.inbox")
+
+#: True while the dispatch hook runs for a done inbound delivered again (``Inbox._rerun``).
+_RERUN: ContextVar[bool] = ContextVar("botmesh_inbox_rerun", default=False)
+
+
+def rerunning() -> bool:
+    """Whether the inbound being dispatched now is done already and runs again (an offset
+    replay): it must take the path it took the first time, not a new one (a chat's flow
+    must not take it as an answer when the handlers had it)."""
+    return _RERUN.get()
 
 
 class Outcome(StrEnum):
@@ -239,7 +250,11 @@ class Inbox:
                 message = rehydrated(decode_inbound(entry.value["message"]), e.provider)
             except Exception as exc:  # as the replay that completed it would have failed
                 log.warning("inbound %s: journaled message unreadable: %s", message.id, exc)
-        await e.hooks.dispatch(message)
+        token = _RERUN.set(True)
+        try:
+            await e.hooks.dispatch(message)
+        finally:
+            _RERUN.reset(token)
         return Outcome.REPLAYED
 
     async def run(self, held: Held, message: Inbound, *, wait: bool = True) -> Outcome:

@@ -7,7 +7,9 @@ worker's provider (``tests.kafka.bot:http_provider``, ``$BOTMESH_TEST_RECORDER``
 only after the recorder answered ``200 {"message_id": ...}``; so a send the recorder holds
 is a send the channel accepted, even when the worker was SIGKILLed before it journaled the
 result. A killed worker cannot take a recorded call back: the recorder outlives every
-worker of a test and counts the effects (duplicates, calls per worker pid).
+worker of a test and counts the effects (duplicates, calls per worker pid). ``GET
+<url>?key=K`` answers whether a send keyed ``K`` arrived (200 with its message id, else
+404), as a channel that resolves ambiguous sends would (``tests.kafka.flow_bot``).
 
 ``post_send`` is the client side (used by the provider, in the worker process): plain
 asyncio streams, one connection per send; a time limit on connecting, and once the request
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -170,6 +172,16 @@ class Recorder:
                 call = recorder._add(chat_id, text, key, pid)
                 self._answer(200, {"message_id": call.message_id})
 
+            def do_GET(self) -> None:
+                """``GET <url>?key=K``: the send keyed ``K``, if one arrived (what a channel
+                that resolves ambiguous sends answers); 404 when none did."""
+                keys = parse_qs(urlsplit(self.path).query).get("key", [])
+                call = recorder.by_key(keys[0]) if keys else None
+                if call is None:
+                    self._answer(404, {"error": f"no send keyed {keys}"})
+                else:
+                    self._answer(200, {"message_id": call.message_id})
+
             def _answer(
                 self, status: int, payload: dict[str, Any], retry_after: float | None = None
             ) -> None:
@@ -270,6 +282,11 @@ class Recorder:
         """Text -> number of calls, for every send the recorder got more than once."""
         counts = collections.Counter(c.text for c in (self.calls() if calls is None else calls))
         return {text: n for text, n in counts.items() if n > 1}
+
+    def by_key(self, key: str) -> Call | None:
+        """The first send recorded with idempotency key ``key``, if any."""
+        with self._lock:
+            return next((c for c in self._calls if c.key == key), None)
 
     def sends_from(self, pid: int, since: int = 0) -> int:
         """How many calls worker ``pid`` made among the calls from index ``since`` on."""
