@@ -491,6 +491,7 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
     from yarl import URL
 
     from streams import faust_defects
+    from streams.faust_defects import read_committed
     from streams.provision import ensure_topics
     from topics.catalog import TopicSpec
 
@@ -502,11 +503,12 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
     )
     await plain.start()
     await tx.start()
-    try:  # 0-3 records; 4 a record in a transaction (marker 5); 6-7 records
+    try:  # 0-3 records; 4 a record in a transaction (its marker); 2 more records
         for k in (b"k0", b"k1", b"k2", b"k3"):
             await plain.send_and_wait(topic, b"v", key=k, partition=0)
         async with tx.transaction():
             await tx.send_and_wait(topic, b"v", key=b"k4", partition=0)
+        await _marker_written(kafka_bootstrap, TopicPartition(topic, 0), 6)
         for k in (b"k6", b"k7"):
             await plain.send_and_wait(topic, b"v", key=k, partition=0)
     finally:
@@ -514,6 +516,9 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
         await tx.stop()
 
     tp = TopicPartition(topic, 0)
+    records = {r[2] for r in (await read_committed(kafka_bootstrap, topic, {0: 0}))[0]}
+    assert records == {0, 1, 2, 3, 4, 6, 7}
+    marker = 5
     sought: list[int] = []
 
     async def seek(_tp: Any, offset: int) -> None:
@@ -530,11 +535,11 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
     c.app = SimpleNamespace(conf=SimpleNamespace(broker=[URL(f"kafka://{kafka_bootstrap}")]))
     c.seek = seek
     c.assignment = lambda: {tp}
-    c._committed_offset[tp] = 4
+    c._committed_offset[tp] = marker - 1
 
-    # the loop handed over 4 and then 6: offset 5 is the transaction's marker, a gap
-    c._read_offset[tp] = 4
-    await c._add_gap(tp, 5, 6)
+    # the loop handed over the record before the marker and then the one after it: a gap
+    c._read_offset[tp] = marker - 1
+    await c._add_gap(tp, marker, marker + 1)
     assert tp in c.gap_checks and c._new_offset(tp) is None  # held while it is read
     await asyncio.gather(*faust_defects._tasks)
     assert c._gap[tp] and not c.gap_checks and sought == []
@@ -550,3 +555,20 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
     assert sought == [2], "the partition is not read again from the first record skipped"
     assert "offset 2 was skipped by the consumer but holds a record" in caplog.text
     assert c._read_offset.rewinds[tp] == [2, 6, 2]
+
+
+async def _marker_written(bootstrap: str, tp: Any, end: int) -> None:
+    """Wait until ``tp`` ends at ``end``: the broker writes a transaction's commit marker
+    after the commit returned, so a record produced at once could land before it."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(30):  # polls the broker: there is no event to wait on
+            while (await consumer.end_offsets([tp]))[tp] < end:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+    finally:
+        await consumer.stop()
