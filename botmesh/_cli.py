@@ -14,6 +14,8 @@
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
     botmesh dlq list|show|retry|replay|discard [--chat C] [--key K] [--reason R]
                 [--since T] [--until T] [--dry-run] [--json]  dead letters (``_dlq_cli``)
+    botmesh flows restart|drop --chat-id C [--chat-id C2 ...] [--json]
+                                                          a chat's flow, by its owner
     botmesh replay (--from-offset N | --from-time T | --to-earliest) [--topic inbound|requests]
                    [--partition P ...] [--force] [--dry-run] [--json]
                                                           reset the worker group's offsets
@@ -72,7 +74,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from botmesh._dlq_cli import add_dlq, run_dlq
+from botmesh._dlq_cli import add_dlq, add_flows, run_dlq, run_flows
 from botmesh._exit import Exit
 from state.errors import AppLoadError
 from state.messages import Inbound
@@ -300,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_dlq(sub, _common)
+    add_flows(sub, _common)
 
     r = sub.add_parser("receipts", help="tail the sent-receipts topic (JSON lines)")
     _common(r)
@@ -617,6 +620,10 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
     return run_dlq(args, _catalog(args), _bootstrap(args))
 
 
+def _cmd_flows(args: argparse.Namespace) -> int:
+    return run_flows(args, _catalog(args), _bootstrap(args))
+
+
 def _cmd_operator(args: argparse.Namespace) -> int:
     from botmesh import _ops
 
@@ -677,6 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "send": _cmd_send,
         "receipts": _cmd_receipts,
         "dlq": _cmd_dlq,
+        "flows": _cmd_flows,
         "replay": _cmd_operator,
         "status": _cmd_operator,
         "metrics": _cmd_operator,

@@ -1,4 +1,5 @@
-"""``botmesh dlq list|show|retry|replay|discard``: the dead letters, for an operator.
+"""``botmesh dlq list|show|retry|replay|discard``: the dead letters, for an operator; and
+``botmesh flows restart|drop``: a chat's conversation flow, through the chat's owner.
 
 Exit codes (``EXIT_*``, from ``botmesh._exit``): 0 done; 1 refused (nothing matched, or an
 owner refused an action: the output says why); 2 bad input; 3 Kafka unreachable or a topic
@@ -15,15 +16,25 @@ import asyncio
 import datetime as dt
 import json
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from botmesh._exit import Exit
 from topics import Catalog
 from topics.dead_letters import DeadLetter
 
-__all__ = ["EXIT_NO_ANSWER", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "add_dlq", "run_dlq"]
+__all__ = [
+    "EXIT_NO_ANSWER",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_UNREACHABLE",
+    "add_dlq",
+    "add_flows",
+    "run_dlq",
+    "run_flows",
+]
 
 # the statuses of every operator command, defined once in botmesh._exit
 EXIT_OK = Exit.OK
@@ -271,3 +282,73 @@ def _say(args: argparse.Namespace, report: list[dict[str, Any]], summary: str) -
         detail = f" ({r['detail']})" if r.get("detail") else ""
         print(f"{r['outcome']:>14}  {r['target']}  chat {r['chat_id']}{extra}{detail}")
     print(summary)
+
+
+def add_flows(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The ``flows`` command (``restart``, ``drop``), on the CLI's subparsers."""
+    f = sub.add_parser("flows", help="restart or drop a chat's conversation flow (its owner does)")
+    fsub = f.add_subparsers(dest="action", required=True, metavar="ACTION")
+    helps = {
+        "restart": "start the chat's flow again from its beginning under the worker's code "
+        "(a checkpoint refused as another version)",
+        "drop": "end the chat's flow (dropped): its next message goes to the handlers",
+    }
+    for name, text in helps.items():
+        p = fsub.add_parser(name, help=text, description=text)
+        common(p)
+        p.add_argument("--json", action="store_true", help="JSON output, for scripts")
+        p.add_argument("--chat-id", action="append", required=True, help="the chat (repeatable)")
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=30.0,
+            help="seconds to wait for the owners' answers (default 30)",
+        )
+
+
+def run_flows(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
+    """Ask each chat's owner to restart or drop its flow (``<prefix>.control``)."""
+    from streams import dlq
+    from topics.control import ControlRequest
+
+    action: Literal["restart_flow", "drop_flow"] = (
+        "restart_flow" if args.action == "restart" else "drop_flow"
+    )
+    chats = list(dict.fromkeys(c.strip() for c in args.chat_id))
+    if not all(chats):
+        print(f"botmesh flows {args.action}: --chat-id must not be empty", file=sys.stderr)
+        return EXIT_USAGE
+    by = "botmesh-cli flows"
+    requests = [
+        ControlRequest(id=uuid.uuid4().hex, chat_id=c, action=action, target=c, by=by)
+        for c in chats
+    ]
+    try:
+        with _progress(f"waiting for the owners ({args.action})", args.json) as progress:
+            answers = asyncio.run(
+                dlq.ask_owners(bootstrap, cat, requests, wait_s=args.timeout, progress=progress)
+            )
+    except (ConnectionError, LookupError) as exc:
+        print(f"botmesh flows {args.action}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    report: list[dict[str, Any]] = []
+    for r in requests:
+        answer = answers.get(r.id)
+        if answer is None:
+            report.append({"target": r.target, "chat_id": r.chat_id, "outcome": "no answer"})
+            continue
+        report.append(
+            {
+                "target": r.target,
+                "chat_id": r.chat_id,
+                "outcome": answer.outcome,
+                "state": answer.state,
+                "detail": answer.detail,
+                "worker": answer.instance,
+            }
+        )
+    done = sum(r["outcome"] == "done" for r in report)
+    _say(args, report, f"flows {args.action}: {done} of {len(report)} done")
+    if any(r["outcome"] == "no answer" for r in report):
+        return EXIT_NO_ANSWER
+    return EXIT_OK if done == len(report) else EXIT_REFUSED

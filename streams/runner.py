@@ -85,9 +85,10 @@ records of one topic and is redriven to it.
 
 **Operator actions** (records of ``control_topic``, ``<prefix>.control``:
 ``topics.control.ControlRequest``, keyed by chat id) are settled in their chat's sequence too:
-``retry_send``, ``replay_inbound`` or ``discard`` through ``runtime.durability`` in the
-chat's journal partition; a record in a state the action does not apply to (a send already
-sent, an unknown key) is refused, not retried. Each answers with a ``ControlResult`` on
+``retry_send``, ``replay_inbound``, ``discard``, ``restart_flow`` or ``drop_flow`` through
+``runtime.durability`` in the chat's journal partition; a record in a state the action
+does not apply to (a send already sent, an unknown key, a chat without a flow) is refused,
+not retried. Each answers with a ``ControlResult`` on
 ``<prefix>.control.results`` (role ``"control-results"``, keyed by the request id), acked
 before the batch is; an undecodable one goes to ``<prefix>.requests.dlq`` (its
 ``source.topic`` says where it came from).
@@ -574,6 +575,10 @@ class InboundRunner:
                     await ops.retry_send(request.target)
                 elif request.action == "replay_inbound":
                     await ops.replay_inbound(request.target)
+                elif request.action == "restart_flow":
+                    await ops.restart_flow(request.target)
+                elif request.action == "drop_flow":
+                    await ops.drop_flow(request.target)
                 else:
                     await ops.outbox.discard(request.target)
             except RecordStateError as exc:
@@ -841,6 +846,9 @@ async def _state_of(ops: Operations, request: ControlRequest) -> str | None:
     if request.action == "replay_inbound":
         inbound = await ops.inbox.get(request.target)
         return str(inbound.state) if inbound is not None else None
+    if request.action in ("restart_flow", "drop_flow"):
+        flows = await ops.flows(request.target)
+        return flows[0].status if flows else None
     send = await ops.outbox.get(request.target)
     return str(send.state) if send is not None else None
 

@@ -261,7 +261,8 @@ class Catalog:
                 self.control,
                 "control",
                 {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
-                "operator actions (retry_send, replay_inbound, discard), keyed by chat id",
+                "operator actions (retry_send, replay_inbound, discard, restart_flow, "
+                "drop_flow), keyed by chat id",
             ),
             spec(
                 self.control_results,

@@ -17,6 +17,11 @@ in the chat's order, through the journal (``state.operations``). It answers with
 ``replay_inbound``   runs the inbound ``target`` (its id) again with a fresh attempt
                      budget; its sends that went out are answered from the outbox
 ``discard``          forgets the send ``target``
+``restart_flow``     starts the chat's flow (``target``: the chat id) again from its
+                     beginning under the worker's code (a checkpoint refused as
+                     another version); refused when the chat has no flow checkpoint
+``drop_flow``        ends the chat's active flow (``dropped``): its next message goes
+                     to the handlers; refused when the flow ended already
 ===================  ===========================================================
 
 A result's ``outcome`` is ``done``, ``refused`` (the record is not in a state the action
@@ -42,8 +47,8 @@ __all__ = [
     "encode_result",
 ]
 
-Action = Literal["retry_send", "replay_inbound", "discard"]
-ACTIONS: tuple[str, ...] = ("retry_send", "replay_inbound", "discard")
+Action = Literal["retry_send", "replay_inbound", "discard", "restart_flow", "drop_flow"]
+ACTIONS: tuple[str, ...] = ("retry_send", "replay_inbound", "discard", "restart_flow", "drop_flow")
 
 
 class ControlRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
@@ -91,8 +96,8 @@ def decode_control(raw: bytes | None) -> ControlRequest:
         raise BadRecord(
             Reason.WRONG_TYPE,
             f"not a control request ({exc}); expected "
-            '{"v": 1, "id", "chat_id", "action": "retry_send"|"replay_inbound"|"discard", '
-            '"target"}',
+            '{"v": 1, "id", "chat_id", "action": "retry_send"|"replay_inbound"|"discard"|'
+            '"restart_flow"|"drop_flow", "target"}',
         ) from exc
     if not request.id or not request.chat_id or not request.target:
         raise BadRecord(Reason.WRONG_TYPE, "a control request needs id, chat_id and target")

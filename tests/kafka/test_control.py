@@ -219,3 +219,54 @@ async def test_a_failed_send_is_parked_on_its_tier_and_retried_once_when_it_come
         assert await rt.durability.retry_parked("A1:1", 1) == "delivered"
         assert await rt.durability.retry_parked("A1:1", 1) == "stale"
     assert sent(provider) == ["hello"]
+
+
+async def test_a_chats_flow_is_dropped_and_restarted_through_control() -> None:
+    """``botmesh flows drop|restart`` produce ``drop_flow`` / ``restart_flow`` requests keyed
+    by the chat: its owner ends the flow (its next message goes to the handlers) or starts
+    it again from its first question; a chat without a flow, or a flow ended already, is
+    refused with its state."""
+    from botmesh import Conversation
+
+    provider, produced = MockProvider(), Produced()
+    bot = Bot("flowops", durability={"poll": 0})
+
+    @bot.flow("two", persistent=True)
+    async def two(conv: Conversation) -> None:
+        first = await conv.ask("first?")
+        await conv.ask(f"second, after {first}?")
+
+    @bot.on_message
+    async def handler(ctx: Context) -> None:
+        if ctx.text == "/start":
+            await ctx.start_flow(two)
+        else:
+            await ctx.reply(f"handler: {ctx.text}")
+
+    async with bot.bind(
+        provider, MemoryKv(), instance_id="w", receipts=KafkaReceipts(produced)
+    ) as rt:
+        runner = runner_of(rt, produced)
+        await runner.run_batch([record(0, "A", "A0", "/start"), record(1, "A", "A1", "one")])
+        assert sent(provider) == ["first?", "second, after one?"]
+        await runner.run_batch(
+            [
+                control(2, 2.0, "A", "c1", "drop_flow", "A"),
+                control(3, 3.0, "A", "c2", "drop_flow", "A"),
+                control(4, 4.0, "B", "c3", "restart_flow", "B"),
+            ]
+        )
+        await runner.run_batch([record(5, "A", "A2", "two")])  # the flow is gone
+        assert sent(provider)[-1] == "handler: two"
+        await runner.run_batch([control(6, 6.0, "A", "c4", "restart_flow", "A")])
+        assert rt.durability is not None
+        await rt.durability.drain()  # the sweeper runs the restart's start
+        assert sent(provider)[-1] == "first?"
+        [flow] = await rt.durability.flows("A")
+        assert (flow.status, flow.steps) == ("active", 0)
+    assert results(produced) == [
+        ("done", "dropped", "drop_flow"),
+        ("refused", "dropped", "drop_flow"),
+        ("refused", None, "restart_flow"),
+        ("done", "active", "restart_flow"),
+    ]

@@ -328,3 +328,50 @@ async def test_an_inbound_dead_after_a_crash_is_in_the_dlq_and_replayed_once_fro
         assert worker.handled()["x1"] == 2  # the crashed run and the replay; not the copy
     finally:
         worker.close()
+
+
+async def test_botmesh_flows_drop_and_restart_a_chats_flow_through_its_owner(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, recorder: Recorder
+) -> None:
+    """``botmesh flows drop|restart --chat-id`` on a real worker running a persistent flow:
+    the chat's owner ends it (the chat's next message goes to the handlers) or starts it
+    again from its first question; an unknown chat is refused, naming why."""
+    ensure_topics(kafka_bootstrap, Catalog(topic_prefix).specs(partitions=PARTITIONS))
+    w = Worker(
+        kafka_bootstrap,
+        topic_prefix,
+        tmp_path,
+        recorder=recorder.url,
+        provider="tests.kafka.flow_bot:provider",
+        app="tests.kafka.flow_bot:bot",
+    )
+    w.start()
+    inbound = Catalog(topic_prefix).inbound
+
+    def texts() -> list[str]:
+        return [c.text for c in recorder.calls() if c.chat_id == "f1"]
+
+    try:
+        await produce_inbound(
+            kafka_bootstrap, inbound, [Inbound(id="s", chat_id="f1", text="/start")]
+        )
+        await wait_for("the first question", lambda: texts() == ["q1?"], w)
+        dropped = botmesh(w, "flows", "drop", "--chat-id", "f1", "--json")
+        assert dropped.returncode == 0, dropped.stdout + dropped.stderr
+        [result] = json.loads(dropped.stdout)["results"]
+        assert (result["outcome"], result["state"]) == ("done", "dropped")
+        await produce_inbound(
+            kafka_bootstrap, inbound, [Inbound(id="x", chat_id="f1", text="a1-f1")]
+        )
+        await wait_for("the handlers' reply", lambda: len(texts()) == 2, w)
+        assert texts()[1] == "unexpected a1-f1"  # not an answer: the flow is gone
+
+        restarted = botmesh(w, "flows", "restart", "--chat-id", "f1", "--json")
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        await wait_for("the first question again", lambda: texts()[2:] == ["q1?"], w)
+
+        unknown = botmesh(w, "flows", "drop", "--chat-id", "nobody")
+        assert unknown.returncode == 1, unknown.stdout + unknown.stderr
+        assert "no flow checkpoint for this chat" in unknown.stdout
+    finally:
+        w.close()
