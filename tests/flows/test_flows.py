@@ -27,9 +27,21 @@ from botmesh.errors import (
     JournalUnavailableError,
 )
 from botmesh.journal import MemoryKv, Write
-from botmesh.testing import ManualClock, SimulatedCrash, crashable
+from botmesh.testing import FaultyKv, ManualClock, SimulatedCrash, crashable
 from tests.flows.kit import QUESTIONS, Chat, Seen, five_bot, signup_bot, start_app
 from tests.kit import make_app, policy, texts
+
+
+async def started_on_a_faulty_journal() -> tuple[Any, Chat, FaultyKv, MemoryKv]:
+    """The five-question bot on a journal the test can fail or crash (``kv``, over
+    ``inner``), its flow started in chat ``c``."""
+    bot, _ = five_bot()
+    inner = MemoryKv()
+    kv = crashable(inner)
+    app = await start_app(bot, kv=kv)
+    chat = Chat(app)
+    await chat.say("/start")
+    return app, chat, kv, inner
 
 
 async def test_ask_validate_parse_result_and_event() -> None:
@@ -410,12 +422,7 @@ async def test_divergence_is_detected_not_mixed() -> None:
 async def test_checkpoint_conflict_leaves_the_inbound_not_done_and_replays_it() -> None:
     """Another replica moved the flow between the turn's read and its done write: the
     commit fails as a whole; the inbound is released (not done), and its turn runs again."""
-    bot, _seen = five_bot()
-    inner = MemoryKv()
-    kv = crashable(inner)
-    app = await start_app(bot, kv=kv)
-    chat = Chat(app)
-    await chat.say("/start")
+    app, chat, kv, inner = await started_on_a_faulty_journal()
     moved = False
     original = kv.commit
 
@@ -444,12 +451,7 @@ async def test_checkpoint_conflict_leaves_the_inbound_not_done_and_replays_it() 
 
 
 async def test_a_failed_checkpoint_write_is_not_parked_as_done() -> None:
-    bot, _seen = five_bot()
-    inner = MemoryKv()
-    kv = crashable(inner)
-    app = await start_app(bot, kv=kv)
-    chat = Chat(app)
-    await chat.say("/start")
+    app, chat, kv, _ = await started_on_a_faulty_journal()
     kv.fail(Write.INBOX_MARK_DONE)
     with pytest.raises(JournalUnavailableError):
         await chat.say("a1")
@@ -617,12 +619,7 @@ async def test_a_persistent_flow_goes_on_on_whichever_replica_gets_the_answer() 
 
 
 async def test_a_flow_turn_taken_over_by_another_holder_is_fenced() -> None:
-    bot, _ = five_bot()
-    inner = MemoryKv()
-    kv = crashable(inner)
-    app = await start_app(bot, kv=kv)
-    chat = Chat(app)
-    await chat.say("/start")
+    app, chat, kv, inner = await started_on_a_faulty_journal()
     original = kv.commit
     taken = False
 
