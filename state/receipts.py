@@ -74,6 +74,8 @@ class Publisher:
         self._e = engine
         self._sink = sink
         self._dlq = sink if isinstance(sink, DeadLetterSink) else None
+        #: Checked once: a runtime protocol check costs more than a send's journal write.
+        self._parks = isinstance(sink, RetrySink)
         #: journal key -> (state published, the sink's ack)
         self._pending: dict[str, tuple[str, asyncio.Future[Any]]] = {}
         self._loose: set[asyncio.Future[Any]] = set()
@@ -82,11 +84,11 @@ class Publisher:
     @property
     def parks(self) -> bool:
         """Whether failed sends are parked on the sink for their retry."""
-        return isinstance(self._sink, RetrySink)
+        return self._parks
 
     async def park(self, value: Json, retry_at: float) -> bool:
         """Park a failed send (best effort: the sweeper retries it if this is lost)."""
-        if not isinstance(self._sink, RetrySink):
+        if not self._parks or not isinstance(self._sink, RetrySink):
             return False
         try:
             ack = asyncio.ensure_future(await self._sink.park(value, retry_at))
