@@ -2,6 +2,7 @@
 
     python bench/_worker_baselines.py aiokafka BOOTSTRAP SRC DST GROUP
     python bench/_worker_baselines.py faust BOOTSTRAP SRC DST APP_ID DATA_DIR
+    python bench/_worker_baselines.py unjournaled WORKER_ARGS...
     python bench/_worker_baselines.py profile OUT.prof WORKER_ARGS...
 
 - ``aiokafka``: the bare consume->produce loop (``getmany`` -> ``send`` each record to DST,
@@ -9,7 +10,10 @@
 - ``faust``: the bare per-event Faust agent: the worker's app settings (at_least_once,
   acks=all), ``async for event in stream.events()`` producing one record per event to DST;
 - ``profile``: ``botmesh worker WORKER_ARGS...`` in this process under ``cProfile``; the
-  stats go to OUT.prof when the worker stops (SIGTERM).
+  stats go to OUT.prof when the worker stops (SIGTERM);
+- ``unjournaled``: ``botmesh worker WORKER_ARGS... --journal memory://``, which the worker
+  refuses (a restart would forget everything): the worker's whole path around a journal
+  that costs next to nothing, to tell the journal's share of a record's cost from the rest.
 
 ``slow_provider`` is a zero-argument provider factory for ``botmesh worker --provider
 bench._worker_baselines:slow_provider``: the mock provider with ``BENCH_PROVIDER_DELAY``
@@ -32,7 +36,13 @@ if str(REPO) not in sys.path:
 
 from providers.mock import MockProvider  # noqa: E402
 
-__all__ = ["aiokafka_loop", "faust_per_event", "profile_worker", "slow_provider"]
+__all__ = [
+    "aiokafka_loop",
+    "faust_per_event",
+    "profile_worker",
+    "slow_provider",
+    "unjournaled_worker",
+]
 
 
 def slow_provider() -> MockProvider:
@@ -115,6 +125,20 @@ def profile_worker(out: str, worker_args: list[str]) -> int:
         profile.dump_stats(out)
 
 
+def unjournaled_worker(worker_args: list[str]) -> int:
+    """``botmesh worker worker_args --journal memory://`` (bench only: see the module doc)."""
+    import streams.config
+    from botmesh._cli import main
+
+    check = streams.config.check_worker_journal
+
+    def allow_memory(url: str, source: str = "--journal") -> str:
+        return url.strip() if url.strip() == "memory://" else check(url, source)
+
+    streams.config.check_worker_journal = allow_memory
+    return main(["worker", *worker_args, "--journal", "memory://"])
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -128,6 +152,8 @@ def main(argv: list[str]) -> int:
         return 0
     if mode == "profile" and len(rest) >= 1:
         return profile_worker(rest[0], rest[1:])
+    if mode == "unjournaled":
+        return unjournaled_worker(rest)
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -19,9 +19,11 @@ one record per input with acks=all, in a child process:
   the worker's default journal), ``file`` (a file journal with an append log in its data
   dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``,
   ``+eos`` (before ``@LEVEL``) runs that worker ``exactly_once`` (``--guarantee``);
-  Per record: inbound journaled, handler, send journaled before the mock provider is called
-  and recorded after, receipt produced to ``<prefix>.sent`` and recorded published, inbound
-  marked done;
+  ``unjournaled`` runs the worker on an in-memory journal, which the worker itself refuses
+  (throughput and latency only): what a record costs around the journal (Faust, the
+  engine, the receipt), to tell the journal's share from the rest. Per record: inbound
+  journaled, handler, send journaled before the mock provider is called and recorded
+  after, receipt produced to ``<prefix>.sent`` and recorded published, inbound marked done;
 - ``exactly_once``: ``--journal default --journal default+eos`` runs the worker under
   both guarantees in the same run, and prints the per-round median of exactly_once /
   at_least_once (target >= 0.85).
@@ -106,6 +108,11 @@ START_TIMEOUT = 120.0
 TARGET_VS_AIOKAFKA = 0.5
 TARGET_VS_FAUST = 3.0
 TARGET_RESTART = 5.0
+#: ``--journal unjournaled``: the worker on an in-memory journal (refused by the worker
+#: itself; ``bench/_worker_baselines.py unjournaled``), throughput and latency only.
+UNJOURNALED = "unjournaled"
+#: The bot every worker side runs.
+APP = "examples.echo_bot:bot"
 
 
 # -- records --------------------------------------------------------------------------------
@@ -584,12 +591,17 @@ async def run_bench(
     for i, spec in enumerate(journals):
         cat = catalog(f"bwwrk{i}{tag}", bootstrap)
         data = tmp / f"worker{i}"
-        label, options = journal_option(spec, data)
         name = "worker" if len(journals) == 1 else f"worker{i + 1}"
         args = worker_args(
             bootstrap, cat, data, batch=batch, instance=f"bench-{i}-{tag}", provider="mock"
         )
-        side = Side(name, cat, worker_command(*args, *options), tmp / f"{name}.log", receipt_id)
+        if spec == UNJOURNALED:
+            label = "memory:// (bench only: the worker's path around a journal costing ~0)"
+            cmd = [sys.executable, str(BASELINES), "unjournaled", "--app", APP, *args]
+        else:
+            label, options = journal_option(spec, data)
+            cmd = worker_command(*args, *options)
+        side = Side(name, cat, cmd, tmp / f"{name}.log", receipt_id)
         workers.append(side)
         data_dirs[name] = data
         print(f"{name}: journal {label}; batch {batch}; provider mock (no delay)")
@@ -610,6 +622,9 @@ async def run_bench(
             aio.stop()
             print("\n3. restart to first reply (SIGKILL, same --instance-id, 50 records/s)")
             for side in workers:
+                if BASELINES.name in " ".join(side.cmd):  # unjournaled: forgets at a restart
+                    side.stop()
+                    continue
                 for k in range(plan.restarts):
                     from_spawn, from_kill, total = await bench.restart(side, 50.0, f"r{k}{tag}")
                     print(
@@ -636,6 +651,8 @@ async def run_bench(
                 "chat's records one after the other, and the next batch waits for the whole batch)"
             )
             for i, (spec, side) in enumerate(zip(journals, workers, strict=True)):
+                if spec == UNJOURNALED:
+                    continue
                 await slow_provider(
                     bench,
                     bootstrap=bootstrap,
@@ -844,7 +861,7 @@ async def run_profile(bootstrap: str, tmp: Path, n: int, *, batch: int, journal:
     args = worker_args(
         bootstrap, cat, tmp / "prof", batch=batch, instance=f"bench-prof-{tag}", provider="mock"
     )
-    cmd = [sys.executable, str(BASELINES), "profile", str(out), "--app", "examples.echo_bot:bot"]
+    cmd = [sys.executable, str(BASELINES), "profile", str(out), "--app", APP]
     side = Side("worker/cProfile", cat, [*cmd, *args, *options], tmp / "prof.log", receipt_id)
     print(f"worker under cProfile: batch {batch}, journal {label}, N={n}, broker {bootstrap}")
     async with Bench(bootstrap, None) as bench:
