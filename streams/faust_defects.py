@@ -37,12 +37,15 @@ source partition (``tables.on_commit``), so they       RocksDB itself, once the 
 are never persisted and every restart replays the      holding it committed
 whole changelog.                                       (``streams.worker``)
 Under ``exactly_once`` a restore waits at least 10   ``shorten_recovery_poll`` below: the
-s whenever the changelog ends in a transaction         restore polls every second, so it
-marker (always, with transactions): Faust's            gives up on such an offset after 2 s
-recovery counts the offsets of records it reads and    (the journal also counts the commit
-waits for one at the end offset; only after two        marker after its last record as read:
-empty 5 s polls does it check the consumer's           ``streams.worker``); an aborted
-position (``detect_aborted_tx``).                      transaction at the end still needs it
+s whenever the changelog ends in a transaction         restore polls every quarter second, so
+marker (always, with transactions): Faust's            it gives up on such an offset after
+recovery counts the offsets of records it reads and    half a second (the journal also counts
+waits for one at the end offset; only after two        the commit marker after its last record
+empty 5 s polls does it check the consumer's           as read: ``streams.worker``); an
+position (``detect_aborted_tx``).                      aborted transaction at the end (a
+                                                       worker killed) still needs it; taking
+                                                       offsets for markers too early is
+                                                       caught by ``verify_aborted_tails``
 Under ``exactly_once`` the restore takes a changelog   ``fresh_highwaters`` below: the
 partition's end from the consumer's cached last        end offsets are asked of the broker
 stable offset (``AIOKafkaConsumerThread._highwaters``  (``ListOffsets``: under
@@ -342,7 +345,7 @@ def guard_commit_holes() -> None:
 
 
 #: Seconds Faust's recovery waits for a changelog record before it looks again (its own: 5).
-RECOVERY_POLL_S = 1.0
+RECOVERY_POLL_S = 0.25
 
 
 class _RecoveryAsyncio:
@@ -463,6 +466,9 @@ async def read_committed(
         isolation_level="read_committed",
         enable_auto_commit=False,
         auto_offset_reset="earliest",  # a start compacted away: the earliest kept
+        # a bounded read: a fetch that finds only markers or aborted records (a killed
+        # worker's tail) comes back at once rather than after aiokafka's 500 ms
+        fetch_max_wait_ms=20,
     )
     found: dict[int, list[Read]] = {p: [] for p in starts}
     tps = {p: TopicPartition(topic, p) for p in starts}

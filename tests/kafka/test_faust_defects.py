@@ -108,7 +108,7 @@ async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_
 ) -> None:
     """Under ``exactly_once`` a changelog ends in a transaction marker, which Faust's
     restore only detects after two empty polls (``detect_aborted_tx``): 10 s at its 5 s,
-    2 s with ``shorten_recovery_poll``."""
+    half a second with ``shorten_recovery_poll``."""
     import asyncio
     import inspect
 
