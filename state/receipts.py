@@ -74,7 +74,7 @@ class Publisher:
         self._e = engine
         self._sink = sink
         self._dlq = sink if isinstance(sink, DeadLetterSink) else None
-        #: Checked once: a runtime protocol check costs more than a send's journal write.
+        #: Checked once: an isinstance on a runtime Protocol is slow for a per-send check.
         self._parks = isinstance(sink, RetrySink)
         #: journal key -> (state published, the sink's ack)
         self._pending: dict[str, tuple[str, asyncio.Future[Any]]] = {}

@@ -103,7 +103,7 @@ def test_the_changelog_offsets_under_eos_are_never_persisted_by_faust() -> None:
     assert store.persisted == {changelog_tp: 41}
 
 
-async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_second(
+async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_quarter_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Under ``exactly_once`` a changelog ends in a transaction marker, which Faust's
