@@ -74,8 +74,8 @@ class Publisher:
         self._e = engine
         self._sink = sink
         self._dlq = sink if isinstance(sink, DeadLetterSink) else None
-        #: Checked once: an isinstance on a runtime Protocol is slow for a per-send check.
-        self._parks = isinstance(sink, RetrySink)
+        #: Checked once, as ``_dlq``: an isinstance on a runtime Protocol is slow per send.
+        self._retry = sink if isinstance(sink, RetrySink) else None
         #: journal key -> (state published, the sink's ack)
         self._pending: dict[str, tuple[str, asyncio.Future[Any]]] = {}
         self._loose: set[asyncio.Future[Any]] = set()
@@ -84,14 +84,14 @@ class Publisher:
     @property
     def parks(self) -> bool:
         """Whether failed sends are parked on the sink for their retry."""
-        return self._parks
+        return self._retry is not None
 
     async def park(self, value: Json, retry_at: float) -> bool:
         """Park a failed send (best effort: the sweeper retries it if this is lost)."""
-        if not self._parks or not isinstance(self._sink, RetrySink):
+        if self._retry is None:
             return False
         try:
-            ack = asyncio.ensure_future(await self._sink.park(value, retry_at))
+            ack = asyncio.ensure_future(await self._retry.park(value, retry_at))
         except Exception as exc:
             log.warning("send %s not parked for its retry (%s)", value["key"], exc)
             return False
