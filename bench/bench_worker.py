@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_worker.py [--quick] [--journal default|file|URL[@LEVEL]]...
                                            [-n N] [--rounds R] [--batch-size 500] [--keep]
     .venv/bin/python bench/bench_worker.py --profile [-n N] [--journal ...]   under cProfile
+    .venv/bin/python bench/bench_worker.py --restart-only K [--journal ...]   phase 3 only
 
 ``--quick`` takes about a minute and a half (N=4000, one round), the default a few minutes
 (N=15000, three rounds, more restarts and chat counts). Every side consumes its own
@@ -212,6 +213,11 @@ class Tail:
 
     async def start(self) -> None:
         start = await end_offsets(self.bootstrap, self.topic)
+        for _ in range(100):  # a topic just created: its metadata can lag a moment
+            if len(start) >= PARTITIONS:
+                break
+            await asyncio.sleep(0.1)
+            start = await end_offsets(self.bootstrap, self.topic)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
         )
@@ -476,6 +482,8 @@ class Plan:
     restarts: int
     slow_chats: tuple[int, ...]
     slow_seconds: float
+    #: only phase 3 (the restarts), for tuning a worker's start
+    restart_only: bool = False
 
 
 QUICK = Plan(n=4000, rounds=1, latency_s=6.0, restarts=1, slow_chats=(50,), slow_seconds=3.0)
@@ -606,7 +614,7 @@ async def run_bench(
         data_dirs[name] = data
         print(f"{name}: journal {label}; batch {batch}; provider mock (no delay)")
         print(f"  {' '.join(side.cmd[1:])}")
-    sides = [aio, fev, *workers]
+    sides = [*workers] if plan.restart_only else [aio, fev, *workers]
     async with Bench(bootstrap, broker_pid) as bench:
         try:
             for k, side in enumerate(sides):
@@ -615,11 +623,12 @@ async def run_bench(
                 print(
                     f"  {side.name}: started, first record through in {time.monotonic() - t:.1f} s"
                 )
-            med = await throughputs(bench, sides, workers, plan, tag)
-            rate = med[workers[0].name] / 2
-            await latencies(bench, sides, rate, plan, tag)
-            fev.stop()
-            aio.stop()
+            if not plan.restart_only:
+                med = await throughputs(bench, sides, workers, plan, tag)
+                rate = med[workers[0].name] / 2
+                await latencies(bench, sides, rate, plan, tag)
+                fev.stop()
+                aio.stop()
             print("\n3. restart to first reply (SIGKILL, same --instance-id, 50 records/s)")
             for side in workers:
                 if BASELINES.name in " ".join(side.cmd):  # unjournaled: forgets at a restart
@@ -645,6 +654,8 @@ async def run_bench(
                         "answered"
                     )
                 side.stop()
+            if plan.restart_only:
+                return
             print(
                 f"\n4. provider latency {PROVIDER_DELAY * 1e3:.0f} ms (in-flight limit = min("
                 f"batch {batch}, chats in a batch): a batch runs its chats concurrently, each "
@@ -888,6 +899,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="throughput rounds (sides interleaved)")
     parser.add_argument("--batch-size", type=int, default=500, help="the worker's batch size")
     parser.add_argument("--profile", action="store_true", help="the worker under cProfile only")
+    parser.add_argument(
+        "--restart-only",
+        type=int,
+        metavar="K",
+        help="only the restarts to first reply, K per worker (and one on an empty data dir)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs and data dirs")
     parser.add_argument(
         "--slow-chats",
@@ -902,6 +919,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     plan = dataclasses.replace(plan, n=args.n or plan.n, rounds=args.rounds or plan.rounds)
+    if args.restart_only:
+        plan = dataclasses.replace(plan, restarts=args.restart_only, restart_only=True)
     if args.slow_chats:
         chats = tuple(int(c) for c in args.slow_chats.split(","))
         plan = dataclasses.replace(plan, slow_chats=chats)

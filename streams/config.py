@@ -155,6 +155,10 @@ class WorkerConfig:
     #: ``BOTMESH_METRICS_INTERVAL`` (10 s): how often the worker publishes its counters to
     #: ``<prefix>.metrics`` (and once at a clean stop).
     metrics_interval: float = 10.0
+    #: ``BOTMESH_STOP_TIMEOUT`` (30 s): how long a stop (SIGTERM / Ctrl-C) may take; past
+    #: it the worker logs what it was waiting on and exits with status 70 without acking
+    #: the batch in progress (the broker redelivers it, the journal answers the duplicates).
+    stop_timeout: float = 30.0
     #: ``BOTMESH_LOG_LEVEL`` (``info``).
     loglevel: str = "info"
     #: Create the topics at start (idempotent).
@@ -171,6 +175,11 @@ class WorkerConfig:
                 "accepts 6 to 1800 seconds"
             )
         check_guarantee(self.guarantee, "processing guarantee")
+        if not self.stop_timeout > 0:
+            raise ValueError(
+                f"stop timeout (BOTMESH_STOP_TIMEOUT) {self.stop_timeout:g}s: must be a "
+                "positive number of seconds"
+            )
         if not self.metrics_interval > 0:
             raise ValueError(
                 f"metrics interval (BOTMESH_METRICS_INTERVAL) {self.metrics_interval:g}s: "
@@ -195,6 +204,7 @@ class WorkerConfig:
             batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,
             session_timeout=_float_env(env, "BOTMESH_SESSION_TIMEOUT", DEFAULT_SESSION_TIMEOUT),
             metrics_interval=_float_env(env, "BOTMESH_METRICS_INTERVAL", 10.0),
+            stop_timeout=_float_env(env, "BOTMESH_STOP_TIMEOUT", 30.0),
             loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
             guarantee=check_guarantee(
                 env.get("BOTMESH_PROCESSING_GUARANTEE", "").strip() or "at_least_once",

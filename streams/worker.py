@@ -4,7 +4,9 @@
 (``bot.bind(provider, config.journal_url, instance_id=..., receipts=KafkaReceipts(...))``)
 and runs it with Faust's worker: the runtime starts before the agent and stops after it
 (SIGTERM / Ctrl-C: the batch in progress finishes, offsets are committed, the runtime
-stops and records its last receipts published).
+stops and records its last receipts published). A stop has ``BOTMESH_STOP_TIMEOUT``
+seconds (30): past them the worker prints its threads' stacks and exits with status 70
+without acking (a provider call that hangs holds the batch, so the stop, for ever).
 
 The agent reads ``<prefix>.inbound`` and ``<prefix>.requests`` (sends from outside a
 handler) as one Faust topic, in batches (``take_events``), and hands each batch to
@@ -43,9 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
@@ -65,11 +70,18 @@ from streams.faust_defects import (
     bootstrap_of,
     commit_open_transactions,
     drop_lost_producers,
+    fetch_only_active,
     fresh_highwaters,
     guard_commit_holes,
+    keep_changelog_queue,
     lenient_header_keys,
     read_committed,
+    seek_in_consumer_thread,
+    short_fetch_wait,
+    short_web_stop,
     shorten_recovery_poll,
+    start_producers_at_once,
+    start_tables_at_once,
     verify_aborted_tails,
 )
 from streams.operator import metrics_record
@@ -595,10 +607,17 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     cat = config.catalog
     guard_commit_holes()
     lenient_header_keys()
+    start_tables_at_once()
+    short_fetch_wait()
+    fetch_only_active()
+    keep_changelog_queue()
+    seek_in_consumer_thread()
+    short_web_stop()
     if config.exactly_once:
         shorten_recovery_poll()
         fresh_highwaters()
         drop_lost_producers()
+        start_producers_at_once()
         commit_open_transactions()
         verify_aborted_tails()
     web: dict[str, Any] = {"web_enabled": False}
@@ -623,9 +642,11 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         processing_guarantee="exactly_once" if config.exactly_once else "at_least_once",
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
-        # under exactly_once no standby replicas: a worker given a partition restores it
-        # from the changelog (from its own RocksDB's offset on), because Faust's standbys
-        # skipped records there while their offset moved past them (``faust_defects``)
+        # under at_least_once one standby replica, so a takeover has the partition at
+        # hand; under exactly_once none: a worker given a partition restores it from the
+        # changelog (from its own RocksDB's offset on), because standbys skipped records
+        # there (a Faust fetch defect, since worked around: ``faust_defects``; standbys
+        # under exactly_once are not measured again yet)
         table_standby_replicas=0 if config.exactly_once else 1,
         topic_partitions=config.partitions,
         topic_replication_factor=config.replication,
@@ -847,6 +868,30 @@ def _check_copartitioned(cat: Catalog, have: Mapping[str, int]) -> None:
             )
 
 
+class _Worker(faust.Worker):
+    """Faust's worker with a limit on its stop: ``stop_timeout`` seconds after the signal
+    (SIGTERM / Ctrl-C) a stop still under way ends with the process (``_stop_overdue``)."""
+
+    stop_timeout = 30.0
+
+    def _schedule_shutdown(self, signal_: signal.Signals) -> None:
+        if not self._signal_stop_time:  # the first signal: the stop starts
+            timer = threading.Timer(self.stop_timeout, _stop_overdue, (self.stop_timeout,))
+            timer.daemon = True
+            timer.start()
+        super()._schedule_shutdown(signal_)
+
+
+def _stop_overdue(limit: float) -> None:
+    """A stop that outlasted its limit (a provider call that hangs, a server that waits on
+    its clients): the stacks of every thread go to stderr, then the process exits without
+    acking; what was not committed is redelivered and the journal answers the duplicates."""
+    log.critical("the worker did not stop within %gs (BOTMESH_STOP_TIMEOUT); its threads:", limit)
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    _exit_hard(f"the stop took longer than {limit:g}s", EXIT_SOFTWARE)
+
+
 def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> None:
     """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C."""
     if config.provision:
@@ -859,7 +904,8 @@ def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> 
         _check_copartitioned(config.catalog, {**have, **made})
     config.data_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(bot, provider, config)
-    worker = faust.Worker(app, loglevel=config.loglevel, redirect_stdouts=False)
+    worker = _Worker(app, loglevel=config.loglevel, redirect_stdouts=False)
+    worker.stop_timeout = config.stop_timeout
     # Faust's progress spinner sets the root logger to DEBUG at a level of warning or above,
     # so every aiokafka debug call builds a record: 30-40% of a durable worker's time.
     worker.spinner = None

@@ -545,6 +545,17 @@ def describe_group(bootstrap: str, group: str, topic: str) -> tuple[str, dict[st
     return str(description.state.name), members
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
-    metadata = await consumer._client.fetch_all_metadata()
-    return sorted(metadata.partitions_for_topic(topic) or ())
+async def _partitions(consumer: AIOKafkaConsumer, topic: str, within: float = 30.0) -> list[int]:
+    """The partitions of ``topic``, once the broker's metadata lists them (a topic just
+    created can be missing from it for a moment: seen on a broker just started)."""
+    deadline = time.monotonic() + within
+    while True:
+        metadata = await consumer._client.fetch_all_metadata()
+        found = sorted(metadata.partitions_for_topic(topic) or ())
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"topic {topic} has no partitions in the metadata after {within} s"
+            )
+        await asyncio.sleep(0.1)

@@ -133,8 +133,7 @@ def test_produce_and_receipts_through_a_worker(
     try:
         tail = botmesh("receipts", "--from-beginning", "--limit", "30", env=env)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        _stop(proc)
     assert tail.returncode == 0, tail.stderr
     receipts = [json.loads(line) for line in tail.stdout.splitlines()]
     assert sorted(r["inbound_id"] for r in receipts) == sorted(f"cli-{i}" for i in range(30))
@@ -161,6 +160,17 @@ def test_a_journal_the_worker_cannot_open_stops_it_with_the_reason(
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"the folder of the journal {missing} does not exist; create it first" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if the worker outlives its own stop limit (BOTMESH_STOP_TIMEOUT,
+    30 s) by far: never left running into the next test (its status then says so)."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _free_port() -> int:
@@ -205,7 +215,7 @@ def test_worker_web_server_on_loopback_port(
             except OSError:
                 time.sleep(0.3)
     finally:
-        proc.terminate()
-        proc.wait(60)
-    assert status == 200, (tmp_path / "worker.log").read_text()[-2000:]
-    assert proc.returncode == 0
+        _stop(proc)
+    said = (tmp_path / "worker.log").read_text()
+    assert status == 200, said[-2000:]
+    assert proc.returncode == 0, said[-4000:]

@@ -57,6 +57,10 @@ def test_settings_from_the_environment_are_checked_naming_the_variable() -> None
         WorkerConfig.from_env({"BOTMESH_BATCH_SIZE": "many"})
     with pytest.raises(ValueError, match="bad topic prefix"):
         WorkerConfig.from_env({}, prefix="no spaces")
+    with pytest.raises(ValueError, match=r"^stop timeout \(BOTMESH_STOP_TIMEOUT\) 0s: must be"):
+        WorkerConfig.from_env({"BOTMESH_STOP_TIMEOUT": "0"})
+    assert WorkerConfig.from_env({}).stop_timeout == 30.0
+    assert WorkerConfig.from_env({"BOTMESH_STOP_TIMEOUT": "2.5"}).stop_timeout == 2.5
     config = WorkerConfig.from_env({"BOTMESH_INSTANCE_ID": "echo-0", "BOTMESH_WEB_PORT": "6066"})
     assert (config.instance_id, config.web_port) == ("echo-0", 6066)
 

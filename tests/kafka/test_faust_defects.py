@@ -572,3 +572,292 @@ async def _marker_written(bootstrap: str, tp: Any, end: int) -> None:
                 await asyncio.sleep(0.05)
     finally:
         await consumer.stop()
+
+
+@pytest.mark.parametrize(("guarantee", "standbys"), [("at_least_once", 1), ("exactly_once", 0)])
+def test_standby_replicas_only_under_at_least_once(
+    tmp_path: Any, guarantee: str, standbys: int
+) -> None:
+    """Faust's standby replicas were seen to skip changelog records while their offset moved
+    past them under ``exactly_once`` (the fetch defect, since worked around): there the
+    worker keeps none, and a partition it is given is restored from the changelog. Under
+    ``at_least_once`` it keeps one, so a takeover has the partition at hand."""
+    from providers.mock import MockProvider
+    from streams.config import WorkerConfig
+    from streams.worker import build_app
+    from tests.kafka.bot import bot
+
+    env = {"BOTMESH_DATA_DIR": str(tmp_path), "BOTMESH_PROCESSING_GUARANTEE": guarantee}
+    app = build_app(bot, MockProvider(), WorkerConfig.from_env(env))
+    assert app.conf.table_standby_replicas == standbys
+
+
+async def test_faust_sleeps_a_second_before_its_restore_and_the_worker_does_not() -> None:
+    """Faust's table manager waits 1 s at its start before it subscribes the changelogs and
+    starts the restore: a restart pays it before its first reply. ``start_tables_at_once``
+    does the same two steps at once."""
+    import inspect
+    from types import SimpleNamespace
+
+    from faust.tables.manager import TableManager
+
+    from streams.faust_defects import _ORIGINAL_TABLES_START, start_tables_at_once
+
+    assert "await self.sleep(1.0)" in inspect.getsource(_ORIGINAL_TABLES_START)
+    start_tables_at_once()
+    steps: list[str] = []
+
+    async def step(name: str) -> None:
+        steps.append(name)
+
+    async def sleep(seconds: float) -> None:
+        raise AssertionError(f"slept {seconds} s")
+
+    manager = SimpleNamespace(
+        should_stop=False,
+        sleep=sleep,
+        _update_channels=lambda: step("channels"),
+        recovery=SimpleNamespace(start=lambda: step("recovery")),
+    )
+    await TableManager.on_start(manager)  # type: ignore[arg-type]
+    assert steps == ["channels", "recovery"]
+    manager.should_stop = True  # stopped before it started: neither
+    await TableManager.on_start(manager)  # type: ignore[arg-type]
+    assert steps == ["channels", "recovery"]
+
+
+async def test_faust_fetches_with_a_wait_of_1_5_s_and_the_worker_with_a_tenth(
+    tmp_path: Any,
+) -> None:
+    """Faust creates its consumer with a hard-coded fetch wait of 1.5 s; a request to the
+    broker behind a fetch of a quiet partition (the restore's ``ListOffsets``) waits for it.
+    With ``short_fetch_wait`` (the worker installs it) the consumer Faust creates waits
+    ``FETCH_WAIT_MS``."""
+    import inspect
+
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    from providers.mock import MockProvider
+    from streams.config import WorkerConfig
+    from streams.faust_defects import _ORIGINAL_CREATE_CONSUMER, FETCH_WAIT_MS
+    from streams.worker import build_app
+    from tests.kafka.bot import bot
+
+    assert "fetch_max_wait_ms=1500" in inspect.getsource(_ORIGINAL_CREATE_CONSUMER)
+    env = {"BOTMESH_DATA_DIR": str(tmp_path), "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    app = build_app(bot, MockProvider(), WorkerConfig.from_env(env))
+    thread = app.consumer._thread
+    assert isinstance(thread, AIOKafkaConsumerThread)
+    faust_own = _ORIGINAL_CREATE_CONSUMER(thread, app.transport)
+    ours = thread._create_worker_consumer(app.transport)
+    try:
+        assert (faust_own._fetch_max_wait_ms, ours._fetch_max_wait_ms) == (1500, FETCH_WAIT_MS)
+        assert FETCH_WAIT_MS <= 100
+    finally:
+        for consumer in (faust_own, ours):
+            await consumer.stop()  # never started: closes its client
+        thread.thread_loop.close()  # the consumer thread's own loop, never run
+
+
+async def test_faust_starts_transactional_producers_one_by_one_and_the_worker_together() -> None:
+    """Under ``exactly_once`` a producer taking over a killed worker's transactional id
+    waits for the broker to abort the transaction left open; Faust starts an assignment's
+    producers one after the other, so a restart waited for the sum.
+    ``start_producers_at_once`` starts them together."""
+    import asyncio
+    import inspect
+    from types import SimpleNamespace
+
+    from faust.transport.consumer import TransactionManager
+
+    from streams.faust_defects import _ORIGINAL_START_TRANSACTIONS, start_producers_at_once
+
+    source = inspect.getsource(_ORIGINAL_START_TRANSACTIONS)
+    assert "for transactional_id in tids:" in source  # Faust's own: one await per id
+    start_producers_at_once()
+    running: set[str] = set()
+    most = 0
+    begun: list[str] = []
+
+    async def maybe_begin_transaction(tid: str) -> None:
+        nonlocal most
+        running.add(tid)
+        most = max(most, len(running))
+        await asyncio.sleep(0.01)  # the broker aborting the predecessor's transaction
+        running.discard(tid)
+        begun.append(tid)
+
+    manager = SimpleNamespace(
+        producer=SimpleNamespace(maybe_begin_transaction=maybe_begin_transaction)
+    )
+    tids = [f"app-1-{p}" for p in range(4)]
+    await TransactionManager._start_transactions(manager, tids)  # type: ignore[arg-type]
+    assert sorted(begun) == tids
+    assert most == 4  # all four begun before any finished
+
+
+def test_faust_web_server_stop_waits_a_minute_on_requests_and_the_worker_three_seconds(
+    tmp_path: Any,
+) -> None:
+    """aiohttp's runner waits up to 60 s at its stop for the requests in progress, so a
+    request left waiting held a worker's stop past a minute; ``short_web_stop`` (the worker
+    installs it) makes it ``WEB_STOP_S``."""
+    from aiohttp.web import Application
+    from aiohttp.web_runner import AppRunner
+
+    from providers.mock import MockProvider
+    from streams.config import WorkerConfig
+    from streams.faust_defects import WEB_STOP_S
+    from streams.worker import build_app
+    from tests.kafka.bot import bot
+
+    assert AppRunner(Application())._shutdown_timeout == 60.0
+    env = {"BOTMESH_DATA_DIR": str(tmp_path), "BOTMESH_WEB_PORT": "6066"}
+    app = build_app(bot, MockProvider(), WorkerConfig.from_env(env))
+    assert app.conf.web_enabled
+    assert app.web._runner._shutdown_timeout == WEB_STOP_S <= 5.0
+
+
+async def test_an_emptied_set_of_active_partitions_fetches_every_partition_unless_guarded() -> None:
+    """Faust hands the consumer's thread its live set of active partitions; the event loop
+    can empty it before the thread reads it (the end of a restore pauses the restored
+    partitions), and aiokafka's ``fetched_records`` takes an empty set for every assigned
+    partition: records of paused partitions come back and Faust drops them, past the
+    consumer's position (a standby replica lost its backlog). With ``fetch_only_active``
+    the thread tests each partition against the live set as it is then, never "every
+    partition", and nothing is fetched while no partition is active."""
+    import inspect
+    from types import SimpleNamespace
+
+    from aiokafka.consumer.fetcher import Fetcher
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    from streams.faust_defects import _ORIGINAL_GETMANY, fetch_only_active
+
+    assert "if partitions and tp not in partitions:" in inspect.getsource(Fetcher.fetched_records)
+    assert "active_partitions," in inspect.getsource(_ORIGINAL_GETMANY)  # handed on as is
+    changelog = TP("t.changelog", 1)
+    live = {TPX, changelog}
+
+    def drained(partitions: Any) -> set[Any]:
+        # what aiokafka's fetched_records returns of records buffered for both partitions
+        return {tp for tp in (TPX, changelog) if not (partitions and tp not in partitions)}
+
+    got: list[set[Any]] = []
+
+    async def call_thread(fun: Any, consumer: Any, partitions: Any, **kwargs: Any) -> Any:
+        live.clear()  # the loop pauses them all before the thread reads the set
+        got.append(drained(partitions))
+        return {}
+
+    thread = SimpleNamespace(_ensure_consumer=lambda: SimpleNamespace(_max_poll_records=500))
+    thread.call_thread = call_thread
+    thread._fetch_records = None
+    await _ORIGINAL_GETMANY(thread, live, 1.0)
+    assert got == [{TPX, changelog}]  # the defect: both, though neither is active any more
+    fetch_only_active()
+    live.update({TPX, changelog})
+    await AIOKafkaConsumerThread.getmany(thread, live, 1.0)  # type: ignore[arg-type]
+    assert got[1:] == [set()]  # neither: they were paused before the thread read the set
+    assert await AIOKafkaConsumerThread.getmany(thread, live, 1.0) == {}  # type: ignore[arg-type]
+    assert len(got) == 2  # none active: nothing fetched
+    await AIOKafkaConsumerThread.getmany(thread, None, 1.0)  # type: ignore[arg-type]
+    assert got[2:] == [{TPX, changelog}]  # a client-only app: every partition, as Faust meant
+
+
+async def test_the_end_of_faust_restore_clears_the_changelog_queue_and_the_worker_keeps_it() -> (
+    None
+):
+    """At the end of a rebalance Faust starts the standby replicas (their records are
+    fetched into the changelog queue), then resumes the flow once more, which clears every
+    queue flow control manages: standby records not yet applied would be dropped, the
+    consumer's position past them. With ``keep_changelog_queue`` that last resume leaves
+    the changelog queue as it is; the streams' queues are still cleared.
+
+    Faust also resumes the stream partitions *before* it seeks them to their committed
+    offsets: records fetched from the old positions meanwhile reach the streams' queues,
+    the clear drops them, and the consumer's position is past them (the kill test: 0-8
+    records per run skipped so, each caught by the guards and read again). The worker
+    resumes them at the clear, after the seek."""
+    from types import SimpleNamespace
+
+    from faust.tables.recovery import Recovery
+    from mode.utils.queues import FlowControlEvent, FlowControlQueue
+
+    from streams.faust_defects import _ORIGINAL_RECOVERY_COMPLETED, keep_changelog_queue
+
+    steps: list[str] = []
+
+    class Queue(FlowControlQueue[int]):
+        def clear(self) -> None:
+            steps.append(f"clear {self.name}")
+            super().clear()
+
+        name = ""
+
+    async def run(on_recovery_completed: Any) -> tuple[int, int]:
+        steps.clear()
+        flow = FlowControlEvent()
+        changelog = Queue(flow_control=flow, clear_on_resume=True)
+        stream = Queue(flow_control=flow, clear_on_resume=True)
+        changelog.name, stream.name = "changelog", "stream"
+        flow.resume()
+        steps.clear()
+        for n in range(3):  # standby records fetched, not yet applied; a stream's records
+            changelog.put_nowait(n)
+            stream.put_nowait(n)
+
+        async def done(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        async def seek() -> None:
+            steps.append("seek")
+
+        async def wait(coro: Any, **kwargs: Any) -> Any:
+            return await coro
+
+        consumer = SimpleNamespace(
+            assignment=lambda: {TPX},
+            resume_partitions=lambda tps: steps.append(f"resume {sorted(tps)}"),
+            perform_seek=seek,
+            resume_flow=lambda: None,
+        )
+        app = SimpleNamespace(
+            consumer=consumer,
+            consumer_generation_id=7,
+            on_rebalance_complete=SimpleNamespace(send=done),
+            conf=SimpleNamespace(broker_request_timeout=1.0),
+            flow_control=flow,
+            _fetcher=SimpleNamespace(maybe_start=done),
+            assignor=SimpleNamespace(assigned_standbys=lambda: {TP("t.changelog", 1)}),
+            on_rebalance_end=lambda: None,
+        )
+        noop = SimpleNamespace(info=lambda *a: None, dev=lambda *a: None)
+        me = SimpleNamespace(
+            app=app,
+            log=noop,
+            tables=SimpleNamespace(
+                values=list,
+                changelog_queue=changelog,
+                on_actives_ready=lambda: None,
+                on_standbys_ready=lambda: None,
+            ),
+            _set_recovery_ended=lambda: None,
+            _is_changelog_tp=lambda tp: False,
+            _wait=wait,
+            completed=SimpleNamespace(set=lambda: None),
+            actives_for_table={},
+            standbys_for_table={},
+        )
+        await on_recovery_completed(me, 7)
+        assert "resume_partitions" in vars(consumer)  # the consumer as it was
+        return changelog.qsize(), stream.qsize()
+
+    resumed = f"resume {[TPX]}"
+    assert await run(_ORIGINAL_RECOVERY_COMPLETED) == (0, 0)  # the defect: both cleared
+    # resumed first, then sought; the clear takes the queues in no set order (a WeakSet)
+    assert steps[:2] == [resumed, "seek"]
+    assert sorted(steps[2:]) == ["clear changelog", "clear stream"]
+    keep_changelog_queue()
+    assert await run(Recovery.on_recovery_completed) == (3, 0)  # the changelog's kept
+    assert steps == ["seek", "clear stream", resumed]  # resumed once sought and cleared

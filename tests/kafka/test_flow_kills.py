@@ -46,7 +46,7 @@ from aiokafka import AIOKafkaProducer
 from state.messages import Inbound
 from tests.kafka.flow_bot import QUESTIONS, answer, done_text
 from tests.kafka.recorder import SESSION_TIMEOUT, Call, Recorder, Tally
-from tests.kafka.worker import WAIT_S, Worker, read_all
+from tests.kafka.worker import WAIT_S, Worker, read_all, wait_line
 from topics import Catalog, chat_key, decode_receipt, encode_inbound
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
@@ -193,6 +193,9 @@ async def test_sigkills_mid_flow_ask_each_question_once_and_lose_no_answer(
                 continue
             await asyncio.sleep(0.02)
         for w in workers:
+            # a run started after the last kill may still be starting when every flow has
+            # finished: a SIGTERM before Faust handles signals ends it by the signal (-15)
+            wait_line(w, "Worker]: Ready")
             assert w.stop() == 0, w.child.tail() if w.child else ""
             ambiguity.read(w.lines())
         moved = {c.chat_id for c in calls if c.pid in joined}

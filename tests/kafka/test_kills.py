@@ -366,6 +366,58 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
     check_effects(recorder, tally, flow.produced)
 
 
+@pytest.mark.timeout(600)  # a hang guard: a healthy run takes about a minute
+@pytest.mark.parametrize("guarantee", GUARANTEES)
+async def test_a_peer_that_joins_behind_takes_over_without_resending(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    recorder: Recorder,
+    tally: Tally,
+    *,
+    guarantee: str,
+) -> None:
+    """The second worker joins a group whose journal already holds hundreds of records:
+    whatever it copies of its peer's partitions (a standby replica under
+    ``at_least_once``) starts with a backlog, not at the live end. Its peer is then
+    SIGKILLed: the takeover must know every send the peer made. A standby that lost the
+    backlog it fetched first sent 37 replies again (the freeze test on CI, where the
+    second worker happened to join late)."""
+    cat = Catalog(topic_prefix)
+    env = {"BOTMESH_PROCESSING_GUARANTEE": guarantee}
+    first, late = peers(kafka_bootstrap, topic_prefix, tmp_path, recorder, env)
+    both = (first, late)
+    flow = Flow(kafka_bootstrap, cat.inbound, "jb").start()
+    try:
+        first.start()
+        await waiting(
+            lambda: len(recorder) >= 200, "200 sends from the first worker", both, first.check_alive
+        )
+        late.start()
+        await waiting(
+            lambda: recorder.first_from(late.pid) is not None,
+            "a send from the late worker",
+            both,
+            lambda: alive(*both),
+        )
+        await asyncio.sleep(1.0)  # its copies of the peer's partitions are under way
+        first.kill()
+        killed_at = time.monotonic()
+        pending = await produced_after(flow)
+        await tally.until_accounted(recorder, pending, late.check_alive, WAIT_S)
+        took_over = time.monotonic() - killed_at
+        await flow.stop()
+        await tally.until_accounted(recorder, flow.produced, late.check_alive, WAIT_S)
+        assert late.stop() == 0
+    finally:
+        flow.cancel()
+        first.close()
+        late.close()
+
+    print(f"\n  the late worker answered everything pending {took_over:.1f}s after the kill")
+    check_effects(recorder, tally, flow.produced)
+
+
 # -- 3. workers joining and leaving under traffic, no fault -----------------------------------
 
 
