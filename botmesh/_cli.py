@@ -67,7 +67,9 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -473,9 +475,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
 
 
+def _stop_on_sigterm_until_started() -> None:
+    """SIGTERM while ``botmesh worker`` starts (its bot module and Faust being imported, the
+    topics provisioned) ends it with status 0: nothing has been consumed yet. Python's
+    default would end it by the signal (status 143, or -15 to a parent), which a supervisor
+    takes for a crash. Faust's handlers replace this one once its event loop runs; this
+    stop has ``BOTMESH_STOP_TIMEOUT`` seconds too."""
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the stop goes on
+        print(
+            "botmesh worker: SIGTERM before the worker started consuming: stopped, "
+            "nothing consumed",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            limit = float(os.environ.get("BOTMESH_STOP_TIMEOUT", "").strip() or 30)
+        except ValueError:
+            limit = 30.0
+        # the status of a stop past its limit (``streams.worker.EXIT_SOFTWARE``)
+        timer = threading.Timer(limit, os._exit, (70,))
+        timer.daemon = True
+        timer.start()
+        raise SystemExit(Exit.OK)
+
+    signal.signal(signal.SIGTERM, stop)
+    print("botmesh worker: starting", file=sys.stderr, flush=True)
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from streams.config import WorkerConfig
 
+    _stop_on_sigterm_until_started()
     bot = load_app(args.app)
     provider = _provider_of(args)
     if args.instance_id is not None and not args.instance_id.strip():

@@ -1,11 +1,16 @@
-"""A stop that cannot end: the worker gives it ``BOTMESH_STOP_TIMEOUT`` seconds, then prints
+"""Stops of a worker that cannot go the usual way.
+
+A stop that cannot end: the worker gives it ``BOTMESH_STOP_TIMEOUT`` seconds, then prints
 its threads' stacks and exits with status 70, acking nothing it had not finished; the
 next run settles the message it was in the middle of.
 
 The provider here is the test bot's HTTP provider pointed at a server that takes the POST and
 never answers (a channel's API that hangs): the batch in progress cannot finish, so neither
 can the stop. The next run finds the send journaled in flight and reports it ``unknown``
-(the API may have taken it), so nothing is lost and nothing is sent twice."""
+(the API may have taken it), so nothing is lost and nothing is sent twice.
+
+A stop before the worker started: a SIGTERM while it is still importing and provisioning
+ends it with status 0 (nothing consumed), not by the signal."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from botmesh import Inbound
 from streams.provision import ensure_topics
 from streams.worker import EXIT_SOFTWARE
 from tests.kafka.test_journal_outage import produce
-from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect
+from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line
 from topics import Catalog
 
 pytestmark = [pytest.mark.kafka]
@@ -107,5 +112,26 @@ async def test_a_stop_past_its_limit_exits_70_with_the_stacks_and_loses_nothing(
         assert worker.handled()["m1"] in (1, 2)
         assert silent_api.requests == 1
         assert worker.stop() == 0
+    finally:
+        worker.close()
+
+
+@pytest.mark.timeout(120)  # a hang guard: a healthy run takes a few seconds
+def test_a_sigterm_while_the_worker_starts_ends_it_with_status_0(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """A supervisor stops a worker that is still starting (its bot module and Faust being
+    imported, the topics provisioned, before Faust handles signals): it exits with status
+    0, having consumed nothing, not by the signal (-15), which reads as a crash."""
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path / "w", loglevel="info")
+    worker.start()
+    try:
+        wait_line(worker, "botmesh worker: starting")
+        status = worker.stop()  # SIGTERM at once: Faust is not even imported yet
+        said = "\n".join(worker.lines())
+        assert status == 0, said[-3000:]
+        assert "SIGTERM before the worker started consuming" in said, said[-3000:]
+        assert "Worker]: Ready" not in said, said[-3000:]
+        assert not worker.handled()
     finally:
         worker.close()

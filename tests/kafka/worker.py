@@ -140,6 +140,7 @@ class Worker:
     def save_log(self, why: str) -> Path:
         """The current run's whole output, written to a file in the test's folder."""
         assert self.child is not None
+        self.tmp.mkdir(parents=True, exist_ok=True)  # a run that ended before making it
         saved = self.tmp / f"{why}-{self.child.pid}.log"
         saved.write_text("\n".join(self.child.lines) + "\n")
         return saved
