@@ -82,18 +82,16 @@ restored (seen under ``exactly_once``: a worker        against the changelog fro
 loaded 0 of a partition's records and sent again       database's persisted offset on
 replies its previous owner had sent).                  (``read_committed`` below) and
                                                        writes what it lacks first
-Under ``exactly_once`` a standby replica of a          no standby replicas under
-changelog partition can miss records: seen here, a     ``exactly_once``
-standby started at offset 0 buffered only the records  (``streams.worker``): a worker given a
-after the end offset read when it started, while its   partition restores it from the
-persisted offset passed all of them; the worker that   changelog, from its own RocksDB's
-took the partition over loaded 15 of ~160 records      offset on (the tail after a restart,
-and sent 7-9 replies again (3 of ~20 runs of the       the whole partition when it is new)
-freeze test under ``exactly_once``). Under
-``at_least_once`` it was seen too (46 and 37 replies
-again). The cause is the fetch defect below; under
-``exactly_once`` standbys stay off until measured
-again with its workaround.
+Under ``exactly_once`` a standby replica of a          the cause is the fetch defect below
+changelog partition can miss records: seen here, a     (``fetch_only_active``). Standbys were
+standby started at offset 0 buffered only the records  off under ``exactly_once`` until it was
+after the end offset read when it started, while its   measured again: with one standby, 30
+persisted offset passed all of them; the worker that   runs in a row of the freeze test and
+took the partition over loaded 15 of ~160 records      of the late-joiner test under
+and sent 7-9 replies again (3 of ~20 runs of the       ``exactly_once``, 0 sent twice, 0 lost
+freeze test under ``exactly_once``). Under             (it was 3 in ~20 freeze runs before);
+``at_least_once`` it was seen too (46 and 37 replies   the worker keeps one standby under
+again).                                                both guarantees
 Faust's fetcher asks the consumer's thread for the     ``fetch_only_active`` below: the
 records of its active partitions by handing it its     thread tests each partition against
 live set, which the thread reads later; meanwhile the  the set as it is when aiokafka
@@ -138,8 +136,8 @@ high watermark of 84 and no record of the partition    with ``fetch_only_active`
 ever reaches it (Faust: "No event received for active  runs of the joins/leaves test with
 tp ... since recovery start"), so the partition's      standbys off passed, no "No event
 inbound records wait while its peers go on (2 of ~20   received" in 120 worker runs; the
-runs of the joins/leaves test).                        worker keeps one standby under
-                                                       ``at_least_once`` all the same, so a
+runs of the joins/leaves test).                        worker keeps one standby (under
+                                                       both guarantees) all the same, so a
                                                        takeover has the partition at hand
 Faust's ``Consumer.seek`` calls aiokafka's consumer    ``seek_in_consumer_thread`` below:
 from the event loop while the consumer's thread may    the seek is made on the consumer's

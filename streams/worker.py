@@ -642,12 +642,10 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         processing_guarantee="exactly_once" if config.exactly_once else "at_least_once",
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
-        # under at_least_once one standby replica, so a takeover has the partition at
-        # hand; under exactly_once none: a worker given a partition restores it from the
-        # changelog (from its own RocksDB's offset on), because standbys skipped records
-        # there (a Faust fetch defect, since worked around: ``faust_defects``; standbys
-        # under exactly_once are not measured again yet)
-        table_standby_replicas=0 if config.exactly_once else 1,
+        # one standby replica under both guarantees, so a takeover has the partition at
+        # hand (standbys that skipped records were a Faust fetch defect, worked around:
+        # ``faust_defects.fetch_only_active``)
+        table_standby_replicas=1,
         topic_partitions=config.partitions,
         topic_replication_factor=config.replication,
         topic_allow_declare=True,
