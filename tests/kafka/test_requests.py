@@ -207,7 +207,11 @@ async def test_two_workers_handle_a_chats_requests_where_its_messages_are(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     """Co-partitioning on the real broker: two workers share four partitions; every chat's
-    replies and requests are sent by one of them, and both have chats."""
+    replies and requests are sent by one of them, and both have chats. Each topic's records
+    of a chat keep their order; the order across the two topics holds only for records
+    fetched in one batch (``topics/SCHEMAS.md``), which two workers sharing the fetches
+    do not make sure of (CI once saw a chat's request settled just before the message
+    produced before it), so it is the one-worker test's to check."""
     cat = Catalog(topic_prefix)
     ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
     workers = [
@@ -241,7 +245,10 @@ async def test_two_workers_handle_a_chats_requests_where_its_messages_are(
             if mine:
                 assert chat not in sent_by, f"{chat} sent by both workers"
                 sent_by[chat] = i
-                assert mine == want[chat]
+                for topic in ("echo ", "request "):  # replies, then requests: each in order
+                    assert [t for t in mine if t.startswith(topic)] == [
+                        t for t in want[chat] if t.startswith(topic)
+                    ], mine
     assert set(sent_by) == set(chats)
     assert set(sent_by.values()) == {0, 1}
     # every request journaled in its own partition by the worker that owns it: none refused
