@@ -159,6 +159,10 @@ class WorkerConfig:
     #: it the worker logs what it was waiting on and exits with status 70 without acking
     #: the batch in progress (the broker redelivers it, the journal answers the duplicates).
     stop_timeout: float = 30.0
+    #: ``BOTMESH_TOPIC_WAIT`` (60 s): how long the worker waits at its start for the
+    #: broker's metadata to list every topic it subscribes to (a topic just created may not
+    #: be listed yet) before it joins its group; past it the worker exits naming the topics.
+    topic_wait: float = 60.0
     #: ``BOTMESH_LOG_LEVEL`` (``info``).
     loglevel: str = "info"
     #: Create the topics at start (idempotent).
@@ -179,6 +183,11 @@ class WorkerConfig:
             raise ValueError(
                 f"stop timeout (BOTMESH_STOP_TIMEOUT) {self.stop_timeout:g}s: must be a "
                 "positive number of seconds"
+            )
+        if not self.topic_wait > 0:
+            raise ValueError(
+                f"topic wait (BOTMESH_TOPIC_WAIT) {self.topic_wait:g}s: must be a positive "
+                "number of seconds"
             )
         if not self.metrics_interval > 0:
             raise ValueError(
@@ -205,6 +214,7 @@ class WorkerConfig:
             session_timeout=_float_env(env, "BOTMESH_SESSION_TIMEOUT", DEFAULT_SESSION_TIMEOUT),
             metrics_interval=_float_env(env, "BOTMESH_METRICS_INTERVAL", 10.0),
             stop_timeout=_float_env(env, "BOTMESH_STOP_TIMEOUT", 30.0),
+            topic_wait=_float_env(env, "BOTMESH_TOPIC_WAIT", 60.0),
             loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
             guarantee=check_guarantee(
                 env.get("BOTMESH_PROCESSING_GUARANTEE", "").strip() or "at_least_once",

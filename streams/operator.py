@@ -64,9 +64,11 @@ __all__ = [
     "TopicMissing",
     "WorkerMetrics",
     "decode_metrics",
+    "describe_group",
     "metrics_record",
     "parse_time",
     "read_metrics",
+    "remove_members",
     "replay",
     "status",
     "sum_counters",
@@ -176,6 +178,11 @@ def _require(topics: Mapping[str, int], name: str, cat: Catalog) -> int:
             "topics, and so does the worker at its start"
         )
     return topics[name]
+
+
+def describe_group(bootstrap: str, group: str, timeout: float = 10.0) -> GroupInfo:
+    """The group's state and members with their partitions (blocking)."""
+    return _describe(_admin(bootstrap, timeout), group, bootstrap, timeout)
 
 
 def _describe(admin: AdminClient, group: str, bootstrap: str, timeout: float) -> GroupInfo:
@@ -384,7 +391,7 @@ def replay(
     if dry_run:
         return result
     if info.members:
-        result.removed = asyncio.run(_remove_members(bootstrap, cat.group, info.members, timeout))
+        result.removed = asyncio.run(remove_members(bootstrap, cat.group, info.members, timeout))
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -458,7 +465,7 @@ def _alter(
         raise RuntimeError(f"offsets not set for {', '.join(failed)}")
 
 
-async def _remove_members(
+async def remove_members(
     bootstrap: str, group: str, members: Sequence[Member], wait_s: float
 ) -> list[str]:
     """Remove ``members`` from ``group`` (LeaveGroup v3: a static member by its instance id,

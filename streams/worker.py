@@ -84,6 +84,7 @@ from streams.faust_defects import (
     start_tables_at_once,
     verify_aborted_tails,
 )
+from streams.membership import AssignmentWatch, TopicsNotListed, wait_for_topics
 from streams.operator import metrics_record
 from streams.provision import ensure_topics, existing_topics
 from streams.retry_tiers import Parked, RetryTiers, parked_record
@@ -125,22 +126,46 @@ class _BotApp(faust.App):
     botmesh_about = ""
     #: publishes the counters once more at a clean stop (``build_app``)
     botmesh_last_metrics: Callable[[], Awaitable[None]] | None = None
+    #: the readiness and the empty-assignment check (``streams.membership``)
+    botmesh_watch: AssignmentWatch | None = None
+    botmesh_bootstrap = ""
+    #: seconds the join waits for the broker to list the subscribed topics
+    botmesh_topic_wait = 60.0
     _runtime_started = False
+    _watching: Any = None
 
     async def on_start(self) -> None:
+        self._join_when_listed()
         await super().on_start()
         if self.botmesh_runtime is not None and not self._runtime_started:
             try:
                 await self.botmesh_runtime.start()
             except (DurabilityError, ConfigError) as exc:  # the operator's to fix: no traceback
-                print(
-                    f"botmesh worker: cannot start the bot on its journal: {exc}", file=sys.stderr
-                )
-                _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_CONFIG)
+                _exit_at_start(f"cannot start the bot on its journal: {exc}")
             self._runtime_started = True
             log.info("runtime started: %s", self.botmesh_about)
             if self.botmesh_tiers is not None:
                 self.botmesh_tiers.start()
+
+    def _join_when_listed(self) -> None:
+        """The consumer subscribes (and so joins the group) only once the broker's metadata
+        lists every topic of the subscription (``streams.membership``); then the assignment
+        watch starts."""
+        consumer: Any = self.consumer
+        subscribe = consumer.subscribe
+        watch = self.botmesh_watch
+
+        async def subscribe_when_listed(topics: Any) -> None:
+            names = sorted(set(topics))
+            try:
+                await wait_for_topics(self.botmesh_bootstrap, names, self.botmesh_topic_wait)
+            except TopicsNotListed as exc:
+                _exit_at_start(str(exc))
+            await subscribe(names)
+            if watch is not None and self._watching is None:
+                self._watching = self.add_future(watch.run())
+
+        consumer.subscribe = subscribe_when_listed
 
     async def on_stop(self) -> None:
         if self.botmesh_tiers is not None:
@@ -593,6 +618,15 @@ def _changelog_spec(config: WorkerConfig) -> TopicSpec:
     return next(s for s in specs if s.name == name)
 
 
+def _exit_at_start(why: str) -> NoReturn:
+    """The operator's to fix (a journal that cannot be opened, topics that are not there):
+    the message without a traceback, status 2; nothing was consumed yet."""
+    print(f"botmesh worker: {why}", file=sys.stderr, flush=True)
+    log.critical("exiting before consuming anything: %s", why)
+    logging.shutdown()
+    os._exit(EXIT_CONFIG)
+
+
 def _exit_hard(why: str, code: int) -> NoReturn:
     """Leave without acking anything: the broker redelivers from the committed offsets."""
     log.critical("exiting without acking the batch in progress: %s", why)
@@ -783,6 +817,31 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         return await (await produce(f"retry:{tier}", key, body, headers))
 
     app.botmesh_tiers = RetryTiers(config.bootstrap, cat, owned, retry, repark)
+    app.botmesh_bootstrap = config.bootstrap
+    app.botmesh_topic_wait = config.topic_wait
+
+    def inbound_assigned() -> set[int]:
+        try:
+            return {tp.partition for tp in app.consumer.assignment() if tp.topic == cat.inbound}
+        except Exception:  # not started yet
+            return set()
+
+    def member_id() -> str | None:
+        consumer: Any = app.consumer  # Faust's aiokafka driver: a consumer thread
+        try:
+            return str(consumer._thread._ensure_consumer()._coordinator.member_id)
+        except Exception:  # not started yet, or another driver
+            return None
+
+    app.botmesh_watch = AssignmentWatch(
+        bootstrap=config.bootstrap,
+        group=cat.group,
+        topic=cat.inbound,
+        owned=inbound_assigned,
+        instance_id=None if config.instance_id is None else group_instance_id(config.instance_id),
+        member_id=member_id,
+        rebalancing=lambda: bool(app.rebalancing),
+    )
 
     async def process(stream: Any) -> None:
         async for events in stream.take_events(config.batch_size, within=config.batch_within):
@@ -816,7 +875,11 @@ def _publish_metrics(app: Any, runtime: RuntimeLike, topic: str, config: WorkerC
         ops = runtime.durability if app._runtime_started else None
         if ops is None:
             return
-        key, value = metrics_record(instance, ops.metrics(), time.time())
+        counters = ops.metrics()
+        watch = app.botmesh_watch
+        if watch is not None:
+            counters["forcedRebalances"] = watch.forced
+        key, value = metrics_record(instance, counters, time.time())
 
         async def send() -> None:
             await app.producer.maybe_start()

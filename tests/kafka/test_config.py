@@ -61,6 +61,12 @@ def test_settings_from_the_environment_are_checked_naming_the_variable() -> None
         WorkerConfig.from_env({"BOTMESH_STOP_TIMEOUT": "0"})
     assert WorkerConfig.from_env({}).stop_timeout == 30.0
     assert WorkerConfig.from_env({"BOTMESH_STOP_TIMEOUT": "2.5"}).stop_timeout == 2.5
+    with pytest.raises(ValueError, match=r"^topic wait \(BOTMESH_TOPIC_WAIT\) -1s: must be"):
+        WorkerConfig.from_env({"BOTMESH_TOPIC_WAIT": "-1"})
+    with pytest.raises(ValueError, match=r"^BOTMESH_TOPIC_WAIT='soon' is not a number"):
+        WorkerConfig.from_env({"BOTMESH_TOPIC_WAIT": "soon"})
+    assert WorkerConfig.from_env({}).topic_wait == 60.0
+    assert WorkerConfig.from_env({"BOTMESH_TOPIC_WAIT": "5"}).topic_wait == 5.0
     config = WorkerConfig.from_env({"BOTMESH_INSTANCE_ID": "echo-0", "BOTMESH_WEB_PORT": "6066"})
     assert (config.instance_id, config.web_port) == ("echo-0", 6066)
 

@@ -1,0 +1,45 @@
+"""The test bot (``tests/kafka/bot.py``) on a worker that creates no topics itself, for the
+group-membership tests (``tests/kafka/test_membership.py``):
+
+    botmesh worker --app tests.kafka.late_topics_bot:bot --provider tests.kafka.bot:provider
+
+Its provisioning is a no-op, as for a cluster whose topics someone else creates (and maybe
+later): the worker subscribes before the test creates them, which makes the race of a
+group leader assigning from metadata that lacks them deterministic. Faust still declares
+its own topics (the journal's changelog, its assignor topic) when it subscribes.
+
+``BOTMESH_TEST_EARLIER_JOIN=1`` makes the worker join as releases before the membership
+checks did (``streams.membership``): it subscribes without waiting for the broker to list
+its topics and never checks its assignment; a group left with an empty assignment that way
+is what a new release must get out of.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from streams import membership, worker
+from streams.provision import ProvisionResult
+from tests.kafka.bot import bot, provider
+
+__all__ = ["bot", "provider"]
+
+
+def _no_provisioning(bootstrap: str, specs: Iterable[Any], timeout: float = 30.0) -> Any:
+    return ProvisionResult([], [], {})
+
+
+async def _no_wait(bootstrap: str, names: Iterable[str], limit: float, **_: Any) -> float:
+    return 0.0
+
+
+async def _no_watch(self: membership.AssignmentWatch) -> None:
+    return None
+
+
+worker.ensure_topics = _no_provisioning  # type: ignore[attr-defined]
+if os.environ.get("BOTMESH_TEST_EARLIER_JOIN") == "1":
+    worker.wait_for_topics = _no_wait  # type: ignore[attr-defined]
+    membership.AssignmentWatch.run = _no_watch  # type: ignore[method-assign]

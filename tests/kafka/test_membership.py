@@ -1,0 +1,148 @@
+"""A worker's place in its group, on a real broker (``streams.membership``): it joins only
+once the broker lists its topics, it never sits on an empty assignment that no member
+covers (a static member restarted with one gets partitions), and a fresh prefix answers
+its first message on every start.
+
+The race of a group leader assigning from metadata that lacks a topic is made certain by
+``tests/kafka/late_topics_bot.py``: the worker creates no topics, so it subscribes before
+the test creates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.operator import read_metrics
+from streams.provision import ensure_topics, existing_topics
+from streams.tools import demo_records, end_offsets, produce_inbound
+from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line
+from topics import Catalog
+
+pytestmark = pytest.mark.kafka
+
+LATE = "tests.kafka.late_topics_bot:bot"
+#: The line of a worker whose join waits for the broker to list its topics.
+WAITING = "waiting for the broker's metadata to list"
+
+
+@pytest.fixture
+def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
+    w = Worker(kafka_bootstrap, topic_prefix, tmp_path, app=LATE, loglevel="info")
+    yield w
+    w.close()
+
+
+async def answer_one(worker: Worker, run: str) -> float:
+    """Produce one message (its topics exist) and wait for its receipt; the seconds it took."""
+    cat = Catalog(worker.prefix)
+    start = await end_offsets(worker.bootstrap, cat.sent)
+    records = demo_records(1, 1, run=run)
+    t0 = time.monotonic()
+    await produce_inbound(worker.bootstrap, cat.inbound, records)
+    seen = await collect(worker, cat.sent, start, {records[0].id})
+    assert [s.receipt.state for s in seen] == ["sent"]
+    return time.monotonic() - t0
+
+
+async def topics_listed(worker: Worker) -> None:
+    """Wait until the broker lists the inbound and receipts topics the worker creates."""
+    cat = Catalog(worker.prefix)
+    deadline = time.monotonic() + WAIT_S
+    while not {cat.inbound, cat.sent} <= set(existing_topics(worker.bootstrap)):
+        worker.check_alive()
+        assert time.monotonic() < deadline, "the worker created no topics"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_worker_joins_only_once_the_broker_lists_its_topics(worker: Worker) -> None:
+    cat = Catalog(worker.prefix)
+    worker.start()
+    line = wait_line(worker, WAITING, timeout=60)
+    assert cat.inbound in line and cat.requests in line and cat.control in line
+    ensure_topics(worker.bootstrap, cat.specs(partitions=PARTITIONS))
+    wait_line(worker, "the broker lists every topic of the group now")
+
+    await answer_one(worker, "late")
+    ready = wait_line(worker, "ready: owns partitions")
+    assert f"{list(range(PARTITIONS))} of {cat.inbound}" in ready
+    assert worker.stop() == 0
+    lines = worker.lines()
+    assert not [x for x in lines if "Ignoring missing topic" in x], "joined before its topics"
+    assert not [x for x in lines if "to force a rebalance" in x]
+
+
+def test_a_worker_whose_topics_never_appear_exits_naming_them(worker: Worker) -> None:
+    cat = Catalog(worker.prefix)
+    worker.env = {"BOTMESH_TOPIC_WAIT": "2"}
+    child = worker.start()
+    assert child.proc is not None
+    status = child.proc.wait(timeout=60)
+    child.stop()  # reaped: its whole output read
+    out = "\n".join(worker.lines())
+    assert status == 2, out[-3000:]
+    said = [x for x in worker.lines() if x.startswith("botmesh worker: the broker's metadata")]
+    assert said, out[-3000:]
+    for name in (cat.inbound, cat.requests, cat.control):
+        assert f"{name} (not listed)" in said[0]
+    assert "BOTMESH_TOPIC_WAIT" in said[0] and "botmesh topics create" in said[0]
+    assert "Traceback" not in out
+    assert cat.inbound not in existing_topics(worker.bootstrap)
+
+
+async def test_a_static_member_restarted_after_an_empty_assignment_gets_partitions(
+    worker: Worker,
+) -> None:
+    cat = Catalog(worker.prefix)
+    # an earlier release: joined before its topics existed, its assignment holds no inbound
+    worker.env = {"BOTMESH_TEST_EARLIER_JOIN": "1"}
+    worker.start()
+    wait_line(worker, "Ignoring missing topic", cat.inbound, timeout=60)
+    wait_line(worker, "Successfully synced group", timeout=60)
+    worker.kill()
+    ensure_topics(worker.bootstrap, cat.specs(partitions=PARTITIONS))
+
+    # the same instance id again, now with the checks: the coordinator hands the static
+    # member its last assignment back (no inbound partition) without a rebalance
+    worker.env = {}
+    started = time.monotonic()
+    worker.start()
+    forced = wait_line(worker, "to force a rebalance")
+    assert cat.inbound in forced and "no owner" in forced
+    took = await answer_one(worker, "stuck")
+    wait_line(worker, "ready: owns partitions")
+    print(f"restart to first answer {time.monotonic() - started:.1f}s (answer {took:.1f}s)")
+    assert worker.stop() == 0
+    mine = [m for m in read_metrics(worker.bootstrap, cat) if m.instance == worker.instance_id]
+    assert mine and mine[0].counters["forcedRebalances"] >= 1
+
+
+async def test_a_fresh_prefix_answers_its_first_message_on_every_start(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """20 starts of a worker on a topic prefix it creates itself; each answers its first
+    message (produced once its topics exist) within 10 s."""
+    times = []
+    for i in range(20):
+        prefix = f"fresh{time.time_ns() % 10**10}x{i}"
+        w = Worker(kafka_bootstrap, prefix, tmp_path / str(i), loglevel="info")
+        try:
+            started = time.monotonic()
+            w.start()
+            await topics_listed(w)
+            took = await answer_one(w, f"first{i}")
+            times.append((took, time.monotonic() - started))
+            assert not [x for x in w.lines() if "Ignoring missing topic" in x]
+        finally:
+            w.kill()
+            w.close()
+    answers = sorted(t for t, _ in times)
+    print(
+        f"20 fresh starts: first answer {answers[0]:.2f}-{answers[-1]:.2f}s after its produce, "
+        f"{min(s for _, s in times):.1f}-{max(s for _, s in times):.1f}s after the start"
+    )
+    assert answers[-1] < 10.0, times
