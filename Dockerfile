@@ -2,7 +2,9 @@
 # Runs the example echo bot; override the command for your own bot and provider:
 #   docker run -e KAFKA_BOOTSTRAP_SERVERS=kafka:9092 botmesh \
 #       botmesh worker --app mybot:bot --provider mychannel:provider
-# The journal is a file in the data volume (BOTMESH_DATA_DIR/journal): keep the volume.
+# The journal lives on Kafka (a changelog topic); the data volume (BOTMESH_DATA_DIR) keeps
+# its RocksDB copy, so a restarted container restores only what it lacks: keep the volume.
+# Your bot module goes in /app (the working directory is importable: --app mybot:bot).
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -12,19 +14,14 @@ ENV PYTHONUNBUFFERED=1 \
     BOTMESH_TOPIC_PREFIX=botmesh \
     BOTMESH_DATA_DIR=/var/lib/botmesh
 
-WORKDIR /app
-COPY pyproject.toml README.md* ./
-COPY botmesh ./botmesh
-COPY streams ./streams
-COPY topics ./topics
-COPY state ./state
-COPY providers ./providers
-COPY examples ./examples
-RUN pip install . \
+COPY pyproject.toml README.md* /src/
+COPY botmesh /src/botmesh
+RUN pip install /src && rm -rf /src \
     && useradd --system --uid 10001 --home-dir /var/lib/botmesh --create-home botmesh
+WORKDIR /app
 USER botmesh
 VOLUME ["/var/lib/botmesh"]
 
 # SIGTERM stops the worker cleanly (the batch in progress finishes, offsets are committed).
 STOPSIGNAL SIGTERM
-CMD ["botmesh", "worker", "--app", "examples.echo_bot:bot"]
+CMD ["botmesh", "worker", "--app", "botmesh.examples.echo_bot:bot"]

@@ -27,10 +27,10 @@ kafka-start: kafka-jars ## start the local single-node Kafka on 127.0.0.1:9092
 kafka-stop: ## stop the local Kafka
 	$(KAFKA) stop
 
-APP ?= examples.echo_bot:bot
+APP ?= botmesh.examples.echo_bot:bot
 
 run: venv kafka-jars ## the demo: Kafka, topics, a worker running APP (default the echo bot), traffic, receipts (Ctrl-C stops)
-	$(BIN)/python -m examples.demo --app $(APP)
+	$(BIN)/python -m botmesh.examples.demo --app $(APP)
 
 test: venv kafka-jars ## the whole test suite, Kafka tests included (a local broker is started)
 	$(BIN)/pytest
@@ -40,8 +40,8 @@ lint: venv ## ruff and mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-schemas: venv ## regenerate topics/schemas/*.json from the message model (state/messages.py)
-	$(BIN)/python -m topics.schemas
+schemas: venv ## regenerate botmesh/topics/schemas/*.json from the message model (botmesh/state/messages.py)
+	$(BIN)/python -m botmesh.topics.schemas
 
 bench: venv ## benchmarks (ratios against a baseline in the same run)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

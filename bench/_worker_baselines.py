@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from providers.mock import MockProvider  # noqa: E402
+from botmesh.providers.mock import MockProvider  # noqa: E402
 
 __all__ = [
     "aiokafka_loop",
@@ -127,15 +127,15 @@ def profile_worker(out: str, worker_args: list[str]) -> int:
 
 def unjournaled_worker(worker_args: list[str]) -> int:
     """``botmesh worker worker_args --journal memory://`` (bench only: see the module doc)."""
-    import streams.config
+    import botmesh.streams.config
     from botmesh._cli import main
 
-    check = streams.config.check_worker_journal
+    check = botmesh.streams.config.check_worker_journal
 
     def allow_memory(url: str, source: str = "--journal") -> str:
         return url.strip() if url.strip() == "memory://" else check(url, source)
 
-    streams.config.check_worker_journal = allow_memory
+    botmesh.streams.config.check_worker_journal = allow_memory
     return main(["worker", *worker_args, "--journal", "memory://"])
 
 

@@ -34,9 +34,9 @@ os.environ["BOTMESH_TEST_SERVERS_DURABLE"] = "1"  # read when a server starts
 
 import botmesh
 from botmesh import Bot, Context, Inbound
-from providers.mock import MockProvider
-from state.backends import open_backend
-from state.kv import DurableKv
+from botmesh.providers.mock import MockProvider
+from botmesh.state.backends import open_backend
+from botmesh.state.kv import DurableKv
 from tests import servers
 
 CONCURRENCY = [1, 8, 64]

@@ -1,5 +1,5 @@
 """A channel adapter's cost per send: ``TelegramProvider.send`` (the HTTP client of
-``providers/http.py``: one pooled session, timeouts, the status mapping, redaction) against
+``botmesh/providers/http.py``: one pooled session, timeouts, the status mapping, redaction) against
 two baselines in the same run, each sending the same messages to the same local server (a
 minimal Bot API ``sendMessage`` on 127.0.0.1 answering ``{"ok": true, "result": ...}``):
 
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from providers.telegram import TelegramProvider
-from state.messages import Outbound
+from botmesh.providers.telegram import TelegramProvider
+from botmesh.state.messages import Outbound
 
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 CONCURRENCY = 16

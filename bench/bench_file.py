@@ -27,9 +27,9 @@ from pathlib import Path
 
 import botmesh
 from botmesh import Bot
-from providers.mock import MockProvider
-from state.backends.file import open_file_kv
-from state.kv import Put
+from botmesh.providers.mock import MockProvider
+from botmesh.state.backends.file import open_file_kv
+from botmesh.state.kv import Put
 
 SIZES = [1_000, 10_000, 100_000]
 PAYLOAD = {

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import botmesh
 from botmesh import Bot, Context, Conversation
+from botmesh.state.messages import Inbound
 from botmesh.testing import MockProvider
-from state.messages import Inbound
 
 STEPS = 5
 

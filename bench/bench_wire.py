@@ -1,5 +1,6 @@
 """Inbound decode on the worker's hot path: ``topics.decode_inbound`` (one msgspec pass over
-``state.messages.Inbound``) against the decoder it replaced (``json.loads`` plus hand-written
+``botmesh.state.messages.Inbound``) against the decoder it replaced (``json.loads`` plus
+hand-written
 checks into a dataclass, copied below as the BASELINE), side by side on the same records.
 
 The records are what a gateway produces: 10 000 values (by default) of 80 % text messages,
@@ -23,10 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from topics import decode_inbound
+from botmesh.topics import decode_inbound
 
 # ---------------------------------------------------------------------------------------------
-# BASELINE: the decoder of topics/records.py before the msgspec model (commit eec8c89),
+# BASELINE: the decoder of botmesh/topics/records.py before the msgspec model (commit eec8c89),
 # copied as it was but for the names (prefixed ``Old``/``_old``) and docstrings. Do not
 # "improve" it.
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ one record per input with acks=all, in a child process:
   commit), no decoding, no journal;
 - ``faust/event``: a bare per-event Faust agent with the worker's app settings
   (at_least_once, acks=all): ``async for event in stream.events()``, one send per event;
-- ``worker``: ``botmesh worker --app examples.echo_bot:bot --provider mock --instance-id ...``
+- ``worker``: ``botmesh worker --app botmesh.examples.echo_bot:bot --provider mock --instance-id
+...``
   (``python -m botmesh``, as a user runs it, at its default log level) on the journal of
   ``--journal`` (one worker side per value, all in the same run): ``default`` (no option:
   the worker's default journal), ``file`` (a file journal with an append log in its data
@@ -89,15 +90,15 @@ sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from examples.demo import stop_process, worker_command  # noqa: E402
-from state.errors import BadRecord  # noqa: E402
-from state.messages import Inbound  # noqa: E402
-from streams.config import KAFKA_JOURNAL, WorkerConfig  # noqa: E402
-from streams.provision import ensure_topics  # noqa: E402
-from streams.tools import end_offsets  # noqa: E402
-from topics import Catalog, chat_key, encode_inbound  # noqa: E402
-from topics.dead_letters import redact  # noqa: E402
-from topics.records import decode_inbound, decode_receipt  # noqa: E402
+from botmesh.examples.demo import stop_process, worker_command  # noqa: E402
+from botmesh.state.errors import BadRecord  # noqa: E402
+from botmesh.state.messages import Inbound  # noqa: E402
+from botmesh.streams.config import KAFKA_JOURNAL, WorkerConfig  # noqa: E402
+from botmesh.streams.provision import ensure_topics  # noqa: E402
+from botmesh.streams.tools import end_offsets  # noqa: E402
+from botmesh.topics import Catalog, chat_key, encode_inbound  # noqa: E402
+from botmesh.topics.dead_letters import redact  # noqa: E402
+from botmesh.topics.records import decode_inbound, decode_receipt  # noqa: E402
 
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 BASELINES = REPO / "bench" / "_worker_baselines.py"
@@ -113,7 +114,7 @@ TARGET_RESTART = 5.0
 #: itself; ``bench/_worker_baselines.py unjournaled``), throughput and latency only.
 UNJOURNALED = "unjournaled"
 #: The bot every worker side runs.
-APP = "examples.echo_bot:bot"
+APP = "botmesh.examples.echo_bot:bot"
 
 
 # -- records --------------------------------------------------------------------------------

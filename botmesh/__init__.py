@@ -7,19 +7,70 @@ worker --app module:bot`` on Kafka. The error tree is ``botmesh.errors``; the jo
 ``botmesh.testing``. ``tests/test_exports.py`` holds this surface to ``__all__``.
 """
 
-from botmesh._bot import Bot
-from botmesh._flows import Conversation
-from botmesh._media import load_media_of
-from botmesh._runtime import Context, Runtime, run
-from providers.console import ConsoleProvider
-from state.config import DurabilityConfig
-from state.errors import FlowCancelled, FlowTimeout
-from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEndedEvent, SentEvent
-from state.inbox import Outcome
-from state.messages import Inbound, Media, Outbound, Receipt, SendResult
-from state.ports import Provider
+import importlib as _importlib
+import typing as _typing
 
-__version__ = "0.1.0.dev0"
+from botmesh._version import __version__
+
+#: Each public name and the module it lives in. They load when first used, so importing
+#: ``botmesh`` (or any of its subpackages, which imports this module first) costs nothing.
+_WHERE = {
+    "AmbiguousEvent": "botmesh.state.events",
+    "Bot": "botmesh._bot",
+    "ConsoleProvider": "botmesh.providers.console",
+    "Context": "botmesh._runtime",
+    "Conversation": "botmesh._flows",
+    "DeadEvent": "botmesh.state.events",
+    "DurabilityConfig": "botmesh.state.config",
+    "ErrorEvent": "botmesh.state.events",
+    "FlowCancelled": "botmesh.state.errors",
+    "FlowEndedEvent": "botmesh.state.events",
+    "FlowTimeout": "botmesh.state.errors",
+    "Inbound": "botmesh.state.messages",
+    "Media": "botmesh.state.messages",
+    "Outbound": "botmesh.state.messages",
+    "Outcome": "botmesh.state.inbox",
+    "Provider": "botmesh.state.ports",
+    "Receipt": "botmesh.state.messages",
+    "Runtime": "botmesh._runtime",
+    "SendResult": "botmesh.state.messages",
+    "SentEvent": "botmesh.state.events",
+    "load_media_of": "botmesh._media",
+    "run": "botmesh._runtime",
+}
+
+if _typing.TYPE_CHECKING:
+    from botmesh._bot import Bot
+    from botmesh._flows import Conversation
+    from botmesh._media import load_media_of
+    from botmesh._runtime import Context, Runtime, run
+    from botmesh.providers.console import ConsoleProvider
+    from botmesh.state.config import DurabilityConfig
+    from botmesh.state.errors import FlowCancelled, FlowTimeout
+    from botmesh.state.events import (
+        AmbiguousEvent,
+        DeadEvent,
+        ErrorEvent,
+        FlowEndedEvent,
+        SentEvent,
+    )
+    from botmesh.state.inbox import Outcome
+    from botmesh.state.messages import Inbound, Media, Outbound, Receipt, SendResult
+    from botmesh.state.ports import Provider
+
+
+def __getattr__(name: str) -> object:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'botmesh' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
 
 __all__ = [
     "AmbiguousEvent",

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from botmesh._flows import Flow, FlowFn, Incompatible, check_flow_options
 from botmesh._runtime import Runtime
-from state.clock import Clock
-from state.config import DurabilityConfig
-from state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEndedEvent, SentEvent
-from state.keys import scope_id
-from state.kv import DurableKv
-from state.messages import Inbound, Outbound, Receipt
-from state.ports import Provider
-from state.receipts import ReceiptSink
+from botmesh.state.clock import Clock
+from botmesh.state.config import DurabilityConfig
+from botmesh.state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEndedEvent, SentEvent
+from botmesh.state.keys import scope_id
+from botmesh.state.kv import DurableKv
+from botmesh.state.messages import Inbound, Outbound, Receipt
+from botmesh.state.ports import Provider
+from botmesh.state.receipts import ReceiptSink
 
 if TYPE_CHECKING:
     from botmesh._runtime import Context

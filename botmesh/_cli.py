@@ -1,8 +1,8 @@
 """The ``botmesh`` command line (also ``python -m botmesh``).
 
-    botmesh run --app examples.echo_bot:bot [--provider ...] [--journal URL] [--chat ID]
+    botmesh run --app botmesh.examples.echo_bot:bot [--provider ...] [--journal URL] [--chat ID]
                 [--json] [--instance-id ID]                the bot in this process, on stdin
-    botmesh worker --app examples.echo_bot:bot [--provider console|mock|module:attr]
+    botmesh worker --app botmesh.examples.echo_bot:bot [--provider console|mock|module:attr]
                    [--journal URL] [--instance-id ID] [--bootstrap H:P] [--prefix P]
                    [--data-dir D] [--web-port N] [--partitions N] [--batch-size N]
                    [--guarantee at_least_once|exactly_once]
@@ -38,12 +38,13 @@ answered from the outbox after a restart, not twice; ``--journal memory://`` kee
 The worker loads a bot *definition* (``--app``) and supplies what it runs on: the provider
 (``--provider`` / ``BOTMESH_PROVIDER``, default ``console``; a channel name such as
 ``telegram`` builds that channel's adapter from its environment variables,
-``providers.channels``), the journal (``--journal`` /
-``BOTMESH_JOURNAL``, default ``file://<data dir>/journal?append_log=true``; never none and
-never ``memory://``) and the instance id (``--instance-id`` / ``BOTMESH_INSTANCE_ID``).
+``botmesh.providers.channels``), the journal (``--journal`` /
+``BOTMESH_JOURNAL``, default ``kafka``: the journal on Kafka itself, a changelogged table
+the group shares; or ``file:///path`` for one worker alone; never none and never
+``memory://``) and the instance id (``--instance-id`` / ``BOTMESH_INSTANCE_ID``).
 Options default to the environment: ``KAFKA_BOOTSTRAP_SERVERS`` (``127.0.0.1:9092``),
 ``BOTMESH_TOPIC_PREFIX`` (``botmesh``), ``BOTMESH_DATA_DIR``, ``BOTMESH_WEB_PORT`` (see
-``streams.config``). Kafka code is imported only by the commands that need it.
+``botmesh.streams.config``). Kafka code is imported only by the commands that need it.
 
 ``gateway`` (``botmesh._gateway``) serves ``GET|POST /<channel>`` for each ``--channel`` (or
 ``BOTMESH_GATEWAY_CHANNELS=telegram,whatsapp``), verifies each webhook with the channel's
@@ -78,13 +79,14 @@ from typing import TYPE_CHECKING, Any
 
 from botmesh._dlq_cli import add_dlq, add_flows, run_dlq, run_flows
 from botmesh._exit import Exit
-from state.errors import AppLoadError
-from state.messages import Inbound
-from state.ports import Provider
-from topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
+from botmesh._version import __version__
+from botmesh.state.errors import AppLoadError
+from botmesh.state.messages import Inbound
+from botmesh.state.ports import Provider
+from botmesh.topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
 
 if TYPE_CHECKING:
-    from streams.runner import BotDefinition
+    from botmesh.streams.runner import BotDefinition
 
 __all__ = ["load_app", "load_provider", "main"]
 
@@ -129,9 +131,9 @@ def _import(spec: str, option: str, what: str) -> tuple[ModuleType, str, object]
 
 def load_app(spec: str) -> BotDefinition:
     """The bot definition ``--app module:attribute`` names (a ``botmesh.Bot``)."""
-    from streams.runner import BotDefinition
+    from botmesh.streams.runner import BotDefinition
 
-    module, attr, obj = _import(spec, "--app", "examples.echo_bot:bot")
+    module, attr, obj = _import(spec, "--app", "botmesh.examples.echo_bot:bot")
     if not isinstance(obj, BotDefinition):
         raise AppLoadError(
             f"--app {spec!r}: {module.__name__}.{attr} is a {type(obj).__name__}, not a bot; "
@@ -143,11 +145,12 @@ def load_app(spec: str) -> BotDefinition:
 
 def load_provider(spec: str, option: str = "--provider") -> Provider:
     """The provider ``spec`` names: ``console`` (``BOTMESH_CONSOLE_QUIET=1``: count, do not
-    print), ``mock``, a channel of ``providers.channels`` (``telegram``, ``whatsapp``…, built
+    print), ``mock``, a channel of ``botmesh.providers.channels`` (``telegram``, ``whatsapp``…,
+    built
     from the environment by ``provider_from_env``), or ``module:attribute`` naming a provider
     or a zero-argument factory."""
-    from providers.channels import CHANNELS, provider_from_env
-    from state.errors import ConfigError
+    from botmesh.providers.channels import CHANNELS, provider_from_env
+    from botmesh.state.errors import ConfigError
 
     name = spec.strip()
     if name.lower() in CHANNELS:
@@ -156,12 +159,12 @@ def load_provider(spec: str, option: str = "--provider") -> Provider:
         except ConfigError as exc:  # names the variable (or the missing adapter) and the fix
             raise AppLoadError(f"{option} {spec!r}: {exc}") from None
     if name == "console":
-        from providers.console import ConsoleProvider
+        from botmesh.providers.console import ConsoleProvider
 
         quiet = os.environ.get("BOTMESH_CONSOLE_QUIET", "").strip() == "1"
         return ConsoleProvider(quiet=quiet)
     if name == "mock":
-        from providers.mock import MockProvider
+        from botmesh.providers.mock import MockProvider
 
         return MockProvider()
     if ":" not in name:
@@ -208,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="botmesh", description="Durable chat bots on Apache Kafka."
     )
+    parser.add_argument("--version", action="version", version=f"botmesh {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("run", help="run a bot in this process, one inbound message per stdin line")
@@ -235,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--journal",
         type=_journal_arg,
-        help="journal URL (env BOTMESH_JOURNAL; default file://<data dir>/journal"
-        "?append_log=true); never none, never memory://",
+        help="the journal: kafka (the default: on Kafka itself, shared by the group) or "
+        "file:///path (one worker alone); never none, never memory:// (env BOTMESH_JOURNAL)",
     )
     w.add_argument(
         "--instance-id",
@@ -244,7 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
         "replica (env BOTMESH_INSTANCE_ID; default the runtime's)",
     )
     _common(w)
-    w.add_argument("--data-dir", help="the journal and Faust's files (env BOTMESH_DATA_DIR)")
+    w.add_argument(
+        "--data-dir",
+        help="Faust's files: the journal's RocksDB copy (env BOTMESH_DATA_DIR; default "
+        "./botmesh-data)",
+    )
     w.add_argument("--web-port", type=int, help="Faust web server on 127.0.0.1:PORT (default off)")
     w.add_argument("--partitions", type=int, help="partitions of topics the worker creates")
     w.add_argument("--batch-size", type=int, help="records per batch (default 500)")
@@ -418,7 +426,7 @@ def _operator_commands(sub: Any) -> None:
 
 
 def _journal_arg(value: str) -> str:
-    from streams.config import check_worker_journal
+    from botmesh.streams.config import check_worker_journal
 
     try:
         return check_worker_journal(value, "--journal")
@@ -428,8 +436,8 @@ def _journal_arg(value: str) -> str:
 
 def _run_journal_arg(value: str) -> str:
     """A journal URL, or ``none`` (no journal: the explicit opt-out)."""
-    from state.backends import check_url
-    from state.errors import ConfigError
+    from botmesh.state.backends import check_url
+    from botmesh.state.errors import ConfigError
 
     value = value.strip()
     if value.lower() == "none":
@@ -494,7 +502,7 @@ def _stop_on_sigterm_until_started() -> None:
             limit = float(os.environ.get("BOTMESH_STOP_TIMEOUT", "").strip() or 30)
         except ValueError:
             limit = 30.0
-        # the status of a stop past its limit (``streams.worker.EXIT_SOFTWARE``)
+        # the status of a stop past its limit (``botmesh.streams.worker.EXIT_SOFTWARE``)
         timer = threading.Timer(limit, os._exit, (70,))
         timer.daemon = True
         timer.start()
@@ -505,7 +513,7 @@ def _stop_on_sigterm_until_started() -> None:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from streams.config import WorkerConfig
+    from botmesh.streams.config import WorkerConfig
 
     _stop_on_sigterm_until_started()
     bot = load_app(args.app)
@@ -524,14 +532,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         loglevel=args.loglevel,
         guarantee=args.guarantee,
     )
-    from streams.worker import run_worker
+    from botmesh.streams.worker import run_worker
 
     run_worker(bot, provider, config)
     return 0
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
-    from streams.provision import ensure_topics, existing_topics
+    from botmesh.streams.provision import ensure_topics, existing_topics
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     if args.action == "create":
@@ -553,7 +561,7 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _cmd_produce(args: argparse.Namespace) -> int:
-    from streams.tools import demo_records, produce_inbound
+    from botmesh.streams.tools import demo_records, produce_inbound
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     run = args.run or f"run{uuid.uuid4().hex[:6]}"
@@ -589,9 +597,9 @@ def _options(pairs: list[str]) -> dict[str, object]:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
-    from state.messages import Media
-    from streams.tools import request_send
-    from topics.records import REQUEST_KEY_PREFIX
+    from botmesh.state.messages import Media
+    from botmesh.streams.tools import request_send
+    from botmesh.topics.records import REQUEST_KEY_PREFIX
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     if args.text is None and args.media_url is None:
@@ -615,7 +623,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
 
 
 def _cmd_receipts(args: argparse.Namespace) -> int:
-    from streams.tools import tail_receipts
+    from botmesh.streams.tools import tail_receipts
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
 
@@ -676,7 +684,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     import logging
 
     from botmesh import _gateway
-    from providers.channels import CHANNELS, webhook_from_env
+    from botmesh.providers.channels import CHANNELS, webhook_from_env
 
     raw = args.channel or [os.environ.get("BOTMESH_GATEWAY_CHANNELS", "")]
     names = [n.strip().lower() for item in raw for n in item.split(",") if n.strip()]

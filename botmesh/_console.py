@@ -23,11 +23,11 @@ from typing import TextIO
 import msgspec
 
 from botmesh._bot import Bot
-from state.errors import BadRecord, JournalUnavailableError
-from state.inbox import Outcome
-from state.messages import Inbound
-from state.ports import Provider
-from topics.records import decode_inbound
+from botmesh.state.errors import BadRecord, JournalUnavailableError
+from botmesh.state.inbox import Outcome
+from botmesh.state.messages import Inbound
+from botmesh.state.ports import Provider
+from botmesh.topics.records import decode_inbound
 
 __all__ = ["run_console"]
 

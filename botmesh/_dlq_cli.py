@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from botmesh._exit import Exit
-from topics import Catalog
-from topics.dead_letters import DeadLetter
+from botmesh.topics import Catalog
+from botmesh.topics.dead_letters import DeadLetter
 
 __all__ = [
     "EXIT_NO_ANSWER",
@@ -152,7 +152,7 @@ def _kinds(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
-    from streams import dlq
+    from botmesh.streams import dlq
 
     topics = [dlq.dlq_topic(cat, k) for k in _kinds(args)]
     if args.action == "show":
@@ -202,7 +202,7 @@ def _show(args: argparse.Namespace, letters: list[DeadLetter]) -> int:
 
 
 def _act(args: argparse.Namespace, cat: Catalog, bootstrap: str, letters: list[DeadLetter]) -> int:
-    from streams import dlq
+    from botmesh.streams import dlq
 
     action = {"retry": "retry_send", "replay": "replay_inbound", "discard": "discard"}[args.action]
     ident: Callable[[DeadLetter], str | None]
@@ -308,8 +308,8 @@ def add_flows(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> No
 
 def run_flows(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
     """Ask each chat's owner to restart or drop its flow (``<prefix>.control``)."""
-    from streams import dlq
-    from topics.control import ControlRequest
+    from botmesh.streams import dlq
+    from botmesh.topics.control import ControlRequest
 
     action: Literal["restart_flow", "drop_flow"] = (
         "restart_flow" if args.action == "restart" else "drop_flow"

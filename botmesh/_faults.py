@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from providers.mock import MockProvider
-from state.errors import JournalUnavailableError
-from state.kv import DurableKv, Entry, IndexName, Op
-from state.messages import Outbound, SendResult
-from state.ports import Provider
-from state.writes import Write
+from botmesh.providers.mock import MockProvider
+from botmesh.state.errors import JournalUnavailableError
+from botmesh.state.kv import DurableKv, Entry, IndexName, Op
+from botmesh.state.messages import Outbound, SendResult
+from botmesh.state.ports import Provider
+from botmesh.state.writes import Write
 
 __all__ = ["WRITE_LABELS", "CrashableProvider", "FaultyKv", "SimulatedCrash", "crashable"]
 

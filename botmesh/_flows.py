@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack
 
-from state.durations import Duration, parse_duration
-from state.errors import (
+from botmesh.state.durations import Duration, parse_duration
+from botmesh.state.errors import (
     ConfigError,
     FlowCancelled,
     FlowDivergedError,
@@ -43,15 +43,15 @@ from state.errors import (
     FlowVersionError,
     VersionConflictError,
 )
-from state.events import ErrorEvent, FlowEndedEvent, FlowStatus
-from state.flows import ACTIVE, ended_record, fresh_record, question_fp
-from state.inbox import rerunning
-from state.keys import check_explicit, derived_key
-from state.kv import Entry, copy_json, handover
-from state.media import journaled, rehydrated
-from state.messages import Inbound, OutboxState, Receipt
-from state.records import Json, decode_inbound, encode_inbound, receipt_of
-from state.writes import Write
+from botmesh.state.events import ErrorEvent, FlowEndedEvent, FlowStatus
+from botmesh.state.flows import ACTIVE, ended_record, fresh_record, question_fp
+from botmesh.state.inbox import rerunning
+from botmesh.state.keys import check_explicit, derived_key
+from botmesh.state.kv import Entry, copy_json, handover
+from botmesh.state.media import journaled, rehydrated
+from botmesh.state.messages import Inbound, OutboxState, Receipt
+from botmesh.state.records import Json, decode_inbound, encode_inbound, receipt_of
+from botmesh.state.writes import Write
 
 if TYPE_CHECKING:
     from botmesh._runtime import Context, Runtime, SendOptions

@@ -62,17 +62,17 @@ from urllib.parse import parse_qsl
 import msgspec
 from aiohttp import web
 
-from providers.webhooks import (
+from botmesh.providers.webhooks import (
     BadSignature,
     ChannelWebhook,
     MalformedWebhook,
     WebhookReply,
     WebhookRequest,
 )
-from state.messages import Inbound
-from streams.gateway import GatewayKafka, KafkaUnavailable
-from topics.catalog import Catalog
-from topics.records import chat_key, encode_inbound
+from botmesh.state.messages import Inbound
+from botmesh.streams.gateway import GatewayKafka, KafkaUnavailable
+from botmesh.topics.catalog import Catalog
+from botmesh.topics.records import chat_key, encode_inbound
 
 __all__ = [
     "COUNTERS",

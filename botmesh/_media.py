@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from state.errors import MediaUnavailableError, ProviderError
-from state.ports import MediaDownloads
+from botmesh.state.errors import MediaUnavailableError, ProviderError
+from botmesh.state.ports import MediaDownloads
 
 if TYPE_CHECKING:
     from botmesh._runtime import Context

@@ -1,4 +1,4 @@
-"""``botmesh replay``, ``status`` and ``metrics``: call ``streams.operator`` and print what
+"""``botmesh replay``, ``status`` and ``metrics``: call ``botmesh.streams.operator`` and print what
 it returns, as ``rich`` tables or (``--json``) one JSON document on stdout. Messages and
 the progress bar go to stderr. Exit statuses: ``botmesh._exit``."""
 
@@ -17,8 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from botmesh._exit import Exit
-from streams import operator as op
-from topics.catalog import Catalog
+from botmesh.streams import operator as op
+from botmesh.topics.catalog import Catalog
 
 __all__ = ["cmd_metrics", "cmd_replay", "cmd_status"]
 

@@ -20,21 +20,21 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from botmesh._flows import FlowRunner
 from botmesh._media import load_media_of
-from providers.http import HttpChannel
-from state.backends import check_url, is_shared, open_backend
-from state.backoff import Retries
-from state.clock import Clock
-from state.delivery import send_direct
-from state.engine import Engine, EngineHooks
-from state.errors import ConfigError, DurabilityError, JournalUnavailableError, find_cause
-from state.events import ErrorEvent, Event, SentEvent
-from state.inbox import Outcome
-from state.keys import check_explicit, derived_key, fingerprint, random_key
-from state.kv import DurableKv, Entry, Op
-from state.messages import Inbound, Media, Outbound, Receipt
-from state.operations import Operations
-from state.ports import Provider
-from state.receipts import ReceiptSink
+from botmesh.providers.http import HttpChannel
+from botmesh.state.backends import check_url, is_shared, open_backend
+from botmesh.state.backoff import Retries
+from botmesh.state.clock import Clock
+from botmesh.state.delivery import send_direct
+from botmesh.state.engine import Engine, EngineHooks
+from botmesh.state.errors import ConfigError, DurabilityError, JournalUnavailableError, find_cause
+from botmesh.state.events import ErrorEvent, Event, SentEvent
+from botmesh.state.inbox import Outcome
+from botmesh.state.keys import check_explicit, derived_key, fingerprint, random_key
+from botmesh.state.kv import DurableKv, Entry, Op
+from botmesh.state.messages import Inbound, Media, Outbound, Receipt
+from botmesh.state.operations import Operations
+from botmesh.state.ports import Provider
+from botmesh.state.receipts import ReceiptSink
 
 if TYPE_CHECKING:
     from botmesh._bot import Bot

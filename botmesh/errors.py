@@ -1,7 +1,7 @@
-"""Every error botmesh raises on purpose, in one tree (drawn in ``state.errors``), for
+"""Every error botmesh raises on purpose, in one tree (drawn in ``botmesh.state.errors``), for
 example ``from botmesh.errors import SendDeferredError, JournalUnavailableError``."""
 
-from state import errors as _tree
-from state.errors import *  # noqa: F403 - the tree is re-exported whole, as it is defined
+from botmesh.state import errors as _tree
+from botmesh.state.errors import *  # noqa: F403 - the tree is re-exported whole, as it is defined
 
 __all__ = _tree.__all__

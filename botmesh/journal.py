@@ -7,14 +7,14 @@ you opened (``MemoryKv()``, ``await open_file_kv(path)``); write your own by imp
 ``app.durability`` (an ``Operations``).
 """
 
-from state.backends import check_url, open_backend
-from state.backends.file import FileKv, FileOptions, open_file_kv
-from state.config import BackoffConfig, InboxConfig, OutboxConfig
-from state.flows import FlowRecord
-from state.kv import Delete, DurableKv, Entry, MemoryKv, Op, Put
-from state.operations import Operations
-from state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
-from state.writes import Write
+from botmesh.state.backends import check_url, open_backend
+from botmesh.state.backends.file import FileKv, FileOptions, open_file_kv
+from botmesh.state.config import BackoffConfig, InboxConfig, OutboxConfig
+from botmesh.state.flows import FlowRecord
+from botmesh.state.kv import Delete, DurableKv, Entry, MemoryKv, Op, Put
+from botmesh.state.operations import Operations
+from botmesh.state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
+from botmesh.state.writes import Write
 
 __all__ = [
     "BackoffConfig",

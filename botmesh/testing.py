@@ -23,8 +23,8 @@ The write labels are ``botmesh.journal.Write`` (``WRITE_LABELS`` lists their val
 """
 
 from botmesh._faults import WRITE_LABELS, CrashableProvider, FaultyKv, SimulatedCrash, crashable
-from providers.mock import MockProvider, SentCall
-from state.clock import ManualClock
+from botmesh.providers.mock import MockProvider, SentCall
+from botmesh.state.clock import ManualClock
 
 __all__ = [
     "WRITE_LABELS",

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from state.backends.file import open_file_kv
-from state.backends.sqlite import open_sqlite_kv
-from state.kv import DurableKv, MemoryKv
+from botmesh.state.backends.file import open_file_kv
+from botmesh.state.backends.sqlite import open_sqlite_kv
+from botmesh.state.kv import DurableKv, MemoryKv
 from tests import servers
 
 
@@ -73,7 +73,7 @@ def namespace(path: Path) -> str:
 
 
 async def _postgres(path: Path) -> DurableKv:
-    from state.backends.postgres import open_postgres_kv
+    from botmesh.state.backends.postgres import open_postgres_kv
 
     return await open_postgres_kv(
         servers.postgres_url(), table_prefix=namespace(path), max_connections=4
@@ -81,7 +81,7 @@ async def _postgres(path: Path) -> DurableKv:
 
 
 async def _redis(path: Path) -> DurableKv:
-    from state.backends.redis import open_redis_kv
+    from botmesh.state.backends.redis import open_redis_kv
 
     return await open_redis_kv(servers.redis_url(), prefix=namespace(path).rstrip("_"))
 

@@ -13,10 +13,10 @@ from typing import Any
 import botmesh
 from botmesh import Bot, Context
 from botmesh.journal import DurableKv, MemoryKv, Operations
+from botmesh.state.engine import Engine
+from botmesh.state.messages import Outbound, SendResult
+from botmesh.state.receipts import ReceiptSink
 from botmesh.testing import ManualClock, MockProvider
-from state.engine import Engine
-from state.messages import Outbound, SendResult
-from state.receipts import ReceiptSink
 
 __all__ = [
     "App",

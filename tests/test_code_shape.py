@@ -1,11 +1,11 @@
-"""The engine stays readable: no function in ``state/`` runs over 60 lines."""
+"""The engine stays readable: no function in ``botmesh/state/`` runs over 60 lines."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-STATE = Path(__file__).resolve().parents[1] / "state"
+STATE = Path(__file__).resolve().parents[1] / "botmesh" / "state"
 LIMIT = 60
 
 

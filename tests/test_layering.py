@@ -1,6 +1,10 @@
 """Imports point down. ``RULES`` below is the one statement of which of our packages may
-import which; ``NO_KAFKA`` and ``LAZY`` say who never loads a Kafka client and what a module
-must not load when it is imported. Everything else in this file reads those tables.
+import which (a package here is an area of the one installed ``botmesh``: its subpackages
+``botmesh.state``, ``botmesh.providers``, ``botmesh.topics``, ``botmesh.streams``, and the
+front door, ``botmesh``'s own modules; ``botmesh/__init__`` itself loads nothing, so
+importing any area loads only that area and what it may import); ``NO_KAFKA`` and
+``LAZY`` say who never loads a Kafka client and what a module must not load when it is
+imported. Everything else in this file reads those tables.
 
 Two readings of the code check them:
 
@@ -53,13 +57,18 @@ KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})
 #: Packages that never import a Kafka client, anywhere (functions and TYPE_CHECKING included).
 NO_KAFKA = frozenset({"state", "providers", "topics"})
 #: Importing the key loads none of these (modules, or packages with all their modules): they
-#: load when a command or a URL needs them.
+#: load when a command or a URL needs them. ``botmesh`` is the front door with every public
+#: name of it loaded (``from botmesh import Bot, run``).
 LAZY: dict[str, frozenset[str]] = {
     "botmesh": KAFKA,  # a bot module imports botmesh: no Kafka until a worker runs
     "botmesh._cli": KAFKA,  # the console script: Kafka only for the commands that use it
     "botmesh.testing": KAFKA,  # a bot's unit tests run without Kafka
-    "state.backends": frozenset({"state.backends.file", "state.backends.urls"}),
+    "botmesh.state.backends": frozenset(
+        {"botmesh.state.backends.file", "botmesh.state.backends.urls"}
+    ),
 }
+#: What ``botmesh/__init__`` may load itself: nothing of ours but the version.
+ROOT_MODULES = frozenset({"botmesh", "botmesh._version"})
 
 # -- reading the source ------------------------------------------------------------------------
 
@@ -79,20 +88,39 @@ class Import:
 
     @property
     def top(self) -> str:
-        return self.name.split(".")[0]
+        return area(self.name)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} imports {self.name} ({self.where})"
 
 
+def area(module: str) -> str:
+    """The package of ``RULES`` a module of ours belongs to (``botmesh.state.kv``: ``state``;
+    ``botmesh._cli``: ``botmesh``; ``botmesh`` itself: ``root``); another library's module:
+    its top-level name."""
+    parts = module.split(".")
+    if parts[0] != "botmesh":
+        return parts[0]
+    if module in ROOT_MODULES:
+        return "root"
+    if len(parts) > 1 and parts[1] in RULES:
+        return parts[1]
+    if len(parts) > 1 and parts[1] == "examples":
+        return "examples"
+    return "botmesh"
+
+
+def area_of_file(file: str) -> str:
+    return area(_module_of(file))
+
+
 @cache
 def module_files() -> dict[str, Path]:
-    """Every module of the packages in ``RULES``: dotted name -> file."""
+    """Every module of the installed package: dotted name -> file."""
     out = {}
-    for package in RULES:
-        for file in sorted((ROOT / package).rglob("*.py")):
-            parts = file.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    for file in sorted((ROOT / "botmesh").rglob("*.py")):
+        parts = file.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
     return out
 
 
@@ -145,7 +173,7 @@ def read_imports(source: str, module: str, *, is_package: bool, file: str) -> li
                 add(node, arg.value, where)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = _TARGET.match(node.value)
-            if match and match[1].split(".")[0] in RULES:
+            if match and area(match[1]) in RULES:
                 add(node, match[1], "string")
         for sub in ast.iter_child_nodes(node):
             visit(sub, where)
@@ -202,7 +230,7 @@ def _module_of(file: str) -> str:
 
 
 def _tops(modules: set[str]) -> set[str]:
-    return {m.split(".")[0] for m in modules}
+    return {area(m) for m in modules}
 
 
 def _hits(modules: set[str], banned: frozenset[str]) -> set[str]:
@@ -212,10 +240,12 @@ def _hits(modules: set[str], banned: frozenset[str]) -> set[str]:
 # -- the table itself --------------------------------------------------------------------------
 
 
-def test_the_table_names_every_package_we_ship() -> None:
+def test_the_table_names_every_area_we_ship() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = config["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert {p.removesuffix("*") for p in include} == set(RULES)
+    assert include == ["botmesh", "botmesh.*"]  # one import name (tests/kafka/test_wheel.py)
+    subpackages = {f.parent.name for f in (ROOT / "botmesh").glob("*/__init__.py")}
+    assert subpackages == (set(RULES) - {"botmesh"}) | {"examples"}
 
 
 def test_the_rules_are_closed() -> None:
@@ -223,7 +253,7 @@ def test_the_rules_are_closed() -> None:
         for dep in allowed:
             assert RULES[dep] <= allowed, f"{package} may import {dep}, which imports more"
     assert set(NO_KAFKA) <= set(RULES)
-    assert {m.split(".")[0] for m in LAZY} <= set(RULES)
+    assert {area(m) for m in LAZY} <= set(RULES) | {"root"}
 
 
 # -- the source --------------------------------------------------------------------------------
@@ -235,30 +265,53 @@ def test_imports_point_down(package: str) -> None:
     bad = [
         str(imp)
         for imp in all_imports()
-        if imp.file.startswith(f"{package}/") and imp.top in RULES and imp.top not in allowed
+        if area_of_file(imp.file) == package and imp.top in RULES and imp.top not in allowed
     ]
     assert bad == [], f"{package} may import only {sorted(allowed)}:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("package", sorted(NO_KAFKA))
 def test_no_kafka_in_the_source(package: str) -> None:
-    bad = [str(i) for i in all_imports() if i.file.startswith(f"{package}/") and i.top in KAFKA]
+    bad = [str(i) for i in all_imports() if area_of_file(i.file) == package and i.top in KAFKA]
     assert bad == [], f"{package} never imports Kafka clients:\n" + "\n".join(bad)
 
 
 def test_only_streams_imports_kafka_clients_itself() -> None:
-    """``botmesh`` reaches Kafka through ``streams`` only (DESIGN: streams/ is the one Kafka
+    """``botmesh`` reaches Kafka through ``streams`` only (DESIGN: botmesh/streams/ is the one Kafka
     importer), so a client's quirks and workarounds live in one package."""
-    bad = [str(i) for i in all_imports() if i.top in KAFKA and not i.file.startswith("streams/")]
-    assert bad == [], "import Kafka clients in streams/ only:\n" + "\n".join(bad)
+    bad = [str(i) for i in all_imports() if i.top in KAFKA and area_of_file(i.file) != "streams"]
+    assert bad == [], "import Kafka clients in botmesh/streams/ only:\n" + "\n".join(bad)
+
+
+def lazy_job(module: str) -> tuple[str, ...]:
+    """What a ``LAZY`` key imports: the module; for ``botmesh``, the modules its public names
+    live in too (``botmesh._WHERE``)."""
+    if module != "botmesh":
+        return (module,)
+    import botmesh
+
+    return ("botmesh", *sorted(set(botmesh._WHERE.values())))
 
 
 @pytest.mark.parametrize(("module", "banned"), LAZY.items())
 def test_lazy_in_the_source(module: str, banned: frozenset[str]) -> None:
-    closure = import_time_closure(module)
+    closure: set[str] = set()
+    for name in lazy_job(module):
+        closure |= import_time_closure(name)
     loaded = _hits(closure, banned)
     assert loaded == set(), f"importing {module} imports {sorted(loaded)}; import them lazily"
     assert module in closure
+
+
+def test_the_package_itself_loads_nothing() -> None:
+    """``import botmesh.state.kv`` runs ``botmesh/__init__`` first: it must load no area."""
+    closure = import_time_closure("botmesh")
+    assert {m for m in closure if m in module_files()} <= ROOT_MODULES, sorted(closure)
+
+
+def test_the_package_itself_loads_nothing_at_run_time(loaded: dict[str, set[str]]) -> None:
+    ours = {m for m in loaded["root"] if m == "botmesh" or m.startswith("botmesh.")}
+    assert ours == ROOT_MODULES, sorted(ours)
 
 
 def test_the_reader_sees_every_kind_of_import() -> None:
@@ -266,7 +319,7 @@ def test_the_reader_sees_every_kind_of_import() -> None:
         "from __future__ import annotations\n"
         "import typing\n"
         "from typing import TYPE_CHECKING\n"
-        "import state.errors as e\n"
+        "import botmesh.state.errors as e\n"
         "from . import records\n"
         "from ..state import kv\n"
         "if TYPE_CHECKING:\n"
@@ -277,33 +330,33 @@ def test_the_reader_sees_every_kind_of_import() -> None:
         "    import faust\n"
         "def f():\n"
         "    import aiokafka\n"
-        "    return importlib.import_module('streams.worker')\n"
+        "    return importlib.import_module('botmesh.streams.worker')\n"
         "class C:\n"
         "    import mode\n"
         "    g = lambda: __import__('rocksdict')\n"
-        "TARGET = 'providers.console:open'\n"
-        "DOC = 'not state.x:y a target'\n"
+        "TARGET = 'botmesh.providers.console:open'\n"
+        "DOC = 'not botmesh.state.x:y a target'\n"
     )
     found = {
         (i.name, i.where)
-        for i in read_imports(source, "topics.records", is_package=False, file="x.py")
+        for i in read_imports(source, "botmesh.topics.records", is_package=False, file="x.py")
     }
     assert found == {
         ("__future__", "module"),
         ("typing", "module"),
-        ("state.errors", "module"),
-        ("topics", "module"),
-        ("topics.records", "module"),
-        ("state", "module"),
-        ("state.kv", "module"),
+        ("botmesh.state.errors", "module"),
+        ("botmesh.topics", "module"),
+        ("botmesh.topics.records", "module"),
+        ("botmesh.state", "module"),
+        ("botmesh.state.kv", "module"),
         ("botmesh", "type-checking"),
         ("json", "module"),
         ("faust", "type-checking"),
         ("aiokafka", "function"),
-        ("streams.worker", "function"),
+        ("botmesh.streams.worker", "function"),
         ("mode", "module"),
         ("rocksdict", "function"),
-        ("providers.console", "string"),
+        ("botmesh.providers.console", "string"),
     }
 
 
@@ -319,7 +372,7 @@ def test_the_closure_follows_module_level_imports_only() -> None:
     }
     assert import_time_closure("a", graph) == {"a", "b", "b.c", "g"}
     real = import_time_closure("botmesh._cli")
-    assert {"botmesh", "botmesh._cli", "state", "state.errors"} <= real
+    assert {"botmesh", "botmesh._cli", "botmesh.state", "botmesh.state.errors"} <= real
 
 
 # -- the interpreter ---------------------------------------------------------------------------
@@ -342,10 +395,11 @@ def _loaded_after(modules: tuple[str, ...]) -> set[str]:
 def loaded() -> dict[str, set[str]]:
     """``sys.modules`` gained by importing each package (every module of it, ``__main__``
     excepted: it runs a program) and each ``LAZY`` module, each in a fresh interpreter."""
-    jobs: dict[str, tuple[str, ...]] = {m: (m,) for m in LAZY}
+    jobs: dict[str, tuple[str, ...]] = {m: lazy_job(m) for m in LAZY}
+    jobs["root"] = ("botmesh",)
     for package in RULES:
         jobs[f"{package}/*"] = tuple(
-            m for m in module_files() if m.split(".")[0] == package and not m.endswith("__main__")
+            m for m in module_files() if area(m) == package and not m.endswith("__main__")
         )
     with ThreadPoolExecutor(max_workers=4) as pool:
         return dict(zip(jobs, pool.map(_loaded_after, jobs.values()), strict=True))

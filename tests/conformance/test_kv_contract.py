@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from state.errors import DurabilityError, VersionConflictError
-from state.kv import Delete, DurableKv, Put
+from botmesh.state.errors import DurabilityError, VersionConflictError
+from botmesh.state.kv import Delete, DurableKv, Put
 from tests.backends import BackendHandle
 
 

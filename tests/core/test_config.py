@@ -9,7 +9,7 @@ import pytest
 
 from botmesh import Bot, DurabilityConfig
 from botmesh.errors import ConfigError
-from state.durations import parse_duration
+from botmesh.state.durations import parse_duration
 
 
 @pytest.mark.parametrize(

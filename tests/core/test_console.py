@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from botmesh._console import run_console
+from botmesh.examples.helpdesk import bot as helpdesk
 from botmesh.testing import MockProvider
-from examples.helpdesk import bot as helpdesk
 from tests.kill import ROOT
 
 
@@ -34,14 +34,14 @@ def test_the_readme_example_is_the_module_it_runs() -> None:
     section = readme.split("## A durable bot in 20 lines", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
-    module = (ROOT / "examples" / "helpdesk.py").read_text()
+    module = (ROOT / "botmesh" / "examples" / "helpdesk.py").read_text()
     assert code.group(1) == module[module.index("from botmesh") :]
     assert "Inbound(" not in code.group(1)  # messages come through a runtime
 
 
 def test_the_readme_bot_through_botmesh_run_answers_once_across_restarts(tmp_path: Path) -> None:
     lines = "my order is late\nand the invoice is wrong\n"
-    args = ("--app", "examples.helpdesk:bot", "--data-dir", str(tmp_path), "--chat", "42")
+    args = ("--app", "botmesh.examples.helpdesk:bot", "--data-dir", str(tmp_path), "--chat", "42")
     first = _run(*args, stdin=lines)
     assert first.returncode == 0, first.stderr
     # the enqueued nudge goes out in the background: its place among the replies varies
@@ -61,7 +61,7 @@ def test_the_readme_bot_through_botmesh_run_answers_once_across_restarts(tmp_pat
 
 
 def test_without_a_journal_a_replay_sends_again(tmp_path: Path) -> None:
-    args = ("--app", "examples.echo_bot:bot", "--journal", "none")
+    args = ("--app", "botmesh.examples.echo_bot:bot", "--journal", "none")
     for _ in range(2):
         out = _run(*args, stdin="hi\n")
         assert out.returncode == 0, out.stderr
@@ -69,10 +69,10 @@ def test_without_a_journal_a_replay_sends_again(tmp_path: Path) -> None:
 
 
 def test_a_bad_journal_or_app_is_refused_before_anything_runs() -> None:
-    bad = _run("--app", "examples.echo_bot:bot", "--journal", "fil:///x", stdin="hi\n")
+    bad = _run("--app", "botmesh.examples.echo_bot:bot", "--journal", "fil:///x", stdin="hi\n")
     assert bad.returncode == 2 and "unknown journal scheme 'fil://'" in bad.stderr
     assert bad.stdout == ""
-    nobot = _run("--app", "examples.helpdesk:nobot", stdin="hi\n")
+    nobot = _run("--app", "botmesh.examples.helpdesk:nobot", stdin="hi\n")
     assert nobot.returncode == 2 and "no attribute 'nobot'" in nobot.stderr
 
 
@@ -84,7 +84,7 @@ def test_a_bad_journal_or_app_is_refused_before_anything_runs() -> None:
     ],
 )
 async def test_json_lines_are_inbound_records(line: str, expect: str) -> None:
-    from examples.echo_bot import bot as echo
+    from botmesh.examples.echo_bot import bot as echo
 
     provider = MockProvider()
     err = io.StringIO()

@@ -17,8 +17,8 @@ import botmesh
 from botmesh import Bot, Context, Inbound, Media
 from botmesh.errors import MediaUnavailableError, ProviderError
 from botmesh.journal import MemoryKv, Write
+from botmesh.state.kv import handover
 from botmesh.testing import ManualClock, MockProvider, SimulatedCrash, crashable
-from state.kv import handover
 from tests.kit import make_app, policy
 
 pytestmark = pytest.mark.crash

@@ -7,8 +7,8 @@ import pytest
 from botmesh import Bot, Context, Inbound
 from botmesh.errors import RecordStateError, SendDeferredError, SendError, UnsupportedContentError
 from botmesh.journal import MemoryKv, Write
+from botmesh.state.metrics import Metric
 from botmesh.testing import ManualClock, SimulatedCrash, crashable
-from state.metrics import Metric
 from tests.kit import make_app, policy, texts
 
 REFERENCE_COUNTERS = [

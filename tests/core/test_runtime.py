@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import botmesh
-import state.backends
+import botmesh.state.backends
 from botmesh import Bot, Context, DeadEvent, Inbound, Outbound, Receipt, SentEvent
 from botmesh.errors import ConfigError, DurabilityError, UnsupportedContentError
 from botmesh.journal import FileKv, MemoryKv, open_backend
+from botmesh.state.backends import register_backend, schemes
 from botmesh.testing import MockProvider
-from state.backends import register_backend, schemes
 from tests.kit import make_app, texts
 
 
@@ -39,7 +39,7 @@ async def test_bad_urls_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyP
         await open_backend("nosuch://x")
     with pytest.raises(ConfigError, match="not a URL"):
         await open_backend("/just/a/path")
-    monkeypatch.setattr(state.backends, "_REGISTRY", dict(state.backends._REGISTRY))
+    monkeypatch.setattr(botmesh.state.backends, "_REGISTRY", dict(botmesh.state.backends._REGISTRY))
     register_backend(
         "fancy",
         "botmesh_fancy_backend_missing:open",
@@ -234,7 +234,7 @@ async def test_flush_receipts_records_what_the_sink_acknowledged() -> None:
 
 def test_a_fenced_holder_is_never_retried() -> None:
     from botmesh.errors import FencedError, Reason
-    from state.backoff import GiveUp
+    from botmesh.state.backoff import GiveUp
 
     decision = Bot("x").config.inbox.retry_policy().decide(FencedError("k", 1, 2), 1)
     assert decision == GiveUp(Reason.HANDLE_FAILED)

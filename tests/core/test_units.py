@@ -7,8 +7,8 @@ import random
 import pytest
 
 from botmesh.errors import InvalidKeyError, RateLimitedError, Reason, SendError
-from state.backoff import Backoff, GiveUp, Retries, Retry
-from state.keys import (
+from botmesh.state.backoff import Backoff, GiveUp, Retries, Retry
+from botmesh.state.keys import (
     check_explicit,
     derived_key,
     diverged_key,
@@ -18,9 +18,9 @@ from state.keys import (
     random_key,
     scope_id,
 )
-from state.messages import Inbound, Media, Outbound
-from state.records import decode_inbound, decode_outbound, encode_inbound, encode_outbound
-from state.splitter import split_text
+from botmesh.state.messages import Inbound, Media, Outbound
+from botmesh.state.records import decode_inbound, decode_outbound, encode_inbound, encode_outbound
+from botmesh.state.splitter import split_text
 
 
 def test_backoff_is_exponential_capped_and_jittered() -> None:

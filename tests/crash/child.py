@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from botmesh import Bot, Context, Inbound
-from state.messages import Outbound, SendResult
+from botmesh.state.messages import Outbound, SendResult
 from tests.backends import BACKENDS
 
 

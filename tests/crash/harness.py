@@ -22,10 +22,10 @@ from typing import Any, Literal
 import botmesh
 from botmesh import Bot, Context, Inbound, Receipt
 from botmesh.errors import SendError, UnsupportedContentError
+from botmesh.state.kv import DurableKv
+from botmesh.state.messages import Outbound, SendResult
+from botmesh.state.splitter import split_text
 from botmesh.testing import FaultyKv, ManualClock, SimulatedCrash, crashable
-from state.kv import DurableKv
-from state.messages import Outbound, SendResult
-from state.splitter import split_text
 from tests.backends import BackendCase, BackendHandle
 
 LIMIT = 40

@@ -22,8 +22,8 @@ import pytest
 import botmesh
 from botmesh import Bot, Context, Conversation, FlowEndedEvent, FlowTimeout, Inbound
 from botmesh.journal import DurableKv
+from botmesh.state.messages import Outbound, SendResult
 from botmesh.testing import FaultyKv, ManualClock, SimulatedCrash, crashable
-from state.messages import Outbound, SendResult
 from tests.backends import BACKENDS, BackendCase, BackendHandle
 from tests.crash.harness import WINDOW, Point, _arm, scope_key
 

@@ -16,8 +16,8 @@ import pytest
 from botmesh import Bot, Context, Inbound
 from botmesh.errors import SendError, UnsupportedContentError
 from botmesh.journal import DurableKv, Put
+from botmesh.state.messages import Outbound, SendResult
 from botmesh.testing import FaultyKv, ManualClock, MockProvider, SimulatedCrash, crashable
-from state.messages import Outbound, SendResult
 from tests.backends import BACKENDS, BackendHandle
 from tests.kit import App, make_app, policy
 

@@ -16,8 +16,8 @@ import asyncio
 import os
 import sys
 
-from state.backends.file import open_file_kv
-from state.kv import Put
+from botmesh.state.backends.file import open_file_kv
+from botmesh.state.kv import Put
 
 WRITERS = 4
 

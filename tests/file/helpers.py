@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from state.backends.file_ops import FileOps
-from state.kv import DurableKv
+from botmesh.state.backends.file_ops import FileOps
+from botmesh.state.kv import DurableKv
 
 CHILD = Path(__file__).with_name("_child.py")
 ROOT = Path(__file__).resolve().parents[2]

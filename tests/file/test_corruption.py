@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from state.backends.file import open_file_kv
-from state.errors import JournalCorruptError
-from state.kv import Delete, Put
+from botmesh.state.backends.file import open_file_kv
+from botmesh.state.errors import JournalCorruptError
+from botmesh.state.kv import Delete, Put
 from tests.file.conftest import FUZZ_OUTCOMES
 from tests.file.helpers import NoSyncOps, state_of
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from state.backends.file import open_file_kv
-from state.errors import JournalWriteError
-from state.kv import Put
+from botmesh.state.backends.file import open_file_kv
+from botmesh.state.errors import JournalWriteError
+from botmesh.state.kv import Put
 from tests.file.helpers import FaultyOps, state_of
 
 # (mode, call, errno, short write, the instance takes further writes)

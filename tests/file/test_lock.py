@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from state.backends.file import open_file_kv
-from state.errors import JournalLockedError
-from state.kv import Put
+from botmesh.state.backends.file import open_file_kv
+from botmesh.state.errors import JournalLockedError
+from botmesh.state.kv import Put
 from tests.file.helpers import CHILD
 from tests.kill import Child, python
 

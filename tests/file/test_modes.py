@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from state.backends.file import FileKv, FileOptions, open_file_kv
-from state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from state.kv import Delete, Put
+from botmesh.state.backends.file import FileKv, FileOptions, open_file_kv
+from botmesh.state.errors import ConfigError, JournalUnavailableError, VersionConflictError
+from botmesh.state.kv import Delete, Put
 from tests.file.helpers import CountingOps, state_of
 
 
@@ -194,7 +194,7 @@ async def test_open_file_kv_gives_an_opened_journal(tmp_path: Path) -> None:
 
 
 async def test_the_backend_registry_opens_file_urls(tmp_path: Path) -> None:
-    from state.backends import open_backend
+    from botmesh.state.backends import open_backend
 
     kv = await open_backend(f"file://{tmp_path}/j?append_log=1&compact_every=10")
     assert isinstance(kv, FileKv) and kv.options.compact_every == 10
@@ -236,7 +236,7 @@ async def test_open_again_after_close_reads_the_files_back(tmp_path: Path) -> No
 
 
 async def test_url_names_the_path_and_options(tmp_path: Path) -> None:
-    from state.backends.file import from_url
+    from botmesh.state.backends.file import from_url
 
     kv = from_url(f"file://{tmp_path}/my%20journal?append_log=true&fsync=off&compact_every=50")
     assert kv.path == str(tmp_path / "my journal")
@@ -258,7 +258,7 @@ async def test_url_names_the_path_and_options(tmp_path: Path) -> None:
     ],
 )
 def test_bad_urls_are_refused_clearly(url: str, needle: str) -> None:
-    from state.backends.file import from_url
+    from botmesh.state.backends.file import from_url
 
     with pytest.raises(ConfigError, match=needle):
         from_url(url)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from state.backends.file import open_file_kv
+from botmesh.state.backends.file import open_file_kv
 from tests.file._child import WRITERS
 from tests.file.conftest import KILL_OUTCOMES
 from tests.file.helpers import CHILD, state_of

@@ -1,4 +1,4 @@
-"""The example sign-up bot (``examples/signup_bot.py``), run by ``botmesh run`` on a file
+"""The example sign-up bot (``botmesh/examples/signup_bot.py``), run by ``botmesh run`` on a file
 journal in two processes: the second picks the flow up at the pending question."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.kill import ROOT
 
 
 def _run(tmp_path: Path, stdin: str) -> subprocess.CompletedProcess[str]:
-    args = ("--app", "examples.signup_bot:bot", "--data-dir", str(tmp_path), "--chat", "7")
+    args = ("--app", "botmesh.examples.signup_bot:bot", "--data-dir", str(tmp_path), "--chat", "7")
     return subprocess.run(
         [sys.executable, "-m", "botmesh", "run", *args],
         input=stdin,

@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from botmesh._gateway import Gateway, GatewayConfig, serving
-from providers.slack import SlackWebhook
-from providers.webhooks import (
+from botmesh.providers.slack import SlackWebhook
+from botmesh.providers.webhooks import (
     BadSignature,
     ChannelWebhook,
     MalformedWebhook,
@@ -24,8 +24,8 @@ from providers.webhooks import (
     WebhookRequest,
     hmac_hex,
 )
-from state.messages import Inbound
-from streams.provision import existing_topics
+from botmesh.state.messages import Inbound
+from botmesh.streams.provision import existing_topics
 
 SLACK_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 PROBE_SECRET = "probe-secret-5f1c2e"

@@ -1,4 +1,4 @@
-"""The channel registry (``providers.channels``) and ``botmesh worker --provider <channel>``
+"""The channel registry (``botmesh.providers.channels``) and ``botmesh worker --provider <channel>``
 (``botmesh._cli.load_provider``), without the adapters of other channels: a test channel is
 put in the registry where a test needs one."""
 
@@ -10,12 +10,12 @@ from typing import Self
 import pytest
 
 from botmesh._cli import load_provider
-from providers import channels
-from providers.channels import CHANNELS, Channel, provider_from_env, webhook_from_env
-from providers.mock import MockProvider
-from providers.slack import SlackWebhook
-from state.errors import AppLoadError, ConfigError
-from state.messages import Outbound, SendResult
+from botmesh.providers import channels
+from botmesh.providers.channels import CHANNELS, Channel, provider_from_env, webhook_from_env
+from botmesh.providers.mock import MockProvider
+from botmesh.providers.slack import SlackWebhook
+from botmesh.state.errors import AppLoadError, ConfigError
+from botmesh.state.messages import Outbound, SendResult
 
 NAMES = ["discord", "email", "instagram", "messenger", "slack", "telegram", "twilio", "whatsapp"]
 
@@ -49,12 +49,12 @@ def test_the_registry_names_every_channel_as_module_and_class() -> None:
     assert sorted(CHANNELS) == NAMES
     for name, entry in CHANNELS.items():
         assert entry.name == name and entry.webhook is not None
-        assert entry.webhook.startswith(f"providers.{name}:")
+        assert entry.webhook.startswith(f"botmesh.providers.{name}:")
         if entry.provider is not None:
             module, _, cls = entry.provider.partition(":")
-            assert module == f"providers.{name}" and cls.endswith("Provider")
+            assert module == f"botmesh.providers.{name}" and cls.endswith("Provider")
     assert CHANNELS["slack"].provider is None
-    assert CHANNELS["whatsapp"].provider == "providers.whatsapp:WhatsAppProvider"
+    assert CHANNELS["whatsapp"].provider == "botmesh.providers.whatsapp:WhatsAppProvider"
 
 
 def test_an_unknown_channel_lists_the_known_ones() -> None:
@@ -110,7 +110,7 @@ def test_worker_provider_takes_a_channel_name(
 
 def test_worker_provider_keeps_its_other_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(load_provider("mock"), MockProvider)
-    assert isinstance(load_provider("providers.mock:MockProvider"), MockProvider)
+    assert isinstance(load_provider("botmesh.providers.mock:MockProvider"), MockProvider)
     with pytest.raises(AppLoadError, match=r"--provider 'slack': provider: .*no sending adapter"):
         load_provider("slack")
     for name in ("TELEGRAM_BOT_TOKEN", "TELEGRAM_API_URL"):

@@ -19,9 +19,11 @@ import aiohttp
 import pytest
 
 from botmesh._gateway import Gateway, GatewayConfig, serving
-from providers.slack import SlackWebhook
-from state.messages import Inbound
-from streams.provision import ensure_topics
+from botmesh.providers.slack import SlackWebhook
+from botmesh.state.messages import Inbound
+from botmesh.streams.provision import ensure_topics
+from botmesh.topics.catalog import Catalog
+from botmesh.topics.records import chat_key, decode_inbound
 from tests.gateway.kit import (
     CONNECT_S,
     PROBE_TOKEN,
@@ -34,8 +36,6 @@ from tests.gateway.kit import (
     slack_headers,
     slack_message,
 )
-from topics.catalog import Catalog
-from topics.records import chat_key, decode_inbound
 
 pytestmark = pytest.mark.kafka
 

@@ -7,8 +7,8 @@ import pytest
 
 from botmesh._cli import main
 from botmesh._gateway import Gateway, GatewayConfig, SeenSet
+from botmesh.topics.catalog import Catalog
 from tests.gateway.kit import webhooks
-from topics.catalog import Catalog
 
 
 def test_the_seen_set_is_bounded_oldest_first() -> None:

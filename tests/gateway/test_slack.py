@@ -7,10 +7,15 @@ import json
 
 import pytest
 
-from providers.slack import SlackWebhook
-from providers.webhooks import BadSignature, ChannelWebhook, MalformedWebhook, WebhookRequest
-from state.errors import ConfigError
-from state.messages import Inbound
+from botmesh.providers.slack import SlackWebhook
+from botmesh.providers.webhooks import (
+    BadSignature,
+    ChannelWebhook,
+    MalformedWebhook,
+    WebhookRequest,
+)
+from botmesh.state.errors import ConfigError
+from botmesh.state.messages import Inbound
 from tests.gateway.kit import SLACK_SECRET, slack_headers, slack_message
 
 NOW = 1_700_000_000.0

@@ -14,9 +14,9 @@ import pytest
 
 from botmesh import AmbiguousEvent, Bot
 from botmesh.journal import MemoryKv, Write
+from botmesh.state.messages import Outbound, SendResult
+from botmesh.state.ports import AmbiguityResolver, KeyedSends
 from botmesh.testing import ManualClock, MockProvider, SimulatedCrash, crashable
-from state.messages import Outbound, SendResult
-from state.ports import AmbiguityResolver, KeyedSends
 from tests.kit import make_app, policy
 
 pytestmark = pytest.mark.crash

@@ -7,8 +7,8 @@ import pytest
 
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.journal import MemoryKv, Write
+from botmesh.state.messages import Media, Outbound, SendResult
 from botmesh.testing import ManualClock, MockProvider, SimulatedCrash, crashable
-from state.messages import Media, Outbound, SendResult
 from tests.kit import App, make_app, policy, texts
 
 

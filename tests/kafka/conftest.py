@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from streams.provision import ensure_topics
+from botmesh.streams.provision import ensure_topics
+from botmesh.topics import Catalog
 from tests.kafka.broker import BrokerUnavailable, acquire_broker
 from tests.kafka.recorder import Recorder, Tally
 from tests.kafka.worker import PARTITIONS
-from topics import Catalog
 
 
 @pytest.fixture(scope="session")

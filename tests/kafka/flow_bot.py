@@ -11,7 +11,7 @@ counts as a failure (an answer the flow did not take).
 The provider (``RecordedChannel``) POSTs each send, with its idempotency key, to the
 test's recorder (``tests.kafka.recorder.Recorder``, ``$BOTMESH_TEST_RECORDER``) and can
 answer, for a send the worker found in flight after a SIGKILL, whether its key reached the
-recorder (``state.ports.AmbiguityResolver``): so ``on_ambiguous="skip"`` never has to
+recorder (``botmesh.state.ports.AmbiguityResolver``): so ``on_ambiguous="skip"`` never has to
 guess, and a question must reach the channel exactly once. ``$BOTMESH_TEST_SEND_DELAY``
 (seconds, default 0) is waited before each POST and again after its answer, so that kills
 land inside sends: before the call (it never arrived) or after it (its answer lost).

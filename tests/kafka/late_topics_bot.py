@@ -9,7 +9,7 @@ group leader assigning from metadata that lacks them deterministic. Faust still 
 its own topics (the journal's changelog, its assignor topic) when it subscribes.
 
 ``BOTMESH_TEST_EARLIER_JOIN=1`` makes the worker join as releases before the membership
-checks did (``streams.membership``): it subscribes without waiting for the broker to list
+checks did (``botmesh.streams.membership``): it subscribes without waiting for the broker to list
 its topics and never checks its assignment; a group left with an empty assignment that way
 is what a new release must get out of.
 """
@@ -20,8 +20,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from streams import membership, worker
-from streams.provision import ProvisionResult
+from botmesh.streams import membership, worker
+from botmesh.streams.provision import ProvisionResult
 from tests.kafka.bot import bot, provider
 
 __all__ = ["bot", "provider"]

@@ -47,9 +47,9 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from state.messages import Inbound, Receipt
-from streams.tools import demo_records
-from topics import decode_inbound, decode_receipt
+from botmesh.state.messages import Inbound, Receipt
+from botmesh.streams.tools import demo_records
+from botmesh.topics import decode_inbound, decode_receipt
 
 __all__ = [
     "RECORDER_ENV",

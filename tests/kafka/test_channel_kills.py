@@ -6,7 +6,7 @@ send would be marked ``unknown`` and, when it had never reached the channel, los
 this test on a Discord provider whose ``resolve_ambiguous`` was removed lost exactly the
 sends whose call never arrived, 3 of its 31 ambiguous sends). Discord (a nonce the channel
 deduplicates) and Twilio (a listing of the sent messages) are asked instead
-(``state.ports.AmbiguityResolver``), and the worker counts their answers
+(``botmesh.state.ports.AmbiguityResolver``), and the worker counts their answers
 (``outboxResolvedSent`` / ``outboxResolvedUnsent``). Discord's answer is the answer of a
 resend with the same nonce, the original message or the one the resend made, so it counts
 every resolution as sent; Twilio's listing tells the two apart.
@@ -49,16 +49,16 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from state.messages import Inbound
-from streams.operator import decode_metrics
-from streams.tools import produce_inbound
+from botmesh.state.messages import Inbound
+from botmesh.streams.operator import decode_metrics
+from botmesh.streams.tools import produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.kill_bot import reply_text
 from tests.kafka.recorder import Tally, wait_until
 from tests.kafka.worker import WAIT_S, Worker, read_all
 from tests.providers.fakes.discord import FakeDiscord
 from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.serve import Background
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.slow]
 
@@ -183,7 +183,7 @@ def inbounds(channel: Channel, run: str) -> list[Inbound]:
 @dataclass
 class Answers:
     """What one run's log says about ambiguous sends: one line per answer of the channel
-    (``state.delivery``), so these are the run's counters, up to its last line."""
+    (``botmesh.state.delivery``), so these are the run's counters, up to its last line."""
 
     sent: int = 0
     unsent: int = 0

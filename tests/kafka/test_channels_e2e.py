@@ -45,10 +45,11 @@ from urllib.parse import urlencode
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from providers.twilio import twilio_signature
-from providers.webhooks import hmac_hex
-from streams.provision import ensure_topics
-from streams.tools import end_offsets
+from botmesh.providers.twilio import twilio_signature
+from botmesh.providers.webhooks import hmac_hex
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import end_offsets
+from botmesh.topics import Catalog
 from tests.kafka.channel_bot import bot
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_all, read_journal
 from tests.kill import Child, python
@@ -58,7 +59,6 @@ from tests.providers.fakes.smtp import FakeSmtp
 from tests.providers.fakes.telegram import FakeTelegram
 from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.serve import Background
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.demo import worker_command
-from topics import Catalog
+from botmesh.examples.demo import worker_command
+from botmesh.topics import Catalog
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,10 +32,10 @@ def botmesh(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 @pytest.mark.parametrize(
     ("app", "words"),
     [
-        ("examples.echo_bot", "expected 'module:attribute'"),
+        ("botmesh.examples.echo_bot", "expected 'module:attribute'"),
         ("examples.no_such_bot:bot", "cannot import module 'examples.no_such_bot'"),
-        ("examples.echo_bot:bott", "has no attribute 'bott'"),
-        ("examples.echo_bot:echo", "is a function, not a bot"),
+        ("botmesh.examples.echo_bot:bott", "has no attribute 'bott'"),
+        ("botmesh.examples.echo_bot:echo", "is a function, not a bot"),
     ],
 )
 def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> None:
@@ -50,7 +50,7 @@ def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> Non
     [
         (["--provider", "icq"], {}, "--provider 'icq': expected one of console, mock, a channel"),
         (["--provider", "telegram"], {}, "--provider 'telegram': TELEGRAM_BOT_TOKEN: not set"),
-        (["--provider", "examples.echo_bot:bot"], {}, "gave a Bot, not a provider"),
+        (["--provider", "botmesh.examples.echo_bot:bot"], {}, "gave a Bot, not a provider"),
         (["--provider", "examples.nope:p"], {}, "cannot import module 'examples.nope'"),
         (["--provider", "tests.kafka.bot:provider"], {}, "set BOTMESH_TEST_SENDS"),
         ([], {"BOTMESH_PROVIDER": "smtp"}, "BOTMESH_PROVIDER 'smtp': expected one of"),
@@ -64,7 +64,7 @@ def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> Non
 def test_the_worker_refuses_a_bad_provider_or_journal_naming_it(
     args: list[str], env: dict[str, str], words: str
 ) -> None:
-    out = botmesh("worker", "--app", "examples.echo_bot:bot", *args, env=env)
+    out = botmesh("worker", "--app", "botmesh.examples.echo_bot:bot", *args, env=env)
     assert out.returncode == 2, out.stderr
     assert words in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
@@ -150,7 +150,7 @@ def test_a_journal_the_worker_cannot_open_stops_it_with_the_reason(
     out = botmesh(
         "worker",
         "--app",
-        "examples.echo_bot:bot",
+        "botmesh.examples.echo_bot:bot",
         "--journal",
         f"file://{missing}",
         "--data-dir",

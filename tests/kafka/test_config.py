@@ -1,4 +1,4 @@
-"""``streams.config``: the worker's settings and its journal rule (no broker, no Faust)."""
+"""``botmesh.streams.config``: the worker's settings and its journal rule (no broker, no Faust)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.config import WorkerConfig, check_worker_journal, group_instance_id
+from botmesh.streams.config import WorkerConfig, check_worker_journal, group_instance_id
 
 
 def test_the_default_journal_is_the_journal_on_kafka(tmp_path: Path) -> None:

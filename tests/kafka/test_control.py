@@ -1,5 +1,5 @@
 """Operator actions through the chat's owner, and dead letters copied by the journal, in the
-worker's inbound path (``streams.runner``) without Kafka: plain records through the REAL
+worker's inbound path (``botmesh.streams.runner``) without Kafka: plain records through the REAL
 runtime on a journal from the fault kit; the producer is the one stand-in (``Produced``).
 
 The same paths run on a real broker in ``test_dlq.py``.
@@ -13,8 +13,9 @@ import time
 from botmesh import Bot, Context, Outcome
 from botmesh.errors import RateLimitedError, RecipientUnreachableError
 from botmesh.journal import MemoryKv
+from botmesh.streams.runner import InboundRunner, KafkaReceipts, RawRecord
 from botmesh.testing import MockProvider
-from streams.runner import InboundRunner, KafkaReceipts, RawRecord
+from botmesh.topics.control import ControlRequest, decode_result, encode_control
 from tests.kafka.test_runner import (
     REQUESTS,
     Produced,
@@ -24,7 +25,6 @@ from tests.kafka.test_runner import (
     record,
     request,
 )
-from topics.control import ControlRequest, decode_result, encode_control
 
 CONTROL = "t.control"
 

@@ -1,4 +1,5 @@
-"""``make run`` in short: ``python -m examples.demo --once`` against the test broker; the echo
+"""``make run`` in short: ``python -m botmesh.examples.demo --once`` against the test broker; the
+echo
 bot runs on its default journal, on Kafka, which the demo reads back from the changelog."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def test_demo_once(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> N
         [
             sys.executable,
             "-m",
-            "examples.demo",
+            "botmesh.examples.demo",
             "--once",
             "--messages",
             "200",

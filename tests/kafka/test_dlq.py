@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 
 from botmesh import Inbound
-from streams.dlq import read_dead_letters, reproduce
-from streams.provision import ensure_topics
-from streams.tools import produce_inbound
+from botmesh.streams.dlq import read_dead_letters, reproduce
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.bot import reply_text
 from tests.kafka.recorder import Recorder
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, read_all, read_journal
 from tests.kill import Child
-from topics import Catalog
 
 pytestmark = pytest.mark.kafka
 

@@ -13,8 +13,8 @@ import pytest
 from aiokafka.errors import KafkaError
 from aiokafka.producer.transaction_manager import TransactionState
 
-from state.errors import JournalUnavailableError
-from streams.worker import JournalTable
+from botmesh.state.errors import JournalUnavailableError
+from botmesh.streams.worker import JournalTable
 
 TID = "app-1-0"
 

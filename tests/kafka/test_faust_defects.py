@@ -1,4 +1,4 @@
-"""The faust-streaming defects of ``streams.faust_defects``, each shown on Faust's own code
+"""The faust-streaming defects of ``botmesh.streams.faust_defects``, each shown on Faust's own code
 and met by botmesh's workaround (no broker needed: the consumer is never started)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from faust.transport.drivers.aiokafka import Consumer
 from faust.types import TP
 from intervaltree import IntervalTree
 
-from streams.faust_defects import (
+from botmesh.streams.faust_defects import (
     _ORIGINAL,
     ReadOffsets,
     guard_commit_holes,
@@ -114,7 +114,7 @@ async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_
 
     from faust.tables import recovery
 
-    from streams.faust_defects import RECOVERY_POLL_S, shorten_recovery_poll
+    from botmesh.streams.faust_defects import RECOVERY_POLL_S, shorten_recovery_poll
 
     source = inspect.getsource(recovery.Recovery)
     assert "changelog_queue.get(), timeout=5.0" in source  # Faust's own poll
@@ -146,9 +146,9 @@ async def test_faust_takes_the_end_of_an_eos_restore_from_a_cache_the_worker_ask
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    from streams.faust_defects import _ORIGINAL_HIGHWATERS, fresh_highwaters
-    from streams.provision import ensure_topics
-    from topics.catalog import TopicSpec
+    from botmesh.streams.faust_defects import _ORIGINAL_HIGHWATERS, fresh_highwaters
+    from botmesh.streams.provision import ensure_topics
+    from botmesh.topics.catalog import TopicSpec
 
     topic = f"{topic_prefix}.worker-journal-changelog"
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, "changelog", 1, 1)])
@@ -188,13 +188,13 @@ async def test_faust_ends_an_eos_restore_on_the_consumer_position_the_worker_che
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from yarl import URL
 
-    from streams.faust_defects import (
+    from botmesh.streams.faust_defects import (
         _ORIGINAL_POSITION,
         committed_record_between,
         verify_aborted_tails,
     )
-    from streams.provision import ensure_topics
-    from topics.catalog import TopicSpec
+    from botmesh.streams.provision import ensure_topics
+    from botmesh.topics.catalog import TopicSpec
 
     topic = f"{topic_prefix}.worker-journal-changelog"
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, "changelog", 1, 1)])
@@ -271,9 +271,9 @@ async def test_a_partition_faust_left_unrestored_is_caught_up_from_the_changelog
     from aiokafka import AIOKafkaProducer
     from yarl import URL
 
-    from streams.provision import ensure_topics
-    from streams.worker import JournalTable
-    from topics.catalog import TopicSpec
+    from botmesh.streams.provision import ensure_topics
+    from botmesh.streams.worker import JournalTable
+    from botmesh.topics.catalog import TopicSpec
 
     topic = f"{topic_prefix}.worker-journal-changelog"
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, "changelog", 2, 1)])
@@ -446,7 +446,7 @@ def test_a_seek_back_to_a_hole_is_undone_by_records_fetched_before_it_unless_it_
 def test_the_guard_makes_faust_keep_its_read_offsets_in_a_read_offsets() -> None:
     from faust.transport import consumer as faust_consumer
 
-    from streams import faust_defects
+    from botmesh.streams import faust_defects
 
     guard_commit_holes()
     assert faust_consumer.Consumer.__init__ is faust_defects._init
@@ -490,10 +490,10 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
     from aiokafka import AIOKafkaProducer, TopicPartition
     from yarl import URL
 
-    from streams import faust_defects
-    from streams.faust_defects import read_committed
-    from streams.provision import ensure_topics
-    from topics.catalog import TopicSpec
+    from botmesh.streams import faust_defects
+    from botmesh.streams.faust_defects import read_committed
+    from botmesh.streams.provision import ensure_topics
+    from botmesh.topics.catalog import TopicSpec
 
     topic = f"{topic_prefix}.inbound"
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, "inbound", 1, 1)])
@@ -580,9 +580,9 @@ def test_one_standby_replica_under_either_guarantee(tmp_path: Any, guarantee: st
     past them (the fetch defect, worked around by ``fetch_only_active``); the worker kept
     none under ``exactly_once`` until that was measured again. It keeps one under both
     guarantees, so a takeover has the partition at hand."""
-    from providers.mock import MockProvider
-    from streams.config import WorkerConfig
-    from streams.worker import build_app
+    from botmesh.providers.mock import MockProvider
+    from botmesh.streams.config import WorkerConfig
+    from botmesh.streams.worker import build_app
     from tests.kafka.bot import bot
 
     env = {"BOTMESH_DATA_DIR": str(tmp_path), "BOTMESH_PROCESSING_GUARANTEE": guarantee}
@@ -599,7 +599,7 @@ async def test_faust_sleeps_a_second_before_its_restore_and_the_worker_does_not(
 
     from faust.tables.manager import TableManager
 
-    from streams.faust_defects import _ORIGINAL_TABLES_START, start_tables_at_once
+    from botmesh.streams.faust_defects import _ORIGINAL_TABLES_START, start_tables_at_once
 
     assert "await self.sleep(1.0)" in inspect.getsource(_ORIGINAL_TABLES_START)
     start_tables_at_once()
@@ -635,10 +635,10 @@ async def test_faust_fetches_with_a_wait_of_1_5_s_and_the_worker_with_a_tenth(
 
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    from providers.mock import MockProvider
-    from streams.config import WorkerConfig
-    from streams.faust_defects import _ORIGINAL_CREATE_CONSUMER, FETCH_WAIT_MS
-    from streams.worker import build_app
+    from botmesh.providers.mock import MockProvider
+    from botmesh.streams.config import WorkerConfig
+    from botmesh.streams.faust_defects import _ORIGINAL_CREATE_CONSUMER, FETCH_WAIT_MS
+    from botmesh.streams.worker import build_app
     from tests.kafka.bot import bot
 
     assert "fetch_max_wait_ms=1500" in inspect.getsource(_ORIGINAL_CREATE_CONSUMER)
@@ -668,7 +668,7 @@ async def test_faust_starts_transactional_producers_one_by_one_and_the_worker_to
 
     from faust.transport.consumer import TransactionManager
 
-    from streams.faust_defects import _ORIGINAL_START_TRANSACTIONS, start_producers_at_once
+    from botmesh.streams.faust_defects import _ORIGINAL_START_TRANSACTIONS, start_producers_at_once
 
     source = inspect.getsource(_ORIGINAL_START_TRANSACTIONS)
     assert "for transactional_id in tids:" in source  # Faust's own: one await per id
@@ -703,10 +703,10 @@ def test_faust_web_server_stop_waits_a_minute_on_requests_and_the_worker_three_s
     from aiohttp.web import Application
     from aiohttp.web_runner import AppRunner
 
-    from providers.mock import MockProvider
-    from streams.config import WorkerConfig
-    from streams.faust_defects import WEB_STOP_S
-    from streams.worker import build_app
+    from botmesh.providers.mock import MockProvider
+    from botmesh.streams.config import WorkerConfig
+    from botmesh.streams.faust_defects import WEB_STOP_S
+    from botmesh.streams.worker import build_app
     from tests.kafka.bot import bot
 
     assert AppRunner(Application())._shutdown_timeout == 60.0
@@ -730,7 +730,7 @@ async def test_an_emptied_set_of_active_partitions_fetches_every_partition_unles
     from aiokafka.consumer.fetcher import Fetcher
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    from streams.faust_defects import _ORIGINAL_GETMANY, fetch_only_active
+    from botmesh.streams.faust_defects import _ORIGINAL_GETMANY, fetch_only_active
 
     assert "if partitions and tp not in partitions:" in inspect.getsource(Fetcher.fetched_records)
     assert "active_partitions," in inspect.getsource(_ORIGINAL_GETMANY)  # handed on as is
@@ -782,7 +782,7 @@ async def test_the_end_of_faust_restore_clears_the_changelog_queue_and_the_worke
     from faust.tables.recovery import Recovery
     from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-    from streams.faust_defects import _ORIGINAL_RECOVERY_COMPLETED, keep_changelog_queue
+    from botmesh.streams.faust_defects import _ORIGINAL_RECOVERY_COMPLETED, keep_changelog_queue
 
     steps: list[str] = []
 

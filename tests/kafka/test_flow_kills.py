@@ -18,9 +18,9 @@ flows. The workers are stopped with SIGTERM at the end.
 A restarted worker reads its partitions again from the last committed offsets: messages
 done already come again (``Outcome.REPLAYED``). This test found that such a message was
 taken by its chat's flow as the answer to the pending question (``hi`` or ``/start``
-answering ``q2?``): it now goes where it went the first time (``state.inbox.rerunning``).
+answering ``q2?``): it now goes where it went the first time (``botmesh.state.inbox.rerunning``).
 
-The provider resolves ambiguous sends (``state.ports.AmbiguityResolver``: it asks the
+The provider resolves ambiguous sends (``botmesh.state.ports.AmbiguityResolver``: it asks the
 recorder whether the key arrived) and the bot runs with ``on_ambiguous="skip"``: a question
 left in flight by a kill is sent again only when it never arrived. So the claim is exact:
 per chat, each text (``unexpected hi``, each question, the invalid-answer note, the final
@@ -43,11 +43,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from state.messages import Inbound
+from botmesh.state.messages import Inbound
+from botmesh.topics import Catalog, chat_key, decode_receipt, encode_inbound
 from tests.kafka.flow_bot import QUESTIONS, answer, done_text
 from tests.kafka.recorder import SESSION_TIMEOUT, Call, Recorder, Tally
 from tests.kafka.worker import WAIT_S, Worker, read_all, wait_line
-from topics import Catalog, chat_key, decode_receipt, encode_inbound
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
@@ -64,7 +64,7 @@ BAD_EVERY = 3
 
 
 class Ambiguity(collections.Counter[str]):
-    """What a run's log says about the sends it found in flight (``state.delivery``)."""
+    """What a run's log says about the sends it found in flight (``botmesh.state.delivery``)."""
 
     def read(self, lines: list[str]) -> None:
         for line in lines:

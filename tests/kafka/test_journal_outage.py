@@ -26,12 +26,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from botmesh import Inbound
-from streams.provision import ensure_topics
-from streams.tools import end_offsets
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import end_offsets
+from botmesh.topics import Catalog, chat_key, encode_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, dead_letters, wait_line
-from topics import Catalog, chat_key, encode_inbound
 
 pytestmark = pytest.mark.kafka
 

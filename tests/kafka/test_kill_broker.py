@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from streams.provision import ensure_topics
-from streams.tools import produce_inbound
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.broker import KAFKA_SH
 from tests.kafka.recorder import Recorder, Tally, check_effects, traffic, wait_until
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 

@@ -6,7 +6,7 @@ producing to their changelog, and a thawed worker does not know yet that it was 
 its event loop resumes the turns it was in the middle of (a provider call answered while it
 was frozen, a write that was due) before its consumer hears from the group coordinator.
 The journal refuses every write while the worker's membership was last confirmed more than
-half the session timeout ago (``streams.table_kv``: "Fenced by the group").
+half the session timeout ago (``botmesh.streams.table_kv``: "Fenced by the group").
 
 A thawed worker either gives up the batch it held and exits (status 75: it cannot rejoin
 while that batch holds Faust's rebalance), and is started again as a supervisor would, or
@@ -17,7 +17,7 @@ memory and sent again replies the peer had sent meanwhile (5 of 12 runs before t
 
 Under ``exactly_once`` the peer's transactional producers also fence the thawed worker's
 transactions (``ProducerFencedOut``: it exits 75). Run under ``exactly_once`` this test
-found six faults (``streams.faust_defects``), among them a standby replica that skipped
+found six faults (``botmesh.streams.faust_defects``), among them a standby replica that skipped
 records and a restore that ended before it had read the records it fetched (the restarted
 worker loaded 136 records of a partition and sent again replies its peer had sent).
 
@@ -39,12 +39,12 @@ from pathlib import Path
 
 import pytest
 
-from streams.table_kv import changelog_topic
-from streams.worker import EXIT_ABANDONED
+from botmesh.streams.table_kv import changelog_topic
+from botmesh.streams.worker import EXIT_ABANDONED
+from botmesh.topics import Catalog
 from tests.kafka.recorder import Recorder, Tally, check_effects
 from tests.kafka.test_kills import GUARANTEES, Flow, alive, peers, produced_after, waiting
 from tests.kafka.worker import WAIT_S, read_all
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.tools import end_offsets, produce_inbound
+from botmesh.streams.tools import end_offsets, produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.bot import bot
 from tests.kafka.broker import committed_offsets, kafka_tool
 from tests.kafka.recorder import (
@@ -42,7 +43,6 @@ from tests.kafka.recorder import (
     wait_until,
 )
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, journal_source, read_journal
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 

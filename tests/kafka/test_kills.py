@@ -17,7 +17,7 @@ condition holds; the time limits are hang guards only.
 - ``test_random_sigkills_lose_nothing_and_send_nothing_twice``: one worker SIGKILLed
   ``KILLS`` times at random moments (mid-batch after a random number of replies, or during
   its start-up), a new round of inbounds at each start; then the journal is read back (the
-  changelog of the journal on Kafka, ``streams.table_kv.decode_entry``) and checked against
+  changelog of the journal on Kafka, ``botmesh.streams.table_kv.decode_entry``) and checked against
   the recorder: every inbound settled, every call a send the journal knows (``sent`` or
   ``unknown``), every ``sent`` one a call the recorder has.
 - ``test_survivor_of_a_killed_peer_resends_nothing``: two workers in one group (own data
@@ -33,7 +33,7 @@ condition holds; the time limits are hang guards only.
 
 The two-worker tests run under both processing guarantees (``GUARANTEES``): under
 ``exactly_once`` they found a restore that ended before it had read what it fetched and one
-that a rebalance overtook (``streams.faust_defects``; the new owner sent replies again).
+that a rebalance overtook (``botmesh.streams.faust_defects``; the new owner sent replies again).
 
 The recovery tests (offsets reset to the earliest, data dir deleted) are in
 ``test_kill_recovery.py``, the broker stopped and started in ``test_kill_broker.py``.
@@ -52,8 +52,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.provision import ensure_topics
-from streams.tools import produce_inbound
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.bot import bot
 from tests.kafka.recorder import (
     SESSION_TIMEOUT,
@@ -65,7 +66,6 @@ from tests.kafka.recorder import (
     wait_until,
 )
 from tests.kafka.worker import WAIT_S, Worker, journal_source, read_journal
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 

@@ -1,4 +1,4 @@
-"""A worker's place in its group, on a real broker (``streams.membership``): it joins only
+"""A worker's place in its group, on a real broker (``botmesh.streams.membership``): it joins only
 once the broker lists its topics, it never sits on an empty assignment that no member
 covers (a static member restarted with one gets partitions), and a fresh prefix answers
 its first message on every start.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from streams.operator import read_metrics
-from streams.provision import ensure_topics, existing_topics
-from streams.tools import demo_records, end_offsets, produce_inbound
+from botmesh.streams.operator import read_metrics
+from botmesh.streams.provision import ensure_topics, existing_topics
+from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line
-from topics import Catalog
 
 pytestmark = pytest.mark.kafka
 

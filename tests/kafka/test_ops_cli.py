@@ -21,20 +21,20 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from state.kv import Entry
-from state.metrics import Metric
-from streams.operator import (
+from botmesh.state.kv import Entry
+from botmesh.state.metrics import Metric
+from botmesh.streams.operator import (
     _is_ambiguous_send,
     decode_metrics,
     metrics_record,
     parse_time,
 )
-from streams.provision import ensure_topics
-from streams.table_kv import encode_entry
-from streams.tools import demo_records, end_offsets, produce_inbound
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.table_kv import encode_entry
+from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
+from botmesh.topics import Catalog
 from tests.kafka.broker import committed_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker
-from topics import Catalog
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """Sends from outside a handler through Kafka, end to end on a real broker: send requests on
-``<prefix>.requests`` (``streams.tools.request_send`` / ``produce_requests``, ``botmesh
+``<prefix>.requests`` (``botmesh.streams.tools.request_send`` / ``produce_requests``, ``botmesh
 send``) handled by a real ``botmesh worker`` (``tests/kafka/worker.py``) running the test bot,
 whose provider appends every send to a file.
 
@@ -29,12 +29,19 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 
 from botmesh import Inbound, Receipt
-from streams.provision import ensure_topics
-from streams.tools import end_offsets, produce_inbound, produce_requests, request_send
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import end_offsets, produce_inbound, produce_requests, request_send
+from botmesh.topics import (
+    Catalog,
+    SendRequest,
+    chat_key,
+    decode_receipt,
+    encode_inbound,
+    encode_request,
+)
 from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, dead_letters, read_all
-from topics import Catalog, SendRequest, chat_key, decode_receipt, encode_inbound, encode_request
 
 pytestmark = pytest.mark.kafka
 
@@ -209,7 +216,7 @@ async def test_two_workers_handle_a_chats_requests_where_its_messages_are(
     """Co-partitioning on the real broker: two workers share four partitions; every chat's
     replies and requests are sent by one of them, and both have chats. Each topic's records
     of a chat keep their order; the order across the two topics holds only for records
-    fetched in one batch (``topics/SCHEMAS.md``), which two workers sharing the fetches
+    fetched in one batch (``botmesh/topics/SCHEMAS.md``), which two workers sharing the fetches
     do not make sure of (CI once saw a chat's request settled just before the message
     produced before it), so it is the one-worker test's to check."""
     cat = Catalog(topic_prefix)

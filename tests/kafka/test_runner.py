@@ -1,4 +1,4 @@
-"""The worker's inbound path (``streams.runner``) without Kafka: plain records through the
+"""The worker's inbound path (``botmesh.streams.runner``) without Kafka: plain records through the
 REAL runtime (``bot.bind``) on a journal from the fault kit (``botmesh.testing.crashable``),
 which fails or dies for real inside the engine.
 
@@ -22,8 +22,7 @@ import botmesh
 from botmesh import Bot, Context, Inbound, Outcome, Receipt
 from botmesh.errors import BadRecord, JournalUnavailableError, Reason, RecipientUnreachableError
 from botmesh.journal import MemoryKv, OutboxState, Write
-from botmesh.testing import MockProvider, SimulatedCrash, crashable
-from streams.runner import (
+from botmesh.streams.runner import (
     CUT_MARGIN,
     BatchAbandoned,
     InboundRunner,
@@ -32,8 +31,9 @@ from streams.runner import (
     in_time_order,
     record_size,
 )
-from topics.dead_letters import redact
-from topics.records import SendRequest, decode_receipt, encode_inbound, encode_request
+from botmesh.testing import MockProvider, SimulatedCrash, crashable
+from botmesh.topics.dead_letters import redact
+from botmesh.topics.records import SendRequest, decode_receipt, encode_inbound, encode_request
 
 TOPIC = "t.inbound"
 
@@ -301,7 +301,7 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
 async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revoked() -> None:
     """A worker whose group membership is unconfirmed (it was frozen) neither spends the
     record's retry budget nor dead-letters it: it waits for the group."""
-    from streams.table_kv import MembershipUnconfirmed
+    from botmesh.streams.table_kv import MembershipUnconfirmed
 
     class Thawing:
         inbox_retries = (
@@ -349,7 +349,7 @@ async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revo
 async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -> None:
     """Under exactly_once a fenced transaction means another worker owns the partition: the
     record is neither retried nor dead-lettered, and nothing of the batch is acked."""
-    from streams.table_kv import ProducerFencedOut
+    from botmesh.streams.table_kv import ProducerFencedOut
 
     class Fenced:
         inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
@@ -429,7 +429,7 @@ def test_credentials_in_urls_never_reach_a_dead_letter() -> None:
 async def test_the_echo_bot_and_the_test_bot_run_in_process_unchanged(tmp_path: Path) -> None:
     """The modules ``botmesh worker --app`` runs are plain definitions: ``botmesh.run``
     runs them in this process, on a file journal, without an edit."""
-    from examples.echo_bot import bot as echo
+    from botmesh.examples.echo_bot import bot as echo
     from tests.kafka.bot import FileProvider
     from tests.kafka.bot import bot as test_bot
 
@@ -582,9 +582,9 @@ def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:
 
 
 def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() -> None:
-    from state.errors import ConfigError
-    from streams.worker import _check_copartitioned
-    from topics import Catalog
+    from botmesh.state.errors import ConfigError
+    from botmesh.streams.worker import _check_copartitioned
+    from botmesh.topics import Catalog
 
     cat = Catalog("p")
     _check_copartitioned(cat, {"p.inbound": 4, "p.requests": 4})
@@ -802,15 +802,15 @@ async def test_records_the_decoder_chokes_on_go_to_the_dlq_and_the_chat_goes_on(
     """JSON nested too deeply (the decoder's ``RecursionError`` left the worker before), and
     a decoder that raises something else than ``BadRecord``: each record goes to the DLQ at
     once and the next message of the chat is handled."""
-    import streams.runner
-    from topics.records import decode_inbound
+    import botmesh.streams.runner
+    from botmesh.topics.records import decode_inbound
 
     def choking(raw: bytes | str | None) -> Inbound:
         if raw == b"{choke}":
             raise MemoryError("the decoder choked")
         return decode_inbound(raw)
 
-    monkeypatch.setattr(streams.runner, "decode_inbound", choking)
+    monkeypatch.setattr(botmesh.streams.runner, "decode_inbound", choking)
     seen: list[str] = []
     produced = Produced()
     deep = b'{"v": 1, "chat_id": "A", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

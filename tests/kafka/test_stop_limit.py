@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from botmesh import Inbound
-from streams.provision import ensure_topics
-from streams.worker import EXIT_SOFTWARE
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.worker import EXIT_SOFTWARE
+from botmesh.topics import Catalog
 from tests.kafka.test_journal_outage import produce
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line
-from topics import Catalog
 
 pytestmark = [pytest.mark.kafka]
 

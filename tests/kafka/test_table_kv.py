@@ -1,4 +1,4 @@
-"""``streams.table_kv.TableKv`` on a real broker, without Faust: the DurableKv contract, the
+"""``botmesh.streams.table_kv.TableKv`` on a real broker, without Faust: the DurableKv contract, the
 partitions it owns, a revoked partition fencing its old holder, and a write the broker does
 not ack.
 
@@ -20,10 +20,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from botmesh import Bot, Context, Inbound, Outcome
+from botmesh.state.errors import JournalUnavailableError, VersionConflictError
+from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
+from botmesh.streams.table_kv import TableKv, in_partition
 from botmesh.testing import MockProvider
-from state.errors import JournalUnavailableError, VersionConflictError
-from state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
-from streams.table_kv import TableKv, in_partition
 from tests.backends import BackendCase, BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
 from tests.kafka.broker import create_topics

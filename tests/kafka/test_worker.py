@@ -14,12 +14,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from botmesh import Inbound
-from streams.provision import ensure_topics
-from streams.tools import demo_records, end_offsets, produce_inbound
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
+from botmesh.topics import Catalog, encode_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, dead_letters
-from topics import Catalog, encode_inbound
 
 pytestmark = pytest.mark.kafka
 

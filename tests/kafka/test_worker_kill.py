@@ -8,7 +8,7 @@ worker alone. It is killed with SIGKILL several times while messages keep arrivi
 15 is refused for good by the provider, so its send ends ``dead``), restarted each time,
 left to finish and stopped cleanly. Then, with the worker gone, the test reads its journal
 back (``tests.kafka.worker.read_journal``: the changelog topic decoded with
-``streams.table_kv.decode_entry``, or the file journal), ``<prefix>.sent`` and the
+``botmesh.streams.table_kv.decode_entry``, or the file journal), ``<prefix>.sent`` and the
 provider's file:
 
 - every settled send of the journal (``sent``, ``dead``, ``unknown``) has at least one
@@ -33,8 +33,9 @@ import msgspec
 import pytest
 
 from botmesh.journal import OutboxState
-from streams.provision import ensure_topics
-from streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
+from botmesh.topics import Catalog, decode_inbound, decode_receipt
 from tests.kafka.bot import bot
 from tests.kafka.worker import (
     PARTITIONS,
@@ -44,7 +45,6 @@ from tests.kafka.worker import (
     read_all,
     read_journal,
 )
-from topics import Catalog, decode_inbound, decode_receipt
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
@@ -149,7 +149,7 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
     ]
     assert missing == [], f"{len(missing)} settled sends without their receipt: {missing[:5]}"
     assert set(by_key) <= set(outbox)
-    # a clean stop records the last receipts published (streams.worker)
+    # a clean stop records the last receipts published (botmesh.streams.worker)
     unpublished = [k for k, v in outbox.items() if v.get("published") is False]
     assert unpublished == [], (
         f"{len(unpublished)} settled sends still unpublished in the journal after a clean "

@@ -11,7 +11,7 @@ the prefix (one group) and differ by ``instance`` and ``tmp``. Every wait below 
 soon as its condition holds; the time limits are hang guards only.
 
 ``read_journal`` reads a worker's journal back after the run: from the journal's changelog
-topic (``streams.table_kv``) when the worker ran on the default journal and that module
+topic (``botmesh.streams.table_kv``) when the worker ran on the default journal and that module
 exists, else from the file journal it ran on.
 """
 
@@ -31,14 +31,14 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from examples.demo import worker_command
-from state.backends import open_backend
-from state.kv import Entry
-from streams.config import default_journal
-from streams.tools import Seen, end_offsets, tail_receipts
+from botmesh.examples.demo import worker_command
+from botmesh.state.backends import open_backend
+from botmesh.state.kv import Entry
+from botmesh.streams.config import default_journal
+from botmesh.streams.tools import Seen, end_offsets, tail_receipts
+from botmesh.topics import Catalog
 from tests.kafka.recorder import RECORDER_ENV
 from tests.kill import Child
-from topics import Catalog
 
 __all__ = [
     "WAIT_S",
@@ -275,16 +275,17 @@ async def read_all(bootstrap: str, topic: str, *, committed: bool = False) -> li
         await consumer.stop()
 
 
-#: ``--journal`` values naming the journal on Kafka (``streams.config``).
+#: ``--journal`` values naming the journal on Kafka (``botmesh.streams.config``).
 _KAFKA_JOURNALS = {"kafka", "kafka:", "kafka://", "table"}
 
 
 def _table_kv() -> Any:
-    """``streams.table_kv`` (the journal in a Faust table), or None while it does not exist."""
+    """``botmesh.streams.table_kv`` (the journal in a Faust table), or None while it does not
+    exist."""
     try:
-        return importlib.import_module("streams.table_kv")
+        return importlib.import_module("botmesh.streams.table_kv")
     except ModuleNotFoundError as exc:
-        if exc.name != "streams.table_kv":
+        if exc.name != "botmesh.streams.table_kv":
             raise
         return None
 
@@ -297,7 +298,7 @@ def journal_source(worker: Worker) -> str:
 
 async def read_journal(worker: Worker) -> dict[str, dict[str, Any]]:
     """Key -> value of every entry of the journal ``worker`` ran on (read with the worker
-    stopped): the changelog topic of the default journal once ``streams.table_kv`` exists,
+    stopped): the changelog topic of the default journal once ``botmesh.streams.table_kv`` exists,
     else the file journal (``--journal``, or the default one in the data dir)."""
     table_kv = _table_kv()
     if journal_source(worker) == "changelog":

@@ -16,10 +16,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from providers.discord import DiscordProvider, DiscordWebhook, nonce_of
-from providers.http import MediaUrlRefused
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest
-from state.errors import (
+from botmesh.providers.discord import DiscordProvider, DiscordWebhook, nonce_of
+from botmesh.providers.http import MediaUrlRefused
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest
+from botmesh.state.errors import (
     ConfigError,
     PayloadTooLargeError,
     ProviderError,
@@ -28,8 +28,8 @@ from state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from state.messages import Media, Outbound
-from state.ports import AmbiguityResolver, KeyedSends, MediaDownloads, MediaRefs, Provider
+from botmesh.state.messages import Media, Outbound
+from botmesh.state.ports import AmbiguityResolver, KeyedSends, MediaDownloads, MediaRefs, Provider
 from tests.providers.fakes.discord import FakeDiscord
 from tests.providers.serve import serving
 

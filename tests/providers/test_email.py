@@ -1,4 +1,4 @@
-"""``providers.email`` against a local SMTP server (``tests/providers/fakes/smtp.py``,
+"""``botmesh.providers.email`` against a local SMTP server (``tests/providers/fakes/smtp.py``,
 aiosmtpd), and its webhook on real MIME built with ``email.message.EmailMessage``."""
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Literal
 
 import pytest
 
-from providers.email import EmailProvider, EmailWebhook, html_to_text, message_id_for
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
-from state.errors import (
+from botmesh.providers.email import EmailProvider, EmailWebhook, html_to_text, message_id_for
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
+from botmesh.state.errors import (
     ConfigError,
     PayloadTooLargeError,
     RecipientUnreachableError,
     SendError,
     UnsupportedContentError,
 )
-from state.messages import Media, Outbound
-from state.ports import AmbiguityResolver, KeyedSends, Provider
+from botmesh.state.messages import Media, Outbound
+from botmesh.state.ports import AmbiguityResolver, KeyedSends, Provider
 from tests.providers.fakes.smtp import FakeSmtp, self_signed
 
 PASSWORD = "s3cr3t-Pa55word!"

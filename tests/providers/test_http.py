@@ -1,4 +1,4 @@
-"""providers/http.py against local aiohttp servers: the status mapping, Retry-After, the
+"""botmesh/providers/http.py against local aiohttp servers: the status mapping, Retry-After, the
 media URL check, guarded media downloads (resolver, redirects, size), transport errors with
 the secret redacted, timeouts, and one TCP connection for many calls."""
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from providers.http import (
+from botmesh.providers.http import (
     HttpAnswer,
     HttpChannel,
     MediaUrlRefused,
@@ -25,7 +25,7 @@ from providers.http import (
     retry_after_of,
     status_error,
 )
-from state.errors import ProviderError, RateLimitedError, SendError
+from botmesh.state.errors import ProviderError, RateLimitedError, SendError
 from tests.providers.serve import serving
 
 TOKEN = "123456:AAE-sEcReT_tOkEn"
@@ -409,7 +409,7 @@ async def test_media_download_errors(http: HttpChannel, fake: Fake) -> None:
 
 
 async def test_the_resolver_refuses_private_answers() -> None:
-    from providers.http import _PublicOnlyResolver
+    from botmesh.providers.http import _PublicOnlyResolver
 
     resolver = _PublicOnlyResolver()
     try:

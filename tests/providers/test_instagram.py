@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from providers.instagram import InstagramProvider, InstagramWebhook
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
-from state.errors import (
+from botmesh.providers.instagram import InstagramProvider, InstagramWebhook
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
+from botmesh.state.errors import (
     ConfigError,
     OutsideSessionWindowError,
     PayloadTooLargeError,
@@ -20,7 +20,7 @@ from state.errors import (
     RecipientUnreachableError,
     SendError,
 )
-from state.messages import Media, Outbound
+from botmesh.state.messages import Media, Outbound
 from tests.providers.fakes.graph import VERSION, GraphFake
 from tests.providers.serve import serving
 

@@ -1,4 +1,4 @@
-"""Media references (providers/media_refs.py): what each of the 13 channels journals, that
+"""Media references (botmesh/providers/media_refs.py): what each of the 13 channels journals, that
 it reads back, that no credential, inline byte or thumbnail is ever journaled, and that a
 tampered journal gives back nothing but ``MediaRefInvalid`` or a URL the download check
 accepts."""
@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from providers.http import MediaUrlRefused, check_media_url
-from providers.media_refs import (
+from botmesh.providers.http import MediaUrlRefused, check_media_url
+from botmesh.providers.media_refs import (
     CHANNELS,
     MediaRefInvalid,
     TokenAsIs,
     media_rules,
 )
-from state.errors import ConfigError, ProviderError
-from state.messages import Media
+from botmesh.state.errors import ConfigError, ProviderError
+from botmesh.state.messages import Media
 
 KEY32 = base64.b64encode(bytes(range(32))).decode()
 HASH32 = base64.b64encode(bytes(range(32, 64))).decode()

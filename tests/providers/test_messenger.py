@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from providers.http import MediaUrlRefused
-from providers.messenger import MessengerProvider, MessengerWebhook
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
-from state.errors import (
+from botmesh.providers.http import MediaUrlRefused
+from botmesh.providers.messenger import MessengerProvider, MessengerWebhook
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
+from botmesh.state.errors import (
     ConfigError,
     OutsideSessionWindowError,
     PayloadTooLargeError,
@@ -22,7 +22,7 @@ from state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from state.messages import Media, Outbound
+from botmesh.state.messages import Media, Outbound
 from tests.providers.fakes.graph import VERSION, GraphFake
 from tests.providers.serve import serving
 

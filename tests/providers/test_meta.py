@@ -1,4 +1,4 @@
-"""What the three Meta channels share (``providers.meta``): the Graph error mapping on
+"""What the three Meta channels share (``botmesh.providers.meta``): the Graph error mapping on
 answers the fake cannot give (a proxy's HTML page), the handshake's edge cases, and the
 environment settings."""
 
@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from providers.http import HttpAnswer
-from providers.instagram import InstagramProvider, InstagramWebhook
-from providers.messenger import MessengerProvider, MessengerWebhook
-from providers.meta import GRAPH_URL, GraphError, env_api, graph_error
-from providers.webhooks import ChannelWebhook, WebhookRequest
-from providers.whatsapp import WhatsAppProvider, WhatsAppWebhook
-from state.errors import ConfigError, RateLimitedError, SendError
-from state.ports import MediaDownloads, MediaRefs, Provider
+from botmesh.providers.http import HttpAnswer
+from botmesh.providers.instagram import InstagramProvider, InstagramWebhook
+from botmesh.providers.messenger import MessengerProvider, MessengerWebhook
+from botmesh.providers.meta import GRAPH_URL, GraphError, env_api, graph_error
+from botmesh.providers.webhooks import ChannelWebhook, WebhookRequest
+from botmesh.providers.whatsapp import WhatsAppProvider, WhatsAppWebhook
+from botmesh.state.errors import ConfigError, RateLimitedError, SendError
+from botmesh.state.ports import MediaDownloads, MediaRefs, Provider
 
 
 def _answer(status: int, body: object, headers: dict[str, str] | None = None) -> HttpAnswer:

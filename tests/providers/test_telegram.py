@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from providers.http import MediaUrlRefused
-from providers.telegram import TelegramProvider, TelegramWebhook
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest
-from state.errors import (
+from botmesh.providers.http import MediaUrlRefused
+from botmesh.providers.telegram import TelegramProvider, TelegramWebhook
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest
+from botmesh.state.errors import (
     ConfigError,
     PayloadTooLargeError,
     ProviderError,
@@ -24,8 +24,8 @@ from state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from state.messages import Media, Outbound
-from state.ports import AmbiguityResolver, KeyedSends, MediaDownloads, MediaRefs, Provider
+from botmesh.state.messages import Media, Outbound
+from botmesh.state.ports import AmbiguityResolver, KeyedSends, MediaDownloads, MediaRefs, Provider
 from tests.providers.fakes.telegram import FakeTelegram
 from tests.providers.serve import serving
 

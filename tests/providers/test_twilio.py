@@ -1,4 +1,4 @@
-"""``providers.twilio`` against the local fake of Twilio's Messages API
+"""``botmesh.providers.twilio`` against the local fake of Twilio's Messages API
 (``tests/providers/fakes/twilio.py``), over real HTTP."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from providers.twilio import TwilioProvider, TwilioWebhook, twilio_signature
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest
-from state.errors import (
+from botmesh.providers.twilio import TwilioProvider, TwilioWebhook, twilio_signature
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest
+from botmesh.state.errors import (
     ConfigError,
     OutsideSessionWindowError,
     PayloadTooLargeError,
@@ -25,8 +25,8 @@ from state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from state.messages import Media, Outbound
-from state.ports import AmbiguityResolver, Provider
+from botmesh.state.messages import Media, Outbound
+from botmesh.state.ports import AmbiguityResolver, Provider
 from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.serve import serving
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from providers.http import MediaUrlRefused
-from providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
-from providers.whatsapp import WhatsAppProvider, WhatsAppWebhook
-from state.errors import (
+from botmesh.providers.http import MediaUrlRefused
+from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, hmac_hex
+from botmesh.providers.whatsapp import WhatsAppProvider, WhatsAppWebhook
+from botmesh.state.errors import (
     ConfigError,
     OutsideSessionWindowError,
     PayloadTooLargeError,
@@ -25,7 +25,7 @@ from state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from state.messages import Media, Outbound
+from botmesh.state.messages import Media, Outbound
 from tests.providers.fakes.graph import VERSION, GraphFake
 from tests.providers.serve import serving
 

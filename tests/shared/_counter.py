@@ -14,8 +14,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from state.errors import VersionConflictError
-from state.kv import Put
+from botmesh.state.errors import VersionConflictError
+from botmesh.state.kv import Put
 from tests.backends import BACKENDS
 
 

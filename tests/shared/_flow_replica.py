@@ -9,7 +9,7 @@ dead replica's records are taken over soon. The channel (``Channel``, the one th
 appends every send it accepts to ``DIR/sent.log`` as one JSON line ``{"replica", "key",
 "chat", "text"}`` (fsynced before the call returns: the channel's own record, shared by
 the replicas), waiting ``DELAY`` s before and after, so that a SIGKILL lands inside sends;
-it answers whether an ambiguous key is in that log (``state.ports.AmbiguityResolver``), so
+it answers whether an ambiguous key is in that log (``botmesh.state.ports.AmbiguityResolver``), so
 ``on_ambiguous="skip"`` never has to guess. It prints ``SENDING <key>`` as a call starts
 (the test's moment to kill), and the delivery's log lines (``botmesh.delivery`` at INFO:
 one per answer about an ambiguous send).
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from botmesh import Bot, ErrorEvent, Inbound
-from state.messages import Outbound, SendResult
+from botmesh.state.messages import Outbound, SendResult
 from tests.backends import BACKENDS
 from tests.kafka import flow_bot
 from tests.shared._replica import settle

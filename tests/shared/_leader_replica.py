@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from botmesh import Bot
-from state.messages import Outbound, OutboxState, SendResult
+from botmesh.state.messages import Outbound, OutboxState, SendResult
 from tests.backends import BACKENDS
 
 LEASE = 1.0

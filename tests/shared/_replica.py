@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from botmesh import Bot, Context, ErrorEvent, Inbound
-from state.messages import Outbound, OutboxState, SendResult
-from state.records import InboxState
+from botmesh.state.messages import Outbound, OutboxState, SendResult
+from botmesh.state.records import InboxState
 from tests.backends import BACKENDS
 
 LEASE = "1s"

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from botmesh import Bot, Context, Inbound
-from state.messages import Outbound, SendResult
-from state.records import InboxState
+from botmesh.state.messages import Outbound, SendResult
+from botmesh.state.records import InboxState
 from tests.backends import BACKENDS
 
 

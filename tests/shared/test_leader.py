@@ -16,8 +16,8 @@ import pytest
 from botmesh import Bot, Context, Inbound
 from botmesh.errors import ConfigError, ProviderNotLeaderError
 from botmesh.journal import DurableKv, MemoryKv
+from botmesh.state.config import DurabilityConfig
 from botmesh.testing import ManualClock, MockProvider
-from state.config import DurabilityConfig
 from tests.backends import BACKENDS
 from tests.kit import App, make_app, texts
 

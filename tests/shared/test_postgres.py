@@ -11,10 +11,10 @@ from collections.abc import Callable
 import asyncpg
 import pytest
 
-from state.backends import check_url, open_backend
-from state.backends.postgres import PostgresKv, open_postgres_kv
-from state.errors import ConfigError, JournalUnavailableError
-from state.kv import Put
+from botmesh.state.backends import check_url, open_backend
+from botmesh.state.backends.postgres import PostgresKv, open_postgres_kv
+from botmesh.state.errors import ConfigError, JournalUnavailableError
+from botmesh.state.kv import Put
 from tests import servers
 
 pytestmark = pytest.mark.postgres

@@ -10,10 +10,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from state.backends import check_url, open_backend
-from state.backends.redis import RedisKv, open_redis_kv
-from state.errors import ConfigError, JournalUnavailableError
-from state.kv import Put
+from botmesh.state.backends import check_url, open_backend
+from botmesh.state.backends.redis import RedisKv, open_redis_kv
+from botmesh.state.errors import ConfigError, JournalUnavailableError
+from botmesh.state.kv import Put
 from tests import servers
 
 pytestmark = pytest.mark.redis

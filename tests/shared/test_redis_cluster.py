@@ -11,10 +11,10 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from state.backends import open_backend
-from state.backends.redis import RedisKv
-from state.errors import JournalUnavailableError
-from state.kv import DurableKv, Put
+from botmesh.state.backends import open_backend
+from botmesh.state.backends.redis import RedisKv
+from botmesh.state.errors import JournalUnavailableError
+from botmesh.state.kv import DurableKv, Put
 from tests import servers
 from tests.backends import BACKENDS, BackendCase, namespace
 from tests.crash.harness import check, run_case
@@ -66,7 +66,7 @@ async def test_a_commit_across_scopes_is_refused_naming_the_rule(url: str) -> No
 
 
 async def _cluster(path: Path) -> DurableKv:
-    from state.backends.redis import open_redis_kv
+    from botmesh.state.backends.redis import open_redis_kv
 
     return await open_redis_kv(
         servers.redis_cluster_url().split("?")[0],

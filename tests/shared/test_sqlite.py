@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from state.backends import check_url, open_backend
-from state.backends.sqlite import SQLiteKv, open_sqlite_kv
-from state.errors import ConfigError, JournalUnavailableError
-from state.kv import Put
+from botmesh.state.backends import check_url, open_backend
+from botmesh.state.backends.sqlite import SQLiteKv, open_sqlite_kv
+from botmesh.state.errors import ConfigError, JournalUnavailableError
+from botmesh.state.kv import Put
 
 
 async def test_the_durable_table_and_its_indexes_in_wal_mode(tmp_path: Path) -> None:

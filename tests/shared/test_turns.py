@@ -1,4 +1,4 @@
-"""Chat turns across replicas (``state.turns``): two replicas receiving messages of one
+"""Chat turns across replicas (``botmesh.state.turns``): two replicas receiving messages of one
 chat never run its handlers at the same time; a turn held elsewhere is waited for, then
 left to the sweeper (never lost, never charged); a dead holder's turn is taken after its
 lease and the stale holder cannot finish.
@@ -22,8 +22,8 @@ import pytest
 
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.journal import MemoryKv, Write
+from botmesh.state.kv import Put
 from botmesh.testing import ManualClock, SimulatedCrash, crashable
-from state.kv import Put
 from tests.backends import BACKENDS, BackendHandle
 from tests.kill import Child, python
 from tests.kit import App, make_app, policy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topics import RETRY_TIERS, Catalog, prefix_from_env
+from botmesh.topics import RETRY_TIERS, Catalog, prefix_from_env
 
 
 def test_names_derive_from_the_prefix() -> None:

@@ -1,4 +1,5 @@
-"""Records on the wire: round trips of ``state.messages`` structs, and one ``Reason`` per way
+"""Records on the wire: round trips of ``botmesh.state.messages`` structs, and one ``Reason`` per
+way
 a record can be bad, with a detail that names the field and the fix."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import topics.records
-from state.errors import BadRecord, Reason
-from state.messages import Inbound, Media, OutboxState, Receipt
-from topics import (
+import botmesh.topics.records
+from botmesh.state.errors import BadRecord, Reason
+from botmesh.state.messages import Inbound, Media, OutboxState, Receipt
+from botmesh.topics import (
     SCHEMA_VERSION,
     chat_key,
     decode_inbound,
@@ -19,7 +20,7 @@ from topics import (
     encode_inbound,
     encode_receipt,
 )
-from topics.records import decode_request
+from botmesh.topics.records import decode_request
 
 #: The reasons a value can be refused for when it is decoded (the others are the engine's).
 DECODE_REASONS = {
@@ -193,13 +194,13 @@ def test_free_text_is_never_quoted_in_a_detail() -> None:
 def test_valid_records_take_one_decode(monkeypatch: pytest.MonkeyPatch) -> None:
     """The slow path (``_diagnose``) runs only for refused records and integer chat ids."""
     calls: list[bytes | str] = []
-    real = topics.records._diagnose
+    real = botmesh.topics.records._diagnose
 
     def spy(raw: bytes | str, what: str, struct: type[Any], why: str) -> Any:
         calls.append(raw)
         return real(raw, what, struct, why)
 
-    monkeypatch.setattr(topics.records, "_diagnose", spy)
+    monkeypatch.setattr(botmesh.topics.records, "_diagnose", spy)
     decode_inbound(b'{"v":1,"id":"m","chat_id":"c","text":"t","media":{"data":"AAE="}}')
     decode_receipt(_receipt_bytes())
     assert calls == []

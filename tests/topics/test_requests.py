@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from state.errors import BadRecord, Reason
-from state.messages import Media
-from topics import SendRequest, decode_request, encode_request, schema
-from topics.records import REQUEST_KEY_PREFIX
+from botmesh.state.errors import BadRecord, Reason
+from botmesh.state.messages import Media
+from botmesh.topics import SendRequest, decode_request, encode_request, schema
+from botmesh.topics.records import REQUEST_KEY_PREFIX
 
 #: (raw value, reason, words the detail must hold). ``tests/topics/test_schemas.py`` runs the
 #: same cases through the JSON Schema file.

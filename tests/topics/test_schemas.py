@@ -1,5 +1,6 @@
-"""The JSON Schema files are generated from ``state.messages`` and kept in step; the examples
-and tables of ``topics/SCHEMAS.md`` match them; the files and the decoder agree.
+"""The JSON Schema files are generated from ``botmesh.state.messages`` and kept in step; the
+examples
+and tables of ``botmesh/topics/SCHEMAS.md`` match them; the files and the decoder agree.
 
 No jsonschema package is installed, so ``_validate`` below checks the subset of JSON Schema
 2020-12 the generated files use, and refuses any keyword it does not know (a new keyword in
@@ -16,12 +17,10 @@ from typing import Any
 import msgspec
 import pytest
 
-import topics.schemas
-from state.errors import Reason
-from state.messages import Inbound, Media, OutboxState, Receipt
-from tests.topics.test_records import BAD_INBOUND
-from tests.topics.test_requests import BAD_REQUESTS
-from topics import (
+import botmesh.topics.schemas
+from botmesh.state.errors import Reason
+from botmesh.state.messages import Inbound, Media, OutboxState, Receipt
+from botmesh.topics import (
     SendRequest,
     decode_inbound,
     decode_receipt,
@@ -31,10 +30,12 @@ from topics import (
     encode_request,
     schema,
 )
-from topics.schemas import NAMES, Name, build, path, render, stale, write
-from topics.schemas.__main__ import main as check
+from botmesh.topics.schemas import NAMES, Name, build, path, render, stale, write
+from botmesh.topics.schemas.__main__ import main as check
+from tests.topics.test_records import BAD_INBOUND
+from tests.topics.test_requests import BAD_REQUESTS
 
-DOC = Path(topics.schemas.__file__).parent.parent / "SCHEMAS.md"
+DOC = Path(botmesh.topics.schemas.__file__).parent.parent / "SCHEMAS.md"
 STRUCTS: dict[Name, type[msgspec.Struct]] = {
     "inbound": Inbound,
     "receipt": Receipt,
@@ -73,7 +74,7 @@ def test_required_fields_are_the_structs_required_fields() -> None:
 
 
 def test_write_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(topics.schemas, "path", lambda name: tmp_path / f"{name}.v1.json")
+    monkeypatch.setattr(botmesh.topics.schemas, "path", lambda name: tmp_path / f"{name}.v1.json")
     assert set(stale()) == {tmp_path / f"{name}.v1.json" for name in NAMES}
     assert check(["--check"]) == 1
     assert len(write()) == 3
@@ -84,9 +85,9 @@ def test_write_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_every_field_needs_a_description(monkeypatch: pytest.MonkeyPatch) -> None:
-    fields = {k: dict(v) for k, v in topics.schemas._FIELDS.items()}
+    fields = {k: dict(v) for k, v in botmesh.topics.schemas._FIELDS.items()}
     del fields["Media"]["mime"]
-    monkeypatch.setattr(topics.schemas, "_FIELDS", fields)
+    monkeypatch.setattr(botmesh.topics.schemas, "_FIELDS", fields)
     with pytest.raises(ValueError, match=r"describe each field in _FIELDS\['Media'\]"):
         build("inbound")
 

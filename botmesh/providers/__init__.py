@@ -1,0 +1,7 @@
+"""Channel adapters. They implement ``botmesh.state.ports.Provider`` and never import Kafka or
+Faust."""
+
+from botmesh.providers.console import ConsoleProvider
+from botmesh.providers.mock import MockProvider, SentCall
+
+__all__ = ["ConsoleProvider", "MockProvider", "SentCall"]

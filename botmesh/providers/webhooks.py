@@ -1,0 +1,104 @@
+"""What the webhook gateway asks of a channel: answer its verification handshake, check a
+request's signature, turn the body into our inbound records.
+
+Each channel module has a ``Webhook`` class implementing ``ChannelWebhook``; the gateway
+(``botmesh gateway``) holds the HTTP server and Kafka, and knows nothing channel-specific.
+Nothing here touches the network or Kafka: every method is a pure function of the request,
+so each channel's parsing and verification is unit-tested on recorded bodies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from botmesh.state.errors import ProviderError
+from botmesh.state.messages import Inbound
+
+__all__ = [
+    "BadSignature",
+    "ChannelWebhook",
+    "MalformedWebhook",
+    "WebhookReply",
+    "WebhookRequest",
+    "hmac_hex",
+    "same",
+]
+
+
+class BadSignature(ProviderError):
+    """The request's signature is missing or wrong: answered 401, counted, never produced."""
+
+
+class MalformedWebhook(ProviderError):
+    """The body is not the channel's webhook: answered 400, never produced."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRequest:
+    """A webhook as it arrived. ``headers`` keys are lower-case. ``url`` is the public URL
+    the channel called (the gateway's ``--public-url`` + path), which some signatures
+    cover (Twilio)."""
+
+    method: str
+    path: str
+    url: str
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    body: bytes
+    #: The body's form fields, for ``application/x-www-form-urlencoded`` (Twilio).
+    form: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookReply:
+    """What the gateway answers."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain"
+
+
+@runtime_checkable
+class ChannelWebhook(Protocol):
+    """One channel's webhook rules."""
+
+    #: The channel name (``telegram``, ``whatsapp``…); the gateway's path is ``/<channel>``.
+    channel: str
+
+    def handshake(self, request: WebhookRequest) -> WebhookReply | None:
+        """The answer to a verification request (Meta's ``hub.challenge`` GET, Slack's
+        ``url_verification``, Discord's PING), or ``None`` when this is not one.
+        Called after ``verify`` for signed handshakes, before it for unsigned GETs."""
+        ...
+
+    def verify(self, request: WebhookRequest) -> None:
+        """Raise ``BadSignature`` unless the request is signed by the channel."""
+        ...
+
+    def parse(self, request: WebhookRequest) -> list[Inbound]:
+        """The inbound records in the body (often one; none for a status callback).
+        Each has ``id`` (the channel's event id: a retried webhook has the same one),
+        ``chat_id``, ``channel`` and media references. Raise ``MalformedWebhook`` when the
+        body is not the channel's."""
+        ...
+
+    def reply(self, request: WebhookRequest, produced: list[Inbound]) -> WebhookReply:
+        """The answer once every record was acked by the broker (usually a bare 200)."""
+        ...
+
+
+def hmac_hex(secret: str | bytes, body: bytes, digest: Any = hashlib.sha256) -> str:
+    """The hex HMAC of ``body`` under ``secret``."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return hmac.new(key, body, digest).hexdigest()
+
+
+def same(a: str | bytes, b: str | bytes) -> bool:
+    """Constant-time comparison."""
+    x = a.encode() if isinstance(a, str) else a
+    y = b.encode() if isinstance(b, str) else b
+    return hmac.compare_digest(x, y)

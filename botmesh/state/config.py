@@ -1,0 +1,317 @@
+"""``DurabilityConfig``: the bot's durability policy, one frozen object per concern.
+
+The policy is part of the bot's definition (``Bot("id", durability={...})``): retries,
+backoff, ambiguity, divergence, leases, retention. Where the journal lives and which
+instance holds the leases are the runtime's choice (``botmesh.run(..., journal=...,
+instance_id=...)``, ``botmesh worker --journal ... --instance-id ...``), not options here.
+
+Build it from a plain mapping (``DurabilityConfig.from_mapping({...})``, which is what
+``Bot(durability={...})`` does) or directly. Durations are parsed once, here; every error
+names the field (``outbox.lease``) and says what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from botmesh.state.backoff import Backoff, Retries
+from botmesh.state.durations import parse_duration
+from botmesh.state.errors import ConfigError, Reason
+
+__all__ = ["BackoffConfig", "DurabilityConfig", "InboxConfig", "LeaderConfig", "OutboxConfig"]
+
+OnAmbiguous = Literal["skip", "resend"]
+OnDiverged = Literal["send", "skip"]
+ProviderSession = Literal["any", "leader"]
+
+#: The shortest outbox lease the engine accepts (seconds).
+MIN_OUTBOX_LEASE = 0.020
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffConfig:
+    """Exponential backoff between attempts."""
+
+    #: Delay after the first failure, seconds (default 1 s; option ``base``).
+    base: float = 1.0
+    #: Longest delay, seconds (default 60 s; option ``cap``).
+    cap: float = 60.0
+    #: Random spread, a fraction of the delay in [0, 1] (default 0.2).
+    jitter: float = 0.2
+
+    def backoff(self) -> Backoff:
+        return Backoff(self.base, self.cap, self.jitter)
+
+    def retries(
+        self, max_attempts: int, exhausted: Reason, refused: Reason = Reason.SEND_REFUSED
+    ) -> Retries:
+        return Retries(max_attempts, self.backoff(), exhausted, refused)
+
+    @classmethod
+    def from_value(cls, value: object, field: str) -> BackoffConfig:
+        if isinstance(value, BackoffConfig):
+            return value
+        raw = _mapping(value, field)
+        _known(raw, field, ("base", "cap", "jitter"))
+        base = parse_duration(raw.get("base", 1000), f"{field}.base")
+        cap = parse_duration(raw.get("cap", 60_000), f"{field}.cap")
+        jitter = raw.get("jitter", 0.2)
+        if isinstance(jitter, bool) or not isinstance(jitter, int | float):
+            raise ConfigError(f"{field}.jitter", f"expected a number in [0, 1], got {jitter!r}")
+        if base <= 0:
+            raise ConfigError(f"{field}.base", "must be above 0 (for example '1s')")
+        if cap < base:
+            raise ConfigError(f"{field}.cap", f"must be at least base ({base}s), got {cap}s")
+        if not 0.0 <= float(jitter) <= 1.0:
+            raise ConfigError(f"{field}.jitter", f"must be in [0, 1], got {jitter!r}")
+        return cls(base, cap, float(jitter))
+
+
+@dataclass(frozen=True, slots=True)
+class InboxConfig:
+    """The inbound journal."""
+
+    #: Processing lease, seconds (default 60 s), extended by a heartbeat while handlers run.
+    lease: float = 60.0
+    #: Runs charged before an inbound that keeps failing is dead-lettered (default 5).
+    max_attempts: int = 5
+    #: Backoff between failed attempts before the handlers (default 1 s … 60 s, jitter 0.2).
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    #: Journal a serializable media reference (default True). Media is journaled as a
+    #: reference (url, path, or base64 bytes); provider rehydration is not implemented.
+    media_refs: bool = True
+    #: Serialize each chat's turns across replicas (see ``botmesh.state.turns``): ``None`` (the
+    #: default) turns them on when the journal is shared (sqlite, postgres, redis) and not
+    #: partitioned (the Kafka worker's partitions serialize a chat already); ``False``
+    #: turns them off (sticky routing, for speed); ``True`` on any unpartitioned journal.
+    chat_turns: bool | None = None
+    #: How long an inbound waits for its chat's turn held by another replica before it is
+    #: left journaled for the sweeper, seconds (default 10 s).
+    turn_wait: float = 10.0
+
+    def retry_policy(self) -> Retries:
+        """The decision for failures before the handlers (a journal outage, say)."""
+        return self.backoff.retries(
+            self.max_attempts, Reason.ATTEMPTS_EXHAUSTED, refused=Reason.HANDLE_FAILED
+        )
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> InboxConfig:
+        _known(
+            raw,
+            "inbox",
+            ("lease", "max_attempts", "backoff", "media_refs", "chat_turns", "turn_wait"),
+        )
+        turns = raw.get("chat_turns")
+        return cls(
+            lease=parse_duration(raw.get("lease", "60s"), "inbox.lease"),
+            max_attempts=_int(raw.get("max_attempts", 5), "inbox.max_attempts"),
+            backoff=BackoffConfig.from_value(raw.get("backoff", {}), "inbox.backoff"),
+            media_refs=_bool(raw.get("media_refs", True), "inbox.media_refs"),
+            chat_turns=None if turns is None else _bool(turns, "inbox.chat_turns"),
+            turn_wait=parse_duration(raw.get("turn_wait", "10s"), "inbox.turn_wait"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxConfig:
+    """The outbound journal."""
+
+    #: Retries after the first attempt before a send is dead-lettered (default 5: 6 calls).
+    retries: int = 5
+    #: Backoff between send attempts; a ``RateLimitedError`` waits at least ``retry_after``.
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    #: How long ``ctx.reply`` / ``ctx.send`` retry inline before ``SendDeferredError``
+    #: (seconds, default 15 s).
+    inline_max: float = 15.0
+    #: A send found in flight after a crash: ``"skip"`` marks it ``unknown`` (never a
+    #: duplicate), ``"resend"`` sends it again (never lost). Default ``"skip"``.
+    on_ambiguous: OnAmbiguous = "skip"
+    #: A replay producing other content under the same derived key: ``"send"`` it under a
+    #: new key (default) or ``"skip"`` it (answer from the recorded send).
+    on_diverged: OnDiverged = "send"
+    #: Payloads larger than this (JSON bytes, default 1 MiB) bypass the outbox, with a warning.
+    max_payload_bytes: int = 1024 * 1024
+    #: Lease of a send in flight, seconds (default 60 s, at least 20 ms).
+    lease: float = 60.0
+    #: Keep a chat's sends in order across a deferral (default True): while a send of a
+    #: chat waits for a retry, later sends to that chat are journaled behind it and go out
+    #: after it settled (an inline send then returns a receipt in state ``pending``).
+    #: ``False`` lets later sends overtake a deferred one.
+    keep_chat_order: bool = True
+
+    def retry_policy(self) -> Retries:
+        """The one retry decision of a send, inline and in the background."""
+        return self.backoff.retries(self.retries + 1, Reason.RETRIES_EXHAUSTED)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], inbox_backoff: BackoffConfig) -> OutboxConfig:
+        """The ``outbox`` options; ``backoff`` defaults to the inbox's."""
+        _known(raw, "outbox", tuple(f.name for f in dataclasses.fields(cls)))
+        return cls(
+            retries=_int(raw.get("retries", 5), "outbox.retries"),
+            backoff=(
+                BackoffConfig.from_value(raw["backoff"], "outbox.backoff")
+                if "backoff" in raw
+                else inbox_backoff
+            ),
+            inline_max=parse_duration(raw.get("inline_max", "15s"), "outbox.inline_max"),
+            on_ambiguous=raw.get("on_ambiguous", "skip"),
+            on_diverged=raw.get("on_diverged", "send"),
+            max_payload_bytes=_int(
+                raw.get("max_payload_bytes", 1024 * 1024), "outbox.max_payload_bytes"
+            ),
+            lease=parse_duration(raw.get("lease", "60s"), "outbox.lease"),
+            keep_chat_order=_bool(raw.get("keep_chat_order", True), "outbox.keep_chat_order"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderConfig:
+    """The leadership lease of ``provider_session="leader"`` (see ``botmesh.state.leader``)."""
+
+    #: Lease of the provider session, seconds (default 10 s). The leader renews it every
+    #: third of it and stops calling the provider a quarter of it before it ends; a
+    #: standby takes the session once it ended (a dead leader: one lease at most).
+    lease: float = 10.0
+
+    @classmethod
+    def from_value(cls, value: object) -> LeaderConfig:
+        if isinstance(value, LeaderConfig):
+            return value
+        raw = _mapping(value, "leader")
+        _known(raw, "leader", ("lease",))
+        return cls(lease=parse_duration(raw.get("lease", "10s"), "leader.lease"))
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityConfig:
+    """The durability policy of a bot: ``Bot("id", durability=DurabilityConfig(...) | {...})``."""
+
+    #: Dispatch an inbound even when the journal cannot record it (default False: fail
+    #: closed; the runtime sees ``JournalUnavailableError`` and the message is not acked).
+    fail_open: bool = False
+    inbox: InboxConfig = field(default_factory=InboxConfig)
+    outbox: OutboxConfig = field(default_factory=OutboxConfig)
+    #: Period of the background sweeper, seconds (default 1 s). ``0`` runs no background
+    #: sweeper: call ``app.durability.sweep_once()`` yourself (tests, external schedulers).
+    poll: float = 1.0
+    #: How long ``done`` / ``sent`` records are kept, seconds (default 7 days); 0 keeps them.
+    retention: float = 7 * 86400.0
+    #: Which replicas may call the provider: ``"any"`` (default) or ``"leader"``, for a
+    #: transport that allows one live session (a WhatsApp Web socket): the replica holding
+    #: the leadership lease in the shared journal delivers every send; a standby journals
+    #: its sends and leaves them to the leader (``ProviderNotLeaderError``, never charged).
+    provider_session: ProviderSession = "any"
+    #: The leadership lease (``provider_session="leader"`` only).
+    leader: LeaderConfig = field(default_factory=LeaderConfig)
+
+    def __post_init__(self) -> None:
+        if self.outbox.lease < MIN_OUTBOX_LEASE:
+            raise ConfigError(
+                "outbox.lease", f"must be at least 20ms, got {self.outbox.lease * 1000:g}ms"
+            )
+        if self.inbox.lease <= 0:
+            raise ConfigError("inbox.lease", "must be above 0 (for example '60s')")
+        if self.inbox.max_attempts < 1:
+            raise ConfigError("inbox.max_attempts", "must be at least 1")
+        if self.outbox.retries < 0:
+            raise ConfigError("outbox.retries", "must be 0 or more")
+        if self.outbox.on_ambiguous not in ("skip", "resend"):
+            raise ConfigError(
+                "outbox.on_ambiguous",
+                f"must be 'skip' or 'resend', got {self.outbox.on_ambiguous!r}",
+            )
+        if self.outbox.on_diverged not in ("send", "skip"):
+            raise ConfigError(
+                "outbox.on_diverged", f"must be 'send' or 'skip', got {self.outbox.on_diverged!r}"
+            )
+        if self.outbox.max_payload_bytes < 1:
+            raise ConfigError("outbox.max_payload_bytes", "must be at least 1")
+        if self.inbox.turn_wait < 0:
+            raise ConfigError("inbox.turn_wait", "must be 0 or more (for example '10s')")
+        if self.provider_session not in ("any", "leader"):
+            raise ConfigError(
+                "provider_session",
+                f"must be 'any' or 'leader', got {self.provider_session!r}",
+            )
+        if self.leader.lease < MIN_OUTBOX_LEASE * 5:
+            raise ConfigError(
+                "leader.lease", f"must be at least 100ms, got {self.leader.lease * 1000:g}ms"
+            )
+
+    def replace(self, **changes: Any) -> DurabilityConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> DurabilityConfig:
+        """Read the options of ``Bot(durability={...})``; names as in this class."""
+        raw = _mapping(raw, "durability")
+        for moved, arg, flag in (
+            ("backend", "journal", "--journal"),
+            ("instance_id", "instance_id", "--instance-id"),
+        ):
+            if moved in raw:
+                raise ConfigError(
+                    moved,
+                    "the runtime chooses this, not the bot: pass "
+                    f"botmesh.run(bot, provider, {arg}=...) or `botmesh worker {flag} ...`",
+                )
+        _known(
+            raw,
+            "",
+            ("fail_open", "inbox", "outbox", "poll", "retention", "provider_session", "leader"),
+        )
+        inbox = InboxConfig.from_mapping(_mapping(raw.get("inbox", {}), "inbox"))
+        outbox = OutboxConfig.from_mapping(_mapping(raw.get("outbox", {}), "outbox"), inbox.backoff)
+        return cls(
+            fail_open=_bool(raw.get("fail_open", False), "fail_open"),
+            inbox=inbox,
+            outbox=outbox,
+            poll=parse_duration(raw.get("poll", "1s"), "poll"),
+            retention=parse_duration(raw.get("retention", "7d"), "retention"),
+            provider_session=raw.get("provider_session", "any"),
+            leader=LeaderConfig.from_value(raw.get("leader", {})),
+        )
+
+    @classmethod
+    def of(cls, value: object) -> DurabilityConfig:
+        """``None`` (the defaults), a mapping of options, or a ``DurabilityConfig``."""
+        if value is None:
+            return cls()
+        if isinstance(value, DurabilityConfig):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_mapping(value)
+        raise ConfigError(
+            "durability",
+            f"expected a mapping of options or a DurabilityConfig, got {type(value).__name__}",
+        )
+
+
+def _mapping(value: object, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"expected a mapping of options, got {type(value).__name__}")
+    return value
+
+
+def _known(raw: Mapping[str, Any], field: str, names: tuple[str, ...]) -> None:
+    for name in raw:
+        if name not in names:
+            where = f"{field}.{name}" if field else str(name)
+            raise ConfigError(where, f"unknown option; known here: {', '.join(names)}")
+
+
+def _int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"expected a whole number, got {value!r}")
+    return value
+
+
+def _bool(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, f"expected true or false, got {value!r}")
+    return value

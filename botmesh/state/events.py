@@ -1,0 +1,89 @@
+"""The events a running bot emits, one typed class each.
+
+Listen with ``bot.on(DeadEvent, listener)`` (or ``@bot.on(DeadEvent)``); the listener gets
+an instance of that class. ``name`` keeps the reference's event name for logs and operators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from botmesh.state.errors import Reason
+from botmesh.state.messages import Receipt
+
+__all__ = [
+    "AmbiguousEvent",
+    "DeadEvent",
+    "ErrorEvent",
+    "Event",
+    "FlowEndedEvent",
+    "FlowStatus",
+    "SentEvent",
+]
+
+#: How a flow ended: it returned (``done``), the chat cancelled it (``cancelled``, also when
+#: another flow replaced it), an ask timed out (``timed_out``), it raised (``failed``), or
+#: an operator or ``on_incompatible="drop"`` dropped its checkpoint (``dropped``).
+FlowStatus = Literal["done", "cancelled", "timed_out", "failed", "dropped"]
+
+
+@dataclass(frozen=True, slots=True)
+class SentEvent:
+    """A send went out (each part); ``background`` when the sweeper delivered it."""
+
+    name: ClassVar[str] = "sent"
+    receipt: Receipt
+    background: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeadEvent:
+    """A record was dead-lettered: ``kind`` inbox or outbox, ``id`` the inbound id or the
+    idempotency key, ``reason`` why, ``error`` the last error's message."""
+
+    name: ClassVar[str] = "durability:dead"
+    kind: Literal["inbox", "outbox"]
+    id: str
+    reason: Reason
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class AmbiguousEvent:
+    """A send was found in flight after a crash; ``resent`` says which policy applied."""
+
+    name: ClassVar[str] = "durability:ambiguous"
+    key: str
+    chat_id: str
+    resent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    """Something failed that the bot reports rather than raises: a handler, a listener, a
+    journal write the engine retries later. ``inbound_id`` names the message when there is
+    one; ``where`` says what was running (``handler``, ``inbox.mark_done``, ``sweeper``…)."""
+
+    name: ClassVar[str] = "error"
+    error: BaseException
+    where: str
+    inbound_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEndedEvent:
+    """A conversation flow ended in ``chat_id``: ``flow`` its name, ``status`` how,
+    ``result`` what it returned (``done``, or a flow that caught its cancel or timeout and
+    returned), ``error`` what ended it otherwise. Delivered at least once: a turn replayed
+    after a crash before its checkpoint landed ends the flow again."""
+
+    name: ClassVar[str] = "flow:ended"
+    flow: str
+    chat_id: str
+    status: FlowStatus
+    result: Any = None
+    error: BaseException | None = None
+
+
+Event = SentEvent | DeadEvent | AmbiguousEvent | ErrorEvent | FlowEndedEvent

@@ -1,0 +1,461 @@
+"""The inbox: every inbound is journaled before its handlers run and marked done after.
+
+::
+
+    (journal) ──> pending ──(handlers settled)──> done ──(retention)──> purged
+                    │  ▲
+      (runs charged │  │ replay_inbound / lease expired
+       >= max)      ▼  │
+                    dead
+
+``Inbox.handle`` returns an ``Outcome`` or raises: ``JournalUnavailableError`` when the
+inbound could not be journaled (fail closed: nothing ran; the caller must not
+acknowledge it) or when its handlers ran but ``done`` could not be written (a retry
+settles it without running them again). Every transition is a compare-and-set write under
+a ``Write`` label. Writes the dispatch hook returns (a flow's checkpoint) land in the same
+commit as ``done``; when that commit fails the record is released and its handlers run
+again (``_mark_done_with``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from contextvars import ContextVar
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from botmesh.state.backoff import GiveUp
+from botmesh.state.errors import (
+    BadRecord,
+    FencedError,
+    JournalUnavailableError,
+    Reason,
+    VersionConflictError,
+)
+from botmesh.state.events import DeadEvent, ErrorEvent
+from botmesh.state.kv import Entry, Op, handover
+from botmesh.state.lease import Held
+from botmesh.state.media import journaled, rehydrated
+from botmesh.state.messages import Inbound
+from botmesh.state.records import (
+    InboxState,
+    Json,
+    decode_inbound,
+    encode_error,
+    encode_inbound,
+    error_of,
+    revise,
+)
+from botmesh.state.writes import Write
+
+if TYPE_CHECKING:
+    from botmesh.state.engine import Engine
+
+__all__ = ["Inbox", "Outcome", "rerunning"]
+
+log = logging.getLogger("botmesh.inbox")
+
+#: True while the dispatch hook runs for a done inbound delivered again (``Inbox._rerun``).
+_RERUN: ContextVar[bool] = ContextVar("botmesh_inbox_rerun", default=False)
+
+
+def rerunning() -> bool:
+    """Whether the inbound being dispatched now is done already and runs again (an offset
+    replay): it must take the path it took the first time, not a new one (a chat's flow
+    must not take it as an answer when the handlers had it)."""
+    return _RERUN.get()
+
+
+class Outcome(StrEnum):
+    """What became of an inbound that ``handle()`` accepted. Every outcome may be
+    acknowledged to the transport; a failure raises instead."""
+
+    #: Journaled, handlers ran, marked done.
+    HANDLED = "handled"
+    #: Already done, in progress here or held by another live instance: nothing ran.
+    DUPLICATE = "duplicate"
+    #: Dead in the journal (``inbox.max_attempts`` runs charged): nothing ran.
+    DEAD = "dead"
+    #: Its handlers ran, but another holder took the record over meanwhile and finishes it.
+    FENCED = "fenced"
+    #: The journal was down and ``fail_open`` dispatched it anyway, unjournaled.
+    UNJOURNALED = "unjournaled"
+    #: Done already, and delivered again from the place it was journaled from (an offset
+    #: replay, or a redelivery after a crash): its handlers ran again, its sends were
+    #: answered from the outbox (their receipts published again); nothing was written.
+    REPLAYED = "replayed"
+    #: Journaled, but its chat's turn stayed held by another replica (``botmesh.state.turns``):
+    #: nothing ran yet; it is pending, and the sweeper runs it once the turn is free.
+    DEFERRED = "deferred"
+
+
+def new_value(message: Json, now: float, lease: Json, source: str | None = None) -> Json:
+    """A new record, journaled and claimed in the same write (attempt 1 charged)."""
+    value: Json = {
+        "id": message["id"],
+        "state": InboxState.PENDING,
+        "attempts": 1,
+        "token": 1,
+        "lease": lease,
+        "message": message,
+        "created": now,
+        "updated": now,
+    }
+    if source is not None:
+        value["source"] = source
+    return value
+
+
+def replay_value(value: Json, now: float) -> Json:
+    """An operator's replay: pending again with a fresh attempt budget."""
+    return revise(
+        value,
+        now,
+        state=InboxState.PENDING,
+        lease=None,
+        error=None,
+        attempts=0,
+        published=None,
+        failed_first=None,
+    )
+
+
+class Inbox:
+    """Journals inbounds, runs their handlers through the engine hooks, marks them done."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+        self._inflight: set[str] = set()
+        #: Records whose handlers ran but whose ``done`` did not land (retried on redelivery).
+        self._undone: dict[str, Held] = {}
+        cfg = engine.config.inbox
+        self._lease = cfg.lease
+        self._retries = cfg.retry_policy()
+
+    async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
+        """Journal ``message`` (fail closed), run the handlers, mark it done.
+
+        ``source`` names the place the transport read it from (on Kafka
+        ``topic:partition:offset``); it is journaled with the record. A message that is done
+        already and comes again from that same place is a replay of the transport (offsets
+        reset, or redelivered after a crash): its handlers run again and its sends are
+        answered from the outbox (``Outcome.REPLAYED``). The same message from another place
+        (produced twice, a webhook retried) stays a duplicate and runs nothing."""
+        mid = message.id
+        if not mid:
+            raise BadRecord(
+                Reason.WRONG_TYPE,
+                "an inbound needs an id, stable across redeliveries (the channel's message "
+                "id): Inbound(id=..., chat_id=..., ...)",
+            )
+        if mid in self._inflight:
+            self._e.metrics.inbound_duplicates += 1
+            return Outcome.DUPLICATE
+        self._inflight.add(mid)
+        try:
+            return await self._handle(message, source)
+        finally:
+            self._inflight.discard(mid)
+
+    async def _handle(self, message: Inbound, source: str | None) -> Outcome:
+        e = self._e
+        key = e.in_prefix + message.id
+        if key in self._undone:
+            return await self._mark_done(self._undone[key], message.id)
+        now = e.clock.now()
+        try:
+            kept = journaled(message, e.provider, media_refs=e.config.inbox.media_refs)
+            encoded = encode_inbound(kept)
+        except (TypeError, ValueError) as exc:
+            raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
+        value = new_value(encoded, now, e.leases.lease(now, self._lease), source)
+        try:
+            [version] = await e.kv.commit(
+                [handover(key, value, expect=0, due=now + self._lease)],
+                label=Write.INBOX_JOURNAL,
+            )
+        except VersionConflictError:
+            return await self._redelivered(key, message, source)
+        except Exception as exc:
+            return await self._not_journaled(message, exc)
+        e.metrics.inbound_journaled += 1
+        return await self.run(Held(key, 1, version, value, self._lease, now + self._lease), message)
+
+    async def _not_journaled(self, message: Inbound, exc: Exception) -> Outcome:
+        if self._e.config.fail_open:
+            log.warning(
+                "inbound %s not journaled (%s); dispatched anyway (fail_open)", message.id, exc
+            )
+            await self._e.emit(ErrorEvent(exc, "inbox.journal", message.id))
+            await self._e.hooks.dispatch(message)
+            return Outcome.UNJOURNALED
+        log.error("inbound %s not journaled, not dispatched (fail closed): %s", message.id, exc)
+        if isinstance(exc, JournalUnavailableError):
+            raise exc
+        raise JournalUnavailableError(f"inbound {message.id!r} not journaled: {exc}") from exc
+
+    async def _redelivered(self, key: str, message: Inbound, source: str | None) -> Outcome:
+        e = self._e
+        entry = await e.kv.get(key)
+        state = entry.value.get("state") if entry is not None else InboxState.DONE
+        if entry is not None and state == InboxState.PENDING and key not in e.leases.held:
+            now = e.clock.now()
+            if e.leases.state(entry.value, now) != "live" or e.leases.this_boot(entry.value):
+                return await self.replay(entry, now)
+        if (
+            entry is not None
+            and state == InboxState.DONE
+            and source is not None
+            and entry.value.get("source") == source
+        ):
+            return await self._rerun(message, entry)
+        if (
+            entry is not None
+            and state == InboxState.DEAD
+            and source is not None
+            and entry.value.get("source") not in (None, source)
+        ):
+            return await self._redrive(entry, source)
+        e.metrics.inbound_duplicates += 1
+        return Outcome.DEAD if state == InboxState.DEAD else Outcome.DUPLICATE
+
+    async def _redrive(self, entry: Entry, source: str) -> Outcome:
+        """A dead inbound produced again to its transport from elsewhere (an operator
+        re-producing its dead letter to the inbound topic): replayed with a fresh attempt
+        budget, as ``replay_inbound`` would, and journaled under its new source."""
+        e = self._e
+        now = e.clock.now()
+        value = {**replay_value(entry.value, now), "source": source}
+        try:
+            [version] = await e.kv.commit(
+                [handover(entry.key, value, expect=entry.version, due=now)],
+                label=Write.INBOX_REPLAY,
+            )
+        except VersionConflictError:
+            return Outcome.DUPLICATE
+        log.info("inbound %s redriven from %s (it was dead)", value["id"], source)
+        return await self.replay(Entry(entry.key, value, version, due=now), now)
+
+    async def _rerun(self, message: Inbound, entry: Entry) -> Outcome:
+        """A done message delivered again by its transport from where it was journaled:
+        its handlers run again; the record stays done (its sends are answered from the
+        outbox, so nothing is written unless a handler took another path). They get the
+        input of the run that completed the record: the journaled message when that run
+        was a replay (its media rebuilt from the reference), so they take the same path."""
+        e = self._e
+        e.metrics.inbound_replayed += 1
+        if entry.value.get("replayed"):
+            try:
+                message = rehydrated(decode_inbound(entry.value["message"]), e.provider)
+            except Exception as exc:  # as the replay that completed it would have failed
+                log.warning("inbound %s: journaled message unreadable: %s", message.id, exc)
+        token = _RERUN.set(True)
+        try:
+            await e.hooks.dispatch(message)
+        finally:
+            _RERUN.reset(token)
+        return Outcome.REPLAYED
+
+    async def run(self, held: Held, message: Inbound, *, wait: bool = True) -> Outcome:
+        """Run the handlers of a record we hold, then mark it done. With chat turns, the
+        chat's turn is taken first (waited for when ``wait``) and released with the
+        mark-done; a turn that stays held elsewhere leaves the record pending
+        (``Outcome.DEFERRED``)."""
+        e = self._e
+        e.leases.held[held.key] = held
+        turn: Held | None = None
+        try:
+            # -- chat turns (botmesh.state.turns) --------------------------------------------------
+            if e.turns is not None:
+                turn = await e.turns.take(message.chat_id, message.id, wait=wait)
+                if turn is None:
+                    e.leases.held.pop(held.key, None)
+                    stepped = await e.turns.step_aside(held)
+                    return Outcome.DEFERRED if stepped else Outcome.FENCED
+                e.leases.held[turn.key] = turn
+            # ---------------------------------------------------------------------------------
+            riders = await e.hooks.dispatch(message)
+        except BaseException as exc:
+            if turn is not None and e.turns is not None:  # a crash leaves it to expire
+                await e.turns.give_back(turn, written=isinstance(exc, Exception))
+            raise
+        finally:
+            e.leases.held.pop(held.key, None)
+            if turn is not None:
+                e.leases.held.pop(turn.key, None)
+        if riders:  # a flow turn: its checkpoint lands with done, or the turn runs again
+            return await self._mark_done_with(held, message.id, riders, turn)
+        return await self._mark_done(held, message.id, turn)
+
+    async def _mark_done(self, held: Held, inbound_id: str, turn: Held | None = None) -> Outcome:
+        e = self._e
+        now = e.clock.now()
+        done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
+        try:
+            await self._write_done(held, done, now, turn)
+        except FencedError as exc:
+            self._undone.pop(held.key, None)
+            await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            return Outcome.FENCED
+        except Exception as exc:
+            if turn is not None and e.turns is not None:
+                e.turns.released(turn)  # the retry marks it done alone; the turn lapses
+            self._undone[held.key] = held
+            log.warning("inbound %s handled but not marked done: %s", inbound_id, exc)
+            raise JournalUnavailableError(
+                f"inbound {inbound_id!r} was handled but not marked done ({exc}); "
+                "handle it again to settle it (its handlers do not run again)"
+            ) from exc
+        self._undone.pop(held.key, None)
+        return Outcome.HANDLED
+
+    async def _write_done(
+        self, held: Held, done: Json, now: float, turn: Held | None, riders: Sequence[Op] = ()
+    ) -> None:
+        """Mark done, with ``riders`` (a flow checkpoint) in the same commit; with a chat
+        turn, release it in that commit too (``botmesh.state.turns``)."""
+        e = self._e
+        purge = e.purge_at(now)
+        if turn is None or e.turns is None:
+            await e.leases.write(held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders)
+            return
+        for _ in range(4):
+            release = e.turns.release_op(turn, now)
+            try:
+                await e.leases.write(
+                    held, done, Write.INBOX_MARK_DONE, purge=purge, extra=[*riders, release]
+                )
+            except VersionConflictError as exc:
+                if exc.key != turn.key:
+                    raise
+                await e.turns.recheck(turn)  # our heartbeat landed first, or FencedError
+                continue
+            e.turns.released(turn)
+            return
+        raise JournalUnavailableError(f"{turn.key}: too many concurrent writes by this holder")
+
+    # -- flow turns: the checkpoint rides on done (issue 12) -----------------------------
+
+    async def _mark_done_with(
+        self, held: Held, inbound_id: str, riders: Sequence[Op], turn: Held | None
+    ) -> Outcome:
+        """Mark a flow turn's inbound done in the same commit as the writes its handlers
+        returned (the flow checkpoint, a compare-and-set on the version the turn read).
+        When that commit fails (the flow moved under us: another replica's turn; or the
+        journal), nothing of it landed: the inbound is released, not done, and its turn
+        runs again from the checkpoint (its sends answered from the outbox). It is never
+        parked as "handlers ran, only done missing": a flow turn must run again."""
+        e = self._e
+        now = e.clock.now()
+        done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
+        try:
+            await self._write_done(held, done, now, turn, riders)
+        except FencedError as exc:
+            await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            return Outcome.FENCED
+        except Exception as exc:
+            if turn is not None and e.turns is not None:
+                await e.turns.give_back(turn, written=True)
+            return await self._release(held, inbound_id, exc)
+        self._undone.pop(held.key, None)
+        return Outcome.HANDLED
+
+    async def _release(self, held: Held, inbound_id: str, exc: Exception) -> Outcome:
+        """A flow turn whose checkpoint did not land: give the record up (pending, no
+        lease, due now) so it is replayed, then raise: the transport must not acknowledge
+        it. If even the release fails, the lease expires and the sweeper replays it."""
+        e = self._e
+        now = e.clock.now()
+        retry = revise(held.value, now, state=InboxState.PENDING, lease=None)
+        try:
+            await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
+        except Exception as release_exc:
+            log.warning("inbound %s not released (%s); its lease expires", inbound_id, release_exc)
+        e.wake.set()
+        log.warning("inbound %s: flow checkpoint not written (%s); released", inbound_id, exc)
+        raise JournalUnavailableError(
+            f"inbound {inbound_id!r}: its flow checkpoint could not be written ({exc}); the "
+            "inbound was released and is replayed (handle it again, or the sweeper does)"
+        ) from exc
+
+    async def replay(self, entry: Entry, now: float) -> Outcome:
+        """Take a pending record (restart, expired lease, operator) and run it again, or
+        dead-letter it once ``inbox.max_attempts`` runs were charged."""
+        e = self._e
+        value = entry.value
+        attempts = int(value.get("attempts", 0))
+        # -- chat turns (botmesh.state.turns): a chat whose turn is held runs nothing now --------
+        chat = (value.get("message") or {}).get("chat_id")
+        if e.turns is not None and isinstance(chat, str) and await e.turns.busy(chat):
+            return Outcome.DUPLICATE
+        if attempts >= e.config.inbox.max_attempts:
+            error = encode_error(
+                "AttemptsExhausted",
+                f"{attempts} runs were charged without completing "
+                f"(inbox.max_attempts={e.config.inbox.max_attempts})",
+                retryable=False,
+                reason=Reason.ATTEMPTS_EXHAUSTED,
+            )
+            if value.get("error"):
+                error["last"] = value["error"]
+            await self._dead(entry, error)
+            return Outcome.DEAD
+        claimed = e.leases.claimed(value, now, self._lease)
+        # replayed: the run that completes it gets the journaled message (see _rerun)
+        claimed.update(attempts=attempts + 1, state=InboxState.PENDING, replayed=True)
+        try:
+            [version] = await e.kv.commit(
+                [handover(entry.key, claimed, expect=entry.version, due=now + self._lease)],
+                label=Write.INBOX_CLAIM,
+            )
+        except VersionConflictError:
+            return Outcome.DUPLICATE
+        held = Held(entry.key, claimed["token"], version, claimed, self._lease, now + self._lease)
+        e.metrics.inbound_replayed += 1
+        try:
+            message = rehydrated(decode_inbound(claimed["message"]), e.provider)
+        except Exception as exc:
+            await self._failed_before_handlers(held, exc)
+            return Outcome.DEAD if held.value["state"] == InboxState.DEAD else Outcome.DUPLICATE
+        return await self.run(held, message, wait=False)
+
+    async def _failed_before_handlers(self, held: Held, exc: Exception) -> None:
+        e = self._e
+        now = e.clock.now()
+        attempts = int(held.value.get("attempts", 0))
+        log.warning(
+            "inbound %s failed before its handlers (attempt %d): %s", held.key, attempts, exc
+        )
+        decision = self._retries.decide(exc, attempts, e.rng)
+        if isinstance(decision, GiveUp):
+            await self._dead(held, error_of(exc, decision.reason))
+            return
+        error = error_of(exc, Reason.HANDLE_FAILED)
+        first = held.value.get("failed_first", now)
+        retry = revise(
+            held.value, now, state=InboxState.PENDING, lease=None, error=error, failed_first=first
+        )
+        await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
+
+    async def _dead(self, target: Held | Entry, error: Json) -> None:
+        e = self._e
+        now = e.clock.now()
+        first = target.value.get("failed_first", now)
+        dead = revise(
+            target.value, now, state=InboxState.DEAD, lease=None, error=error, failed_first=first
+        )
+        copied = e.publisher is not None and e.publisher.dead_letters
+        due = None
+        if copied:  # its dead letter goes out; the sweeper copies it again until acked
+            dead["published"] = False
+            due = now + self._lease
+        if not await e.leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due):
+            return
+        if isinstance(target, Held):
+            target.value = dead
+        e.metrics.inbound_dead += 1
+        log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
+        if copied and e.publisher is not None:
+            await e.publisher.publish_inbound(dead)
+        await e.emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))

@@ -1,0 +1,90 @@
+"""Journal keys and idempotency keys.
+
+A bot's records live under its scope (``tenant:environment:bot:connection``, each part
+percent-encoded): ``<scope>/in/<inbound id>`` and ``<scope>/out/<idempotency key>``. So two
+bots on one backend never see each other's records, and explicit keys are per bot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from urllib.parse import quote
+
+from botmesh.state.errors import InvalidKeyError
+from botmesh.state.messages import Outbound
+
+__all__ = [
+    "check_explicit",
+    "derived_key",
+    "diverged_key",
+    "fingerprint",
+    "part_base",
+    "part_key",
+    "random_key",
+    "scope_id",
+]
+
+
+def scope_id(tenant_id: str, environment_id: str, bot_id: str, connection_id: str) -> str:
+    """The bot's namespace in a shared backend (``durability.scope``)."""
+    return ":".join(quote(p, safe="") for p in (tenant_id, environment_id, bot_id, connection_id))
+
+
+def derived_key(inbound_id: str, n: int) -> str:
+    """The key of the ``n``-th send made while handling inbound ``inbound_id``."""
+    return f"{inbound_id}:{n}"
+
+
+def random_key() -> str:
+    return uuid.uuid4().hex
+
+
+def part_key(key: str, part: int) -> str:
+    """``key`` for part 1, ``key#2``, ``key#3``… for the others."""
+    return key if part == 1 else f"{key}#{part}"
+
+
+def part_base(key: str, part: int) -> str:
+    """The key of part 1 of the send whose part ``part`` is ``key``."""
+    return key if part == 1 else key.rpartition("#")[0]
+
+
+def check_explicit(key: str) -> str:
+    """An explicit idempotency key, refused when botmesh could not keep it apart from the
+    keys it makes itself: ``#`` would collide with the part keys of a split text."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKeyError(str(key), "must be a non-empty string")
+    if "#" in key:
+        raise InvalidKeyError(
+            key,
+            "must not contain '#': botmesh names the parts of a split text 'key#2', "
+            "'key#3'…; use another separator (for example ':' or '/')",
+        )
+    return key
+
+
+def diverged_key(key: str, fp: str) -> str:
+    """The key a diverged replay sends under with ``on_diverged="send"`` (deterministic, so
+    a second identical replay is answered from the outbox)."""
+    return f"{key}~{fp[:12]}"
+
+
+def fingerprint(message: Outbound) -> str:
+    """Chat + content of a send (before the before-send hooks)."""
+    media = message.media
+    doc = [
+        message.chat_id,
+        message.text,
+        None
+        if media is None
+        else [
+            media.url,
+            media.path,
+            hashlib.sha256(media.data).hexdigest() if media.data is not None else None,
+            media.mime,
+        ],
+    ]
+    raw = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()[:32]

@@ -1,0 +1,128 @@
+"""The message model: every record that crosses the layers, defined once.
+
+``Inbound`` (a message or interaction, as handlers see it and as it travels on the inbound
+topic), ``Media``, ``Outbound`` (a send, as the provider gets it), ``SendResult`` and
+``Receipt`` (what went out, as the receipts topic carries it). They are ``msgspec`` structs:
+frozen, typed, and decoded from JSON with validation in one pass. The JSON Schema files of
+the wire (``botmesh/topics/schemas/*.json``) are generated from these classes
+(``python -m botmesh.topics.schemas``), and a test keeps them in step.
+
+The records that go on the wire carry a version field ``"v": 1`` (the struct tag).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from botmesh.state.errors import MediaUnavailableReason
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Inbound",
+    "Media",
+    "Outbound",
+    "OutboxState",
+    "Receipt",
+    "SendResult",
+]
+
+#: The version of the wire records (``"v"``).
+SCHEMA_VERSION = 1
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class OutboxState(StrEnum):
+    """The states of a send (an outbox record), under the reference's names."""
+
+    #: Journaled; about to go out, going out, or waiting its turn.
+    PENDING = "pending"
+    #: An attempt failed with a retryable error; retried after a backoff.
+    FAILED = "failed"
+    #: The provider accepted it (``message_id`` recorded).
+    SENT = "sent"
+    #: Failed for good (final error, retries spent, or an earlier part dead).
+    DEAD = "dead"
+    #: Its outcome was lost in a crash (``on_ambiguous="skip"``), or an earlier part's was.
+    UNKNOWN = "unknown"
+
+
+class Media(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A media reference: a URL, a path, inline bytes (base64 in JSON), or a channel's own
+    token (``id``: a Telegram ``file_id``, a Meta media id).
+
+    On an inbound, ``provider`` names the channel that received it. The inbox journals a
+    durable reference (``ref``: ``{"v": n, "data": ...}``, from the provider's
+    ``serialize_media_ref``), never the inline bytes; a replay rebuilds the media from it.
+    When it cannot, ``unavailable`` says why and ``load_media_of`` fails with that reason.
+    """
+
+    url: str | None = None
+    path: str | None = None
+    data: bytes | None = None
+    mime: str | None = None
+    #: The channel's media token (Telegram ``file_id``, WhatsApp media id, …).
+    id: str | None = None
+    #: The channel that received this media (a provider's ``name``).
+    provider: str | None = None
+    #: A file name, when the channel gave one (email attachments, documents).
+    name: str | None = None
+    #: Channel details the adapter needs again (message key, attachment index, digest, …).
+    extra: dict[str, Any] = {}
+    #: The durable reference journaled in place of the media (``{"v": n, "data": ...}``).
+    ref: dict[str, Any] | None = None
+    #: Set on a replayed inbound whose media could not be rebuilt.
+    unavailable: MediaUnavailableReason | None = None
+
+
+class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="v", tag=1):
+    """One inbound message or interaction.
+
+    ``id`` is the inbound record id, stable across redeliveries of the same message (the
+    channel's message id). On Kafka a record without one gets ``<topic>:<partition>:<offset>``;
+    in process it is required. Send keys derive from it (``<id>:<n>``).
+    """
+
+    id: NonEmpty = ""
+    chat_id: NonEmpty
+    text: str | None = None
+    kind: Literal["message", "interaction"] = "message"
+    sender: str | None = None
+    channel: str | None = None
+    ts: float | None = None
+    media: Media | None = None
+    data: dict[str, Any] = {}
+
+
+class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One send as the provider receives it (the idempotency key is never in it)."""
+
+    chat_id: str
+    text: str | None = None
+    media: Media | None = None
+    options: dict[str, Any] = {}
+
+
+class SendResult(msgspec.Struct, frozen=True):
+    """What the provider answered: its own message id."""
+
+    message_id: str
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
+    """A settled send: ``sent``, ``dead`` or ``unknown``.
+
+    Published at least once on ``<prefix>.sent`` by the Kafka worker; ``key`` (the
+    idempotency key) lets consumers drop the copies.
+    """
+
+    key: NonEmpty
+    chat_id: NonEmpty
+    message_id: str | None
+    state: OutboxState
+    inbound_id: str | None = None
+    part: Annotated[int, msgspec.Meta(ge=1)] = 1
+    ts: float = 0.0

@@ -1,0 +1,428 @@
+"""The outbox: every send is journaled under its idempotency key before the provider is
+called. ``send`` (inline: journaled in flight, delivered now, retried inline up to
+``outbox.inline_max``) and ``enqueue`` (journaled for the sweeper) share one path.
+
+::
+
+    (journal) ──> pending ──(provider ok)──> sent ──(retention)──> purged
+                   │  ▲  ╲
+     (retryable    │  │   ╲ (final error, retries spent, previous part dead)
+      error)       ▼  │    ╲
+                  failed ───> dead
+    pending+inflight found after a crash ──> unknown (on_ambiguous="skip") or sent again
+
+A text over the channel's limit is split first, into one record per part (``key``,
+``key#2``…, linked by ``previous_part``); media rides on part 1. Only a part that still
+cannot be journaled (over ``outbox.max_payload_bytes``, or not JSON) bypasses the outbox.
+With ``outbox.keep_chat_order`` a send to a chat whose earlier send waits for a retry is
+journaled behind it (``after``) and leaves that to the sweeper.
+
+With ``provider_session="leader"`` an inline send on a standby (a replica not holding the
+provider session) is journaled as an enqueued one would be, its receipt ``pending``: the
+leader's sweeper delivers it. The standby's sends to a chat are chained (``after``) so the
+leader delivers them in the order they were made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from botmesh.state.errors import DurabilityError, JournalUnavailableError, VersionConflictError
+from botmesh.state.keys import diverged_key, part_base, part_key
+from botmesh.state.kv import handover
+from botmesh.state.lease import Held
+from botmesh.state.messages import Outbound, OutboxState, Receipt
+from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
+from botmesh.state.splitter import split_text
+from botmesh.state.writes import Write
+
+if TYPE_CHECKING:
+    from botmesh.state.engine import Engine
+
+__all__ = ["Outbox", "Plan", "new_values", "part_payloads"]
+
+log = logging.getLogger("botmesh.outbox")
+
+
+def part_payloads(payload: Json, texts: list[str | None]) -> list[Json]:
+    """The journaled payload of each part: part 1 keeps the media, every part the options."""
+    first = {**payload, "text": texts[0]}
+    if len(texts) == 1:
+        return [first]
+    rest = {k: v for k, v in payload.items() if k != "media"}
+    return [first, *({**rest, "text": t} for t in texts[1:])]
+
+
+def new_values(
+    key: str,
+    payloads: list[Json],
+    *,
+    first_part: int,
+    parts: int,
+    fp: str | None,
+    inbound_id: str | None,
+    now: float,
+    lease: Json | None,
+    after: str | None,
+) -> list[Json]:
+    """One record per part; the first one leased and in flight when ``lease`` (inline)."""
+    values: list[Json] = []
+    previous: str | None = None
+    for i, payload in enumerate(payloads, start=first_part):
+        k = part_key(key, i)
+        value: Json = {
+            "key": k,
+            "state": OutboxState.PENDING,
+            "attempts": 0,
+            "token": 0,
+            "payload": payload,
+            "created": now,
+            "updated": now,
+        }
+        if lease is not None:
+            value["token"] = 1
+            value["lease"] = lease
+            if i == first_part:
+                value.update(attempts=1, inflight=True)
+        if parts > 1:
+            value.update(part=i, parts=parts)
+        if previous is not None:
+            value["previous_part"] = previous
+        if i == first_part:
+            if fp is not None:
+                value["fp"] = fp
+            if after is not None:
+                value["after"] = after
+        if inbound_id is not None:
+            value["inbound_id"] = inbound_id
+        values.append(value)
+        previous = k
+    return values
+
+
+@dataclass(slots=True)
+class Plan:
+    """A send cut into what goes to the provider directly and what is journaled."""
+
+    chat_id: str
+    #: Parts sent straight to the provider, unjournaled (counted in ``outboxBypassed``).
+    bypass: list[Outbound] = field(default_factory=list)
+    #: Parts to journal, in order, with their payloads.
+    parts: list[Outbound] = field(default_factory=list)
+    payloads: list[Json] = field(default_factory=list)
+    #: Part number of ``parts[0]`` (2 when part 1 bypassed).
+    first_part: int = 1
+    total: int = 1
+
+
+class Outbox:
+    """Journals sends; answers a recorded key from the outbox; keeps per-chat order."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+        self._locks: dict[str, _ChatLock] = {}
+        #: Chat id -> the key of the last part of the last send that later sends to the chat
+        #: must wait behind (while a send of the chat waits for a retry).
+        self.tails: dict[str, str] = {}
+        self._lease = engine.config.outbox.lease
+        self._keep_order = engine.config.outbox.keep_chat_order
+        #: Texts shorter than this fit ``max_payload_bytes`` whatever they hold (6 bytes a
+        #: character at most in JSON, plus the envelope).
+        self._small_text = (engine.config.outbox.max_payload_bytes - 256) // 6
+
+    def chat_lock(self, chat_id: str) -> _ChatLock:
+        """Serializes the deliveries of one chat (inline retries, the sweeper)."""
+        lock = self._locks.get(chat_id)
+        if lock is None:
+            lock = self._locks[chat_id] = _ChatLock(self._locks, chat_id)
+        return lock
+
+    # -- the one path ------------------------------------------------------------------
+
+    async def submit(
+        self,
+        message: Outbound,
+        key: str,
+        *,
+        inline: bool,
+        derived: bool = False,
+        fp: str | None = None,
+        inbound_id: str | None = None,
+    ) -> Receipt:
+        """Journal a send under ``key``; the one path of ``ctx.reply`` / ``send`` (``inline``:
+        delivered now) and ``enqueue`` (left to the sweeper). Returns the receipt of its
+        first part: answered from the outbox when ``key`` is recorded; ``pending`` for an
+        enqueued send, or an inline one that must wait behind a send of its chat that waits
+        for a retry (``keep_chat_order``); else ``sent``.
+
+        Inline, it retries up to ``outbox.inline_max`` then raises ``SendDeferredError``;
+        raises the error of a final failure (the record is dead); ``FencedError`` when the
+        lease was taken over.
+        """
+        plan = self.plan(message)
+        if not inline and not plan.bypass:  # enqueue returns at once: no chat lock
+            queued = await self._journal(plan, key, derived, fp, inbound_id, inline=False)
+            assert isinstance(queued, Receipt)
+            return queued
+        async with self.chat_lock(message.chat_id):
+            first = await self._bypass(plan, key, inbound_id) if plan.bypass else None
+            if not plan.parts:
+                assert first is not None
+                return first
+            now = self._e.clock.now()
+            try:
+                result = await self._journal(plan, key, derived, fp, inbound_id, inline=inline)
+            except JournalUnavailableError:
+                if not (inline and self._e.config.fail_open):
+                    raise
+                log.warning("send %r not journaled; sent anyway (fail_open)", key)
+                parts, start = plan.parts, plan.first_part
+                return first or await self._send_unjournaled(parts, key, start, inbound_id)
+            if not isinstance(result, Receipt):
+                result = await self._e.delivery.deliver_inline(result, plan.parts, now)
+            return first or result
+
+    async def _journal(
+        self,
+        plan: Plan,
+        key: str,
+        derived: bool,
+        fp: str | None,
+        inbound_id: str | None,
+        *,
+        inline: bool,
+    ) -> list[Held] | Receipt:
+        """Journal the parts: the records journaled in flight (to deliver now), or a
+        receipt: of the send already recorded under ``key``, or of the send left to the
+        sweeper (``pending``: enqueued, or waiting behind a send of its chat)."""
+        e = self._e
+        for _ in range(4):
+            now = e.clock.now()
+            after = self.tails.get(plan.chat_id) if self._keep_order else None
+            standby = inline and e.leader is not None and not e.leader.may_send(now)
+            live = inline and after is None and not standby
+            lease = e.leases.lease(now, self._lease) if live else None
+            values = new_values(
+                key,
+                plan.payloads,
+                first_part=plan.first_part,
+                parts=plan.total,
+                fp=fp,
+                inbound_id=inbound_id,
+                now=now,
+                lease=lease,
+                after=after,
+            )
+            due = now + self._lease if live else now
+            ops = [handover(e.out_prefix + v["key"], v, expect=0, due=due) for v in values]
+            try:
+                versions = await e.kv.commit(
+                    ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
+                )
+            except VersionConflictError:
+                answer = await self._answer_existing(key, derived, fp)
+                if isinstance(answer, Receipt):
+                    return answer
+                key = answer
+                continue
+            e.metrics.outbox_journaled += 1
+            if after is not None or (standby and self._keep_order):
+                self.tails[plan.chat_id] = values[-1]["key"]
+            if not live:
+                e.wake.set()
+                if standby:  # handed to the leader
+                    e.metrics.provider_not_leader += 1
+                elif inline:  # its chat waits for a retry: it goes after that send
+                    e.metrics.outbox_deferred += 1
+                return receipt_of(values[0], now)
+            return [
+                Held(op.key, v["token"], ver, v, self._lease, due)
+                for op, v, ver in zip(ops, values, versions, strict=True)
+            ]
+        raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
+
+    async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:
+        e = self._e
+        entry = await e.kv.get(e.out_prefix + key)
+        if entry is None:
+            return key  # discarded or purged meanwhile: journal again
+        value = entry.value
+        recorded = value.get("fp")
+        if derived and fp is not None and recorded is not None and recorded != fp:
+            e.metrics.outbox_diverged += 1
+            log.warning(
+                "replay produced other content under key %r (on_diverged=%s)",
+                key,
+                e.config.outbox.on_diverged,
+            )
+            if e.config.outbox.on_diverged == "send":
+                return diverged_key(key, fp)
+        e.metrics.outbox_deduped += 1
+        receipt = receipt_of(value, e.clock.now())
+        if e.publisher is not None and receipt.state in SETTLED:
+            # a replay asks again: its receipt goes out again (at least once); the record's
+            # own ``published`` mark is the sweeper's business, not this copy's
+            await e.publisher.publish(receipt, journaled=False)
+        return receipt
+
+    # -- planning and bypass -------------------------------------------------------------
+
+    def plan(self, message: Outbound) -> Plan:
+        """Split the text to the channel's limit, then decide what the journal can hold."""
+        text = message.text
+        if text is not None and message.media is None and not message.options:
+            limit = self._e.provider.text_limit
+            if (limit is None or len(text) <= limit) and len(text) < self._small_text:
+                # the common case: one short text part, no media, no options
+                payload = {"chat_id": message.chat_id, "text": text}
+                return Plan(message.chat_id, parts=[message], payloads=[payload])
+        plan = Plan(message.chat_id)
+        texts: list[str | None] = (
+            [message.text]
+            if message.text is None
+            else list(split_text(message.text, self._e.provider.text_limit))
+        )
+        outs = _part_messages(message, texts)
+        plan.total = len(outs)
+        try:
+            payloads = part_payloads(encode_outbound(message), texts)
+        except (TypeError, ValueError) as exc:
+            log.warning("send to %s bypasses the outbox: not JSON (%s)", message.chat_id, exc)
+            plan.bypass = outs
+            return plan
+        fits = [self._fits(p, m) for p, m in zip(payloads, outs, strict=True)]
+        if all(fits[1:]) and not fits[0]:
+            plan.bypass, plan.first_part = outs[:1], 2
+            outs, payloads = outs[1:], payloads[1:]
+        elif not all(fits):
+            plan.bypass = outs
+            return plan
+        plan.parts, plan.payloads = outs, payloads
+        return plan
+
+    def _fits(self, payload: Json, message: Outbound) -> bool:
+        limit = self._e.config.outbox.max_payload_bytes
+        if (
+            message.media is None
+            and not message.options
+            and len(message.text or "") < self._small_text
+        ):
+            return True
+        size = len(msgspec.json.encode(payload))
+        if size > limit:
+            log.warning(
+                "a part of a send to %s bypasses the outbox: %d bytes > "
+                "outbox.max_payload_bytes=%d; prefer URL or path media for large files",
+                message.chat_id,
+                size,
+                limit,
+            )
+            return False
+        return True
+
+    async def _bypass(self, plan: Plan, key: str, inbound_id: str | None) -> Receipt | None:
+        if not plan.bypass:
+            return None
+        return await self._send_unjournaled(plan.bypass, key, 1, inbound_id)
+
+    async def _send_unjournaled(
+        self, messages: list[Outbound], key: str, first_part: int, inbound_id: str | None
+    ) -> Receipt:
+        first: Receipt | None = None
+        for i, message in enumerate(messages, start=first_part):
+            receipt = await self._e.delivery.bypass(message, part_key(key, i), inbound_id, i)
+            first = first or receipt
+        assert first is not None
+        return first
+
+    # -- per-chat order --------------------------------------------------------------------
+
+    def block(self, value: Json) -> None:
+        """A send of this chat now waits for a retry: later sends to the chat queue behind
+        its last part."""
+        if not self._keep_order:
+            return
+        chat = value["payload"]["chat_id"]
+        if chat not in self.tails:
+            base = part_base(value["key"], value.get("part", 1))
+            self.tails[chat] = part_key(base, value.get("parts", 1))
+
+    def unblock(self, value: Json) -> None:
+        """A send settled: if it was the tail of its chat, the chat is free again."""
+        if self.tails:
+            chat = value["payload"]["chat_id"]
+            if self.tails.get(chat) == value["key"]:
+                del self.tails[chat]
+
+    async def rebuild_tails(self) -> None:
+        """After a restart (and when this replica takes the provider session): the chats
+        whose sends wait for a retry or behind one."""
+        self.tails.clear()
+        if not self._keep_order:
+            return
+        e = self._e
+        keys = await e.kv.range("due", e.out_prefix, float("inf"), limit=1_000_000)
+        entries = await e.kv.get_many(keys)
+        waiting = [
+            entry.value
+            for entry in entries.values()
+            if entry.value.get("state") == OutboxState.FAILED
+            or (
+                entry.value.get("state") == OutboxState.PENDING
+                and entry.value.get("after") is not None
+            )
+        ]
+        # The tail is the end of the chain of ``after`` links (sends journaled in the same
+        # clock tick share ``created``); the newest breaks a tie between chains.
+        behind = {v["after"] for v in waiting if v.get("after") is not None}
+        latest: dict[str, tuple[tuple[bool, float, int], Json]] = {}
+        for v in waiting:
+            last = part_key(part_base(v["key"], v.get("part", 1)), v.get("parts", 1))
+            rank = (last not in behind, v.get("created", 0.0), v.get("part", 1))
+            chat = v["payload"]["chat_id"]
+            if chat not in latest or rank > latest[chat][0]:
+                latest[chat] = (rank, v)
+        for _, v in latest.values():
+            self.block(v)
+
+
+class _ChatLock:
+    """An ``asyncio.Lock`` that leaves its table when the last holder releases it, so the
+    table only holds the chats being delivered to right now."""
+
+    __slots__ = ("_chat", "_lock", "_table", "_users")
+
+    def __init__(self, table: dict[str, _ChatLock], chat: str) -> None:
+        self._table = table
+        self._chat = chat
+        self._lock = asyncio.Lock()
+        self._users = 0
+
+    async def __aenter__(self) -> None:
+        self._users += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._table.get(self._chat) is self:
+            del self._table[self._chat]
+
+
+def _part_messages(message: Outbound, texts: list[str | None]) -> list[Outbound]:
+    if len(texts) == 1:
+        return [message]
+    first = msgspec.structs.replace(message, text=texts[0])
+    return [first, *(Outbound(message.chat_id, t, options=message.options) for t in texts[1:])]

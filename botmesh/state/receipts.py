@@ -1,0 +1,218 @@
+"""Receipts: every settled send (``sent``, ``dead``, ``unknown``) reaches the runtime's
+receipts sink at least once, crash or not.
+
+A runtime that publishes receipts (the Kafka worker: ``<prefix>.sent``) gives the engine a
+``ReceiptSink``. A settled send is then journaled with ``published: false`` and a ``due``
+time; its receipt goes to the sink at once, and once the sink acknowledged it the record
+is marked published (``outbox.published``, one write for many records). A crash anywhere
+in between leaves the record unpublished, and the next sweep publishes it again: a
+receipt may arrive twice (consumers drop copies by ``key``), never not at all.
+Sends that bypassed the journal get their receipt once, best effort.
+
+**Dead letters** ride the same mark. A sink that is also a ``DeadLetterSink`` (the Kafka
+worker's: ``<prefix>.outbox.dlq`` and ``<prefix>.inbound.dlq``) gets a copy of every record
+the journal marks ``dead``: a dead send's record stays unpublished until its receipt *and*
+its dead letter are acked, and a dead inbound is journaled ``published: false`` and marked
+once its dead letter is acked. A crash between the two writes leaves the record unpublished,
+so the next sweep copies it again: a dead record always has its dead letter (a copy may go
+twice; ``idempotency.key`` / ``inbound.id`` headers tell the copies apart), and a dead
+letter only ever follows a dead record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from botmesh.state.errors import VersionConflictError
+from botmesh.state.kv import Entry, handover
+from botmesh.state.messages import OutboxState, Receipt
+from botmesh.state.records import InboxState, Json, receipt_of
+from botmesh.state.writes import Write
+
+if TYPE_CHECKING:
+    from botmesh.state.engine import Engine
+
+__all__ = ["DeadLetterSink", "Publisher", "ReceiptSink", "RetrySink"]
+
+log = logging.getLogger("botmesh.receipts")
+
+
+@runtime_checkable
+class ReceiptSink(Protocol):
+    """Where a runtime publishes receipts. ``publish`` hands the receipt over and returns an
+    awaitable that resolves once it is durably accepted (a broker ack), or raises."""
+
+    async def publish(self, receipt: Receipt) -> Awaitable[Any]: ...
+
+
+@runtime_checkable
+class DeadLetterSink(Protocol):
+    """A sink that also copies dead records out (``kind``: ``"inbound"`` or ``"outbox"``;
+    ``value``: the journaled record; ``source``: where the inbound was read,
+    ``topic:partition:offset``, when known). Returns the awaitable of the durable accept."""
+
+    async def dead_letter(self, kind: str, value: Json, source: str | None) -> Awaitable[Any]: ...
+
+
+@runtime_checkable
+class RetrySink(Protocol):
+    """A sink that also parks failed sends for their retry (the Kafka worker's retry-tier
+    topics): ``park`` hands over the journaled ``value`` of a send recorded ``failed``, due
+    again at ``retry_at`` (Unix seconds); the awaitable resolves on the durable accept. A
+    parked send comes back through ``Operations.retry_parked``."""
+
+    async def park(self, value: Json, retry_at: float) -> Awaitable[Any]: ...
+
+
+class Publisher:
+    """Publishes the receipts (and dead letters) of one engine and records them published."""
+
+    def __init__(self, engine: Engine, sink: ReceiptSink) -> None:
+        self._e = engine
+        self._sink = sink
+        self._dlq = sink if isinstance(sink, DeadLetterSink) else None
+        #: Checked once, as ``_dlq``: an isinstance on a runtime Protocol is slow per send.
+        self._retry = sink if isinstance(sink, RetrySink) else None
+        #: journal key -> (state published, the sink's ack)
+        self._pending: dict[str, tuple[str, asyncio.Future[Any]]] = {}
+        self._loose: set[asyncio.Future[Any]] = set()
+        self.published = 0
+
+    @property
+    def parks(self) -> bool:
+        """Whether failed sends are parked on the sink for their retry."""
+        return self._retry is not None
+
+    async def park(self, value: Json, retry_at: float) -> bool:
+        """Park a failed send (best effort: the sweeper retries it if this is lost)."""
+        if self._retry is None:
+            return False
+        try:
+            ack = asyncio.ensure_future(await self._retry.park(value, retry_at))
+        except Exception as exc:
+            log.warning("send %s not parked for its retry (%s)", value["key"], exc)
+            return False
+        self._loose.add(ack)
+        ack.add_done_callback(self._loose.discard)
+        return True
+
+    @property
+    def dead_letters(self) -> bool:
+        """Whether dead records are copied to the sink (and journaled unpublished first)."""
+        return self._dlq is not None
+
+    def busy(self, key: str) -> bool:
+        """Whether the record under journal key ``key`` waits for the sink's ack."""
+        return key in self._pending
+
+    async def publish(
+        self, receipt: Receipt, *, journaled: bool = True, value: Json | None = None
+    ) -> None:
+        """Hand ``receipt`` to the sink (and, for a dead send whose record is ``value``, its
+        dead letter); ``journaled``: record it published once acked."""
+        try:
+            ack = asyncio.ensure_future(await self._sink.publish(receipt))
+            if self._dlq is not None and value is not None and receipt.state == OutboxState.DEAD:
+                source = await self._source_of(value)
+                copy = asyncio.ensure_future(await self._dlq.dead_letter("outbox", value, source))
+                ack = asyncio.ensure_future(asyncio.gather(ack, copy))
+        except Exception as exc:  # the record stays unpublished; the sweeper tries again
+            log.warning("receipt of %s not handed to the sink: %s", receipt.key, exc)
+            return
+        self.published += 1
+        if journaled:
+            self._pending[self._e.out_prefix + receipt.key] = (receipt.state, ack)
+        else:
+            self._loose.add(ack)
+            ack.add_done_callback(self._loose.discard)
+
+    async def publish_inbound(self, value: Json) -> None:
+        """Hand the dead letter of a dead inbound record to the sink."""
+        if self._dlq is None:
+            return
+        try:
+            ack = asyncio.ensure_future(
+                await self._dlq.dead_letter("inbound", value, value.get("source"))
+            )
+        except Exception as exc:
+            log.warning("dead letter of inbound %s not handed to the sink: %s", value["id"], exc)
+            return
+        self._pending[self._e.in_prefix + value["id"]] = (InboxState.DEAD, ack)
+
+    async def _source_of(self, value: Json) -> str | None:
+        """Where the inbound that caused a send was read, when the journal still knows."""
+        inbound_id = value.get("inbound_id")
+        if inbound_id is None:
+            return None
+        entry = await self._e.kv.get(self._e.in_prefix + inbound_id)
+        source = entry.value.get("source") if entry is not None else None
+        return source if isinstance(source, str) else None
+
+    async def republish(self, entry: Entry) -> int:
+        """A settled record still unpublished (after a crash, or a refused receipt)."""
+        if self.busy(entry.key):
+            return 0
+        if entry.key.startswith(self._e.in_prefix):
+            await self.publish_inbound(entry.value)
+        else:
+            now = self._e.clock.now()
+            await self.publish(receipt_of(entry.value, now), value=entry.value)
+        return 1
+
+    async def flush(self, *, wait: bool = True) -> int:
+        """Record published what the sink acknowledged (``wait``: wait for every receipt
+        handed over so far first). Returns how many were recorded."""
+        if wait and (self._pending or self._loose):
+            acks = [ack for _, ack in self._pending.values()] + list(self._loose)
+            await asyncio.gather(*acks, return_exceptions=True)
+        done = {k: s for k, (s, ack) in self._pending.items() if ack.done()}
+        if not done:
+            return 0
+        acked: dict[str, str] = {}
+        for key, state in done.items():
+            _, ack = self._pending.pop(key)
+            if ack.exception() is not None:
+                log.warning("receipt of %s refused by the sink: %s", key, ack.exception())
+            else:
+                acked[key] = state
+        return await self._mark(acked)
+
+    async def _mark(self, acked: dict[str, str]) -> int:
+        if not acked:
+            return 0
+        # the receipts of every chat of the engine, whichever partition's work flushes
+        # them (a partition's recovery pass does): each is recorded in its own partition
+        with self._e.across_partitions():
+            return await self._record(acked)
+
+    async def _record(self, acked: dict[str, str]) -> int:
+        e = self._e
+        entries = await e.kv.get_many(list(acked))
+        ops = [
+            handover(
+                entry.key,
+                {**entry.value, "published": True},
+                expect=entry.version,
+                purge=entry.purge,
+            )
+            for entry in entries.values()
+            if entry.value.get("published") is False
+            and entry.value.get("state") == acked[entry.key]
+        ]
+        if not ops:
+            return 0
+        try:
+            await e.kv.commit(ops, label=Write.OUTBOX_PUBLISHED)
+        except VersionConflictError:  # one changed meanwhile: the others one by one
+            marked = 0
+            for op in ops:
+                try:
+                    await e.kv.commit([op], label=Write.OUTBOX_PUBLISHED)
+                except VersionConflictError:
+                    continue
+                marked += 1
+            return marked
+        return len(ops)

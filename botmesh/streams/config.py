@@ -1,0 +1,250 @@
+"""The worker's settings (``WorkerConfig``) and its journal rule, without loading Faust.
+
+``WorkerConfig.from_env()`` reads the environment; the CLI passes its options as overrides.
+A bad value is refused here, naming the variable or the option and the fix.
+
+The worker never runs without a journal, and never on one that forgets: ``memory://`` and
+"none" are refused (a restarted worker must find what the last run journaled). The default,
+``kafka``, is the journal on Kafka itself (``botmesh.streams.table_kv``: a Faust table in RocksDB,
+changelogged, following the inbound partitions), which every worker of the group shares. A
+``file://`` journal stays possible for one worker alone (several workers in one group, each
+with its own file, would not see each other's records when partitions move).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from botmesh.state.backends import check_url
+from botmesh.state.backends.server import redact
+from botmesh.state.errors import ConfigError
+from botmesh.topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP",
+    "GUARANTEES",
+    "KAFKA_JOURNAL",
+    "WorkerConfig",
+    "check_worker_journal",
+    "default_journal",
+    "group_instance_id",
+]
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+#: Seconds a killed member holds its partitions when it has no static id (Faust: 60 s).
+DEFAULT_SESSION_TIMEOUT = 30.0
+_NONE = {"", "none", "null", "off", "no"}
+#: The journal on Kafka (the worker's default).
+KAFKA_JOURNAL = "kafka"
+_KAFKA = {"kafka", "kafka:", "kafka://", "table"}
+#: Faust's processing guarantees the worker runs under (``BOTMESH_PROCESSING_GUARANTEE``).
+GUARANTEES = ("at_least_once", "exactly_once")
+
+
+def check_guarantee(value: str, source: str = "--guarantee") -> str:
+    """``at_least_once`` or ``exactly_once`` (``-`` taken for ``_``, any case); else
+    ``ValueError`` naming ``source``."""
+    v = value.strip().lower().replace("-", "_")
+    if v not in GUARANTEES:
+        raise ValueError(
+            f"{source} {value!r}: the worker runs at_least_once (the default) or exactly_once"
+        )
+    return v
+
+
+def default_journal(data_dir: Path) -> str:
+    """``file://<data dir>/journal?append_log=true`` (the data dir made absolute)."""
+    return f"file://{data_dir.resolve()}/journal?append_log=true"
+
+
+def check_worker_journal(url: str, source: str = "--journal") -> str:
+    """Refuse a journal the worker cannot run on (``ValueError`` naming ``source``)."""
+    value = url.strip()
+    if value.lower() in _KAFKA:
+        return KAFKA_JOURNAL
+    if value.lower() in _NONE:
+        raise ValueError(
+            f"{source}: the Kafka worker never runs without a journal; leave it out for the "
+            "default (the journal on Kafka, 'kafka') or give file:///absolute/path"
+        )
+    if value.startswith("memory://"):
+        raise ValueError(
+            f"{source} {value!r}: the memory journal forgets everything at a restart, and a "
+            "restarted worker must find what the last run journaled; leave it out for the "
+            "journal on Kafka (the default, 'kafka'), or use file:///absolute/path/journal"
+        )
+    try:
+        check_url(value)
+    except ConfigError as exc:  # a password in the URL is not repeated
+        shown = redact(value)
+        raise ValueError(f"{source} {shown!r}: {exc.message.replace(value, shown)}") from None
+    return value
+
+
+def group_instance_id(instance_id: str) -> str:
+    """The consumer's ``group.instance.id`` for an instance id (Kafka takes only letters,
+    digits, ``.``, ``_`` and ``-``, up to 249 characters)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in instance_id)
+    return safe[:249]
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; set a number or unset it") from None
+
+
+def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds; fix or unset it") from None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Settings of one worker process. Each field reads one environment variable
+    (``from_env``); the CLI's options override them."""
+
+    #: ``KAFKA_BOOTSTRAP_SERVERS`` (default ``127.0.0.1:9092``).
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    #: ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``): every topic name and the group.
+    prefix: str = "botmesh"
+    #: ``BOTMESH_DATA_DIR`` (default ``./botmesh-data``): the journal (by default) and
+    #: Faust's own files.
+    data_dir: Path = field(default_factory=lambda: Path("botmesh-data"))
+    #: ``BOTMESH_JOURNAL``: ``kafka`` (the default: the journal on Kafka, shared by the
+    #: group) or a ``file://`` URL (one worker alone).
+    journal: str | None = None
+    #: ``BOTMESH_INSTANCE_ID``: the lease owner in the journal and the consumer's static
+    #: ``group.instance.id``. Stable across restarts of one replica, unique per replica.
+    #: Unset: the runtime's default id, and a dynamic group member.
+    instance_id: str | None = None
+    #: ``BOTMESH_WEB_PORT`` (unset: off): Faust's web server on 127.0.0.1.
+    web_port: int | None = None
+    #: ``BOTMESH_PARTITIONS`` (8): partitions of the topics the worker creates.
+    partitions: int = DEFAULT_PARTITIONS
+    #: ``BOTMESH_REPLICATION`` (1): replication factor of the topics the worker creates.
+    replication: int = 1
+    #: ``BOTMESH_BATCH_SIZE`` (500): records per processing batch.
+    batch_size: int = 500
+    #: Seconds a batch waits for more records before it runs (Faust ``take_events``).
+    batch_within: float = 0.05
+    #: ``BOTMESH_SESSION_TIMEOUT`` (30 s): how long the group waits for a silent member
+    #: (a killed worker without a static id) before it gives its partitions to others.
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
+    #: Longest a batch may keep retrying records (a journal outage) before the worker exits
+    #: without acking it, seconds (default 600, under Faust's max poll interval of 1000).
+    batch_deadline: float = 600.0
+    #: ``BOTMESH_PROCESSING_GUARANTEE`` (``at_least_once``, or ``exactly_once``): Faust's
+    #: processing guarantee. Under ``exactly_once`` the journal's changelog records go into
+    #: the partition's Kafka transaction and a journal commit returns once that transaction
+    #: committed (``botmesh.streams.worker.JournalTable``).
+    guarantee: str = "at_least_once"
+    #: ``BOTMESH_METRICS_INTERVAL`` (10 s): how often the worker publishes its counters to
+    #: ``<prefix>.metrics`` (and once at a clean stop).
+    metrics_interval: float = 10.0
+    #: ``BOTMESH_STOP_TIMEOUT`` (30 s): how long a stop (SIGTERM / Ctrl-C) may take; past
+    #: it the worker logs what it was waiting on and exits with status 70 without acking
+    #: the batch in progress (the broker redelivers it, the journal answers the duplicates).
+    stop_timeout: float = 30.0
+    #: ``BOTMESH_TOPIC_WAIT`` (60 s): how long the worker waits at its start for the
+    #: broker's metadata to list every topic it subscribes to (a topic just created may not
+    #: be listed yet) before it joins its group; past it the worker exits naming the topics.
+    topic_wait: float = 60.0
+    #: ``BOTMESH_LOG_LEVEL`` (``info``).
+    loglevel: str = "info"
+    #: Create the topics at start (idempotent).
+    provision: bool = True
+
+    def __post_init__(self) -> None:
+        if self.journal is not None:
+            check_worker_journal(self.journal, "journal")
+        if self.instance_id is not None and not self.instance_id.strip():
+            raise ValueError("instance id: must not be empty; leave it out for the default")
+        if not 6.0 <= self.session_timeout <= 1800.0:
+            raise ValueError(
+                f"session timeout (BOTMESH_SESSION_TIMEOUT) {self.session_timeout:g}s: Kafka "
+                "accepts 6 to 1800 seconds"
+            )
+        check_guarantee(self.guarantee, "processing guarantee")
+        if not self.stop_timeout > 0:
+            raise ValueError(
+                f"stop timeout (BOTMESH_STOP_TIMEOUT) {self.stop_timeout:g}s: must be a "
+                "positive number of seconds"
+            )
+        if not self.topic_wait > 0:
+            raise ValueError(
+                f"topic wait (BOTMESH_TOPIC_WAIT) {self.topic_wait:g}s: must be a positive "
+                "number of seconds"
+            )
+        if not self.metrics_interval > 0:
+            raise ValueError(
+                f"metrics interval (BOTMESH_METRICS_INTERVAL) {self.metrics_interval:g}s: "
+                "must be a positive number of seconds"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
+        env = os.environ if environ is None else environ
+        journal = env.get("BOTMESH_JOURNAL", "").strip() or None
+        if journal is not None and overrides.get("journal") is None:
+            check_worker_journal(journal, "BOTMESH_JOURNAL")
+        base = cls(
+            bootstrap=env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip() or DEFAULT_BOOTSTRAP,
+            prefix=prefix_from_env(env),
+            data_dir=Path(env.get("BOTMESH_DATA_DIR", "").strip() or "botmesh-data"),
+            journal=journal if overrides.get("journal") is None else None,
+            instance_id=env.get("BOTMESH_INSTANCE_ID", "").strip() or None,
+            web_port=_int_env(env, "BOTMESH_WEB_PORT", None),
+            partitions=_int_env(env, "BOTMESH_PARTITIONS", DEFAULT_PARTITIONS) or 1,
+            replication=_int_env(env, "BOTMESH_REPLICATION", 1) or 1,
+            batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,
+            session_timeout=_float_env(env, "BOTMESH_SESSION_TIMEOUT", DEFAULT_SESSION_TIMEOUT),
+            metrics_interval=_float_env(env, "BOTMESH_METRICS_INTERVAL", 10.0),
+            stop_timeout=_float_env(env, "BOTMESH_STOP_TIMEOUT", 30.0),
+            topic_wait=_float_env(env, "BOTMESH_TOPIC_WAIT", 60.0),
+            loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
+            guarantee=check_guarantee(
+                env.get("BOTMESH_PROCESSING_GUARANTEE", "").strip() or "at_least_once",
+                "BOTMESH_PROCESSING_GUARANTEE",
+            ),
+        )
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        if "prefix" in changes:
+            check_prefix(changes["prefix"])
+        if "guarantee" in changes:
+            changes["guarantee"] = check_guarantee(changes["guarantee"])
+        return replace(base, **changes)
+
+    @property
+    def catalog(self) -> Catalog:
+        return Catalog(self.prefix)
+
+    @property
+    def journal_url(self) -> str:
+        """The journal the worker runs on: ``kafka`` (the default) or a ``file://`` URL."""
+        if self.journal is None:
+            return KAFKA_JOURNAL
+        return check_worker_journal(self.journal, "journal")
+
+    @property
+    def exactly_once(self) -> bool:
+        """Faust's ``exactly_once``: transactional producers, read_committed consumers."""
+        return check_guarantee(self.guarantee, "processing guarantee") == "exactly_once"
+
+    @property
+    def kafka_journal(self) -> bool:
+        """The worker journals on Kafka (a Faust table), not in a file."""
+        return self.journal_url == KAFKA_JOURNAL

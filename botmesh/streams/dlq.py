@@ -1,0 +1,281 @@
+"""Dead letters for operators (``botmesh dlq``): read the dead-letter topics, pick records by
+chat, key, reason or time, and act on them through the chats' owners.
+
+Reading needs no consumer group (nothing is committed): each topic is read from its start
+to the end offsets taken when the read began. Acting never touches a journal from here: each
+action is a ``botmesh.topics.control.ControlRequest`` produced to ``<prefix>.control`` keyed by the
+chat id, carried out by the worker that owns the chat, which answers on
+``<prefix>.control.results``; :func:`ask_owners` waits for those answers.
+
+=============  ==================  ====================================================
+command        dead letters of     what the owner does
+=============  ==================  ====================================================
+``retry``      ``outbox.dlq``      ``retry_send``: the send goes out again, once (a send
+                                   recorded ``sent`` meanwhile is refused: nothing goes)
+``replay``     ``inbound.dlq``     ``replay_inbound``: its handlers run again; a record the
+                                   journal never held (it died before it was journaled)
+                                   is produced again to ``<prefix>.inbound`` instead,
+                                   where its id makes it one message
+``discard``    ``outbox.dlq``      ``discard``: the journal forgets the send
+=============  ==================  ====================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from botmesh.topics import Catalog
+from botmesh.topics.control import ControlRequest, ControlResult, decode_result, encode_control
+from botmesh.topics.dead_letters import DeadLetter, read_dead_letter
+from botmesh.topics.records import chat_key
+
+__all__ = [
+    "DECODE_REASONS",
+    "KINDS",
+    "Filter",
+    "ask_owners",
+    "connect_error",
+    "dlq_topic",
+    "read_dead_letters",
+    "reproduce",
+    "unique",
+]
+
+#: The dead-letter topics by the name the CLI gives them.
+KINDS: tuple[str, ...] = ("inbound", "outbox", "requests")
+
+#: Reasons of records that could not be decoded: replaying them as they are would only
+#: dead-letter them again (fix the record and produce it again).
+DECODE_REASONS = frozenset(
+    {"empty", "bad-json", "not-object", "unknown-version", "missing-chat-id", "wrong-type"}
+)
+
+#: ``progress(done, total)`` after each step of a long read or wait.
+Progress = Callable[[int, int], None]
+
+
+def dlq_topic(cat: Catalog, kind: str) -> str:
+    """The dead-letter topic of ``kind`` (``inbound``, ``outbox`` or ``requests``)."""
+    topics = {"inbound": cat.inbound_dlq, "outbox": cat.outbox_dlq, "requests": cat.requests_dlq}
+    if kind not in topics:
+        raise ValueError(f"unknown dead-letter kind {kind!r}: use one of {', '.join(KINDS)}")
+    return topics[kind]
+
+
+async def _started(client: AIOKafkaConsumer | AIOKafkaProducer, bootstrap: str) -> None:
+    """Start a client; ``ConnectionError`` naming the bootstrap and the fix when it cannot."""
+    try:
+        await client.start()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await client.stop()
+        raise connect_error(bootstrap, exc) from exc
+
+
+def connect_error(bootstrap: str, exc: BaseException) -> ConnectionError:
+    return ConnectionError(
+        f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running and "
+        "KAFKA_BOOTSTRAP_SERVERS (or --bootstrap) right?"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which dead letters: all given criteria must hold (``None``: any)."""
+
+    chat: str | None = None
+    #: The send's idempotency key, or the inbound's id.
+    key: str | None = None
+    reason: str | None = None
+    #: Dead at or after / before (Unix seconds).
+    since: float | None = None
+    until: float | None = None
+
+    def match(self, letter: DeadLetter) -> bool:
+        if self.chat is not None and letter.chat_id != self.chat:
+            return False
+        if self.key is not None and self.key not in (letter.send_key, letter.inbound_id):
+            return False
+        if self.reason is not None and letter.reason != self.reason:
+            return False
+        if self.since is not None and letter.dead_ts < self.since:
+            return False
+        return self.until is None or letter.dead_ts < self.until
+
+
+async def read_dead_letters(
+    bootstrap: str,
+    topics: Sequence[str],
+    flt: Filter = Filter(),
+    *,
+    progress: Progress | None = None,
+) -> list[DeadLetter]:
+    """The dead letters of ``topics`` that match ``flt``, in topic, partition and offset
+    order. Raises ``ConnectionError`` when the broker cannot be reached."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await _started(consumer, bootstrap)
+    found: list[DeadLetter] = []
+    try:
+        metadata = await consumer._client.fetch_all_metadata()
+        tps = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(metadata.partitions_for_topic(t) or ())
+        ]
+        if not tps:
+            return []
+        ends = await consumer.end_offsets(tps)
+        starts = await consumer.beginning_offsets(tps)
+        total = sum(ends[tp] - starts[tp] for tp in tps)
+        todo = {tp for tp in tps if ends[tp] > starts[tp]}
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        done = 0
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=1000)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    if m.offset >= ends[tp]:
+                        break
+                    done += 1
+                    letter = read_dead_letter(
+                        m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, m.headers
+                    )
+                    if flt.match(letter):
+                        found.append(letter)
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+            if progress is not None:
+                progress(done, total)
+    finally:
+        await consumer.stop()
+    found.sort(key=lambda d: (topics.index(d.topic), d.partition, d.offset))
+    return found
+
+
+def unique(
+    letters: Iterable[DeadLetter], key: Callable[[DeadLetter], str | None]
+) -> list[DeadLetter]:
+    """One dead letter per ``key`` (the latest copy: a dead record may be copied twice),
+    leaving out those without one."""
+    latest: dict[str, DeadLetter] = {}
+    for letter in letters:
+        k = key(letter)
+        if k:
+            latest[k] = letter
+    return list(latest.values())
+
+
+def control_requests(
+    letters: Iterable[DeadLetter], action: str, target: Callable[[DeadLetter], str | None]
+) -> list[ControlRequest]:
+    by = f"botmesh-cli@{uuid.uuid4().hex[:8]}"
+    out = []
+    for letter in letters:
+        t, chat = target(letter), letter.chat_id
+        if t and chat:
+            out.append(
+                ControlRequest(
+                    id=uuid.uuid4().hex,
+                    chat_id=chat,
+                    action=action,  # type: ignore[arg-type]
+                    target=t,
+                    by=by,
+                )
+            )
+    return out
+
+
+async def ask_owners(
+    bootstrap: str,
+    cat: Catalog,
+    requests: Sequence[ControlRequest],
+    *,
+    wait_s: float = 30.0,
+    progress: Progress | None = None,
+) -> dict[str, ControlResult]:
+    """Produce ``requests`` to the control topic (keyed by chat id, acks=all) and wait up to
+    ``wait_s`` seconds for their results; request id -> result, for those answered.
+    Raises ``LookupError`` when the control topic does not exist (no worker of this version
+    ever ran), ``ConnectionError`` when the broker cannot be reached."""
+    if not requests:
+        return {}
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await _started(consumer, bootstrap)
+    try:
+        await _started(producer, bootstrap)
+    except ConnectionError:
+        await consumer.stop()
+        raise
+    answered: dict[str, ControlResult] = {}
+    try:
+        metadata = await consumer._client.fetch_all_metadata()
+        for topic in (cat.control, cat.control_results):
+            if not metadata.partitions_for_topic(topic):
+                raise LookupError(
+                    f"topic {topic!r} does not exist: start a worker of this version (it "
+                    f"creates it) or run `botmesh topics create --prefix {cat.prefix}`"
+                )
+        tps = [
+            TopicPartition(cat.control_results, p)
+            for p in sorted(metadata.partitions_for_topic(cat.control_results) or ())
+        ]
+        start = await consumer.end_offsets(tps)  # results of earlier requests are not ours
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, start[tp])
+        acks = [
+            await producer.send(cat.control, encode_control(r), key=chat_key(r.chat_id))
+            for r in requests
+        ]
+        await asyncio.gather(*acks)
+        wanted = {r.id for r in requests}
+        deadline = time.monotonic() + wait_s
+        while wanted - answered.keys() and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for msgs in batch.values():
+                for m in msgs:
+                    rid = (m.key or b"").decode(errors="replace")
+                    if rid in wanted:
+                        with contextlib.suppress(Exception):
+                            answered[rid] = decode_result(m.value)
+            if progress is not None:
+                progress(len(answered), len(wanted))
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    return answered
+
+
+async def reproduce(bootstrap: str, topic: str, letters: Sequence[DeadLetter]) -> int:
+    """Produce each dead letter's key and value again to ``topic`` (acks=all), with a header
+    ``redriven.from`` naming the dead letter; how many."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await _started(producer, bootstrap)
+    try:
+        acks = [
+            await producer.send(
+                topic,
+                d.value,
+                key=(d.key or "").encode() or None,
+                headers=[("redriven.from", f"{d.topic}:{d.partition}:{d.offset}".encode())],
+            )
+            for d in letters
+        ]
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()
+    return len(letters)

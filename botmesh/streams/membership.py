@@ -1,0 +1,226 @@
+"""The worker's place in its consumer group: it joins only once the broker lists every topic
+it subscribes to, and it never sits on an empty assignment that nobody else covers.
+
+Two hazards, both silent before (a worker that said it was ready and answered nothing):
+
+- **Topics not listed yet.** The group's leader computes the assignment from the metadata
+  its consumer holds at that moment. A topic just created (by the worker's provisioning, by
+  ``botmesh topics create`` a moment before, or by Faust itself: its changelogs and its
+  ``__assignor-__leader`` topic) may not be in a broker's metadata yet; the leader then
+  skips it (Faust: ``Ignoring missing topic``) and assigns nothing of it, and the consumer
+  only refreshes its metadata every five minutes. ``wait_for_topics`` holds the join until
+  the broker lists every subscribed topic with a leader for each partition, and gives up
+  after ``BOTMESH_TOPIC_WAIT`` seconds naming the topics it still misses.
+- **An empty assignment that sticks.** A static member (``--instance-id``) that rejoins
+  gets its last assignment back from the coordinator without a rebalance (KIP-345), so an
+  empty one sticks across restarts. ``AssignmentWatch`` checks a worker that owns no
+  partition of the inbound: when the group is stable and some inbound partitions have no
+  owner among its members, it removes this worker from the group (LeaveGroup by instance
+  id, or by member id for a dynamic member), which makes the consumer join again and the
+  group rebalance; it logs why and counts it (``forcedRebalances``). A worker that owns no
+  partition because the group's other members own them all (more workers than partitions)
+  is left as it is.
+
+``AssignmentWatch.ready`` is the readiness the worker reports: true while it owns inbound
+partitions, or owns none and none is left without an owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+
+from botmesh.streams.operator import Member, describe_group, remove_members
+from botmesh.streams.provision import admin_client
+
+__all__ = ["AssignmentWatch", "TopicsNotListed", "unlisted_topics", "wait_for_topics"]
+
+log = logging.getLogger("botmesh.streams")
+
+#: Seconds between two lines saying what the join still waits for.
+_SAY_EVERY_S = 10.0
+
+
+class TopicsNotListed(Exception):
+    """The broker's metadata still lacks some subscribed topics after the wait's limit."""
+
+    def __init__(self, missing: Mapping[str, str], waited: float) -> None:
+        self.missing = dict(missing)
+        self.waited = waited
+        what = "; ".join(f"{name} ({why})" for name, why in sorted(self.missing.items()))
+        super().__init__(
+            f"the broker's metadata does not list {what} after {waited:.0f}s "
+            "(BOTMESH_TOPIC_WAIT): check the topic prefix and that the topics exist "
+            "(`botmesh topics list`), or create them (`botmesh topics create`)"
+        )
+
+
+def unlisted_topics(bootstrap: str, names: Iterable[str], timeout: float = 10.0) -> dict[str, str]:
+    """Of ``names``, those the broker's metadata does not list ready to be assigned: name ->
+    why (not listed, an error, no partitions, partitions without a leader). Blocking."""
+    try:
+        meta = admin_client(bootstrap).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        return dict.fromkeys(names, f"metadata not read: {exc}")
+    missing: dict[str, str] = {}
+    for name in names:
+        topic = meta.topics.get(name)
+        if topic is None:
+            missing[name] = "not listed"
+        elif topic.error is not None:
+            missing[name] = str(topic.error)
+        elif not topic.partitions:
+            missing[name] = "no partitions"
+        else:
+            leaderless = sorted(p for p, md in topic.partitions.items() if md.leader < 0)
+            if leaderless:
+                missing[name] = f"no leader for partitions {leaderless}"
+    return missing
+
+
+async def wait_for_topics(
+    bootstrap: str, names: Iterable[str], limit: float, *, poll: float = 0.25
+) -> float:
+    """Wait until the broker lists every topic of ``names`` with a leader for each partition;
+    the seconds it waited. ``TopicsNotListed`` after ``limit`` seconds."""
+    wanted = sorted(set(names))
+    started = time.monotonic()
+    said = 0.0
+    while True:
+        missing = await asyncio.to_thread(unlisted_topics, bootstrap, wanted)
+        waited = time.monotonic() - started
+        if not missing:
+            if said:
+                log.info("the broker lists every topic of the group now (waited %.1fs)", waited)
+            return waited
+        if waited >= limit:
+            raise TopicsNotListed(missing, waited)
+        if not said or waited - said >= _SAY_EVERY_S:
+            # the first line at info: a topic created a moment ago is the common case
+            (log.warning if said else log.info)(
+                "waiting for the broker's metadata to list %s before joining the group "
+                "(%.0fs so far, limit %.0fs: BOTMESH_TOPIC_WAIT)",
+                ", ".join(f"{n} ({why})" for n, why in sorted(missing.items())),
+                waited,
+                limit,
+            )
+            said = max(waited, 1e-9)
+        await asyncio.sleep(min(poll, max(limit - waited, 0.0)))
+
+
+@dataclass
+class AssignmentWatch:
+    """Checks, every ``interval`` seconds while the worker owns no inbound partition, that
+    the group leaves no inbound partition without an owner; forces a rebalance if it does."""
+
+    bootstrap: str
+    group: str
+    #: the topic whose partitions the worker must own (the inbound)
+    topic: str
+    #: the inbound partitions this worker owns now
+    owned: Callable[[], set[int]]
+    #: this worker's static instance id (``group.instance.id``), or None
+    instance_id: str | None
+    #: this worker's member id now (a dynamic member is removed by it)
+    member_id: Callable[[], str | None]
+    #: true while the worker rebalances (nothing is checked then)
+    rebalancing: Callable[[], bool] = lambda: False
+    interval: float = 2.0
+    #: seconds after a forced rebalance before the next check
+    settle: float = 10.0
+    #: rebalances this worker forced (``forcedRebalances`` in its metrics)
+    forced: int = 0
+    ready: bool = False
+    _said: str = ""
+
+    async def run(self) -> None:
+        while True:
+            try:
+                acted = await self.check()
+            except Exception as exc:  # a broker out of reach: checked again later
+                log.warning(
+                    "cannot check this worker's assignment: %s: %s", type(exc).__name__, exc
+                )
+                acted = False
+            await asyncio.sleep(self.settle if acted else self.interval)
+
+    async def check(self) -> bool:
+        """One check; true when it forced a rebalance."""
+        mine = self.owned()
+        if mine:
+            self._say(f"ready: owns partitions {sorted(mine)} of {self.topic}", ready=True)
+            return False
+        if self.rebalancing():
+            return False
+        counts, info = await asyncio.to_thread(self._read_group)
+        partitions = counts.get(self.topic, 0)
+        if not partitions or info.state != "stable":
+            self._say(
+                f"not ready: owns no partition of {self.topic} (group {info.state})",
+                ready=False,
+            )
+            return False
+        me = self._me(info.members)
+        if me is not None and me.partitions.get(self.topic):
+            self._say(f"not ready: taking partitions of {self.topic}", ready=False)
+            return False  # assigned, not yet taken up by the consumer
+        owners = {p for m in info.members if m is not me for p in m.partitions.get(self.topic, [])}
+        unowned = sorted(set(range(partitions)) - owners)
+        if not unowned:
+            self._say(
+                f"ready, idle: the group's other members own every partition of {self.topic}",
+                ready=True,
+            )
+            return False
+        self.ready = False
+        self.forced += 1
+        self._said = ""
+        log.warning(
+            "not ready: this worker owns no partition of %s while partitions %s have no owner "
+            "in group %s (%d members); its assignment was computed without them (a topic not "
+            "listed yet when the group's leader assigned, and kept by a static member's "
+            "rejoin): leaving the group to force a rebalance (%d forced so far)",
+            self.topic,
+            unowned,
+            self.group,
+            len(info.members),
+            self.forced,
+        )
+        if me is None:
+            log.warning("this worker is not a member of group %s yet; checked again", self.group)
+            return True
+        await remove_members(self.bootstrap, self.group, [me], wait_s=10.0)
+        return True
+
+    def _read_group(self) -> tuple[dict[str, int], GroupState]:
+        admin = admin_client(self.bootstrap)
+        meta = admin.list_topics(timeout=10.0)
+        counts = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
+        info = describe_group(self.bootstrap, self.group, timeout=10.0)
+        return counts, GroupState(info.state, info.members)
+
+    def _me(self, members: list[Member]) -> Member | None:
+        member_id = self.member_id()
+        for m in members:
+            if self.instance_id is not None and m.instance_id == self.instance_id:
+                return m
+            if self.instance_id is None and member_id and m.member_id == member_id:
+                return m
+        return None
+
+    def _say(self, what: str, *, ready: bool) -> None:
+        self.ready = ready
+        if what != self._said:
+            self._said = what
+            (log.info if ready else log.warning)("%s", what)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    state: str
+    members: list[Member]

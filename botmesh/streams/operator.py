@@ -1,0 +1,827 @@
+"""The operator's view of a deployment on Kafka: ``botmesh replay``, ``status`` and
+``metrics`` (``botmesh._ops`` prints what these functions return).
+
+- :func:`replay` resets the worker group's committed offsets (``<prefix>.worker``) on the
+  inbound and/or requests topic, as ``kafka-consumer-groups.sh --reset-offsets`` does: to
+  an offset, to the first record at or after a time (a consumer's ``offsets_for_times``),
+  or to the earliest retained record. It is refused (:class:`Refused`) while the group
+  lists members, because the broker only takes offsets for a group nobody is in and a
+  live worker would commit over them; ``force`` first removes the listed members from the
+  group (a LeaveGroup for each, as Java's ``Admin.removeMembersFromConsumerGroup``: the
+  way to clear a static member whose worker stopped and whose session has not expired; a
+  running worker removed so rejoins at its next heartbeat, goes on from its own position
+  and commits over the reset).
+- :func:`status`: the group's state and members, the lag of every inbound and requests
+  partition, the journal's changelog (read to its end, last value of each key wins), the
+  dead letters of each DLQ topic.
+- :func:`read_metrics`: the last counters each worker published on ``<prefix>.metrics``
+  (:func:`metrics_record` is the record the worker produces).
+
+Everything here is synchronous (confluent-kafka's AdminClient and Consumer) except the
+removal of members (aiokafka, with a LeaveGroup v3 request: confluent-kafka has no call
+for it). A broker that does not
+answer raises ``ConnectionError``; a missing topic :class:`TopicMissing`; a bad argument
+``ValueError``; a precondition that does not hold :class:`Refused`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka.client import AIOKafkaClient, CoordinationType
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from botmesh.streams.table_kv import TABLE_NAME, decode_entry
+from botmesh.topics.catalog import Catalog
+
+__all__ = [
+    "METRICS_VERSION",
+    "GroupInfo",
+    "JournalSummary",
+    "Lag",
+    "Member",
+    "Move",
+    "Refused",
+    "ReplayResult",
+    "Status",
+    "TopicCount",
+    "TopicMissing",
+    "WorkerMetrics",
+    "decode_metrics",
+    "describe_group",
+    "metrics_record",
+    "parse_time",
+    "read_metrics",
+    "remove_members",
+    "replay",
+    "status",
+    "sum_counters",
+]
+
+#: Seconds any one request to the broker may take (``--timeout``).
+DEFAULT_TIMEOUT = 10.0
+#: The ``"v"`` of a record on ``<prefix>.metrics``.
+METRICS_VERSION = 1
+#: Replayable topics by their ``--topic`` name.
+REPLAYABLE = ("inbound", "requests")
+_UNREACHABLE = {
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
+_EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+_LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+
+
+class Refused(Exception):
+    """A precondition does not hold (live members); the message names the fix. The CLI
+    exits 1."""
+
+
+class TopicMissing(LookupError):
+    """A topic of the prefix does not exist (a wrong prefix, no topics created yet). The
+    CLI exits 3, as ``botmesh dlq`` does."""
+
+
+# -- the group ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    member_id: str
+    client_id: str
+    host: str
+    instance_id: str | None
+    #: topic -> partitions assigned to the member (the inbound, the requests and the
+    #: journal's changelog, by Faust's assignor)
+    partitions: dict[str, list[int]]
+
+    def describe(self) -> str:
+        who = self.instance_id or self.member_id
+        return f"{who} (client {self.client_id} on {self.host.lstrip('/')})"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    group: str
+    #: ``stable``, ``empty``, ``preparing_rebalancing``, ``completing_rebalancing``, ``dead``
+    #: (also: no such group), ``unknown``
+    state: str
+    members: list[Member]
+
+
+def _admin(bootstrap: str, timeout: float) -> AdminClient:
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.timeout.ms": int(timeout * 1000),
+            "log_level": 0,  # librdkafka's connection-refused lines add nothing to ours
+        }
+    )
+
+
+def _unreachable(bootstrap: str, exc: BaseException) -> ConnectionError:
+    return ConnectionError(
+        f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running "
+        "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS (--bootstrap) right?"
+    )
+
+
+def _code(exc: KafkaException) -> int | None:
+    err = exc.args[0] if exc.args else None
+    return err.code() if isinstance(err, KafkaError) else None
+
+
+def _result(fut: Any, bootstrap: str, timeout: float) -> Any:
+    try:
+        return fut.result(timeout)
+    except KafkaException as exc:
+        if _code(exc) in _UNREACHABLE:
+            raise _unreachable(bootstrap, exc) from None
+        raise
+
+
+def _topics(admin: AdminClient, bootstrap: str, timeout: float) -> dict[str, int]:
+    """Topic -> partition count; the first call of every command: ``ConnectionError``
+    when the broker does not answer."""
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise _unreachable(bootstrap, exc) from None
+    return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
+
+
+def _require(topics: Mapping[str, int], name: str, cat: Catalog) -> int:
+    if name not in topics:
+        raise TopicMissing(
+            f"topic {name!r} does not exist: is the prefix right (--prefix, "
+            f"BOTMESH_TOPIC_PREFIX; here {cat.prefix!r})? `botmesh topics create` creates the "
+            "topics, and so does the worker at its start"
+        )
+    return topics[name]
+
+
+def describe_group(bootstrap: str, group: str, timeout: float = 10.0) -> GroupInfo:
+    """The group's state and members with their partitions (blocking)."""
+    return _describe(_admin(bootstrap, timeout), group, bootstrap, timeout)
+
+
+def _describe(admin: AdminClient, group: str, bootstrap: str, timeout: float) -> GroupInfo:
+    futs = admin.describe_consumer_groups([group], request_timeout=timeout)
+    try:
+        desc = _result(futs[group], bootstrap, timeout)
+    except KafkaException as exc:
+        if _code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
+            return GroupInfo(group, "dead", [])
+        raise
+    members = []
+    for m in desc.members:
+        owned: dict[str, list[int]] = {}
+        for tp in m.assignment.topic_partitions if m.assignment is not None else []:
+            owned.setdefault(tp.topic, []).append(tp.partition)
+        members.append(
+            Member(
+                member_id=m.member_id,
+                client_id=m.client_id,
+                host=m.host,
+                instance_id=m.group_instance_id,
+                partitions={t: sorted(ps) for t, ps in sorted(owned.items())},
+            )
+        )
+    state = desc.state.name.lower() if desc.state is not None else "unknown"
+    members.sort(key=lambda m: (m.instance_id or "", m.member_id))
+    return GroupInfo(group, state, members)
+
+
+def _committed(
+    admin: AdminClient, group: str, bootstrap: str, timeout: float
+) -> dict[tuple[str, int], int]:
+    futs = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group)], request_timeout=timeout
+    )
+    try:
+        res = _result(futs[group], bootstrap, timeout)
+    except KafkaException as exc:
+        if _code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
+            return {}
+        raise
+    return {
+        (tp.topic, tp.partition): tp.offset
+        for tp in res.topic_partitions
+        if tp.offset >= 0 and tp.error is None
+    }
+
+
+def _offsets(
+    admin: AdminClient,
+    tps: Iterable[tuple[str, int]],
+    spec: OffsetSpec,
+    bootstrap: str,
+    timeout: float,
+) -> dict[tuple[str, int], int]:
+    """``(topic, partition) -> offset`` for ``spec`` (earliest, latest); ``latest`` under
+    read_committed is the last stable offset (no open transaction's records)."""
+    request = {TopicPartition(t, p): spec for t, p in tps}
+    if not request:
+        return {}
+    futs = admin.list_offsets(
+        request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
+    )
+    return {
+        (tp.topic, tp.partition): _result(f, bootstrap, timeout).offset for tp, f in futs.items()
+    }
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One partition of a replay: its committed offset (``None``: nothing committed) and the
+    one the replay sets, with the partition's retained range ``[start, end)``."""
+
+    topic: str
+    partition: int
+    current: int | None
+    new: int
+    start: int
+    end: int
+
+    @property
+    def records(self) -> int:
+        """Records the group reads again (negative: skipped) compared to the committed
+        offset (or to the start when nothing is committed)."""
+        return (self.current if self.current is not None else self.start) - self.new
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    group: str
+    #: ``offset N``, ``time <ISO> (<ms>)`` or ``earliest``
+    target: str
+    members: list[Member]
+    moves: list[Move]
+    dry_run: bool
+    applied: bool = False
+    #: members removed from the group (``force``)
+    removed: list[str] = field(default_factory=list)
+    #: a dry run's refusal: what the real run would say (and exit 1 with)
+    refused: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["moves"] = [{**asdict(m), "records": m.records} for m in self.moves]
+        return out
+
+
+def parse_time(value: str) -> int:
+    """``--from-time``: ISO 8601 (``2026-12-03T12:00:00Z``; without a zone: UTC) or seconds
+    since the epoch (decimals allowed); returns epoch milliseconds."""
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"--from-time {value!r}: give an ISO 8601 time (2026-12-03T12:00:00Z) or "
+                "seconds since the epoch (1796299200)"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp()
+    if seconds < 0:
+        raise ValueError(f"--from-time {value!r}: before the epoch")
+    return round(seconds * 1000)
+
+
+def _live_members_message(info: GroupInfo) -> str:
+    who = ", ".join(m.describe() for m in info.members)
+    return (
+        f"group {info.group!r} has {len(info.members)} live member(s): {who}; the broker "
+        "takes new offsets only for a group nobody is in, and a running worker would commit "
+        "over them. Stop the workers first (SIGTERM; a worker with an instance id stays "
+        "listed up to BOTMESH_SESSION_TIMEOUT, 30 s by default, after it stopped), then run "
+        "this again; or pass --force to remove these members from the group first (only "
+        "when their workers are stopped: a running one rejoins)"
+    )
+
+
+def replay(
+    bootstrap: str,
+    cat: Catalog,
+    *,
+    from_offset: int | None = None,
+    from_time_ms: int | None = None,
+    to_earliest: bool = False,
+    topics: Sequence[str] = ("inbound",),
+    partitions: Sequence[int] | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> ReplayResult:
+    """Reset the worker group's offsets on ``topics`` (``inbound``, ``requests``) to
+    ``from_offset`` (clamped into each partition's retained range), to the first record at
+    or after ``from_time_ms`` (the end where there is none), or to the earliest retained
+    record. ``dry_run``: compute and return the moves only."""
+    if sum(x is not None and x is not False for x in (from_offset, from_time_ms, to_earliest)) != 1:
+        raise ValueError("give exactly one of --from-offset, --from-time, --to-earliest")
+    if from_offset is not None and from_offset < 0:
+        raise ValueError(f"--from-offset {from_offset}: must be >= 0")
+    unknown = [t for t in topics if t not in REPLAYABLE]
+    if unknown or not topics:
+        raise ValueError(f"--topic {unknown}: use {' or '.join(REPLAYABLE)}")
+    admin = _admin(bootstrap, timeout)
+    have = _topics(admin, bootstrap, timeout)
+    names = [cat.inbound if t == "inbound" else cat.requests for t in dict.fromkeys(topics)]
+    tps: list[tuple[str, int]] = []
+    for name in names:
+        count = _require(have, name, cat)
+        chosen = sorted(set(partitions)) if partitions else list(range(count))
+        bad = [p for p in chosen if not 0 <= p < count]
+        if bad:
+            raise ValueError(f"--partition {bad}: {name} has partitions 0-{count - 1}")
+        tps += [(name, p) for p in chosen]
+    info = _describe(admin, cat.group, bootstrap, timeout)
+    committed = _committed(admin, cat.group, bootstrap, timeout)
+    starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
+    ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
+    if from_offset is not None:
+        target = f"offset {from_offset}"
+        news = {tp: min(max(from_offset, starts[tp]), ends[tp]) for tp in tps}
+    elif from_time_ms is not None:
+        iso = datetime.fromtimestamp(from_time_ms / 1000, UTC).isoformat()
+        target = f"time {iso} ({from_time_ms} ms)"
+        news = _for_time(
+            bootstrap=bootstrap, cat=cat, tps=tps, ts_ms=from_time_ms, ends=ends, timeout=timeout
+        )
+    else:
+        target = "earliest"
+        news = dict(starts)
+    moves = [
+        Move(t, p, committed.get((t, p)), news[(t, p)], starts[(t, p)], ends[(t, p)])
+        for t, p in tps
+    ]
+    result = ReplayResult(cat.group, target, info.members, moves, dry_run)
+    if info.members and not force:
+        if dry_run:
+            result.refused = _live_members_message(info)
+            return result
+        raise Refused(_live_members_message(info))
+    if dry_run:
+        return result
+    if info.members:
+        result.removed = asyncio.run(remove_members(bootstrap, cat.group, info.members, timeout))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _alter(admin, cat.group, moves, bootstrap, timeout)
+            break
+        except Refused:
+            # the group settles as empty just after its last member left; a member that
+            # is back is a running worker
+            again = _describe(admin, cat.group, bootstrap, timeout)
+            if again.members or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    result.applied = True
+    return result
+
+
+def _for_time(
+    *,
+    bootstrap: str,
+    cat: Catalog,
+    tps: Sequence[tuple[str, int]],
+    ts_ms: int,
+    ends: Mapping[tuple[str, int], int],
+    timeout: float,
+) -> dict[tuple[str, int], int]:
+    """The first offset at or after ``ts_ms`` in each partition (record timestamps), the
+    end offset where no record is that recent."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{cat.prefix}.operator",  # never joins: assign/offsets only
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    try:
+        found = consumer.offsets_for_times(
+            [TopicPartition(t, p, ts_ms) for t, p in tps], timeout=timeout
+        )
+    except KafkaException as exc:
+        raise _unreachable(bootstrap, exc) from None
+    finally:
+        consumer.close()
+    out = {}
+    for tp in found:
+        if tp.error is not None:
+            raise RuntimeError(f"offsets_for_times {tp.topic}[{tp.partition}]: {tp.error}")
+        key = (tp.topic, tp.partition)
+        out[key] = tp.offset if tp.offset >= 0 else ends[key]
+    return out
+
+
+def _alter(
+    admin: AdminClient, group: str, moves: Sequence[Move], bootstrap: str, timeout: float
+) -> None:
+    request = ConsumerGroupTopicPartitions(
+        group, [TopicPartition(m.topic, m.partition, m.new) for m in moves]
+    )
+    futs = admin.alter_consumer_group_offsets([request], request_timeout=timeout)
+    try:
+        res = _result(futs[group], bootstrap, timeout)
+    except KafkaException as exc:
+        if _code(exc) in {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS}:
+            raise Refused(
+                f"the broker refused the new offsets of group {group!r}: it has members "
+                f"again ({exc}); a worker of the group is running: stop it first"
+            ) from None
+        raise
+    failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in res.topic_partitions if tp.error]
+    if failed:
+        raise RuntimeError(f"offsets not set for {', '.join(failed)}")
+
+
+async def remove_members(
+    bootstrap: str, group: str, members: Sequence[Member], wait_s: float
+) -> list[str]:
+    """Remove ``members`` from ``group`` (LeaveGroup v3: a static member by its instance id,
+    a dynamic one by its member id); returns who was removed."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(wait_s * 1000))
+    try:
+        await client.bootstrap()
+    except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
+        await client.close()
+        raise _unreachable(bootstrap, exc) from None
+    try:
+        node = await client.coordinator_lookup(CoordinationType.GROUP, group)
+        leave = [("" if m.instance_id else m.member_id, m.instance_id) for m in members]
+        response = await client.send(node, _RemoveMembers(group, leave))
+    finally:
+        await client.close()
+    errors = [f"group: error {response.error_code}"] if response.error_code else []
+    removed = []
+    for member_id, instance_id, code in response.members:
+        who = instance_id or member_id
+        if code in (0, 25):  # 25 UNKNOWN_MEMBER_ID: gone already
+            removed.append(who)
+        else:
+            errors.append(f"{who}: error {code}")
+    if errors:
+        raise RuntimeError(f"cannot remove the members of group {group!r}: {'; '.join(errors)}")
+    return removed
+
+
+class _LeaveGroupResponseV3(Response):  # type: ignore[misc]
+    API_KEY = 13
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        (
+            "members",
+            Array(
+                ("member_id", String("utf-8")),
+                ("group_instance_id", String("utf-8")),
+                ("error_code", Int16),
+            ),
+        ),
+    )
+
+
+class _LeaveGroupRequestV3(RequestStruct):  # type: ignore[misc]
+    API_KEY = 13
+    API_VERSION = 3
+    RESPONSE_TYPE = _LeaveGroupResponseV3
+    SCHEMA = Schema(
+        ("group_id", String("utf-8")),
+        ("members", Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8")))),
+    )
+
+
+class _RemoveMembers(Request[_LeaveGroupRequestV3]):  # type: ignore[misc]
+    """LeaveGroup v3 (aiokafka has v0-v1 only: a member id, no instance id)."""
+
+    API_KEY = 13
+
+    def __init__(self, group: str, members: list[tuple[str, str | None]]) -> None:
+        self._group = group
+        self._members = members
+
+    def build(self, request_struct_class: type[_LeaveGroupRequestV3]) -> _LeaveGroupRequestV3:
+        return request_struct_class(self._group, self._members)
+
+
+# -- reading a compacted topic -----------------------------------------------------------------
+
+Progress = Callable[[int, int], None]
+
+
+def _read_compacted(
+    *,
+    bootstrap: str,
+    cat: Catalog,
+    topic: str,
+    partitions: int,
+    on_record: Callable[[bytes, bytes | None], None],
+    timeout: float,
+    progress: Progress | None = None,
+) -> tuple[int, int]:
+    """Read every partition of ``topic`` from its start to its end (read_committed: up to
+    the last stable offset), handing each record to ``on_record``; returns the offsets the
+    topic spans (sum of end minus start) and the records read."""
+    admin = _admin(bootstrap, timeout)
+    tps = [(topic, p) for p in range(partitions)]
+    starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
+    ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
+    span = sum(ends[tp] - starts[tp] for tp in tps)
+    todo = {tp for tp in tps if ends[tp] > starts[tp]}
+    read = 0
+    if progress is not None:
+        progress(0, span)
+    if not todo:
+        return span, 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{cat.prefix}.operator",  # never joins: assign only, no commits
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "log_level": 0,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in sorted(todo)])
+        done_offsets = dict(starts)
+        quiet_since = time.monotonic()
+        while todo:
+            batch = consumer.consume(num_messages=5000, timeout=0.5)
+            if not batch:
+                if time.monotonic() - quiet_since > 3 * timeout:
+                    raise ConnectionError(
+                        f"reading {topic} stalled at {done_offsets} (ends {ends}); is the "
+                        f"broker at {bootstrap!r} still up?"
+                    )
+                continue
+            quiet_since = time.monotonic()
+            for m in batch:
+                tp = (str(m.topic()), int(m.partition() or 0))
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if int(m.offset() or 0) >= ends[tp]:
+                            todo.discard(tp)
+                        continue
+                    raise KafkaException(err)
+                offset = int(m.offset() or 0)
+                if offset >= ends[tp]:
+                    todo.discard(tp)
+                    continue
+                key, value = m.key(), m.value()
+                on_record(
+                    key if isinstance(key, bytes) else b"",
+                    value if isinstance(value, bytes) else None,
+                )
+                read += 1
+                done_offsets[tp] = offset + 1
+            if progress is not None:
+                progress(sum(done_offsets[tp] - starts[tp] for tp in tps), span)
+    finally:
+        consumer.close()
+    if progress is not None:
+        progress(span, span)
+    return span, read
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    topic: str
+    partition: int
+    #: the group's committed offset; ``None``: nothing committed (the worker starts at the
+    #: earliest retained record)
+    committed: int | None
+    end: int
+    lag: int
+    #: instance id (or member id) of the member that owns the partition, if any
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCount:
+    topic: str
+    #: end minus start offsets, summed over the partitions; ``None``: no such topic
+    records: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSummary:
+    topic: str
+    #: end minus start offsets summed (records not yet compacted away, transaction markers
+    #: of ``exactly_once`` included)
+    offsets: int
+    #: records read (read_committed, from the start to the end), key and value bytes of them
+    records: int
+    bytes: int
+    #: keys whose last record is not a tombstone
+    keys: int
+    #: outbox keys whose last value has state ``unknown`` and ``ambiguous`` true
+    ambiguous: int
+
+
+@dataclass(slots=True)
+class Status:
+    group: GroupInfo
+    lags: list[Lag]
+    dead_letters: list[TopicCount]
+    journal: JournalSummary | None
+
+    @property
+    def total_lag(self) -> int:
+        return sum(x.lag for x in self.lags)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group.group,
+            "state": self.group.state,
+            "members": [asdict(m) for m in self.group.members],
+            "lag": [asdict(x) for x in self.lags],
+            "total_lag": self.total_lag,
+            "dead_letters": [asdict(d) for d in self.dead_letters],
+            "journal": asdict(self.journal) if self.journal is not None else None,
+        }
+
+
+def _is_ambiguous_send(key: str, value: Mapping[str, Any]) -> bool:
+    parts = key.split("/", 2)  # <scope>/out/<idempotency key>; the scope has no '/'
+    return (
+        len(parts) == 3
+        and parts[1] == "out"
+        and value.get("state") == "unknown"
+        and bool(value.get("ambiguous"))
+    )
+
+
+def status(
+    bootstrap: str,
+    cat: Catalog,
+    *,
+    journal: bool = True,
+    progress: Progress | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Status:
+    """The group, the lag of its inbound and requests partitions, the dead letters and
+    (``journal``) a read of the journal's changelog to its end."""
+    admin = _admin(bootstrap, timeout)
+    have = _topics(admin, bootstrap, timeout)
+    _require(have, cat.inbound, cat)
+    info = _describe(admin, cat.group, bootstrap, timeout)
+    committed = _committed(admin, cat.group, bootstrap, timeout)
+    tps = [(t, p) for t in (cat.inbound, cat.requests) if t in have for p in range(have[t])]
+    starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
+    ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
+    owners = {
+        (t, p): m.instance_id or m.member_id
+        for m in info.members
+        for t, ps in m.partitions.items()
+        for p in ps
+    }
+    lags = []
+    for tp in tps:
+        done = committed.get(tp)
+        lags.append(
+            Lag(
+                tp[0],
+                tp[1],
+                done,
+                ends[tp],
+                ends[tp] - (starts[tp] if done is None else done),
+                owners.get(tp),
+            )
+        )
+    dlqs = [cat.inbound_dlq, cat.requests_dlq, cat.outbox_dlq]
+    dlq_tps = [(t, p) for t in dlqs if t in have for p in range(have[t])]
+    dstarts = _offsets(admin, dlq_tps, _EARLIEST, bootstrap, timeout)
+    dends = _offsets(admin, dlq_tps, _LATEST, bootstrap, timeout)
+    dead = [
+        TopicCount(
+            t, sum(dends[tp] - dstarts[tp] for tp in dlq_tps if tp[0] == t) if t in have else None
+        )
+        for t in dlqs
+    ]
+    summary = None
+    changelog = cat.changelog(TABLE_NAME)
+    if journal and changelog in have:
+        latest: dict[bytes, bytes | None] = {}
+        size = 0
+
+        def keep(key: bytes, value: bytes | None) -> None:
+            nonlocal size
+            size += len(key) + len(value or b"")
+            latest[key] = value
+
+        span, read = _read_compacted(
+            bootstrap=bootstrap,
+            cat=cat,
+            topic=changelog,
+            partitions=have[changelog],
+            on_record=keep,
+            timeout=timeout,
+            progress=progress,
+        )
+        ambiguous = keys = 0
+        for k, v in latest.items():
+            entry = decode_entry(k, v)
+            if entry is None:
+                continue
+            keys += 1
+            ambiguous += _is_ambiguous_send(entry.key, entry.value)
+        summary = JournalSummary(changelog, span, read, size, keys, ambiguous)
+    return Status(info, lags, dead, summary)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMetrics:
+    instance: str
+    #: when the worker published them (epoch seconds)
+    ts: float
+    counters: dict[str, int]
+
+
+def metrics_record(instance: str, counters: Mapping[str, int], ts: float) -> tuple[bytes, bytes]:
+    """The key and value a worker produces to ``<prefix>.metrics``: keyed by its instance
+    id, ``{"v": 1, "instance", "ts", "counters"}``."""
+    value = {"v": METRICS_VERSION, "instance": instance, "ts": ts, "counters": dict(counters)}
+    return instance.encode(), json.dumps(value).encode()  # the counters in the engine's order
+
+
+def decode_metrics(key: bytes, value: bytes | None) -> WorkerMetrics | None:
+    """A record of ``<prefix>.metrics``; ``None`` for a tombstone or a record it cannot read."""
+    if value is None:
+        return None
+    try:
+        obj = json.loads(value)
+        counters = {str(k): int(v) for k, v in obj["counters"].items()}
+        return WorkerMetrics(str(obj.get("instance") or key.decode()), float(obj["ts"]), counters)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def sum_counters(workers: Iterable[WorkerMetrics]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for w in workers:
+        for name, n in w.counters.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
+def read_metrics(
+    bootstrap: str, cat: Catalog, *, timeout: float = DEFAULT_TIMEOUT
+) -> list[WorkerMetrics]:
+    """The last counters each worker published (last value per instance id wins)."""
+    admin = _admin(bootstrap, timeout)
+    have = _topics(admin, bootstrap, timeout)
+    count = _require(have, cat.metrics, cat)
+    latest: dict[bytes, WorkerMetrics | None] = {}
+
+    def keep(key: bytes, value: bytes | None) -> None:
+        latest[key] = decode_metrics(key, value)
+
+    _read_compacted(
+        bootstrap=bootstrap,
+        cat=cat,
+        topic=cat.metrics,
+        partitions=count,
+        on_record=keep,
+        timeout=timeout,
+    )
+    return sorted((w for w in latest.values() if w is not None), key=lambda w: w.instance)

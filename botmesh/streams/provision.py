@@ -1,0 +1,91 @@
+"""Idempotent topic provisioning through the Kafka admin client (confluent-kafka).
+
+``ensure_topics`` creates what ``topics.Catalog.specs`` describes and leaves existing topics
+alone (it reports a partition count that differs from the spec, it never changes one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from botmesh.topics.catalog import TopicSpec
+
+__all__ = ["ProvisionResult", "admin_client", "ensure_topics", "existing_topics"]
+
+log = logging.getLogger("botmesh.streams")
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisionResult:
+    created: list[str]
+    existing: list[str]
+    mismatched: dict[str, tuple[int, int]]  # name -> (wanted partitions, actual)
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    # log_level 0: librdkafka's connection-refused lines add nothing to the error we raise
+    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000, "log_level": 0})
+
+
+def existing_topics(bootstrap: str, timeout: float = 15.0) -> dict[str, int]:
+    """Topic name -> partition count of every topic on the cluster."""
+    try:
+        meta = admin_client(bootstrap).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise ConnectionError(
+            f"cannot list topics on {bootstrap!r}: {exc}; is the broker running "
+            "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS right?"
+        ) from None
+    return {name: len(t.partitions) for name, t in meta.topics.items()}
+
+
+def ensure_topics(
+    bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0
+) -> ProvisionResult:
+    """Create the topics that do not exist yet; idempotent (safe to run on every start)."""
+    wanted = list(specs)
+    have = existing_topics(bootstrap, min(timeout, 10.0))
+    todo = [s for s in wanted if s.name not in have]
+    created: list[str] = []
+    existing = [s.name for s in wanted if s.name in have]
+    if todo:
+        admin = admin_client(bootstrap)
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=s.replication,
+                    config=dict(s.config),
+                )
+                for s in todo
+            ],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout)
+                created.append(name)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    existing.append(name)  # another worker created it meanwhile
+                    continue
+                raise RuntimeError(
+                    f"cannot create topic {name!r} on {bootstrap!r}: {exc}"
+                ) from None
+    mismatched = {
+        s.name: (s.partitions, have[s.name])
+        for s in wanted
+        if s.name in have and have[s.name] != s.partitions
+    }
+    for name, (want, got) in mismatched.items():
+        log.info("topic %s exists with %d partitions (spec %d); left as is", name, got, want)
+    return ProvisionResult(sorted(created), sorted(existing), mismatched)

@@ -1,0 +1,878 @@
+"""The inbound path without Faust: decode a batch of records (inbound messages and send
+requests), settle each through the runtime, dead-letter what cannot be settled, publish
+receipts.
+
+``InboundRunner.run_batch`` takes plain :class:`RawRecord` tuples, so the Faust agent
+(``botmesh.streams.worker``) and tests drive the same code. It **returns only when every record of
+the batch is settled**, and then the caller may ack the whole batch; it **raises**
+(:class:`BatchAbandoned`, or whatever the runtime raised that is not an ``Exception``) when
+one is not, and then nothing of the batch may be acked (the worker exits hard).
+
+A record is settled when ``runtime.handle()`` returned an ``Outcome``, or when its dead
+letter is on ``<prefix>.inbound.dlq``, acked by the broker:
+
+==========================================  ==========================================
+``handle()`` gives                          the runner
+==========================================  ==========================================
+``handled``, ``duplicate``, ``fenced``,     settled
+``unjournaled``, ``replayed``
+``dead`` (the journal dead-lettered it)     DLQ, reason ``attempts-exhausted``
+``BadRecord`` (or decoding raised it)       DLQ at once, with its reason
+(decoding raised another ``Exception``)     DLQ at once, reason ``handle-failed``
+``JournalUnavailableError``                 retried with the bot's inbox backoff; after the
+                                            budget, DLQ reason ``journal-unavailable``
+an error raised from a record too large     DLQ at once, reason ``too-large`` (the journal's
+for the producer                            record of the message is over the producer's
+                                            limit: trying again cannot help)
+any other ``Exception``                     the same; DLQ reason ``handle-failed``
+``MembershipUnconfirmed`` (the worker may   retried every 0.5 s, not charged; after 5 s the
+have been evicted: ``botmesh.streams.table_kv``)    batch is abandoned (the worker exits and starts
+                                            afresh: an evicted worker cannot rejoin while
+                                            the batch holds Faust's rebalance)
+``ProducerFencedOut`` (``exactly_once``:    the batch is abandoned at once (the worker
+another worker's producer fenced ours)      exits and starts afresh)
+==========================================  ==========================================
+
+The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts`` and
+``inbox.backoff``). Dead letters carry the record untouched, with headers ``reason``,
+``detail``, ``error.class``, ``error.message``, ``attempts``, ``source.topic``,
+``source.partition``, ``source.offset``, ``dead.ts`` (credentials in URLs are masked).
+
+**Dead letters too large to copy.** The producer refuses any record over its request limit
+(``max_request_size``: the worker passes its Faust producer's ``producer_max_request_size``,
+1,000,000 bytes unless set; aiokafka's own default is 1,048,576), and a dead letter is the
+record plus our headers. So a record the broker took can be too large to copy: the broker's
+default ``max.message.bytes`` (1,048,588) takes a value of 1,048,500 bytes, which with
+the headers is over the limit. Before it produces a dead letter the runner works out its
+size as the producer will (key, value, headers, and the record's overhead, every length at
+its longest); when it is over the limit less 16 KiB (``CUT_MARGIN``), the copy is cut to
+that size: our headers stay whole and two are added, ``truncated`` = ``true`` and
+``original.size`` = the value's length in bytes; the record's own headers stay while they
+fit in a quarter of the room (the others are left out and counted in ``headers.dropped``);
+the key stays whole up to a quarter of the room (a longer key is cut and its length put in
+``original.key.size``); the value keeps its first bytes, as many as fit. The whole record
+stays where it was: ``source.topic``, ``source.partition`` and ``source.offset`` say where
+to read it (``kcat -C -b <broker> -t <topic> -p <partition> -o <offset> -c 1``) until the topic's
+retention deletes it. Should the producer or the broker still refuse a copy as too large
+(the DLQ topic's ``max.message.bytes`` under the producer's limit), it is produced again
+cut to a sixteenth, then with no value and none of the record's own headers; only a copy
+refused at that size, or for another reason, gives the batch up. A header key of the
+record that was not UTF-8 (the consumer keeps such bytes as surrogate escapes:
+``botmesh.streams.faust_defects.lenient_header_keys``) is copied with U+FFFD in their place. So no
+record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
+huge key or header, a header key that is not UTF-8), stops the worker or holds up its
+partition. A record larger than the consumer's fetch size (1 MiB a partition; a topic
+whose ``max.message.bytes`` was raised) is fetched all the same: the broker hands over a
+partition's first batch whole whatever the fetch size (seen with a 3 MB record, cut here
+like any other).
+
+**Send requests** (records of ``requests_topic``, ``<prefix>.requests``: a send from outside
+a handler, ``botmesh.topics.records.SendRequest``) go the same way: decoded with
+``decode_request``, put in their chat's sequence, and settled by ``runtime.send(chat_id,
+text, media=, options=, idempotency_key=<key, else req:<id>>)`` inside the record's journal
+partition; a request delivered or produced again is answered from the outbox and sends
+nothing twice. A request is settled when ``send`` returned a receipt (counted in
+``requests`` by its state: ``sent``, ``pending`` (journaled, delivery left to the sweeper),
+or ``dead``/``unknown`` answered from the outbox), or raised ``SendDeferredError``
+(``deferred``: journaled, the sweeper retries it), ``FencedError`` (``fenced``: another
+holder delivers it) or any other error that is not the journal's (``refused``: the provider
+refused it for good and the send is journaled dead with its receipt, or a before-send hook
+raised, as a handler's error counts as handled). A ``DurabilityError`` (the journal) is
+retried and dead-lettered as for an inbound (``journal-unavailable``, ``handle-failed``); an
+undecodable request goes at once, with its ``BadRecord`` reason. A request's dead letters go
+to ``<prefix>.requests.dlq`` (produce role ``"requests-dlq"``), so each DLQ holds the
+records of one topic and is redriven to it.
+
+**Operator actions** (records of ``control_topic``, ``<prefix>.control``:
+``botmesh.topics.control.ControlRequest``, keyed by chat id) are settled in their chat's sequence
+too:
+``retry_send``, ``replay_inbound``, ``discard``, ``restart_flow`` or ``drop_flow`` through
+``runtime.durability`` in the chat's journal partition; a record in a state the action
+does not apply to (a send already sent, an unknown key, a chat without a flow) is refused,
+not retried. Each answers with a ``ControlResult`` on
+``<prefix>.control.results`` (role ``"control-results"``, keyed by the request id), acked
+before the batch is; an undecodable one goes to ``<prefix>.requests.dlq`` (its
+``source.topic`` says where it came from).
+
+**Dead records the journal copies itself.** When the runtime's receipts sink takes dead
+letters (:meth:`KafkaReceipts.dead_letter`), the journal copies every record it marks dead
+(a dead send to ``<prefix>.outbox.dlq``, a dead inbound to ``<prefix>.inbound.dlq``) and
+marks the copy once acked (``botmesh.state.receipts``); the runner then adds no copy of its own for
+the outcome ``dead``, however often the record comes again.
+
+**A chat's order across the two topics.** Kafka orders a partition, not two topics: the
+consumer hands over inbound and request records of one batch round-robin by topic. Within a
+batch the runner settles a chat's records in the order of their timestamps (producer time,
+``RawRecord.timestamp``), each topic-partition's records keeping their offset order (a merge,
+never a sort of one partition: clock skew between producers changes only how the two
+sequences interleave). Records of different batches are settled batch after batch.
+
+**How far a failing chat blocks others.** The records of one chat run one after the other,
+in offset order; the chats of a batch run concurrently. A record that waits for a retry
+holds up only the later records of its own chat *within the batch*: every other chat of the
+batch is handled meanwhile. The *next* batch waits until this one is settled (at most the
+inbox budget of the failing chat's records). Holding acks across batches, so later batches
+could go on past a failing record, is not done on purpose: Faust acks a ``take_events``
+batch as a whole, and its commit skips a hole of exactly one offset at the head of the
+acked offsets (``Consumer._new_offset``), so a record left unacked behind acked ones could
+be committed past, and lost at the next crash. A batch that keeps retrying for longer than
+``batch_deadline`` (default 600 s, under Faust's 1000 s max poll interval), or is still
+retrying when the worker stops, is abandoned: :class:`BatchAbandoned`, nothing acked, the
+broker redelivers it and the journal answers what was already settled as duplicates.
+
+Receipts: the runtime publishes every settled send through :class:`KafkaReceipts` (a
+``botmesh.state.receipts.ReceiptSink``); at the end of each batch the runner waits for the broker's
+acks and has them recorded in the journal (``runtime.flush_receipts()``). A receipt that was not
+acked stays unpublished in the journal and is published again by the runtime's sweeper:
+receipts are at least once, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+import msgspec
+from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from botmesh.state.backoff import GiveUp, Retries
+from botmesh.state.errors import (
+    BadRecord,
+    DurabilityError,
+    FencedError,
+    JournalUnavailableError,
+    Reason,
+    RecordStateError,
+    SendDeferredError,
+    caused_by,
+    find_cause,
+)
+from botmesh.state.inbox import Outcome
+from botmesh.state.kv import DurableKv
+from botmesh.state.messages import Inbound, Media, Receipt
+from botmesh.state.operations import Operations
+from botmesh.state.ports import Provider
+from botmesh.state.receipts import ReceiptSink
+from botmesh.state.records import Json
+from botmesh.streams.retry_tiers import parked_record
+from botmesh.streams.table_kv import MembershipUnconfirmed, ProducerFencedOut, in_partition
+from botmesh.topics.control import ControlRequest, ControlResult, decode_control, encode_result
+from botmesh.topics.dead_letters import DETAIL_MAX, inbound_dead_letter, outbox_dead_letter, redact
+from botmesh.topics.records import (
+    SendRequest,
+    chat_key,
+    decode_inbound,
+    decode_request,
+    encode_receipt,
+)
+
+__all__ = [
+    "BatchAbandoned",
+    "BotDefinition",
+    "InboundRunner",
+    "KafkaReceipts",
+    "RawRecord",
+    "RuntimeLike",
+    "in_time_order",
+    "record_size",
+]
+
+log = logging.getLogger("botmesh.streams")
+
+Headers = list[tuple[str, bytes]]
+#: ``produce(role, key, value, headers)`` hands a record to the producer (role ``"sent"``,
+#: ``"dlq"``, ``"requests-dlq"``, ``"outbox-dlq"``, ``"control-results"`` or
+#: ``"retry:<tier>"``) and returns an awaitable that resolves on the broker's ack.
+Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]]]
+#: What one record of a batch is, once decoded.
+Item = tuple["RawRecord", Inbound | SendRequest | ControlRequest]
+_T = TypeVar("_T")
+#: Seconds between attempts at a record refused because the worker's group membership is
+#: unconfirmed (``botmesh.streams.table_kv.MembershipUnconfirmed``; not charged as attempts).
+UNCONFIRMED_WAIT_S = 0.5
+#: How long a record waits for the group to confirm the worker before its batch is given up.
+UNCONFIRMED_PATIENCE_S = 5.0
+#: The largest record the worker's producer sends (key, value, headers and the overhead of
+#: its batch together): Faust's default ``producer_max_request_size``; aiokafka's own default
+#: is 1,048,576. ``botmesh.streams.worker`` passes the app's setting to the runner.
+MAX_REQUEST_SIZE = 1_000_000
+#: Bytes a cut dead letter leaves free under that limit.
+CUT_MARGIN = 16 * 1024
+#: A cut dead letter keeps a key up to this long whatever its budget (a longer one is cut).
+KEY_FLOOR = 256
+#: The errors that say a record is too large: the producer's own check
+#: (``MessageSizeTooLargeError`` before sending), the broker's (the same class, from the
+#: topic's ``max.message.bytes``; ``RecordListTooLargeError``), the client's
+#: ``RecordTooLargeError``.
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
+
+
+class RuntimeLike(Protocol):
+    """What the worker needs from a bound bot (``botmesh.Runtime`` satisfies it)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome: ...
+
+    async def flush_receipts(self) -> int: ...
+
+    async def send(
+        self,
+        chat_id: str,
+        text: str | None = None,
+        *,
+        media: Media | None = ...,
+        idempotency_key: str | None = ...,
+        options: Mapping[str, Any] | None = ...,
+    ) -> Receipt: ...
+
+    @property
+    def inbox_retries(self) -> Retries: ...
+
+    @property
+    def durability(self) -> Operations | None: ...
+
+
+@runtime_checkable
+class BotDefinition(Protocol):
+    """A bot definition the worker can run (``botmesh.Bot`` satisfies it): the worker
+    chooses the provider, the journal and the instance id, and binds it."""
+
+    bot_id: str
+
+    def bind(
+        self,
+        provider: Provider,
+        journal: str | DurableKv | None = ...,
+        *,
+        instance_id: str | None = None,
+        receipts: ReceiptSink | None = None,
+    ) -> RuntimeLike: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]] = ()
+    #: The record's timestamp in seconds (Kafka's, producer time), when known: it orders a
+    #: chat's inbound and request records of one batch.
+    timestamp: float | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}:{self.partition}:{self.offset}"
+
+
+class BatchAbandoned(Exception):
+    """A batch cannot be settled now (the worker stops, a retry would pass the batch
+    deadline, a dead letter was refused): ack nothing of it."""
+
+
+class KafkaReceipts:
+    """The runtime's ``ReceiptSink``: each receipt goes to ``<prefix>.sent``, keyed by
+    chat id; ``publish`` returns the broker-ack future (the producer uses acks=all)."""
+
+    def __init__(self, produce: Produce) -> None:
+        self._produce = produce
+        self.published = 0
+        self.dead_letters = 0
+        self.parked = 0
+
+    async def publish(self, receipt: Receipt) -> Awaitable[Any]:
+        ack = await self._produce("sent", chat_key(receipt.chat_id), encode_receipt(receipt), [])
+        self.published += 1
+        return ack
+
+    async def park(self, value: Json, retry_at: float) -> Awaitable[Any]:
+        """A failed send parked on its retry tier (``botmesh.streams.retry_tiers``) until
+        ``retry_at``; the broker-ack future."""
+        tier, key, body, headers = parked_record(value, retry_at)
+        ack = await self._produce(f"retry:{tier}", key, body, headers)
+        self.parked += 1
+        return ack
+
+    async def dead_letter(self, kind: str, value: Json, source: str | None) -> Awaitable[Any]:
+        """The journal's dead record ``value`` (``kind``: ``"outbox"``, a dead send, or
+        ``"inbound"``) copied to ``<prefix>.outbox.dlq`` / ``<prefix>.inbound.dlq`` with the
+        headers of ``botmesh.topics.dead_letters``; the broker-ack future."""
+        if kind == "outbox":
+            key, body, headers = outbox_dead_letter(value, source)
+            role = "outbox-dlq"
+        else:
+            key, body, headers = inbound_dead_letter(value, source)
+            role = "dlq"
+        ack = await self._produce(role, key, body, headers)
+        self.dead_letters += 1
+        return ack
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    """The size the producer gives a record when it checks it against its request limit
+    (aiokafka's estimate: the record, its batch's overhead, every varint at its longest)."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
+
+
+def too_large(exc: BaseException) -> BaseException | None:
+    """The error that says a record is too large (the producer's check or the broker's):
+    ``exc`` itself or what it was raised from (Faust's ``ProducerSendError``, the journal's
+    ``JournalUnavailableError``); ``None`` when there is none."""
+    for kind in _TOO_LARGE:
+        cause: BaseException | None = find_cause(exc, kind)
+        if cause is not None:
+            return cause
+    return None
+
+
+def _encodable(name: str) -> str:
+    """A header key the producer can encode: bytes that were not UTF-8 (which the consumer
+    keeps as surrogate escapes, ``botmesh.streams.faust_defects.lenient_header_keys``) become
+    U+FFFD."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raw = name.encode("utf-8", "replace")
+        return raw.decode("utf-8", "replace")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class _Letter:
+    """A dead letter to produce: the record, our headers, the record's own headers, and the
+    size it must fit in (``None``: whole, as long as it fits the producer's limit)."""
+
+    role: str
+    raw: RawRecord
+    ours: Headers
+    own: Headers
+    budget: int | None = None
+    #: Counted in ``InboundRunner.cut`` already.
+    counted: bool = False
+
+
+def cut_letter(
+    key: bytes | None, value: bytes, ours: Headers, own: Headers, budget: int
+) -> tuple[bytes | None, bytes, Headers]:
+    """A dead letter cut to fit in ``budget`` bytes (:func:`record_size`): our headers
+    whole, then ``truncated`` = ``true`` and ``original.size`` = the value's length; the
+    record's own headers while they fit in a quarter of the budget (those left out counted
+    in ``headers.dropped``); the key whole up to a quarter of the budget (at least
+    ``KEY_FLOOR`` bytes; a longer one is cut, its length in ``original.key.size``); the
+    value's first bytes in what is left (none when nothing is)."""
+    marks: Headers = [("truncated", b"true"), ("original.size", str(len(value)).encode())]
+    room = budget // 4
+    kept: Headers = []
+    ours_too = {"truncated", "original.size", "original.key.size", "headers.dropped"}
+    own = [(name, data) for name, data in own if name not in ours_too]
+    for name, data in own:
+        size = len(name.encode()) + len(data) + 10  # two varints at their longest
+        if size <= room:
+            kept.append((name, data))
+            room -= size
+    if len(kept) < len(own):
+        marks.append(("headers.dropped", str(len(own) - len(kept)).encode()))
+    longest = max(budget // 4, KEY_FLOOR)
+    if key is not None and len(key) > longest:
+        marks.append(("original.key.size", str(len(key)).encode()))
+        key = key[:longest]
+    headers = ours + marks + kept
+    room = budget - record_size(key, b"", headers) - 5  # the value's length varint
+    return key, value[: max(room, 0)], headers
+
+
+class InboundRunner:
+    """Settles batches of inbound records through ``runtime.handle``, and of send requests
+    through ``runtime.send`` (see the module doc).
+
+    ``produce`` hands dead letters to the producer. ``stopping`` (an event the worker sets
+    when it stops) ends retry waits: the batch is abandoned rather than acked unsettled.
+    ``sleep(delay)`` waits between attempts (tests pass their own; the default ends early,
+    raising ``BatchAbandoned``, when ``stopping`` is set). ``owns(partition)`` says whether
+    this worker still owns a record's partition: a record that fails on a partition taken
+    from it is neither retried nor dead-lettered here (``BatchAbandoned``). Records of
+    ``requests_topic`` are send requests (see the module doc). ``max_request_size`` is the
+    producer's limit on one record (Faust's ``producer_max_request_size``): a dead letter
+    that would not fit under it is cut (see the module doc).
+    """
+
+    def __init__(
+        self,
+        runtime: RuntimeLike,
+        produce: Produce,
+        *,
+        ack_timeout: float = 60.0,
+        batch_deadline: float = 600.0,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        owns: Callable[[int], bool] | None = None,
+        requests_topic: str | None = None,
+        control_topic: str | None = None,
+        instance: str = "",
+        max_request_size: int = MAX_REQUEST_SIZE,
+    ) -> None:
+        self.runtime = runtime
+        self.max_request_size = max_request_size
+        self.requests_topic = requests_topic
+        self.control_topic = control_topic
+        self.instance = instance
+        self._owns = owns
+        self._produce = produce
+        self._retries = runtime.inbox_retries
+        self.ack_timeout = ack_timeout
+        self.batch_deadline = batch_deadline
+        self._rng = rng or random.Random()
+        #: Dead letters produced and not acked yet, with what to cut if the broker refuses
+        #: one as too large.
+        self._pending: dict[Awaitable[Any], _Letter] = {}
+        self.stopping = asyncio.Event()
+        self._sleep = sleep or self._sleep_unless_stopping
+        #: How many records ended with each outcome (``Outcome`` values).
+        self.outcomes: Counter[str] = Counter()
+        #: How many dead letters were produced, by reason.
+        self.dead_letters: Counter[str] = Counter()
+        #: How many send requests were settled, by how (see the module doc): ``sent``,
+        #: ``pending``, ``dead``, ``unknown``, ``deferred``, ``fenced``, ``refused``.
+        self.requests: Counter[str] = Counter()
+        #: Failed attempts that were retried.
+        self.retried = 0
+        #: Operator actions carried out, by outcome (``done``, ``refused``, ``failed``).
+        self.actions: Counter[str] = Counter()
+        #: Results of operator actions produced and not acked yet.
+        self._results: set[Awaitable[Any]] = set()
+        #: Dead letters that went out cut (``truncated`` = ``true``), each counted once.
+        self.cut = 0
+
+    # -- one batch ------------------------------------------------------------------------
+
+    async def run_batch(self, records: Sequence[RawRecord]) -> None:
+        """Settle every record of ``records``; return only when all are (then ack them)."""
+        deadline = time.monotonic() + self.batch_deadline
+        chats: dict[str, list[Item]] = {}
+        mixed: set[str] = set()  # chats with requests: their records are merged by time
+        requests = self.requests_topic
+        for raw in records:
+            item: Inbound | SendRequest | ControlRequest
+            try:
+                if raw.topic == requests:
+                    item = decode_request(raw.value)
+                    mixed.add(item.chat_id)
+                elif raw.topic == self.control_topic:
+                    item = decode_control(raw.value)
+                    mixed.add(item.chat_id)
+                else:
+                    item = decode_inbound(raw.value)
+                    if not item.id:
+                        item = msgspec.structs.replace(item, id=raw.where)
+            except BadRecord as bad:
+                await self.dead_letter(raw, bad.reason, bad.detail, error=bad)
+                continue
+            except Exception as exc:  # the decoder failed on it: the same record fails again
+                detail = f"decoding the record raised {type(exc).__name__}: {exc}"
+                await self.dead_letter(raw, Reason.HANDLE_FAILED, detail, error=exc)
+                continue
+            chats.setdefault(item.chat_id, []).append((raw, item))
+        for chat in mixed:
+            chats[chat] = in_time_order(chats[chat])
+        if len(chats) == 1:
+            await self._run_chat(next(iter(chats.values())), deadline)
+        elif chats:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for items in chats.values():
+                        group.create_task(self._run_chat(items, deadline))
+            except BaseExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+        await self.drain()
+        try:
+            await asyncio.wait_for(self.runtime.flush_receipts(), self.ack_timeout)
+        except Exception as exc:  # they stay unpublished in the journal: published again
+            log.warning("receipts not recorded as published yet (%s: %s)", type(exc).__name__, exc)
+
+    async def _run_chat(self, items: list[Item], deadline: float) -> None:
+        for raw, item in items:
+            with in_partition(raw.partition):  # the chat's journal partition
+                if isinstance(item, Inbound):
+                    await self._settle(raw, item, deadline)
+                elif isinstance(item, SendRequest):
+                    await self._settle_request(raw, item, deadline)
+                else:
+                    await self._settle_control(raw, item, deadline)
+
+    async def _settle(self, raw: RawRecord, message: Inbound, deadline: float) -> None:
+        handle, where = self.runtime.handle, raw.where
+        done = await self._attempts(
+            raw, message.id, lambda: handle(message, source=where), deadline
+        )
+        if done is None:
+            return
+        outcome, attempt = done
+        self.outcomes[outcome] += 1
+        # the journal copies its dead records itself when the runtime's sink takes them
+        # (``KafkaReceipts.dead_letter``): one copy, however often the record comes again
+        if outcome == Outcome.DEAD and not getattr(self.runtime, "dead_letters_journaled", False):
+            await self.dead_letter(
+                raw,
+                Reason.ATTEMPTS_EXHAUSTED,
+                f"the journal dead-lettered inbound {message.id!r}: inbox.max_attempts "
+                "runs were charged without completing",
+                attempts=attempt,
+            )
+
+    async def _settle_request(self, raw: RawRecord, request: SendRequest, deadline: float) -> None:
+        done = await self._attempts(raw, request.id, lambda: self._send(request), deadline)
+        if done is not None:
+            self.requests[done[0]] += 1
+
+    async def _settle_control(
+        self, raw: RawRecord, request: ControlRequest, deadline: float
+    ) -> None:
+        """An operator's action on a record of this chat, through the journal; its result
+        goes to ``<prefix>.control.results`` (acked before the batch is)."""
+        done = await self._attempts(raw, request.id, lambda: self._act(request), deadline)
+        if done is None:
+            return
+        result = done[0]
+        self.actions[result.outcome] += 1
+        log.warning(
+            "operator action %s of %r in chat %s (request %s%s): %s%s",
+            request.action,
+            request.target,
+            request.chat_id,
+            request.id,
+            f" by {request.by}" if request.by else "",
+            result.outcome,
+            f" ({result.detail})" if result.detail else "",
+        )
+        try:
+            ack = await self._produce(
+                "control-results", request.id.encode(), encode_result(result), []
+            )
+        except Exception as exc:
+            raise BatchAbandoned(f"cannot produce the result of {request.id!r}: {exc}") from exc
+        self._results.add(ack)
+
+    async def _act(self, request: ControlRequest) -> ControlResult:
+        """Carry out one action; a refusal is a result, the journal's errors are raised."""
+        ops = self.runtime.durability
+        outcome: Literal["done", "refused"] = "done"
+        detail = ""
+        if ops is None:
+            outcome, detail = "refused", "this worker runs without a journal"
+            state = None
+        else:
+            try:
+                if request.action == "retry_send":
+                    await ops.retry_send(request.target)
+                elif request.action == "replay_inbound":
+                    await ops.replay_inbound(request.target)
+                elif request.action == "restart_flow":
+                    await ops.restart_flow(request.target)
+                elif request.action == "drop_flow":
+                    await ops.drop_flow(request.target)
+                else:
+                    await ops.outbox.discard(request.target)
+            except RecordStateError as exc:
+                outcome, detail = "refused", str(exc)
+            state = await _state_of(ops, request)
+        return ControlResult(
+            id=request.id,
+            chat_id=request.chat_id,
+            action=request.action,
+            target=request.target,
+            outcome=outcome,
+            state=state,
+            detail=detail,
+            instance=self.instance,
+            ts=time.time(),
+        )
+
+    async def _send(self, request: SendRequest) -> str:
+        """One attempt at a request: how it settled, or the journal's error (retried)."""
+        key = request.idempotency_key
+        try:
+            receipt = await self.runtime.send(
+                request.chat_id,
+                request.text,
+                media=request.media,
+                idempotency_key=key,
+                options=request.options or None,
+            )
+        except SendDeferredError:
+            return "deferred"
+        except FencedError:
+            return "fenced"
+        except DurabilityError:
+            raise
+        except Exception as exc:  # the provider's final refusal (journaled dead), or a hook
+            log.warning(
+                "request %s (key %s) refused: %s: %s", request.id, key, type(exc).__name__, exc
+            )
+            return "refused"
+        return str(receipt.state)
+
+    async def _attempts(
+        self, raw: RawRecord, name: str, call: Callable[[], Awaitable[_T]], deadline: float
+    ) -> tuple[_T, int] | None:
+        """``call()`` until it returns (its result and the attempt); ``None`` when the record
+        was dead-lettered instead (a ``BadRecord``, or the retry budget spent)."""
+        attempt = unconfirmed = 0
+        while True:
+            attempt += 1
+            try:
+                return await call(), attempt
+            except BadRecord as bad:
+                await self.dead_letter(raw, bad.reason, bad.detail, error=bad, attempts=attempt)
+                return None
+            except Exception as exc:
+                if self._owns is not None and not self._owns(raw.partition):
+                    raise BatchAbandoned(
+                        f"partition {raw.partition} was taken from this worker while "
+                        f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
+                    ) from exc
+                if caused_by(exc, ProducerFencedOut):
+                    raise BatchAbandoned(
+                        f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
+                        "owns its partition now, so nothing of the batch is acked"
+                    ) from exc
+                if caused_by(exc, MembershipUnconfirmed):
+                    # not the record's fault: wait a little for the group to confirm this
+                    # worker; an evicted worker is never confirmed while this batch holds its
+                    # rebalance, so it gives the batch up (not acked) and starts afresh
+                    attempt -= 1
+                    unconfirmed += 1
+                    if unconfirmed * UNCONFIRMED_WAIT_S > UNCONFIRMED_PATIENCE_S:
+                        raise BatchAbandoned(
+                            f"{self._noun(raw)} {name!r} at {raw.where}: this worker's group "
+                            f"membership stays unconfirmed ({exc}); it may have been evicted "
+                            "(frozen past the session timeout) and its partitions given to "
+                            "another worker, so nothing of the batch is acked"
+                        ) from exc
+                    await self._wait(UNCONFIRMED_WAIT_S, deadline, f"{self._noun(raw)} {name!r}")
+                    continue
+                cause = too_large(exc)
+                if cause is not None:  # trying again cannot make it smaller
+                    detail = (
+                        f"the {self._noun(raw)} cannot be journaled: a record holding it is "
+                        f"too large for the producer ({type(cause).__name__}: {cause})"
+                    )
+                    await self.dead_letter(
+                        raw, Reason.TOO_LARGE, detail, error=exc, attempts=attempt
+                    )
+                    return None
+                decision = self._retries.decide(exc, attempt, self._rng)
+                if isinstance(decision, GiveUp):
+                    reason = (
+                        Reason.JOURNAL_UNAVAILABLE
+                        if isinstance(exc, JournalUnavailableError)
+                        else Reason.HANDLE_FAILED
+                    )
+                    detail = f"not settled in {attempt} attempts: {type(exc).__name__}: {exc}"
+                    await self.dead_letter(raw, reason, detail, error=exc, attempts=attempt)
+                    return None
+                log.warning(
+                    "%s %s at %s failed (attempt %d): %s: %s; retrying in %.2fs",
+                    self._noun(raw),
+                    name,
+                    raw.where,
+                    attempt,
+                    type(exc).__name__,
+                    redact(str(exc)),
+                    decision.delay,
+                )
+                self.retried += 1
+                await self._wait(decision.delay, deadline, f"{self._noun(raw)} {name!r}")
+
+    def _noun(self, raw: RawRecord) -> str:
+        if raw.topic == self.control_topic:
+            return "operator action"
+        return "request" if raw.topic == self.requests_topic else "inbound"
+
+    async def _wait(self, delay: float, deadline: float, what: str) -> None:
+        if time.monotonic() + delay > deadline:
+            raise BatchAbandoned(
+                f"{what} still fails after the batch retried for "
+                f"{self.batch_deadline:g}s; nothing of the batch is acked"
+            )
+        await self._sleep(delay)
+
+    async def _sleep_unless_stopping(self, delay: float) -> None:
+        if not self.stopping.is_set():
+            try:
+                await asyncio.wait_for(self.stopping.wait(), delay)
+            except TimeoutError:
+                return
+        raise BatchAbandoned(
+            "the worker is stopping while a record waits for a retry; nothing of the batch "
+            "is acked (the broker redelivers it)"
+        )
+
+    # -- dead letters ---------------------------------------------------------------------
+
+    async def dead_letter(
+        self,
+        raw: RawRecord,
+        reason: Reason,
+        detail: str,
+        *,
+        error: BaseException | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        """Copy ``raw`` to its DLQ (the inbound's, or the requests' for a send request) with
+        the reason and the error in its headers."""
+        detail = redact(detail)[:DETAIL_MAX]
+        headers: Headers = [("reason", str(reason).encode()), ("detail", detail.encode())]
+        if error is not None:
+            headers.append(("error.class", type(error).__name__.encode()))
+            headers.append(("error.message", redact(str(error))[:DETAIL_MAX].encode()))
+        if attempts is not None:
+            headers.append(("attempts", str(attempts).encode()))
+        headers += [
+            ("source.topic", raw.topic.encode()),
+            ("source.partition", str(raw.partition).encode()),
+            ("source.offset", str(raw.offset).encode()),
+            ("dead.ts", f"{time.time():.3f}".encode()),
+        ]
+        ours = {k for k, _ in headers}
+        own = [(_encodable(k), v) for k, v in raw.headers if k not in ours]
+        noun = self._noun(raw)
+        log.warning("%s %s -> DLQ (%s: %s)", noun, raw.where, reason, detail)
+        role = "dlq" if noun == "inbound" else "requests-dlq"
+        await self._produce_letter(_Letter(role, raw, headers, own))
+        self.dead_letters[reason] += 1
+
+    async def _produce_letter(self, letter: _Letter) -> None:
+        """Hand ``letter`` to the producer: whole when it fits under ``max_request_size``
+        (less ``CUT_MARGIN``), else cut to that; a producer that refuses it as too large
+        gets it cut smaller (:meth:`_smaller`). Its ack is awaited in :meth:`drain`."""
+        raw, value = letter.raw, letter.raw.value or b""
+        while True:
+            budget = letter.budget
+            whole = letter.ours + letter.own
+            if budget is None and record_size(raw.key, value, whole) > self._cut_to():
+                budget = self._cut_to()
+                letter = dataclasses.replace(letter, budget=budget)
+            if budget is None:
+                key, data, headers = raw.key, value, whole
+            else:
+                key, data, headers = cut_letter(raw.key, value, letter.ours, letter.own, budget)
+                log.warning(
+                    "%s %s: its dead letter is cut to %d of %d value bytes to fit in %d bytes "
+                    "(headers truncated, original.size; the original stays at its source offset)",
+                    self._noun(raw),
+                    raw.where,
+                    len(data),
+                    len(value),
+                    budget,
+                )
+            try:
+                ack = await self._produce(letter.role, key, data, headers)
+            except Exception as exc:
+                smaller = self._smaller(letter, exc)
+                if smaller is None:
+                    raise BatchAbandoned(
+                        f"cannot produce to the {self._noun(raw)} DLQ: {exc}"
+                    ) from exc
+                letter = smaller
+                continue
+            if budget is not None and not letter.counted:
+                self.cut += 1
+                letter = dataclasses.replace(letter, counted=True)
+            self._pending[ack] = letter
+            return
+
+    def _cut_to(self) -> int:
+        return max(self.max_request_size - CUT_MARGIN, 0)
+
+    def _smaller(self, letter: _Letter, exc: BaseException) -> _Letter | None:
+        """The same dead letter cut smaller after ``exc`` refused it as too large (a topic
+        whose ``max.message.bytes`` is under the producer's limit): to a sixteenth, then to
+        its headers alone (no value, none of the record's own headers); ``None`` when
+        ``exc`` is another error or nothing is left to cut."""
+        if too_large(exc) is None or letter.budget == 0:
+            return None
+        budget = self._cut_to() if letter.budget is None else letter.budget
+        smaller = budget // 16 if budget > 64 * 1024 else 0
+        log.warning(
+            "%s %s: its dead letter was refused as too large (%s: %s); cutting it to %d bytes",
+            self._noun(letter.raw),
+            letter.raw.where,
+            type(exc).__name__,
+            exc,
+            smaller,
+        )
+        return dataclasses.replace(letter, budget=smaller)
+
+    async def drain(self) -> None:
+        """Wait until every dead letter and action result produced so far is acked by the
+        broker (a dead letter it refused as too large is produced again, cut smaller, and
+        waited for too)."""
+        if self._results:
+            acks, self._results = self._results, set()
+            try:
+                await asyncio.wait_for(asyncio.gather(*acks), self.ack_timeout)
+            except Exception as exc:
+                raise BatchAbandoned(f"an action's result was not acked: {exc}") from exc
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*batch, return_exceptions=True), self.ack_timeout
+                )
+            except Exception as exc:
+                raise BatchAbandoned(f"a dead letter was not acked by the broker: {exc}") from exc
+            for letter, result in zip(batch.values(), results, strict=True):
+                if not isinstance(result, BaseException):
+                    continue
+                smaller = self._smaller(letter, result)
+                if smaller is None:
+                    raise BatchAbandoned(
+                        f"a dead letter was not acked by the broker: {result}"
+                    ) from result
+                await self._produce_letter(smaller)
+
+
+async def _state_of(ops: Operations, request: ControlRequest) -> str | None:
+    """The state of the record an action was about, after it (``None``: no record)."""
+    if request.action == "replay_inbound":
+        inbound = await ops.inbox.get(request.target)
+        return str(inbound.state) if inbound is not None else None
+    if request.action in ("restart_flow", "drop_flow"):
+        flows = await ops.flows(request.target)
+        return flows[0].status if flows else None
+    send = await ops.outbox.get(request.target)
+    return str(send.state) if send is not None else None
+
+
+def in_time_order(items: list[Item]) -> list[Item]:
+    """A chat's records merged by timestamp, each topic-partition's records keeping their
+    (offset) order; as they are when a timestamp is missing or they come from one place."""
+    sources: dict[tuple[str, int], list[Item]] = {}
+    for item in items:
+        raw = item[0]
+        if raw.timestamp is None:
+            return items
+        sources.setdefault((raw.topic, raw.partition), []).append(item)
+    if len(sources) < 2:
+        return items
+    return list(heapq.merge(*sources.values(), key=_timestamp))
+
+
+def _timestamp(item: Item) -> float:
+    return item[0].timestamp or 0.0

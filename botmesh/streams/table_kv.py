@@ -1,0 +1,541 @@
+"""The worker's journal: the ``DurableKv`` SPI over a Faust table stored in RocksDB and
+changelogged to Kafka (``<prefix>.worker-journal-changelog``, compacted).
+
+**The journal follows the partition.** The changelog has as many partitions as the inbound
+topic, and a chat's records (its inbox, outbox and lease records) live in the changelog
+partition of the chat's inbound partition. Whichever worker owns inbound partition ``p``
+owns changelog partition ``p``: Faust assigns them together, restores the partition's
+RocksDB database from the changelog before the worker gets the next inbound record of
+``p`` (``JournalTable.on_recovery_completed`` in ``botmesh.streams.worker``), and the journal then
+loads the partition (``assign``) and runs the engine's recovery pass over it (leases the old
+owner left are reclaimed once they expire, or at once when this instance held them; sends
+left in flight are resolved by the ambiguity policy). A revoked partition is dropped from
+memory (``revoke``): a later write of its records by this worker is refused (a lease
+holder's write becomes ``FencedError``, counted in ``staleLeases``).
+
+Which partition a write goes to: the one named by ``in_partition(p)`` around the work (the
+runner wraps each inbound record; the recovery pass and the engine's sweeper visits wrap
+each record through ``near``), else the partition that holds the key already. A new key
+with neither is refused: nothing is written to a partition nobody chose.
+
+**Journal before acting.** ``commit`` applies its operations to the partition's entries in
+memory (the compare-and-set is checked there: this worker is the partition's only writer),
+produces one changelog record per operation and returns only when the broker acked every
+one of them (the producer runs with acks=all) and, under ``exactly_once``, when the
+partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
+before that a read_committed restore does not see them; one transaction commit serves
+every journal commit whose records it holds, and the commits that arrive meanwhile share
+the next one; the writes of ``NO_BARRIER``, which no side effect waits for, return once
+produced and commit with the partition's next transaction, at the latest ``LAZY_COMMIT_S``
+later). Concurrent commits (the chats of a batch) share the producer's batches: their
+records go out in the same produce requests, so they
+wait on one round trip together (group commit). When an ack does not come (the broker is
+down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
+are undone in memory where nothing overwrote them since; the caller does not act on it
+(the provider is not called, the inbound is not acked).
+
+**Fenced by the group.** Under ``at_least_once`` nothing on the broker stops a worker that
+lost its partitions from producing to their changelog (under ``exactly_once`` the
+transactional producer's epoch does). A worker that was frozen (``SIGSTOP``, a long GC, a
+stalled VM) past the session timeout has been evicted and its partitions given to another,
+but it does not know yet when it thaws. So ``commit`` asks the port first
+(``ChangelogPort.unconfirmed``): when this worker's group membership was last confirmed (a
+heartbeat the coordinator accepted, or an assignment) longer ago than half the session
+timeout, the write is refused (``JournalUnavailableError``, counted in ``unconfirmed``) until
+the coordinator answers again; by then a worker that was evicted has been told, and has
+handed its partitions over. The coordinator evicts a member only a whole session timeout
+after its last accepted heartbeat, so a write that passed the check leaves at least half
+the session timeout before another owner can take the partition. A worker that comes back
+into the group after missing a rebalance drops its partitions and reloads them
+(``botmesh.streams.worker.JournalTable.on_rebalance``): another owner may have written them.
+
+Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
+records acked in one turn of the event loop (a committed transaction's records) are
+written into the partition's database in one atomic batch that also records the changelog
+offset as persisted, in the order of the acks, so a worker restarted on the same data dir
+restores only what
+was produced after its last acked write, and a deleted data dir is rebuilt from the
+changelog whole.
+
+Changelog records: key = the journal key (UTF-8), value = ``{"v": version, "d": due,
+"p": purge, "r": value}`` as JSON, a tombstone for a delete (``decode_entry`` reads one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+import msgspec
+from aiokafka.errors import ProducerFenced
+
+from botmesh.state.errors import JournalUnavailableError, VersionConflictError
+from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
+from botmesh.state.writes import Write
+from botmesh.topics.catalog import Catalog
+
+__all__ = [
+    "CURRENT_PARTITION",
+    "ChangelogPort",
+    "MembershipUnconfirmed",
+    "PartitionRevoked",
+    "ProducerFencedOut",
+    "TableKv",
+    "changelog_topic",
+    "decode_entry",
+    "encode_entry",
+    "in_partition",
+]
+
+log = logging.getLogger("botmesh.journal")
+
+#: The partition the work in progress belongs to (the inbound record's, the swept record's).
+CURRENT_PARTITION: ContextVar[int | None] = ContextVar("botmesh_partition", default=None)
+
+#: The Faust table's name: its changelog is ``<app id>-journal-changelog``.
+TABLE_NAME = "journal"
+
+
+def changelog_topic(catalog: Catalog) -> str:
+    """The journal's changelog topic for a topic catalog (Faust's naming)."""
+    return catalog.changelog(TABLE_NAME)
+
+
+@contextlib.contextmanager
+def in_partition(partition: int | None) -> Iterator[None]:
+    """Run the body with ``partition`` as the partition of new journal records."""
+    token = CURRENT_PARTITION.set(partition)
+    try:
+        yield
+    finally:
+        CURRENT_PARTITION.reset(token)
+
+
+class _Stored(msgspec.Struct, frozen=True):
+    v: int
+    r: dict[str, Any]
+    d: float | None = None
+    p: float | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(_Stored).decode
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """The changelog value of one committed version."""
+    return _encode(_Stored(entry.version, entry.value, entry.due, entry.purge))
+
+
+def decode_entry(key: bytes, value: bytes | None) -> Entry | None:
+    """One changelog record as an ``Entry`` (``None`` for a tombstone)."""
+    if value is None:
+        return None
+    s = _decode(value)
+    return Entry(key.decode(), s.r, s.v, s.d, s.p)
+
+
+class ProducerFencedOut(JournalUnavailableError):
+    """Under ``exactly_once``: a write whose transaction a newer producer with the same
+    transactional id fenced, so another worker owns the partition now (this one was
+    evicted, or is being handed the partition away). Never retried here: the runner gives
+    the batch up and the worker starts afresh."""
+
+
+class PartitionRevoked(JournalUnavailableError):
+    """A write to a partition another worker owns now: a fence, not an outage (not retried
+    here; a handler's send refused so settles its inbound as fenced)."""
+
+    retryable = False
+
+
+class MembershipUnconfirmed(JournalUnavailableError):
+    """A write refused because this worker's group membership was not confirmed recently
+    enough (``ChangelogPort.unconfirmed``): wait for the group, it is not the journal's
+    fault (the runner does not charge it to the record's retry budget)."""
+
+
+class ChangelogPort(Protocol):
+    """What the journal needs from the Faust side (``botmesh.streams.worker.JournalTable``)."""
+
+    async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
+        """Hand one changelog record to the producer; the awaitable resolves when the record
+        is durable: on its ack (at_least_once), once its transaction committed
+        (exactly_once); it raises when the record is lost (not acked, aborted)."""
+        ...
+
+    def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
+        """The partition's records in the local RocksDB database (restored)."""
+        ...
+
+    #: The records go into Kafka transactions (``exactly_once``): what ``produce`` returns
+    #: resolves once the record's transaction committed, which ``commit_soon`` asks for.
+    transactional: bool
+
+    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
+        """Commit the open transaction of each partition soon (one commit for every record
+        produced before it starts; later records wait for the next one); with ``delay``,
+        that many seconds later (once: a partition already waiting does not wait again)."""
+        ...
+
+    def unconfirmed(self) -> str | None:
+        """Why this worker may no longer be the group member that owns its partitions (its
+        membership was last confirmed too long ago: it was frozen, or the coordinator is
+        out of reach), else ``None``."""
+        ...
+
+
+#: Called for each newly loaded partition (inside ``in_partition``): the recovery pass.
+OnAssigned = Callable[[int], Awaitable[object]]
+
+#: Called when a transaction holding writes that returned early (``NO_BARRIER``) could not
+#: be committed: memory holds what the changelog lost (the worker exits:
+#: ``botmesh.streams.worker``).
+OnLost = Callable[[int, BaseException], None]
+
+#: Writes no side effect waits for: under ``exactly_once`` they return once produced, and
+#: their transaction commits with the next barrier of the partition or with Faust's offset
+#: commit. An inbound's ``done`` is followed only by its offset commit, which Faust adds
+#: to the same partition's transaction, later: both land or neither (at a crash, the
+#: inbound is read again and answered as a duplicate). A receipt marked published that is
+#: lost is published again (receipts may come twice). A transaction that fails under such
+#: a write calls ``on_lost``.
+NO_BARRIER = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_PUBLISHED})
+#: Seconds after a ``NO_BARRIER`` write before its partition's transaction is committed
+#: if no barrier did it first (so RocksDB gets it and a restart does not replay it).
+LAZY_COMMIT_S = 1.0
+
+
+class TableKv:
+    """The ``DurableKv`` of the Kafka worker (see the module docstring)."""
+
+    def __init__(self, port: ChangelogPort, *, ack_timeout: float = 30.0) -> None:
+        self._port = port
+        self.ack_timeout = ack_timeout
+        self._parts: dict[int, dict[str, Entry]] = {}
+        self._where: dict[str, int] = {}
+        self._closed = False
+        #: Partitions being handed over: no new write, their writes in flight still land.
+        self._closing: set[int] = set()
+        #: Partitions whose acked records could not all be written to RocksDB: nothing more
+        #: is recorded as persisted for them until they are restored again.
+        self.broken: set[int] = set()
+        self._inflight: dict[int, set[asyncio.Future[Any]]] = {}
+        self.on_assigned: OnAssigned | None = None
+        #: Called before partitions are handed over (the worker records its receipts).
+        self.on_revoking: Callable[[], Awaitable[object]] | None = None
+        self.on_lost: OnLost | None = None
+        #: Changelog records acked, and commits that failed for want of an ack.
+        self.acked = 0
+        self.failed = 0
+        #: Commits refused because the worker's group membership was not confirmed recently
+        #: enough (``ChangelogPort.unconfirmed``).
+        self.unconfirmed = 0
+
+    # -- partitions -----------------------------------------------------------------------
+
+    @property
+    def owned(self) -> frozenset[int]:
+        """The partitions loaded here (owned by this worker)."""
+        return frozenset(self._parts)
+
+    def owns(self, partition: int) -> bool:
+        """The partition is this worker's to write (loaded, not being handed over)."""
+        return partition in self._parts and partition not in self._closing
+
+    def loaded(self, partition: int) -> bool:
+        """The partition's records are here (its acked writes go to RocksDB)."""
+        return partition in self._parts and partition not in self.broken
+
+    async def assign(self, partitions: Iterable[int]) -> list[int]:
+        """Load the partitions not loaded yet from their (restored) databases, then run
+        ``on_assigned`` for each, inside ``in_partition``; returns the new ones."""
+        new = sorted(p for p in set(partitions) if p not in self._parts)
+        for p in new:
+            self.broken.discard(p)
+            entries: dict[str, Entry] = {}
+            for key, value in self._port.stored(p):
+                entry = decode_entry(key, value)
+                if entry is not None:
+                    entries[entry.key] = entry
+            self._parts[p] = entries
+            for k in entries:
+                self._where[k] = p
+            log.info("journal partition %d loaded: %d records", p, len(entries))
+        if self.on_assigned is not None:
+            for p in new:
+                if p not in self._parts:  # revoked again meanwhile
+                    continue
+                with in_partition(p):
+                    try:
+                        await self.on_assigned(p)
+                    except Exception:
+                        log.exception(
+                            "recovery of journal partition %d failed; the sweeper tries again", p
+                        )
+        return new
+
+    async def hand_over(self, partitions: Iterable[int]) -> None:
+        """Give partitions up cleanly: ``on_revoking`` (while they are still ours), then no
+        new write to them, then wait (up to ``ack_timeout``) for their writes in flight to
+        be acked and written to RocksDB, then ``revoke``. A partition given back later is
+        reloaded from RocksDB, which then holds every write this worker made to it."""
+        gone = [p for p in set(partitions) if p in self._parts]
+        if not gone:
+            return
+        if self.on_revoking is not None:
+            try:
+                async with asyncio.timeout(self.ack_timeout):
+                    await self.on_revoking()
+            except Exception as exc:
+                log.warning("before handing partitions %s over: %s", gone, exc)
+        self._closing.update(gone)
+        try:
+            flying = [f for p in gone for f in self._inflight.get(p, ())]
+            if flying:
+                await asyncio.wait(flying, timeout=self.ack_timeout)
+        finally:
+            self.revoke(gone)
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Forget the partitions another worker owns now."""
+        for p in partitions:
+            self._closing.discard(p)
+            self.broken.discard(p)
+            entries = self._parts.pop(p, None)
+            if entries is None:
+                continue
+            for k in entries:
+                if self._where.get(k) == p:
+                    del self._where[k]
+            log.info("journal partition %d revoked: %d records dropped", p, len(entries))
+
+    def near(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """The partition of ``key`` for the work on it (``botmesh.state.kv.Partitioned``)."""
+        p = self._where.get(key)
+        if p is None or CURRENT_PARTITION.get() == p:
+            return contextlib.nullcontext()
+        return in_partition(p)
+
+    def across_partitions(self) -> contextlib.AbstractContextManager[None]:
+        """No current partition for the body: each key is read and written in the partition
+        that holds it (``botmesh.state.kv.Partitioned``), even inside one partition's work (the
+        recovery pass of a partition records the receipts of every chat published)."""
+        return in_partition(None)
+
+    # -- the SPI --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+
+    def _check(self) -> None:
+        if self._closed:
+            raise JournalUnavailableError("the worker's journal is closed (the worker stopped)")
+
+    def _entries_for(self, key: str) -> dict[str, Entry] | None:
+        p = CURRENT_PARTITION.get()
+        if p is None:
+            p = self._where.get(key)
+        return None if p is None else self._parts.get(p)
+
+    async def get(self, key: str) -> Entry | None:
+        self._check()
+        entries = self._entries_for(key)
+        e = entries.get(key) if entries is not None else None
+        return copy_entry(e) if e is not None else None
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        self._check()
+        found: dict[str, Entry] = {}
+        for k in keys:
+            entries = self._entries_for(k)
+            if entries is not None and (e := entries.get(k)) is not None:
+                found[k] = copy_entry(e)
+        return found
+
+    def _route(self, ops: Sequence[Op]) -> dict[int, list[tuple[int, Op]]]:
+        """Each op (with its place in ``ops``) by partition: the current one for all when
+        one is set, else the partition that holds each key."""
+        p = CURRENT_PARTITION.get()
+        if p is not None:
+            return {p: list(enumerate(ops))}
+        groups: dict[int, list[tuple[int, Op]]] = {}
+        for i, op in enumerate(ops):
+            q = self._where.get(op.key)
+            if q is None:
+                if op.expect:  # a record this worker had: its partition moved
+                    raise VersionConflictError(op.key, op.expect, None)
+                raise JournalUnavailableError(
+                    f"journal write of {op.key!r} has no partition: a new record is written "
+                    "while its chat's inbound (or request) record is handled on the worker"
+                )
+            groups.setdefault(q, []).append((i, op))
+        return groups
+
+    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
+        """All of ``ops`` or none, in memory; the ops of each partition go to that
+        partition's changelog (a commit across partitions is not one atomic write there:
+        the engine's only such commits, receipts marked published and retention purges,
+        are correct op by op)."""
+        self._check()
+        if not ops:
+            return []
+        stale = self._port.unconfirmed()
+        if stale is not None:  # the group may have given the partitions to another worker
+            self.unconfirmed += 1
+            raise MembershipUnconfirmed(
+                f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: {stale}"
+            )
+        groups = self._route(ops)
+        versions = [0] * len(ops)
+        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]] = []
+        try:
+            for p, items in groups.items():
+                entries = self._parts.get(p) if p not in self._closing else None
+                if entries is None:
+                    op = items[0][1]
+                    if op.expect:  # a holder's compare-and-set: the record is not ours now
+                        raise VersionConflictError(op.key, op.expect, None)
+                    raise PartitionRevoked(
+                        f"journal partition {p} is not owned by this worker (it was "
+                        f"revoked); {op.key!r} not written"
+                    )
+                part_ops = [op for _, op in items]
+                before = {op.key: entries.get(op.key) for op in part_ops}
+                for (i, _), v in zip(items, apply_ops(entries, part_ops), strict=True):
+                    versions[i] = v
+                changes.append((p, before, {op.key: entries.get(op.key) for op in part_ops}))
+        except BaseException:  # a later partition's check failed: nothing stays applied
+            for p, before, after in reversed(changes):
+                self._undo(p, before, after)
+            raise
+        for p, _, after in changes:
+            for key, entry in after.items():
+                if entry is not None:
+                    self._where[key] = p
+                elif self._where.get(key) == p:
+                    del self._where[key]
+        try:
+            await self._produce_and_wait(changes, wait=label not in NO_BARRIER)
+        except BaseException as exc:
+            for p, before, after in reversed(changes):
+                self._undo(p, before, after)
+            self.failed += 1
+            if isinstance(exc, ProducerFenced):
+                raise ProducerFencedOut(
+                    f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
+                    f"newer producer owns its partition's transactions ({exc})"
+                ) from exc
+            if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
+                raise JournalUnavailableError(
+                    f"journal write {label or '(unlabelled)'} of {ops[0].key!r} not acked by "
+                    f"the broker: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        return versions
+
+    async def _produce_and_wait(
+        self,
+        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
+        *,
+        wait: bool = True,
+    ) -> None:
+        acks: list[Awaitable[Any]] = []
+        for p, _, after in changes:
+            flying = self._inflight.setdefault(p, set())
+            for key, entry in after.items():
+                value = encode_entry(entry) if entry is not None else None
+                ack = await self._port.produce(p, key.encode(), value)
+                if isinstance(ack, asyncio.Future):
+                    flying.add(ack)
+                    ack.add_done_callback(flying.discard)
+                acks.append(ack)
+        if self._port.transactional:  # exactly_once: each one resolves at its commit
+            if not wait:  # NO_BARRIER: committed with the partition's next transaction
+                for (p, _, _), ack in zip(_each_record(changes), acks, strict=True):
+                    asyncio.ensure_future(ack).add_done_callback(functools.partial(self._lost, p))
+                self._port.commit_soon([p for p, _, _ in changes], LAZY_COMMIT_S)
+                return
+            self._port.commit_soon([p for p, _, _ in changes])
+        async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
+            if len(acks) == 1:
+                await acks[0]
+            else:
+                await asyncio.gather(*acks)
+        self.acked += len(acks)
+
+    def _lost(self, p: int, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return
+        exc = fut.exception()
+        assert exc is not None
+        self.failed += 1
+        if not self.owns(p):
+            # revoked or being handed over (the new owner fenced the transaction): memory
+            # drops the partition, so nothing here holds what the changelog lost
+            log.info("journal partition %d: writes lost with its transaction at hand-over", p)
+        elif self.on_lost is not None:
+            self.on_lost(p, exc)
+
+    def _undo(
+        self, p: int, before: dict[str, Entry | None], after: dict[str, Entry | None]
+    ) -> None:
+        """Put back what a failed commit replaced, where nothing overwrote it since."""
+        entries = self._parts.get(p)
+        if entries is None:
+            return
+        for key, old in before.items():
+            if entries.get(key) is not after[key]:
+                continue
+            if old is None:
+                entries.pop(key, None)
+                if self._where.get(key) == p:
+                    del self._where[key]
+            else:
+                entries[key] = old
+                self._where[key] = p
+
+    async def range(
+        self, index: IndexName, prefix: str, until: float, limit: int = 100
+    ) -> list[str]:
+        self._check()
+        p = CURRENT_PARTITION.get()
+        if p is not None:
+            entries = self._parts.get(p)
+            return range_of(entries, index, prefix, until, limit) if entries else []
+        per = [_scored(entries, index, prefix, until, limit) for entries in self._parts.values()]
+        return [key for _, key in heapq.merge(*per)][: max(limit, 0)]
+
+    async def scan(self, prefix: str) -> list[Entry]:
+        self._check()
+        p = CURRENT_PARTITION.get()
+        parts = [self._parts.get(p, {})] if p is not None else list(self._parts.values())
+        found = [
+            copy_entry(e) for entries in parts for k, e in entries.items() if k.startswith(prefix)
+        ]
+        found.sort(key=lambda e: e.key)
+        return found
+
+
+def _each_record(
+    changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
+) -> Iterator[tuple[int, str, Entry | None]]:
+    for p, _, after in changes:
+        for key, entry in after.items():
+            yield p, key, entry
+
+
+def _scored(
+    entries: dict[str, Entry], index: IndexName, prefix: str, until: float, limit: int
+) -> list[tuple[float, str]]:
+    keys = range_of(entries, index, prefix, until, limit)
+    return [(getattr(entries[k], index), k) for k in keys]

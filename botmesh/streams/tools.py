@@ -1,0 +1,296 @@
+"""Operator tools on aiokafka: demo traffic for the inbound topic, send requests (sends from
+outside a handler), a tail of the receipts, and the worker's journal read back from its
+changelog.
+
+Used by ``botmesh produce``, ``botmesh send``, ``botmesh receipts``, ``botmesh/examples/demo.py``,
+the tests and the benchmark. :func:`request_send` is the API of other services: it asks the
+bot to send to a chat through ``<prefix>.requests``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    TopicPartition,
+)
+
+from botmesh.state.kv import Entry
+from botmesh.state.messages import Inbound, Media, Receipt
+from botmesh.streams.table_kv import decode_entry
+from botmesh.topics.catalog import Catalog
+from botmesh.topics.records import (
+    SendRequest,
+    chat_key,
+    decode_receipt,
+    decode_request,
+    encode_inbound,
+    encode_request,
+)
+
+__all__ = [
+    "Seen",
+    "demo_records",
+    "end_offsets",
+    "produce_inbound",
+    "produce_requests",
+    "read_journal",
+    "request_send",
+    "tail_receipts",
+]
+
+
+def demo_records(n: int, chats: int, *, run: str = "demo") -> list[Inbound]:
+    """``n`` messages spread round-robin over ``chats`` chats; ids ``<run>-<i>``, text ``msg <k>``
+    where ``k`` counts the messages of that chat (so a chat's order is checkable)."""
+    if n < 0 or chats < 1:
+        raise ValueError(f"need n >= 0 and chats >= 1, got n={n}, chats={chats}")
+    out = []
+    per_chat = [0] * chats
+    for i in range(n):
+        c = i % chats
+        per_chat[c] += 1
+        out.append(
+            Inbound(
+                chat_id=f"{run}-chat-{c}",
+                id=f"{run}-{i}",
+                text=f"msg {per_chat[c]}",
+                sender=f"user-{c}",
+                channel="demo",
+                ts=time.time(),
+            )
+        )
+    return out
+
+
+async def produce_inbound(
+    bootstrap: str, topic: str, records: list[Inbound], *, linger_ms: int = 5
+) -> float:
+    """Produce ``records`` keyed by chat id (acks=all); returns the seconds it took."""
+    values = [(chat_key(r.chat_id), encode_inbound(r)) for r in records]
+    return await _produce(bootstrap, topic, values, linger_ms=linger_ms)
+
+
+async def produce_requests(
+    bootstrap: str, topic: str, requests: list[SendRequest], *, linger_ms: int = 5
+) -> float:
+    """Produce send ``requests`` to ``topic`` (``<prefix>.requests``) keyed by chat id
+    (acks=all, in order); returns the seconds it took. No check of the topic or of the
+    requests: :func:`request_send` is the checked way for one request."""
+    values = [(chat_key(r.chat_id), encode_request(r)) for r in requests]
+    return await _produce(bootstrap, topic, values, linger_ms=linger_ms)
+
+
+async def _produce(
+    bootstrap: str, topic: str, values: list[tuple[bytes, bytes]], *, linger_ms: int
+) -> float:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms)
+    await producer.start()
+    t0 = time.monotonic()
+    try:
+        futs = [await producer.send(topic, value, key=key) for key, value in values]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+    return time.monotonic() - t0
+
+
+async def request_send(
+    bootstrap: str,
+    prefix: str,
+    chat_id: str,
+    text: str | None = None,
+    *,
+    key: str | None = None,
+    media: Media | None = None,
+    options: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> str:
+    """Ask the bot to send ``text`` (and/or ``media``) to ``chat_id`` from outside a handler:
+    one send request on ``<prefix>.requests``, keyed by the chat id, produced with acks=all.
+    Returns the request id (``request_id``, else a new random one) once the broker acked it.
+
+    The worker that owns the chat journals the send and delivers it in order with the chat's
+    other sends, under the idempotency key ``key``, else ``req:<request id>``: producing the
+    same request again (same ``request_id`` or same ``key``, e.g. after a timeout here) sends
+    once. Its receipt comes on ``<prefix>.sent`` with that key.
+
+    Raises ``BadRecord`` (a ``ValueError``) for a request the worker would refuse (neither
+    text nor media, a ``#`` in the key…), ``LookupError`` when the topic does not exist
+    (run ``botmesh topics create``), ``ValueError`` when it has another partition count than
+    the inbound, ``ConnectionError`` when the broker cannot be reached.
+    """
+    cat = Catalog(prefix)
+    request = SendRequest(
+        id=request_id if request_id is not None else uuid.uuid4().hex,
+        chat_id=chat_id,
+        text=text,
+        media=media,
+        key=key,
+        options=dict(options) if options else {},
+    )
+    value = encode_request(request)
+    decode_request(value)  # the worker's checks, here: refused before it is produced
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        await producer.start()
+    except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise ConnectionError(
+            f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running and "
+            "KAFKA_BOOTSTRAP_SERVERS right?"
+        ) from exc
+    try:
+        await _check_requests_topic(producer, cat)
+        await producer.send_and_wait(cat.requests, value, key=chat_key(request.chat_id))
+    finally:
+        await producer.stop()
+    return request.id
+
+
+async def _check_requests_topic(producer: AIOKafkaProducer, cat: Catalog) -> None:
+    """The requests topic exists (never created by a produce: a broker that auto-creates
+    topics would give it its default partitions) with the inbound's partition count."""
+    metadata = await producer.client.fetch_all_metadata()
+    requests = metadata.partitions_for_topic(cat.requests)
+    if not requests:
+        raise LookupError(
+            f"topic {cat.requests!r} does not exist; run `botmesh topics create "
+            f"--prefix {cat.prefix}` (or start the worker, which creates it)"
+        )
+    inbound = metadata.partitions_for_topic(cat.inbound)
+    if inbound and len(inbound) != len(requests):
+        raise ValueError(
+            f"topic {cat.requests!r} has {len(requests)} partitions but {cat.inbound!r} has "
+            f"{len(inbound)}: a chat's requests would not reach the worker of its messages; "
+            f"recreate {cat.requests!r} with {len(inbound)} partitions"
+        )
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Partition -> high watermark of ``topic``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = await _partitions(consumer, topic)
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def read_journal(bootstrap: str, changelog: str, prefix: str = "") -> dict[str, Entry]:
+    """The worker's journal as its changelog holds it now (the last record of each key up
+    to the end offsets; deleted keys left out), keys under ``prefix`` only. Reads with
+    ``read_uncommitted``: every record the broker acked."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    found: dict[str, Entry] = {}
+    try:
+        parts = await _partitions(consumer, changelog)
+        tps = [TopicPartition(changelog, p) for p in sorted(parts)]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        starts = await consumer.beginning_offsets(tps) if tps else {}
+        todo = {tp for tp in tps if ends[tp] > starts[tp]}
+        consumer.assign(tps)
+        for tp in tps:  # explicit offsets: seek_to_beginning can lose to the initial reset
+            consumer.seek(tp, starts[tp])
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=1000)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    key = (m.key or b"").decode()
+                    if not key.startswith(prefix):
+                        continue
+                    entry = decode_entry(m.key or b"", m.value)
+                    if entry is None:
+                        found.pop(key, None)
+                    else:
+                        found[key] = entry
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    # partitions_for_topic only knows topics the consumer subscribed to: ask the cluster.
+    metadata = await consumer._client.fetch_all_metadata()
+    return set(metadata.partitions_for_topic(topic) or ())
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    receipt: Receipt
+    partition: int
+    offset: int
+    arrived: float  # time.monotonic() when consumed
+
+
+async def tail_receipts(
+    bootstrap: str,
+    topic: str,
+    *,
+    start: dict[int, int] | None = None,
+    from_beginning: bool = False,
+    idle_timeout: float | None = None,
+    on_bad: Callable[[bytes | None, str], None] | None = None,
+) -> AsyncGenerator[Seen, None]:
+    """Yield the receipts on ``topic`` (no consumer group: nothing is committed).
+
+    ``start``: partition -> offset to begin at (e.g. from :func:`end_offsets` before producing);
+    else the end (or the beginning with ``from_beginning``). ``idle_timeout``: stop after that
+    many seconds without a record.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+    )
+    await consumer.start()
+    try:
+        parts = await _partitions(consumer, topic)
+        if not parts:
+            raise LookupError(f"topic {topic!r} does not exist; run `botmesh topics create`")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        for tp in tps:
+            if start is not None:
+                consumer.seek(tp, start.get(tp.partition, 0))
+            elif from_beginning:
+                await consumer.seek_to_beginning(tp)
+            else:
+                await consumer.seek_to_end(tp)
+        last = time.monotonic()
+        while True:
+            batch = await consumer.getmany(timeout_ms=200, max_records=1000)
+            now = time.monotonic()
+            if not batch:
+                if idle_timeout is not None and now - last > idle_timeout:
+                    return
+                continue
+            last = now
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    try:
+                        rec = decode_receipt(m.value)
+                    except ValueError as exc:
+                        if on_bad is not None:
+                            on_bad(m.value, str(exc))
+                        continue
+                    yield Seen(rec, tp.partition, m.offset, now)
+    finally:
+        await consumer.stop()

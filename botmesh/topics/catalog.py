@@ -1,0 +1,362 @@
+"""The topic catalog: every topic name derived from one prefix, with its partitions,
+replication and cleanup policy.
+
+Pure data (no Kafka client): ``botmesh.streams.provision`` creates what this module describes.
+
+========================================  ==========  =================================
+topic                                     cleanup     purpose
+========================================  ==========  =================================
+``<prefix>.inbound``                      delete 7d   inbound messages, keyed by chat id
+``<prefix>.requests``                     delete 7d   send requests (sends from outside a
+                                                      handler), keyed by chat id;
+                                                      partitions = inbound's
+``<prefix>.control``                      delete 7d   operator actions (retry a send, replay
+                                                      an inbound, discard), keyed by chat
+                                                      id; partitions = inbound's
+``<prefix>.control.results``              delete 7d   their results, keyed by request id
+``<prefix>.sent``                         delete 7d   sent receipts, keyed by chat id
+``<prefix>.outbox.retry.1s`` / ``.5s`` /  delete 1d   outbox retry tiers: a failed send
+``.30s`` / ``.1m`` / ``.5m`` / ``.10m``                 parked until its retry
+                                                      (``botmesh.state.backoff.RETRY_TIERS``);
+                                                      partitions = inbound's
+``<prefix>.inbound.dlq``                  delete 30d  undecodable / failed inbound records
+``<prefix>.requests.dlq``                 delete 30d  undecodable / failed send requests
+``<prefix>.outbox.dlq``                   delete 30d  sends that failed for good
+``<prefix>.worker-journal-changelog``     compact     the worker's journal (a Faust table:
+                                                      inbox, outbox and lease records);
+                                                      partitions = inbound's
+``<prefix>.metrics``                      compact     each worker's engine counters,
+                                                      keyed by its instance id (every
+                                                      ``BOTMESH_METRICS_INTERVAL`` s and
+                                                      at a clean stop; ``botmesh metrics``)
+``<prefix>.gateway.seen``                 compact,    the webhook gateway's produced events
+                                          delete 7d   (``<channel>:<event id>``), so a
+                                                      webhook the channel retries is
+                                                      produced once; 1 partition; created
+                                                      by ``botmesh gateway``
+                                                      (:meth:`Catalog.gateway_specs`), not
+                                                      by ``specs()``
+========================================  ==========  =================================
+
+The prefix comes from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``). The worker's consumer
+group, and the Faust app id, is ``<prefix>.worker``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from botmesh.state.backoff import RETRY_TIERS
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_PREFIX",
+    "PREFIX_ENV",
+    "RETRY_TIERS",
+    "TABLES",
+    "Catalog",
+    "TopicSpec",
+    "prefix_from_env",
+]
+
+DEFAULT_PREFIX = "botmesh"
+PREFIX_ENV = "BOTMESH_TOPIC_PREFIX"
+DEFAULT_PARTITIONS = 8
+
+
+#: The Faust tables of the worker; each has a compacted changelog topic. One table, the
+#: journal, holds the inbox, outbox and lease records (``botmesh.streams.table_kv``).
+TABLES: tuple[str, ...] = ("journal",)
+
+_DAY_MS = 24 * 3600 * 1000
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+Role = Literal[
+    "inbound",
+    "requests",
+    "control",
+    "results",
+    "sent",
+    "retry",
+    "dlq",
+    "changelog",
+    "metrics",
+    "seen",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic: name, partition count, replication factor and topic-level configs."""
+
+    name: str
+    role: Role
+    partitions: int
+    replication: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    purpose: str = ""
+
+    @property
+    def compacted(self) -> bool:
+        return self.config.get("cleanup.policy") == "compact"
+
+
+def prefix_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The topic prefix from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``), validated."""
+    env = os.environ if environ is None else environ
+    return check_prefix(env.get(PREFIX_ENV, "").strip() or DEFAULT_PREFIX)
+
+
+def check_prefix(prefix: str) -> str:
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(
+            f"bad topic prefix {prefix!r}: use 1-200 characters of letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (e.g. 'botmesh' or 'acme.prod')"
+        )
+    return prefix
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Topic names and specs for one prefix: ``Catalog("bm").inbound == "bm.inbound"``."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Catalog:
+        return cls(prefix_from_env(environ))
+
+    @property
+    def inbound(self) -> str:
+        return f"{self.prefix}.inbound"
+
+    @property
+    def requests(self) -> str:
+        """Send requests: sends from outside a handler, keyed by chat id; the worker reads
+        them with the inbound (same partitions, so a chat's requests and messages have one
+        owner)."""
+        return f"{self.prefix}.requests"
+
+    @property
+    def control(self) -> str:
+        """Operator actions (``botmesh.topics.control``): keyed by chat id, read with the inbound
+        (same partitions), so the chat's owner carries them out."""
+        return f"{self.prefix}.control"
+
+    @property
+    def control_results(self) -> str:
+        return f"{self.prefix}.control.results"
+
+    @property
+    def sent(self) -> str:
+        return f"{self.prefix}.sent"
+
+    @property
+    def inbound_dlq(self) -> str:
+        return f"{self.prefix}.inbound.dlq"
+
+    @property
+    def requests_dlq(self) -> str:
+        return f"{self.prefix}.requests.dlq"
+
+    @property
+    def outbox_dlq(self) -> str:
+        return f"{self.prefix}.outbox.dlq"
+
+    @property
+    def metrics(self) -> str:
+        """The workers' counters (compacted, keyed by instance id; ``botmesh metrics``)."""
+        return f"{self.prefix}.metrics"
+
+    @property
+    def gateway_seen(self) -> str:
+        """The webhook gateway's record of the events it produced (compacted, keyed by
+        ``<channel>:<event id>``)."""
+        return f"{self.prefix}.gateway.seen"
+
+    def gateway_specs(self, replication: int = 1) -> list[TopicSpec]:
+        """The topics the webhook gateway creates (``botmesh gateway``): its seen topic, one
+        partition (every replica reads all of it), compacted and deleted after the
+        inbound's retention (7 d): past that, a retried webhook is no longer recognised."""
+        if replication < 1:
+            raise ValueError(f"replication must be >= 1, got {replication}")
+        return [
+            TopicSpec(
+                self.gateway_seen,
+                "seen",
+                1,
+                replication,
+                {
+                    "cleanup.policy": "compact,delete",
+                    "retention.ms": str(7 * _DAY_MS),
+                    "segment.ms": str(3600 * 1000),
+                    "min.cleanable.dirty.ratio": "0.1",
+                    "min.insync.replicas": "2" if replication >= 3 else "1",
+                },
+                "events the webhook gateway produced to the inbound, keyed by channel:id",
+            )
+        ]
+
+    @property
+    def app_id(self) -> str:
+        """The Faust app id, which is also the worker's consumer group id."""
+        return f"{self.prefix}.worker"
+
+    @property
+    def group(self) -> str:
+        return self.app_id
+
+    def retry(self, tier: str) -> str:
+        """The retry topic of one tier (``"1s"``, ``"5s"``, ``"30s"``, ``"1m"``, ``"5m"``
+        or ``"10m"``)."""
+        if tier not in {name for name, _ in RETRY_TIERS}:
+            known = ", ".join(name for name, _ in RETRY_TIERS)
+            raise ValueError(f"unknown retry tier {tier!r}: use one of {known}")
+        return f"{self.prefix}.outbox.retry.{tier}"
+
+    @property
+    def retries(self) -> tuple[str, ...]:
+        return tuple(self.retry(name) for name, _ in RETRY_TIERS)
+
+    def changelog(self, table: str) -> str:
+        """The changelog topic Faust uses for ``table`` (``<app id>-<table>-changelog``)."""
+        return f"{self.app_id}-{table}-changelog"
+
+    def specs(self, partitions: int = DEFAULT_PARTITIONS, replication: int = 1) -> list[TopicSpec]:
+        """Every topic of the catalog. Requests, changelogs and retry tiers get the inbound's
+        partition count (Faust co-partitions a table with its sources, and the worker reads
+        requests with the inbound); DLQs and receipts too, so a chat keeps one partition
+        everywhere."""
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        if replication < 1:
+            raise ValueError(f"replication must be >= 1, got {replication}")
+        min_isr = "2" if replication >= 3 else "1"
+        common = {"min.insync.replicas": min_isr}
+
+        def spec(name: str, role: Role, config: dict[str, str], purpose: str) -> TopicSpec:
+            return TopicSpec(name, role, partitions, replication, {**common, **config}, purpose)
+
+        out = [
+            spec(
+                self.inbound,
+                "inbound",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "inbound messages and interactions, keyed by chat id",
+            ),
+            spec(
+                self.requests,
+                "requests",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "send requests (sends from outside a handler), keyed by chat id",
+            ),
+            spec(
+                self.control,
+                "control",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "operator actions (retry_send, replay_inbound, discard, restart_flow, "
+                "drop_flow), keyed by chat id",
+            ),
+            spec(
+                self.control_results,
+                "results",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "results of operator actions, keyed by request id",
+            ),
+            spec(
+                self.sent,
+                "sent",
+                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                "sent receipts, keyed by chat id",
+            ),
+        ]
+        out += [
+            spec(
+                self.retry(name),
+                "retry",
+                {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)},
+                f"outbox retry tier: sends due again after {name}",
+            )
+            for name, _ in RETRY_TIERS
+        ]
+        out += [
+            spec(
+                self.inbound_dlq,
+                "dlq",
+                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                "inbound records that could not be decoded or handled (header 'reason')",
+            ),
+            spec(
+                self.requests_dlq,
+                "dlq",
+                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                "send requests that could not be decoded or settled (header 'reason')",
+            ),
+            spec(
+                self.outbox_dlq,
+                "dlq",
+                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                "sends that failed for good (header 'reason')",
+            ),
+        ]
+        out += [
+            spec(
+                self.changelog(table),
+                "changelog",
+                # segments roll hourly (or at 64 MiB) so that the cleaner can compact them:
+                # a worker restoring a partition on an empty disk reads each key once
+                {
+                    "cleanup.policy": "compact",
+                    "segment.ms": str(3600 * 1000),
+                    "segment.bytes": str(64 * 1024 * 1024),
+                    "min.cleanable.dirty.ratio": "0.1",
+                },
+                f"changelog of the Faust table {table!r}",
+            )
+            for table in TABLES
+        ]
+        out.append(
+            spec(
+                self.metrics,
+                "metrics",
+                {
+                    "cleanup.policy": "compact",
+                    "segment.ms": str(3600 * 1000),
+                    "min.cleanable.dirty.ratio": "0.1",
+                },
+                "each worker's engine counters, keyed by its instance id",
+            )
+        )
+        return out
+
+    def specs_beside(
+        self,
+        existing: Mapping[str, int],
+        partitions: int = DEFAULT_PARTITIONS,
+        replication: int = 1,
+    ) -> list[TopicSpec]:
+        """:meth:`specs` for a cluster whose topics are ``existing`` (name -> partition
+        count): a requests, control or retry-tier topic still to create beside an existing
+        inbound gets the inbound's partition count, whatever ``partitions`` says (a chat's
+        requests, operator actions and parked sends must land on the partition of its
+        messages)."""
+        specs = self.specs(partitions, replication)
+        inbound = existing.get(self.inbound)
+        if inbound is None:
+            return specs
+        return [
+            replace(s, partitions=inbound)
+            if s.role in {"requests", "control", "retry"} and s.name not in existing
+            else s
+            for s in specs
+        ]
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs()]
