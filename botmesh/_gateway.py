@@ -70,6 +70,7 @@ from botmesh.providers.webhooks import (
     WebhookRequest,
 )
 from botmesh.state.messages import Inbound
+from botmesh.streams.connection import Brokers
 from botmesh.streams.gateway import GatewayKafka, KafkaUnavailable
 from botmesh.topics.catalog import Catalog
 from botmesh.topics.records import chat_key, encode_inbound
@@ -111,7 +112,8 @@ _FORM = "application/x-www-form-urlencoded"
 class GatewayConfig:
     """The gateway's settings (the CLI fills them from options and the environment)."""
 
-    bootstrap: str
+    #: the brokers: a bootstrap string (TLS and SASL from the environment) or the settings
+    bootstrap: Brokers
     prefix: str = "botmesh"
     #: The URL the channels call, without the channel path (``https://hooks.example.com``);
     #: ``None``: the scheme and Host header of each request.

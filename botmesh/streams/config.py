@@ -22,6 +22,7 @@ from typing import Any
 from botmesh.state.backends import check_url
 from botmesh.state.backends.server import redact
 from botmesh.state.errors import ConfigError
+from botmesh.streams.connection import KafkaSettings, Security
 from botmesh.topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
 
 __all__ = [
@@ -119,6 +120,9 @@ class WorkerConfig:
 
     #: ``KAFKA_BOOTSTRAP_SERVERS`` (default ``127.0.0.1:9092``).
     bootstrap: str = DEFAULT_BOOTSTRAP
+    #: ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_*``, ``KAFKA_SSL_*``: TLS and SASL for every
+    #: client of the worker (``botmesh.streams.connection``).
+    security: Security = field(default_factory=Security)
     #: ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``): every topic name and the group.
     prefix: str = "botmesh"
     #: ``BOTMESH_DATA_DIR`` (default ``./botmesh-data``): the journal (by default) and
@@ -203,6 +207,7 @@ class WorkerConfig:
             check_worker_journal(journal, "BOTMESH_JOURNAL")
         base = cls(
             bootstrap=env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip() or DEFAULT_BOOTSTRAP,
+            security=Security.from_env(env),
             prefix=prefix_from_env(env),
             data_dir=Path(env.get("BOTMESH_DATA_DIR", "").strip() or "botmesh-data"),
             journal=journal if overrides.get("journal") is None else None,
@@ -227,6 +232,11 @@ class WorkerConfig:
         if "guarantee" in changes:
             changes["guarantee"] = check_guarantee(changes["guarantee"])
         return replace(base, **changes)
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        """The brokers and their security settings, for every client of the worker."""
+        return KafkaSettings(self.bootstrap, self.security)
 
     @property
     def catalog(self) -> Catalog:

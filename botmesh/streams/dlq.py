@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from botmesh.streams.connection import Brokers, aiokafka_options, connect_error
 from botmesh.topics import Catalog
 from botmesh.topics.control import ControlRequest, ControlResult, decode_result, encode_control
 from botmesh.topics.dead_letters import DeadLetter, read_dead_letter
@@ -41,7 +42,6 @@ __all__ = [
     "KINDS",
     "Filter",
     "ask_owners",
-    "connect_error",
     "dlq_topic",
     "read_dead_letters",
     "reproduce",
@@ -69,21 +69,14 @@ def dlq_topic(cat: Catalog, kind: str) -> str:
     return topics[kind]
 
 
-async def _started(client: AIOKafkaConsumer | AIOKafkaProducer, bootstrap: str) -> None:
+async def _started(client: AIOKafkaConsumer | AIOKafkaProducer, bootstrap: Brokers) -> None:
     """Start a client; ``ConnectionError`` naming the bootstrap and the fix when it cannot."""
     try:
         await client.start()
     except Exception as exc:
         with contextlib.suppress(Exception):
             await client.stop()
-        raise connect_error(bootstrap, exc) from exc
-
-
-def connect_error(bootstrap: str, exc: BaseException) -> ConnectionError:
-    return ConnectionError(
-        f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running and "
-        "KAFKA_BOOTSTRAP_SERVERS (or --bootstrap) right?"
-    )
+        raise (await asyncio.to_thread(connect_error, bootstrap, exc)) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +104,7 @@ class Filter:
 
 
 async def read_dead_letters(
-    bootstrap: str,
+    bootstrap: Brokers,
     topics: Sequence[str],
     flt: Filter = Filter(),
     *,
@@ -120,7 +113,7 @@ async def read_dead_letters(
     """The dead letters of ``topics`` that match ``flt``, in topic, partition and offset
     order. Raises ``ConnectionError`` when the broker cannot be reached."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
     )
     await _started(consumer, bootstrap)
     found: list[DeadLetter] = []
@@ -197,7 +190,7 @@ def control_requests(
 
 
 async def ask_owners(
-    bootstrap: str,
+    bootstrap: Brokers,
     cat: Catalog,
     requests: Sequence[ControlRequest],
     *,
@@ -211,9 +204,9 @@ async def ask_owners(
     if not requests:
         return {}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
     )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all")
     await _started(consumer, bootstrap)
     try:
         await _started(producer, bootstrap)
@@ -260,10 +253,10 @@ async def ask_owners(
     return answered
 
 
-async def reproduce(bootstrap: str, topic: str, letters: Sequence[DeadLetter]) -> int:
+async def reproduce(bootstrap: Brokers, topic: str, letters: Sequence[DeadLetter]) -> int:
     """Produce each dead letter's key and value again to ``topic`` (acks=all), with a header
     ``redriven.from`` naming the dead letter; how many."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all")
     await _started(producer, bootstrap)
     try:
         acks = [

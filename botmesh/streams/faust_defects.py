@@ -212,6 +212,8 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Producer as FaustProducer
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
+from botmesh.streams.connection import Brokers, aiokafka_options
+
 __all__ = [
     "ActivePartitions",
     "ReadOffsets",
@@ -629,7 +631,7 @@ Read = tuple[bytes, bytes | None, int]
 
 
 async def read_committed(
-    bootstrap: str,
+    bootstrap: Brokers,
     topic: str,
     starts: dict[int, int],
     *,
@@ -644,7 +646,7 @@ async def read_committed(
     of each. Raises ``TimeoutError`` when the read does not reach every end in ``within``
     seconds."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **aiokafka_options(bootstrap),
         isolation_level="read_committed",
         enable_auto_commit=False,
         auto_offset_reset="earliest",  # a start compacted away: the earliest kept
@@ -682,7 +684,7 @@ async def read_committed(
 
 
 async def committed_record_between(
-    bootstrap: str, tp: Any, start: int, end: int, *, within: float = TAIL_CHECK_S
+    bootstrap: Brokers, tp: Any, start: int, end: int, *, within: float = TAIL_CHECK_S
 ) -> int | None:
     """The offset of the first committed record of ``tp`` in ``[start, end)``, else
     ``None`` (``read_committed``)."""
@@ -693,8 +695,12 @@ async def committed_record_between(
     return records[0][2] if records else None
 
 
-def bootstrap_of(app: Any) -> str:
-    """``host:port,...`` of a Faust app's brokers."""
+def bootstrap_of(app: Any) -> Brokers:
+    """How a client of our own reaches a Faust app's brokers: the worker's settings
+    (``app.botmesh_kafka``, TLS and SASL included), else ``host:port,...`` of its URLs."""
+    settings: Brokers | None = getattr(app, "botmesh_kafka", None)
+    if settings is not None:
+        return settings
     return ",".join(f"{url.host}:{url.port or 9092}" for url in app.conf.broker)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from botmesh.streams.connection import Brokers, aiokafka_options
 from botmesh.streams.provision import ensure_topics, existing_topics
 from botmesh.topics.catalog import Catalog
 
@@ -35,7 +36,7 @@ class GatewayKafka:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: Brokers,
         prefix: str,
         *,
         request_timeout: float,
@@ -56,8 +57,11 @@ class GatewayKafka:
         """Start the producer, create the seen topic, read it to its end, start the tail.
         Raises on any failure (having closed what it opened)."""
         try:
+            # the first contact through the admin client: a refused login or an unknown CA
+            # is named (``KafkaAuthError``) rather than aiokafka's bare connection error
+            topics = await asyncio.to_thread(self._provision)
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap,
+                **aiokafka_options(self.bootstrap),
                 acks="all",
                 enable_idempotence=True,
                 request_timeout_ms=int(max(self.request_timeout, 5.0) * 1000),
@@ -65,7 +69,6 @@ class GatewayKafka:
             )
             self.producer = producer
             await producer.start()
-            topics = await asyncio.to_thread(self._provision)
             self.inbound_exists = self.catalog.inbound in topics
             await self._known(self.catalog.gateway_seen)
             await self._load(topics.get(self.catalog.gateway_seen, 1))
@@ -96,7 +99,7 @@ class GatewayKafka:
 
     async def _load(self, partitions: int) -> None:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+            **aiokafka_options(self.bootstrap),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

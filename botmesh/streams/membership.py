@@ -33,12 +33,19 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
-
+from botmesh.streams.connection import Brokers, KafkaAuthError, list_topics
 from botmesh.streams.operator import Member, describe_group, remove_members
-from botmesh.streams.provision import admin_client
 
-__all__ = ["AssignmentWatch", "TopicsNotListed", "unlisted_topics", "wait_for_topics"]
+__all__ = [
+    "WORKER_COUNTERS",
+    "AssignmentWatch",
+    "TopicsNotListed",
+    "unlisted_topics",
+    "wait_for_topics",
+]
+
+#: The worker's own counters, published beside the engine's on ``<prefix>.metrics``.
+WORKER_COUNTERS = ("forcedRebalances",)
 
 log = logging.getLogger("botmesh.streams")
 
@@ -60,12 +67,17 @@ class TopicsNotListed(Exception):
         )
 
 
-def unlisted_topics(bootstrap: str, names: Iterable[str], timeout: float = 10.0) -> dict[str, str]:
+def unlisted_topics(
+    bootstrap: Brokers, names: Iterable[str], timeout: float = 10.0
+) -> dict[str, str]:
     """Of ``names``, those the broker's metadata does not list ready to be assigned: name ->
-    why (not listed, an error, no partitions, partitions without a leader). Blocking."""
+    why (not listed, an error, no partitions, partitions without a leader). Blocking;
+    ``KafkaAuthError`` when the brokers refuse this client."""
     try:
-        meta = admin_client(bootstrap).list_topics(timeout=timeout)
-    except KafkaException as exc:
+        meta = list_topics(bootstrap, timeout)
+    except KafkaAuthError:
+        raise
+    except ConnectionError as exc:
         return dict.fromkeys(names, f"metadata not read: {exc}")
     missing: dict[str, str] = {}
     for name in names:
@@ -84,7 +96,7 @@ def unlisted_topics(bootstrap: str, names: Iterable[str], timeout: float = 10.0)
 
 
 async def wait_for_topics(
-    bootstrap: str, names: Iterable[str], limit: float, *, poll: float = 0.25
+    bootstrap: Brokers, names: Iterable[str], limit: float, *, poll: float = 0.25
 ) -> float:
     """Wait until the broker lists every topic of ``names`` with a leader for each partition;
     the seconds it waited. ``TopicsNotListed`` after ``limit`` seconds."""
@@ -118,7 +130,7 @@ class AssignmentWatch:
     """Checks, every ``interval`` seconds while the worker owns no inbound partition, that
     the group leaves no inbound partition without an owner; forces a rebalance if it does."""
 
-    bootstrap: str
+    bootstrap: Brokers
     group: str
     #: the topic whose partitions the worker must own (the inbound)
     topic: str
@@ -198,8 +210,7 @@ class AssignmentWatch:
         return True
 
     def _read_group(self) -> tuple[dict[str, int], GroupState]:
-        admin = admin_client(self.bootstrap)
-        meta = admin.list_topics(timeout=10.0)
+        meta = list_topics(self.bootstrap, 10.0)
         counts = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
         info = describe_group(self.bootstrap, self.group, timeout=10.0)
         return counts, GroupState(info.state, info.members)

@@ -45,8 +45,16 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
+from botmesh.streams import connection
+from botmesh.streams.connection import (
+    Brokers,
+    aiokafka_options,
+    confluent_options,
+    list_topics,
+    servers,
+)
 from botmesh.streams.table_kv import TABLE_NAME, decode_entry
 from botmesh.topics.catalog import Catalog
 
@@ -129,19 +137,13 @@ class GroupInfo:
     members: list[Member]
 
 
-def _admin(bootstrap: str, timeout: float) -> AdminClient:
-    return AdminClient(
-        {
-            "bootstrap.servers": bootstrap,
-            "socket.timeout.ms": int(timeout * 1000),
-            "log_level": 0,  # librdkafka's connection-refused lines add nothing to ours
-        }
-    )
+def _admin(bootstrap: Brokers, timeout: float) -> Any:
+    return connection.admin(bootstrap, timeout)
 
 
-def _unreachable(bootstrap: str, exc: BaseException) -> ConnectionError:
+def _unreachable(bootstrap: Brokers, exc: BaseException) -> ConnectionError:
     return ConnectionError(
-        f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running "
+        f"cannot reach Kafka at {servers(bootstrap)!r}: {exc}; is the broker running "
         "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS (--bootstrap) right?"
     )
 
@@ -151,7 +153,7 @@ def _code(exc: KafkaException) -> int | None:
     return err.code() if isinstance(err, KafkaError) else None
 
 
-def _result(fut: Any, bootstrap: str, timeout: float) -> Any:
+def _result(fut: Any, bootstrap: Brokers, timeout: float) -> Any:
     try:
         return fut.result(timeout)
     except KafkaException as exc:
@@ -160,13 +162,10 @@ def _result(fut: Any, bootstrap: str, timeout: float) -> Any:
         raise
 
 
-def _topics(admin: AdminClient, bootstrap: str, timeout: float) -> dict[str, int]:
-    """Topic -> partition count; the first call of every command: ``ConnectionError``
-    when the broker does not answer."""
-    try:
-        meta = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise _unreachable(bootstrap, exc) from None
+def _topics(admin: Any, bootstrap: Brokers, timeout: float) -> dict[str, int]:
+    """Topic -> partition count; the first call of every command: ``ConnectionError`` when
+    the broker does not answer, ``KafkaAuthError`` (naming the setting) when it refuses."""
+    meta = list_topics(bootstrap, timeout, client=admin)
     return {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
 
 
@@ -180,12 +179,12 @@ def _require(topics: Mapping[str, int], name: str, cat: Catalog) -> int:
     return topics[name]
 
 
-def describe_group(bootstrap: str, group: str, timeout: float = 10.0) -> GroupInfo:
+def describe_group(bootstrap: Brokers, group: str, timeout: float = 10.0) -> GroupInfo:
     """The group's state and members with their partitions (blocking)."""
     return _describe(_admin(bootstrap, timeout), group, bootstrap, timeout)
 
 
-def _describe(admin: AdminClient, group: str, bootstrap: str, timeout: float) -> GroupInfo:
+def _describe(admin: Any, group: str, bootstrap: Brokers, timeout: float) -> GroupInfo:
     futs = admin.describe_consumer_groups([group], request_timeout=timeout)
     try:
         desc = _result(futs[group], bootstrap, timeout)
@@ -213,7 +212,7 @@ def _describe(admin: AdminClient, group: str, bootstrap: str, timeout: float) ->
 
 
 def _committed(
-    admin: AdminClient, group: str, bootstrap: str, timeout: float
+    admin: Any, group: str, bootstrap: Brokers, timeout: float
 ) -> dict[tuple[str, int], int]:
     futs = admin.list_consumer_group_offsets(
         [ConsumerGroupTopicPartitions(group)], request_timeout=timeout
@@ -232,10 +231,10 @@ def _committed(
 
 
 def _offsets(
-    admin: AdminClient,
+    admin: Any,
     tps: Iterable[tuple[str, int]],
     spec: OffsetSpec,
-    bootstrap: str,
+    bootstrap: Brokers,
     timeout: float,
 ) -> dict[tuple[str, int], int]:
     """``(topic, partition) -> offset`` for ``spec`` (earliest, latest); ``latest`` under
@@ -328,7 +327,7 @@ def _live_members_message(info: GroupInfo) -> str:
 
 
 def replay(
-    bootstrap: str,
+    bootstrap: Brokers,
     cat: Catalog,
     *,
     from_offset: int | None = None,
@@ -410,7 +409,7 @@ def replay(
 
 def _for_time(
     *,
-    bootstrap: str,
+    bootstrap: Brokers,
     cat: Catalog,
     tps: Sequence[tuple[str, int]],
     ts_ms: int,
@@ -421,7 +420,7 @@ def _for_time(
     end offset where no record is that recent."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **confluent_options(bootstrap),
             "group.id": f"{cat.prefix}.operator",  # never joins: assign/offsets only
             "enable.auto.commit": False,
             "log_level": 0,
@@ -445,7 +444,7 @@ def _for_time(
 
 
 def _alter(
-    admin: AdminClient, group: str, moves: Sequence[Move], bootstrap: str, timeout: float
+    admin: Any, group: str, moves: Sequence[Move], bootstrap: Brokers, timeout: float
 ) -> None:
     request = ConsumerGroupTopicPartitions(
         group, [TopicPartition(m.topic, m.partition, m.new) for m in moves]
@@ -466,11 +465,11 @@ def _alter(
 
 
 async def remove_members(
-    bootstrap: str, group: str, members: Sequence[Member], wait_s: float
+    bootstrap: Brokers, group: str, members: Sequence[Member], wait_s: float
 ) -> list[str]:
     """Remove ``members`` from ``group`` (LeaveGroup v3: a static member by its instance id,
     a dynamic one by its member id); returns who was removed."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(wait_s * 1000))
+    client = AIOKafkaClient(**aiokafka_options(bootstrap), request_timeout_ms=int(wait_s * 1000))
     try:
         await client.bootstrap()
     except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
@@ -542,7 +541,7 @@ Progress = Callable[[int, int], None]
 
 def _read_compacted(
     *,
-    bootstrap: str,
+    bootstrap: Brokers,
     cat: Catalog,
     topic: str,
     partitions: int,
@@ -566,7 +565,7 @@ def _read_compacted(
         return span, 0
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **confluent_options(bootstrap),
             "group.id": f"{cat.prefix}.operator",  # never joins: assign only, no commits
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -584,7 +583,7 @@ def _read_compacted(
                 if time.monotonic() - quiet_since > 3 * timeout:
                     raise ConnectionError(
                         f"reading {topic} stalled at {done_offsets} (ends {ends}); is the "
-                        f"broker at {bootstrap!r} still up?"
+                        f"broker at {servers(bootstrap)!r} still up?"
                     )
                 continue
             quiet_since = time.monotonic()
@@ -689,7 +688,7 @@ def _is_ambiguous_send(key: str, value: Mapping[str, Any]) -> bool:
 
 
 def status(
-    bootstrap: str,
+    bootstrap: Brokers,
     cat: Catalog,
     *,
     journal: bool = True,
@@ -805,7 +804,7 @@ def sum_counters(workers: Iterable[WorkerMetrics]) -> dict[str, int]:
 
 
 def read_metrics(
-    bootstrap: str, cat: Catalog, *, timeout: float = DEFAULT_TIMEOUT
+    bootstrap: Brokers, cat: Catalog, *, timeout: float = DEFAULT_TIMEOUT
 ) -> list[WorkerMetrics]:
     """The last counters each worker published (last value per instance id wins)."""
     admin = _admin(bootstrap, timeout)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from botmesh.streams.connection import Brokers, admin, list_topics, servers
 from botmesh.topics.catalog import TopicSpec
 
 __all__ = ["ProvisionResult", "admin_client", "ensure_topics", "existing_topics"]
@@ -28,25 +29,19 @@ class ProvisionResult:
     mismatched: dict[str, tuple[int, int]]  # name -> (wanted partitions, actual)
 
 
-def admin_client(bootstrap: str) -> AdminClient:
-    # log_level 0: librdkafka's connection-refused lines add nothing to the error we raise
-    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000, "log_level": 0})
+def admin_client(bootstrap: Brokers) -> Any:
+    return admin(bootstrap, timeout=10.0)
 
 
-def existing_topics(bootstrap: str, timeout: float = 15.0) -> dict[str, int]:
-    """Topic name -> partition count of every topic on the cluster."""
-    try:
-        meta = admin_client(bootstrap).list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise ConnectionError(
-            f"cannot list topics on {bootstrap!r}: {exc}; is the broker running "
-            "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS right?"
-        ) from None
+def existing_topics(bootstrap: Brokers, timeout: float = 15.0) -> dict[str, int]:
+    """Topic name -> partition count of every topic on the cluster (``ConnectionError``, or
+    ``KafkaAuthError`` naming the setting, when the brokers do not answer or refuse)."""
+    meta = list_topics(bootstrap, timeout)
     return {name: len(t.partitions) for name, t in meta.topics.items()}
 
 
 def ensure_topics(
-    bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0
+    bootstrap: Brokers, specs: Iterable[TopicSpec], timeout: float = 30.0
 ) -> ProvisionResult:
     """Create the topics that do not exist yet; idempotent (safe to run on every start)."""
     wanted = list(specs)
@@ -79,7 +74,7 @@ def ensure_topics(
                     existing.append(name)  # another worker created it meanwhile
                     continue
                 raise RuntimeError(
-                    f"cannot create topic {name!r} on {bootstrap!r}: {exc}"
+                    f"cannot create topic {name!r} on {servers(bootstrap)!r}: {exc}"
                 ) from None
     mismatched = {
         s.name: (s.partitions, have[s.name])

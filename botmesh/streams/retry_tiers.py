@@ -42,6 +42,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from botmesh.state.backoff import RETRY_TIERS, tier_of
+from botmesh.streams.connection import Brokers, aiokafka_options
 from botmesh.topics import Catalog
 
 __all__ = ["Parked", "RetryTiers", "parked_record"]
@@ -109,7 +110,7 @@ class RetryTiers:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: Brokers,
         cat: Catalog,
         owned: Callable[[], set[int]],
         retry: Callable[[int, Parked], Awaitable[str]],
@@ -155,7 +156,7 @@ class RetryTiers:
     async def _run(self, tier: str, seconds: float) -> None:
         topic = self._cat.retry(tier)
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
+            **aiokafka_options(self._bootstrap),
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -25,6 +25,7 @@ from aiokafka import (
 
 from botmesh.state.kv import Entry
 from botmesh.state.messages import Inbound, Media, Receipt
+from botmesh.streams.connection import Brokers, aiokafka_options, connect_error
 from botmesh.streams.table_kv import decode_entry
 from botmesh.topics.catalog import Catalog
 from botmesh.topics.records import (
@@ -72,7 +73,7 @@ def demo_records(n: int, chats: int, *, run: str = "demo") -> list[Inbound]:
 
 
 async def produce_inbound(
-    bootstrap: str, topic: str, records: list[Inbound], *, linger_ms: int = 5
+    bootstrap: Brokers, topic: str, records: list[Inbound], *, linger_ms: int = 5
 ) -> float:
     """Produce ``records`` keyed by chat id (acks=all); returns the seconds it took."""
     values = [(chat_key(r.chat_id), encode_inbound(r)) for r in records]
@@ -80,7 +81,7 @@ async def produce_inbound(
 
 
 async def produce_requests(
-    bootstrap: str, topic: str, requests: list[SendRequest], *, linger_ms: int = 5
+    bootstrap: Brokers, topic: str, requests: list[SendRequest], *, linger_ms: int = 5
 ) -> float:
     """Produce send ``requests`` to ``topic`` (``<prefix>.requests``) keyed by chat id
     (acks=all, in order); returns the seconds it took. No check of the topic or of the
@@ -90,9 +91,9 @@ async def produce_requests(
 
 
 async def _produce(
-    bootstrap: str, topic: str, values: list[tuple[bytes, bytes]], *, linger_ms: int
+    bootstrap: Brokers, topic: str, values: list[tuple[bytes, bytes]], *, linger_ms: int
 ) -> float:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms)
+    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all", linger_ms=linger_ms)
     await producer.start()
     t0 = time.monotonic()
     try:
@@ -104,7 +105,7 @@ async def _produce(
 
 
 async def request_send(
-    bootstrap: str,
+    bootstrap: Brokers,
     prefix: str,
     chat_id: str,
     text: str | None = None,
@@ -139,16 +140,13 @@ async def request_send(
     )
     value = encode_request(request)
     decode_request(value)  # the worker's checks, here: refused before it is produced
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all")
     try:
         await producer.start()
     except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
         with contextlib.suppress(Exception):
             await producer.stop()
-        raise ConnectionError(
-            f"cannot reach Kafka at {bootstrap!r}: {exc}; is the broker running and "
-            "KAFKA_BOOTSTRAP_SERVERS right?"
-        ) from exc
+        raise (await asyncio.to_thread(connect_error, bootstrap, exc)) from exc
     try:
         await _check_requests_topic(producer, cat)
         await producer.send_and_wait(cat.requests, value, key=chat_key(request.chat_id))
@@ -176,9 +174,9 @@ async def _check_requests_topic(producer: AIOKafkaProducer, cat: Catalog) -> Non
         )
 
 
-async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+async def end_offsets(bootstrap: Brokers, topic: str) -> dict[int, int]:
     """Partition -> high watermark of ``topic``."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**aiokafka_options(bootstrap), enable_auto_commit=False)
     await consumer.start()
     try:
         parts = await _partitions(consumer, topic)
@@ -189,12 +187,12 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def read_journal(bootstrap: str, changelog: str, prefix: str = "") -> dict[str, Entry]:
+async def read_journal(bootstrap: Brokers, changelog: str, prefix: str = "") -> dict[str, Entry]:
     """The worker's journal as its changelog holds it now (the last record of each key up
     to the end offsets; deleted keys left out), keys under ``prefix`` only. Reads with
     ``read_uncommitted``: every record the broker acked."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
     )
     await consumer.start()
     found: dict[str, Entry] = {}
@@ -241,7 +239,7 @@ class Seen:
 
 
 async def tail_receipts(
-    bootstrap: str,
+    bootstrap: Brokers,
     topic: str,
     *,
     start: dict[int, int] | None = None,
@@ -256,7 +254,7 @@ async def tail_receipts(
     many seconds without a record.
     """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **aiokafka_options(bootstrap),
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
     )

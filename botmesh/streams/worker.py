@@ -66,6 +66,7 @@ from botmesh.state.errors import ConfigError, DurabilityError, JournalUnavailabl
 from botmesh.state.kv import DurableKv
 from botmesh.state.ports import Provider
 from botmesh.streams.config import WorkerConfig, group_instance_id
+from botmesh.streams.connection import Brokers, faust_options
 from botmesh.streams.faust_defects import (
     bootstrap_of,
     commit_open_transactions,
@@ -128,7 +129,7 @@ class _BotApp(faust.App):
     botmesh_last_metrics: Callable[[], Awaitable[None]] | None = None
     #: the readiness and the empty-assignment check (``botmesh.streams.membership``)
     botmesh_watch: AssignmentWatch | None = None
-    botmesh_bootstrap = ""
+    botmesh_kafka: Brokers = ""
     #: seconds the join waits for the broker to list the subscribed topics
     botmesh_topic_wait = 60.0
     _runtime_started = False
@@ -158,8 +159,8 @@ class _BotApp(faust.App):
         async def subscribe_when_listed(topics: Any) -> None:
             names = sorted(set(topics))
             try:
-                await wait_for_topics(self.botmesh_bootstrap, names, self.botmesh_topic_wait)
-            except TopicsNotListed as exc:
+                await wait_for_topics(self.botmesh_kafka, names, self.botmesh_topic_wait)
+            except (TopicsNotListed, ConnectionError) as exc:
                 _exit_at_start(str(exc))
             await subscribe(names)
             if watch is not None and self._watching is None:
@@ -670,7 +671,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         membership["consumer_group_instance_id"] = group_instance_id(config.instance_id)
     app = _BotApp(
         cat.app_id,
-        broker=[f"kafka://{b.strip()}" for b in config.bootstrap.split(",") if b.strip()],
+        **faust_options(config.kafka),
         store="rocksdb://",
         datadir=str(config.data_dir),
         processing_guarantee="exactly_once" if config.exactly_once else "at_least_once",
@@ -687,6 +688,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         **membership,
         **web,
     )
+    app.botmesh_kafka = config.kafka  # the clients of our own: TLS and SASL as Faust's
 
     def raw_topic(*names: str) -> Any:
         return app.topic(
@@ -816,8 +818,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         tier, key, body, headers = parked_record(value, parked.retry_at)
         return await (await produce(f"retry:{tier}", key, body, headers))
 
-    app.botmesh_tiers = RetryTiers(config.bootstrap, cat, owned, retry, repark)
-    app.botmesh_bootstrap = config.bootstrap
+    app.botmesh_tiers = RetryTiers(config.kafka, cat, owned, retry, repark)
     app.botmesh_topic_wait = config.topic_wait
 
     def inbound_assigned() -> set[int]:
@@ -834,7 +835,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             return None
 
     app.botmesh_watch = AssignmentWatch(
-        bootstrap=config.bootstrap,
+        bootstrap=config.kafka,
         group=cat.group,
         topic=cat.inbound,
         owned=inbound_assigned,
@@ -861,7 +862,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         f"bot {bot.bot_id} on {cat.inbound}, {cat.requests} and {cat.control}, "
         f"journal {redact(config.journal_url)}"
         f"{' (' + cat.changelog(TABLE_NAME) + ')' if kv is not None else ''}, "
-        f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}"
+        f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}, "
+        f"Kafka at {config.bootstrap} ({config.security.describe()})"
     )
     return app
 
@@ -956,9 +958,9 @@ def _stop_overdue(limit: float) -> None:
 def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> None:
     """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C."""
     if config.provision:
-        have = existing_topics(config.bootstrap)
+        have = existing_topics(config.kafka)
         specs = config.catalog.specs_beside(have, config.partitions, config.replication)
-        result = ensure_topics(config.bootstrap, specs)
+        result = ensure_topics(config.kafka, specs)
         if result.created:
             log.info("created topics: %s", ", ".join(result.created))
         made = {s.name: s.partitions for s in specs if s.name in result.created}

@@ -14,6 +14,9 @@
 #   KAFKA_HEAP_OPTS [-Xms256m -Xmx512m; cluster nodes -Xms128m -Xmx384m]  KAFKA_JVM_OPTS [extra flags]
 #   KAFKA_START_TIMEOUT [120 s]  KAFKA_STOP_TIMEOUT [30 s]  KAFKA_CLUSTER_STOP_TIMEOUT [10 s]
 #   KAFKA_PYTHON [.venv/bin/python; used by `wait` for a confluent_kafka metadata request]
+#   KAFKA_EXTRA_CONFIG [unset; a file of broker properties appended to server.properties, the
+#     last value of a key winning: another listener (SASL_SSL, with its keystore and JAAS
+#     settings: tests/kafka/secure_broker.py), quotas, ...]
 #
 # Data dir layout: server.properties (regenerated each start), server.log, kafka.pid, data/ (log.dirs,
 # formatted on first start only). Everything binds to 127.0.0.1.
@@ -214,6 +217,10 @@ num.io.threads=2
 num.recovery.threads.per.data.dir=1
 background.threads=4
 EOF
+  if [[ -n "${KAFKA_EXTRA_CONFIG:-}" ]]; then
+    [[ -r "$KAFKA_EXTRA_CONFIG" ]] || die "KAFKA_EXTRA_CONFIG=$KAFKA_EXTRA_CONFIG: no readable file"
+    { echo "# from KAFKA_EXTRA_CONFIG=$KAFKA_EXTRA_CONFIG"; cat "$KAFKA_EXTRA_CONFIG"; } >>"$dir/server.properties"
+  fi
   if [[ "$rf" -gt 1 ]]; then
     # faster failure detection for failover tests
     printf 'broker.session.timeout.ms=6000\nbroker.heartbeat.interval.ms=1000\n' >>"$dir/server.properties"
@@ -258,6 +265,9 @@ start_node() { # start_node DIR NODE_ID PORT CPORT VOTERS RF HEAP CLUSTER_ID
   format_if_needed "$dir" "$cid"
   echo "=== $(date -u +%FT%TZ) kafka.sh start (Kafka $KAFKA_VERSION, node $id)" >>"$dir/server.log"
   launch "$dir" "$heap"
+  # the pid file is written before the exec of java: give the exec a moment (a loaded machine)
+  local i
+  for i in $(seq 1 50); do pid="$(pid_of "$dir")" && break; sleep 0.1; done
   pid="$(pid_of "$dir")" || { tail -n 30 "$dir/server.log" >&2; die "node $id did not start (see $dir/server.log)"; }
   say "started node $id (pid $pid) on 127.0.0.1:$port, controller 127.0.0.1:$cport, log $dir/server.log"
 }

@@ -25,6 +25,7 @@ from botmesh.providers.webhooks import (
     hmac_hex,
 )
 from botmesh.state.messages import Inbound
+from botmesh.streams.connection import Brokers, aiokafka_options
 from botmesh.streams.provision import existing_topics
 
 SLACK_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -131,7 +132,7 @@ def webhooks() -> dict[str, ChannelWebhook]:
 
 @asynccontextmanager
 async def gateway_at(
-    bootstrap: str,
+    bootstrap: Brokers,
     prefix: str,
     hooks: Mapping[str, ChannelWebhook] | None = None,
     *,
@@ -151,11 +152,11 @@ async def gateway_at(
         yield gateway, url
 
 
-async def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+async def read_topic(bootstrap: Brokers, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
     """Every record of ``topic`` now (all partitions, from the start to the end offsets)."""
     partitions = (await asyncio.to_thread(existing_topics, bootstrap))[topic]
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
     )
     await consumer.start()
     try:

@@ -21,17 +21,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from botmesh.streams import membership, worker
+from botmesh.streams.connection import Brokers
 from botmesh.streams.provision import ProvisionResult
 from tests.kafka.bot import bot, provider
 
 __all__ = ["bot", "provider"]
 
 
-def _no_provisioning(bootstrap: str, specs: Iterable[Any], timeout: float = 30.0) -> Any:
+def _no_provisioning(bootstrap: Brokers, specs: Iterable[Any], timeout: float = 30.0) -> Any:
     return ProvisionResult([], [], {})
 
 
-async def _no_wait(bootstrap: str, names: Iterable[str], limit: float, **_: Any) -> float:
+async def _no_wait(
+    bootstrap: Brokers, names: Iterable[str], limit: float, *, poll: float = 0.25
+) -> float:
     return 0.0
 
 

@@ -35,6 +35,7 @@ from botmesh.examples.demo import worker_command
 from botmesh.state.backends import open_backend
 from botmesh.state.kv import Entry
 from botmesh.streams.config import default_journal
+from botmesh.streams.connection import Brokers, KafkaSettings
 from botmesh.streams.tools import Seen, end_offsets, tail_receipts
 from botmesh.topics import Catalog
 from tests.kafka.recorder import RECORDER_ENV
@@ -74,6 +75,13 @@ class Worker:
     app: str = "tests.kafka.bot:bot"
     child: Child | None = None
     runs: int = 0
+    #: a secured listener's settings, for what the test reads back (the worker gets them
+    #: through ``env``)
+    kafka: KafkaSettings | None = None
+
+    @property
+    def brokers(self) -> Brokers:
+        return self.kafka if self.kafka is not None else self.bootstrap
 
     @property
     def handled_file(self) -> Path:
@@ -210,7 +218,7 @@ async def collect(
     check = alive or worker.check_alive
     seen: list[Seen] = []
     missing = set(want)
-    receipts = tail_receipts(worker.bootstrap, topic, start=start)
+    receipts = tail_receipts(worker.brokers, topic, start=start)
     deadline = time.monotonic() + WAIT_S
     try:
         while missing:
