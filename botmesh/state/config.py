@@ -56,8 +56,8 @@ class BackoffConfig:
             return value
         raw = _mapping(value, field)
         _known(raw, field, ("base", "cap", "jitter"))
-        base = parse_duration(raw.get("base", 1000), f"{field}.base")
-        cap = parse_duration(raw.get("cap", 60_000), f"{field}.cap")
+        base = parse_duration(raw.get("base", "1s"), f"{field}.base")
+        cap = parse_duration(raw.get("cap", "60s"), f"{field}.cap")
         jitter = raw.get("jitter", 0.2)
         if isinstance(jitter, bool) or not isinstance(jitter, int | float):
             raise ConfigError(f"{field}.jitter", f"expected a number in [0, 1], got {jitter!r}")

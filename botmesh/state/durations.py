@@ -1,7 +1,8 @@
-"""Durations: ``"250ms"``, ``"15s"``, ``"5m"``, ``"2h"``, ``"7d"``, milliseconds, ``timedelta``.
+"""Durations: ``"250ms"``, ``"15s"``, ``"5m"``, ``"2h"``, ``"7d"``, or a ``timedelta``.
 
-Parsed once, at the configuration boundary, into float seconds. A bad value raises
-``ConfigError`` naming the field and the accepted forms.
+Parsed once, at the configuration boundary, into float seconds. A bare number is refused
+(``0`` excepted): ``5`` is 5 ms to some readers and 5 s to others, so it must say which. A
+bad value raises ``ConfigError`` naming the field and the accepted forms.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ Duration = str | int | float | timedelta
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_FORMS = 'a string such as "250ms", "15s", "5m", "2h" or "7d", milliseconds, or a timedelta'
+_FORMS = 'a string such as "250ms", "15s", "5m", "2h" or "7d", or a timedelta'
 
 
 def parse_duration(value: object, field: str) -> float:
@@ -29,7 +30,13 @@ def parse_duration(value: object, field: str) -> float:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float):
-        seconds = float(value) / 1000.0
+        if value != 0:
+            raise ConfigError(
+                field,
+                f"{value!r} is a number without a unit: write it with one, such as "
+                f'"{value:g}s" or "{value:g}ms" (units: ms, s, m, h, d)',
+            )
+        seconds = 0.0
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if match is None:

@@ -21,8 +21,8 @@ from botmesh.state.durations import parse_duration
         ("2h", 7200.0),
         ("7d", 604800.0),
         ("1.5s", 1.5),
-        (1500, 1.5),
         (0, 0.0),
+        (0.0, 0.0),
         (timedelta(minutes=2), 120.0),
     ],
 )
@@ -30,12 +30,21 @@ def test_durations(value: object, seconds: float) -> None:
     assert parse_duration(value, "f") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("value", ["15", "15 sec", "-1s", "abc", True, None, [1], -5])
+@pytest.mark.parametrize("value", ["15", "15 sec", "-1s", "abc", True, None, [1], -5, 1500])
 def test_bad_durations_name_the_field(value: object) -> None:
     with pytest.raises(ConfigError) as info:
         parse_duration(value, "outbox.inline_max")
     assert info.value.field == "outbox.inline_max"
     assert "outbox.inline_max" in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "shown"), [(5, '"5s" or "5ms"'), (0.25, '"0.25s" or "0.25ms"')])
+def test_a_number_without_a_unit_is_refused_showing_the_units(value: float, shown: str) -> None:
+    """``backoff={"base": 5}``: 5 ms or 5 s? Neither is guessed."""
+    with pytest.raises(ConfigError) as info:
+        DurabilityConfig.from_mapping({"inbox": {"backoff": {"base": value}}})
+    assert info.value.field == "inbox.backoff.base"
+    assert "without a unit" in str(info.value) and shown in str(info.value)
 
 
 def test_defaults_follow_the_reference() -> None:
@@ -60,7 +69,7 @@ def test_options_are_parsed_once() -> None:
             "inbox": {"lease": "30s", "max_attempts": 3, "backoff": {"base": "2s", "cap": "1m"}},
             "outbox": {
                 "retries": 2,
-                "inline_max": 500,
+                "inline_max": "500ms",
                 "on_ambiguous": "resend",
                 "lease": "20ms",
                 "keep_chat_order": False,

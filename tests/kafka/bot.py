@@ -54,7 +54,7 @@ __all__ = ["FileProvider", "HttpProvider", "bot", "http_provider", "provider", "
 def _policy() -> dict[str, object]:
     attempts = int(os.environ.get("BOTMESH_TEST_INBOX_ATTEMPTS", "5"))
     base_ms = float(os.environ.get("BOTMESH_TEST_INBOX_BACKOFF_MS", "200"))
-    backoff = {"base": base_ms, "cap": base_ms * 4, "jitter": 0}
+    backoff = {"base": f"{base_ms:g}ms", "cap": f"{base_ms * 4:g}ms", "jitter": 0}
     policy: dict[str, dict[str, object]] = {"inbox": {"max_attempts": attempts, "backoff": backoff}}
     policy["outbox"] = {}
     lease = os.environ.get("BOTMESH_TEST_LEASE", "").strip()

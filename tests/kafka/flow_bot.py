@@ -46,8 +46,8 @@ bot = Bot(
     "flow-kills",
     durability={
         # a replayed turn (its checkpoint lost, or a compare-and-set lost) charges an attempt
-        "inbox": {"max_attempts": 20, "lease": "5s", "backoff": {"base": 50, "jitter": 0}},
-        "outbox": {"on_ambiguous": "skip", "lease": "5s", "backoff": {"base": 50, "jitter": 0}},
+        "inbox": {"max_attempts": 20, "lease": "5s", "backoff": {"base": "50ms", "jitter": 0}},
+        "outbox": {"on_ambiguous": "skip", "lease": "5s", "backoff": {"base": "50ms", "jitter": 0}},
     },
 )
 

@@ -85,7 +85,7 @@ class Seen(list[str]):
 
 def make_bot(seen: list[str], **inbox: Any) -> Bot:
     """A bot whose handler records each run in ``seen`` and replies once."""
-    inbox.setdefault("backoff", {"base": 10, "cap": 40, "jitter": 0})
+    inbox.setdefault("backoff", {"base": "10ms", "cap": "40ms", "jitter": 0})
     bot = Bot("runner", durability={"poll": 0, "inbox": inbox})
 
     @bot.on_message

@@ -95,11 +95,11 @@ def make_bot() -> Bot:
         "flow-replicas",
         durability={
             "poll": "100ms",
-            "inbox": {"lease": LEASE, "max_attempts": 20, "backoff": {"base": 50, "jitter": 0}},
+            "inbox": {"lease": LEASE, "max_attempts": 20, "backoff": {"base": "50ms", "jitter": 0}},
             "outbox": {
                 "lease": LEASE,
                 "on_ambiguous": "skip",
-                "backoff": {"base": 50, "jitter": 0},
+                "backoff": {"base": "50ms", "jitter": 0},
             },
         },
     )

@@ -79,7 +79,7 @@ async def main(backend: str, path: str, name: str, folder: str) -> None:
             "poll": "50ms",
             "provider_session": "leader",
             "leader": {"lease": f"{LEASE:g}s"},
-            "outbox": {"lease": "1s", "backoff": {"base": 0.05, "jitter": 0}},
+            "outbox": {"lease": "1s", "backoff": {"base": "0.05ms", "jitter": 0}},
         },
     )
     async with bot.bind(Channel(Path(folder), name), kv, instance_id=name) as app:

@@ -73,11 +73,11 @@ def make_bot(folder: Path, replica: str, policy: str) -> Bot:
         "replicas",
         durability={
             "poll": "100ms",
-            "inbox": {"lease": LEASE, "backoff": {"base": 0.05, "jitter": 0}},
+            "inbox": {"lease": LEASE, "backoff": {"base": "0.05ms", "jitter": 0}},
             "outbox": {
                 "lease": LEASE,
                 "on_ambiguous": policy,
-                "backoff": {"base": 0.05, "jitter": 0},
+                "backoff": {"base": "0.05ms", "jitter": 0},
             },
         },
     )

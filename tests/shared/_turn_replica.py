@@ -52,8 +52,8 @@ def make_bot(folder: Path, replica: str) -> Bot:
         "turns",
         durability={
             "poll": "100ms",
-            "inbox": {"lease": "1s", "turn_wait": "5s", "backoff": {"base": 0.05, "jitter": 0}},
-            "outbox": {"lease": "1s", "backoff": {"base": 0.05, "jitter": 0}},
+            "inbox": {"lease": "1s", "turn_wait": "5s", "backoff": {"base": "0.05ms", "jitter": 0}},
+            "outbox": {"lease": "1s", "backoff": {"base": "0.05ms", "jitter": 0}},
         },
     )
 
