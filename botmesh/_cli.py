@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 from botmesh._dlq_cli import add_dlq, add_flows, run_dlq, run_flows
 from botmesh._exit import Exit
 from botmesh._version import __version__
+from botmesh.settings import apply_config_file
 from botmesh.state.errors import AppLoadError
 from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
@@ -212,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="botmesh", description="Durable chat bots on Apache Kafka."
     )
     parser.add_argument("--version", action="version", version=f"botmesh {__version__}")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a configuration file (TOML) whose settings apply under the environment's "
+        "(env BOTMESH_CONFIG; the settings: python -m botmesh.settings)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("run", help="run a bot in this process, one inbound message per stdin line")
@@ -731,6 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gateway": _cmd_gateway,
     }
     try:
+        apply_config_file(args.config)
         return commands[args.command](args)
     except AppLoadError as exc:
         print(f"botmesh: {exc}", file=sys.stderr)

@@ -1,0 +1,294 @@
+"""Every setting of botmesh in one place: its environment variable, its key in a
+configuration file, its default and what it means (``SETTINGS``).
+
+Settings come, strongest first, from the environment, then from a configuration file
+(``botmesh --config botmesh.toml ...`` or ``BOTMESH_CONFIG``), then from the defaults. The
+file is TOML; each table is the first word of the variables it sets and each key the rest,
+in lower case::
+
+    [kafka]
+    bootstrap_servers = "kafka-1:9093"
+    security_protocol = "SASL_SSL"
+    sasl_mechanism = "SCRAM-SHA-512"
+    sasl_username = "botmesh"
+    sasl_password_file = "/run/secrets/kafka-password"
+
+    [botmesh]
+    topic_prefix = "shop"
+    instance_id = "shop-0"
+
+A key no setting has is refused, naming the file and the key. A secret (a password, a
+token) can be handed over as a file instead: ``<NAME>_FILE`` names a file that holds it (how
+Kubernetes and Docker pass secrets); setting both is refused.
+
+``python -m botmesh.settings`` prints the table of the README's "Settings" section, and
+``tests/test_settings.py`` holds the two, and the code, to each other.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "SETTINGS",
+    "Setting",
+    "apply_config_file",
+    "markdown_table",
+    "read_config_file",
+    "resolve_secret_files",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    env: str
+    default: str
+    meaning: str
+    #: a secret: ``<env>_FILE`` may name a file that holds it
+    secret: bool = False
+
+    @property
+    def key(self) -> str:
+        """``table.key`` of the setting in a configuration file."""
+        table, _, rest = self.env.partition("_")
+        return f"{table.lower()}.{rest.lower()}"
+
+
+def _s(env: str, default: str, meaning: str, *, secret: bool = False) -> Setting:
+    return Setting(env, default, meaning, secret)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # -- the brokers and how to reach them (botmesh.streams.connection)
+    _s("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092", "the brokers, `host:port[,host:port...]`"),
+    _s(
+        "KAFKA_SECURITY_PROTOCOL",
+        "PLAINTEXT",
+        "`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`",
+    ),
+    _s("KAFKA_SASL_MECHANISM", "", "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (with `SASL_*`)"),
+    _s("KAFKA_SASL_USERNAME", "", "the SASL user"),
+    _s("KAFKA_SASL_PASSWORD", "", "its password", secret=True),
+    _s(
+        "KAFKA_SSL_CAFILE",
+        "the system's",
+        "PEM file of the CAs that sign the brokers' certificates",
+    ),
+    _s("KAFKA_SSL_CERTFILE", "", "the client's certificate (PEM), for brokers that ask for one"),
+    _s("KAFKA_SSL_KEYFILE", "", "its private key (PEM)"),
+    _s("KAFKA_SSL_KEY_PASSWORD", "", "the private key's password", secret=True),
+    _s(
+        "KAFKA_SSL_CHECK_HOSTNAME",
+        "true",
+        "the brokers' certificates must name the host they are reached at; `false` checks "
+        "the CA only",
+    ),
+    # -- every command
+    _s("BOTMESH_CONFIG", "", "a configuration file (TOML) read before the commands run"),
+    _s(
+        "BOTMESH_TOPIC_PREFIX",
+        "botmesh",
+        "prefix of every topic name; the consumer group is `<prefix>.worker`",
+    ),
+    _s(
+        "BOTMESH_DATA_DIR",
+        "./botmesh-data",
+        "Faust's files (the journal's RocksDB copy); `botmesh run`'s journal",
+    ),
+    _s(
+        "BOTMESH_PROVIDER",
+        "console",
+        "the provider: `console`, `mock`, a channel (`telegram`, `whatsapp`...) or "
+        "`module:attribute`",
+    ),
+    _s("BOTMESH_CONSOLE_QUIET", "", "`1`: the console provider counts sends without printing"),
+    _s("BOTMESH_LOG_LEVEL", "info", "the worker's log level"),
+    # -- the worker (botmesh.streams.config.WorkerConfig)
+    _s(
+        "BOTMESH_JOURNAL",
+        "kafka",
+        "the worker's journal: `kafka` (on Kafka, shared by the group) or `file:///path` "
+        "(one worker alone); never none, never `memory://`",
+    ),
+    _s(
+        "BOTMESH_INSTANCE_ID",
+        "the runtime's",
+        "lease owner and static group member id, stable per replica, unique across them",
+    ),
+    _s(
+        "BOTMESH_PROCESSING_GUARANTEE",
+        "at_least_once",
+        "`exactly_once`: the journal in Kafka transactions",
+    ),
+    _s("BOTMESH_PARTITIONS", "8", "partitions of the topics the worker creates"),
+    _s("BOTMESH_REPLICATION", "1", "replication factor of the topics it creates"),
+    _s("BOTMESH_BATCH_SIZE", "500", "records per processing batch"),
+    _s(
+        "BOTMESH_SESSION_TIMEOUT",
+        "30",
+        "seconds the group waits for a silent member before giving its partitions to others",
+    ),
+    _s(
+        "BOTMESH_TOPIC_WAIT",
+        "60",
+        "seconds the worker waits at its start for the broker to list its topics; then it "
+        "exits with status 2 naming them",
+    ),
+    _s(
+        "BOTMESH_METRICS_INTERVAL",
+        "10",
+        "seconds between the worker's counters on `<prefix>.metrics` (and once at a clean stop)",
+    ),
+    _s(
+        "BOTMESH_STOP_TIMEOUT",
+        "30",
+        "seconds a stop may take; then the worker prints its threads' stacks and exits with "
+        "status 70, acking nothing unfinished",
+    ),
+    _s("BOTMESH_WEB_PORT", "", "Faust's web server, on 127.0.0.1 (unset: off)"),
+    # -- the webhook gateway
+    _s(
+        "BOTMESH_GATEWAY_CHANNELS",
+        "",
+        "the channels whose webhooks the gateway serves, `telegram,whatsapp,...`",
+    ),
+    _s(
+        "BOTMESH_GATEWAY_PUBLIC_URL",
+        "",
+        "the URL the channels call, without the channel path (Twilio signs it)",
+    ),
+    # -- the channels' credentials (docs/channels.md)
+    _s("TELEGRAM_BOT_TOKEN", "", "Telegram: the bot's token", secret=True),
+    _s("TELEGRAM_WEBHOOK_SECRET", "", "Telegram: the webhook's `secret_token`", secret=True),
+    _s("WHATSAPP_ACCESS_TOKEN", "", "WhatsApp Cloud: the access token", secret=True),
+    _s("WHATSAPP_PHONE_NUMBER_ID", "", "WhatsApp Cloud: the sending number's id"),
+    _s("META_APP_SECRET", "", "Meta webhooks (WhatsApp, Messenger, Instagram)", secret=True),
+    _s("META_VERIFY_TOKEN", "", "Meta webhooks' verify token", secret=True),
+    _s("MESSENGER_PAGE_TOKEN", "", "Messenger: the Page's token", secret=True),
+    _s("INSTAGRAM_ACCESS_TOKEN", "", "Instagram: the linked Page's token", secret=True),
+    _s("DISCORD_BOT_TOKEN", "", "Discord: the bot's token", secret=True),
+    _s("DISCORD_PUBLIC_KEY", "", "Discord: the application's public key (webhooks)"),
+    _s("TWILIO_ACCOUNT_SID", "", "Twilio: the account"),
+    _s("TWILIO_AUTH_TOKEN", "", "Twilio: the auth token (sends and webhooks)", secret=True),
+    _s("TWILIO_FROM", "", "Twilio: the sender, `+1...` or `whatsapp:+1...`"),
+    _s(
+        "EMAIL_SMTP_URL",
+        "",
+        "email: `smtp://user:pass@host:587?starttls=1`",
+        secret=True,
+    ),
+    _s("EMAIL_FROM", "", "email: the sender address"),
+    _s("EMAIL_WEBHOOK_SECRET", "", "email: the inbound webhook's secret", secret=True),
+    _s("SLACK_SIGNING_SECRET", "", "Slack: the signing secret (webhooks)", secret=True),
+)
+
+_BY_ENV = {s.env: s for s in SETTINGS}
+#: Secrets whose ``_FILE`` form the Kafka settings read themselves (naming it in errors).
+_READ_BY_CONNECTION = {"KAFKA_SASL_PASSWORD", "KAFKA_SSL_KEY_PASSWORD"}
+
+
+def _known(env: str) -> bool:
+    if env in _BY_ENV:
+        return True
+    base = env.removesuffix("_FILE")
+    return base != env and base in _BY_ENV and _BY_ENV[base].secret
+
+
+def read_config_file(path: str | Path) -> dict[str, str]:
+    """The settings of a TOML configuration file, by environment variable; ``ValueError``
+    naming the file and what is wrong in it."""
+    where = Path(path)
+    try:
+        data = tomllib.loads(where.read_text())
+    except OSError as exc:
+        raise ValueError(f"config file {str(where)!r}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(where)!r}: not TOML: {exc}") from None
+    out: dict[str, str] = {}
+    for table, keys in data.items():
+        if not isinstance(keys, dict):
+            raise ValueError(
+                f"config file {str(where)!r}: {table!r} must be a table ([{table}]) of "
+                'settings, e.g. [kafka] bootstrap_servers = "..."'
+            )
+        for key, value in keys.items():
+            env = f"{table}_{key}".upper()
+            if not _known(env):
+                raise ValueError(
+                    f"config file {str(where)!r}: no setting [{table}] {key} ({env}); the "
+                    "settings are listed in the README's Settings section "
+                    "(python -m botmesh.settings)"
+                )
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, int | float | str):
+                text = str(value)
+            else:
+                raise ValueError(
+                    f"config file {str(where)!r}: [{table}] {key} must be a string, a number "
+                    f"or true/false, not {type(value).__name__}"
+                )
+            out[env] = text
+    return out
+
+
+def apply_config_file(
+    path: str | Path | None = None, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Read the configuration file (``path``, else ``BOTMESH_CONFIG``, else none) into
+    ``environ`` (``os.environ``) under what the environment already sets; then resolve the
+    ``_FILE`` secrets. What the file set."""
+    env = os.environ if environ is None else environ
+    source = path if path is not None else env.get("BOTMESH_CONFIG", "").strip() or None
+    applied: dict[str, str] = {}
+    if source is not None:
+        for name, value in read_config_file(source).items():
+            if name not in env:
+                env[name] = value
+                applied[name] = value
+    resolve_secret_files(env)
+    return applied
+
+
+def resolve_secret_files(environ: MutableMapping[str, str] | None = None) -> None:
+    """For each secret given as ``<NAME>_FILE``, set ``<NAME>`` to the file's content (its
+    last newline dropped). Both set, or a file that cannot be read: ``ValueError`` naming
+    the variable. The Kafka passwords are read where they are used, so left alone here."""
+    env = os.environ if environ is None else environ
+    for setting in SETTINGS:
+        if not setting.secret or setting.env in _READ_BY_CONNECTION:
+            continue
+        path = env.get(f"{setting.env}_FILE", "").strip()
+        if not path:
+            continue
+        if env.get(setting.env):
+            raise ValueError(f"{setting.env} and {setting.env}_FILE are both set: keep one")
+        try:
+            env[setting.env] = Path(path).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError(
+                f"{setting.env}_FILE={path!r}: cannot read it ({exc.strerror or exc}); mount "
+                "the secret there or fix the path"
+            ) from None
+
+
+def markdown_table(settings: Mapping[str, Setting] | None = None) -> str:
+    """The README's table of every setting."""
+    rows = ["| variable | file key | default | meaning |", "|---|---|---|---|"]
+    for s in (settings or _BY_ENV).values():
+        name = f"`{s.env}`" + (f" / `{s.env}_FILE`" if s.secret else "")
+        default = (
+            f"`{s.default}`"
+            if s.default and not s.default.startswith("the ")
+            else (s.default or "unset")
+        )
+        rows.append(f"| {name} | `{s.key}` | {default} | {s.meaning} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
