@@ -154,37 +154,30 @@ class Security:
                     "KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE)"
                 )
         else:
-            given = [
-                n
-                for n, v in (
-                    ("KAFKA_SASL_MECHANISM", self.sasl_mechanism),
-                    ("KAFKA_SASL_USERNAME", self.sasl_username),
-                    ("KAFKA_SASL_PASSWORD", self.sasl_password),
-                )
-                if v
-            ]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} set, but KAFKA_SECURITY_PROTOCOL is {self.protocol}: "
-                    "set it to SASL_SSL (or SASL_PLAINTEXT), or unset them"
-                )
+            self._unused(
+                "SASL_SSL (or SASL_PLAINTEXT)",
+                KAFKA_SASL_MECHANISM=self.sasl_mechanism,
+                KAFKA_SASL_USERNAME=self.sasl_username,
+                KAFKA_SASL_PASSWORD=self.sasl_password,
+            )
         if not self.tls:
-            given = [
-                n
-                for n, v in (
-                    ("KAFKA_SSL_CAFILE", self.ssl_cafile),
-                    ("KAFKA_SSL_CERTFILE", self.ssl_certfile),
-                    ("KAFKA_SSL_KEYFILE", self.ssl_keyfile),
-                )
-                if v
-            ]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} set, but KAFKA_SECURITY_PROTOCOL is {self.protocol}: "
-                    "set it to SSL or SASL_SSL, or unset them"
-                )
+            self._unused(
+                "SSL or SASL_SSL",
+                KAFKA_SSL_CAFILE=self.ssl_cafile,
+                KAFKA_SSL_CERTFILE=self.ssl_certfile,
+                KAFKA_SSL_KEYFILE=self.ssl_keyfile,
+            )
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("KAFKA_SSL_CERTFILE and KAFKA_SSL_KEYFILE go together: set both")
+
+    def _unused(self, needs: str, **settings: object) -> None:
+        """Refuse settings the protocol does not use (a mistake, not a choice)."""
+        given = [name for name, value in settings.items() if value]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} set, but KAFKA_SECURITY_PROTOCOL is {self.protocol}: "
+                f"set it to {needs}, or unset them"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Security:

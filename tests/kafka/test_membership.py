@@ -125,7 +125,7 @@ async def test_a_fresh_prefix_answers_its_first_message_on_every_start(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """20 starts of a worker on a topic prefix it creates itself; each answers its first
-    message (produced once its topics exist) within 10 s."""
+    message (produced once its topics exist) within 10 s of the worker's start."""
     times = []
     for i in range(20):
         prefix = f"fresh{time.time_ns() % 10**10}x{i}"
@@ -145,4 +145,5 @@ async def test_a_fresh_prefix_answers_its_first_message_on_every_start(
         f"20 fresh starts: first answer {answers[0]:.2f}-{answers[-1]:.2f}s after its produce, "
         f"{min(s for _, s in times):.1f}-{max(s for _, s in times):.1f}s after the start"
     )
-    assert answers[-1] < 10.0, times
+    # the race left a worker silent for minutes (a metadata refresh, 5 min by default)
+    assert max(since for _, since in times) < 10.0, times
