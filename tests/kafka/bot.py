@@ -27,7 +27,7 @@ The inbox policy comes from the environment so a test can make a journal outage 
 long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_MS`` (the base in
 milliseconds, default 200; the cap is 4 x the base, no jitter); ``BOTMESH_TEST_LEASE`` (a
 duration such as ``10s``) sets the inbox and outbox leases, so that a killed worker's
-records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (seconds) and
+records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (a duration) and
 ``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``;
 ``BOTMESH_TEST_KILL_AT_DEAD_LETTER`` (a file) makes the worker SIGKILL itself once, between
 the journal's ``dead`` and its dead letter; ``BOTMESH_TEST_CRASH_MARKER`` (a file) makes the
@@ -63,7 +63,7 @@ def _policy() -> dict[str, object]:
         policy["outbox"]["lease"] = lease
     inline = os.environ.get("BOTMESH_TEST_OUTBOX_INLINE", "").strip()
     if inline:  # how long a reply retries inline before the sweeper takes it (default 15 s)
-        policy["outbox"]["inline_max"] = float(inline)
+        policy["outbox"]["inline_max"] = inline
     retries = os.environ.get("BOTMESH_TEST_OUTBOX_RETRIES", "").strip()
     if retries:
         policy["outbox"]["retries"] = int(retries)

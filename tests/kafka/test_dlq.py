@@ -49,7 +49,7 @@ def worker(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, recorder: Recorder
 ) -> Iterator[Worker]:
     ensure_topics(kafka_bootstrap, Catalog(topic_prefix).specs(partitions=PARTITIONS))
-    env = {"BOTMESH_TEST_OUTBOX_INLINE": "0.5", "BOTMESH_TEST_OUTBOX_RETRIES": "4"}
+    env = {"BOTMESH_TEST_OUTBOX_INLINE": "0.5ms", "BOTMESH_TEST_OUTBOX_RETRIES": "4"}
     w = Worker(kafka_bootstrap, topic_prefix, tmp_path, env=env, recorder=recorder.url)
     yield w
     w.close()
