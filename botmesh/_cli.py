@@ -1,7 +1,7 @@
 """The ``botmesh`` command line (also ``python -m botmesh``).
 
-    botmesh run --app botmesh.examples.echo_bot:bot [--provider ...] [--journal URL] [--chat ID]
-                [--json] [--instance-id ID]                the bot in this process, on stdin
+    botmesh run --app botmesh.examples.echo_bot:bot [--provider ...] [--journal URL]
+                [--chat-id ID] [--records] [--instance-id ID]  the bot in this process, on stdin
     botmesh worker --app botmesh.examples.echo_bot:bot [--provider console|mock|module:attr]
                    [--journal URL] [--instance-id ID] [--bootstrap H:P] [--prefix P]
                    [--data-dir D] [--web-port N] [--partitions N] [--batch-size N]
@@ -12,8 +12,8 @@
     botmesh send --chat-id ID --text T [--key K] [--id ID] [--media-url U] [--option K=V]
                                                           a send from outside a handler
     botmesh receipts [--from-beginning] [--limit N]       tail <prefix>.sent
-    botmesh dlq list|show|retry|replay|discard [--chat C] [--key K] [--reason R]
-                [--since T] [--until T] [--dry-run] [--json]  dead letters (``_dlq_cli``)
+    botmesh dlq list|show|retry|replay|discard [--chat-id C] [--key K] [--reason R]
+                [--since T] [--until T] [--dry-run] [--wait S] [--json]  dead letters
     botmesh flows restart|drop --chat-id C [--chat-id C2 ...] [--json]
                                                           a chat's flow, by its owner
     botmesh replay (--from-offset N | --from-time T | --to-earliest) [--topic inbound|requests]
@@ -25,11 +25,13 @@
                     [--public-url URL] [--bootstrap H:P] [--prefix P]
                                                           the channels' webhooks → inbound
 
-Exit statuses (``botmesh._exit``): 0 ok, 1 refused (a precondition, e.g. live members), 2 a
-usage error, 3 the broker unreachable.
+The command tree, its options and shell completion are in ``botmesh._commands`` (Click);
+this module holds what each command does. Exit statuses (``botmesh._exit``): 0 ok, 1
+refused (a precondition, e.g. live members), 2 a usage error, 3 the broker unreachable or
+refusing this client, 4 no answer from a chat's owner.
 
 ``run`` runs the bot in this process (``botmesh.run``), with stdin as its transport: each
-line is one inbound message (plain text to ``--chat``, or with ``--json`` an inbound record
+line is one inbound message (plain text to ``--chat-id``, or with ``--records`` an inbound record
 as on the inbound topic), and the sends go to the provider (``console`` prints them). Its
 journal defaults to ``file://<data dir>/console.journal``, so a message handled before is
 answered from the outbox after a restart, not twice; ``--journal memory://`` keeps nothing,
@@ -62,7 +64,6 @@ again with the same ``--id`` or ``--key`` and the bot still sends once.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib
@@ -72,19 +73,18 @@ import signal
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from types import SimpleNamespace as Args
 from typing import TYPE_CHECKING, Any
 
-from botmesh._dlq_cli import add_dlq, add_flows, run_dlq, run_flows
+from botmesh._dlq_cli import run_dlq, run_flows
 from botmesh._exit import Exit
-from botmesh._version import __version__
-from botmesh.settings import apply_config_file
 from botmesh.state.errors import AppLoadError
 from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
-from botmesh.topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
+from botmesh.topics.catalog import Catalog, check_prefix, prefix_from_env
 
 if TYPE_CHECKING:
     from botmesh.streams.runner import BotDefinition
@@ -193,252 +193,14 @@ def load_provider(spec: str, option: str = "--provider") -> Provider:
     return obj
 
 
-def _bootstrap(args: argparse.Namespace) -> str:
+def _bootstrap(args: Args) -> str:
     value: str = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
     return value or DEFAULT_BOOTSTRAP
 
 
-def _catalog(args: argparse.Namespace) -> Catalog:
+def _catalog(args: Args) -> Catalog:
     prefix = args.prefix if args.prefix else prefix_from_env()
     return Catalog(check_prefix(prefix))
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", help="Kafka bootstrap servers (env KAFKA_BOOTSTRAP_SERVERS)")
-    p.add_argument("--prefix", help="topic prefix (env BOTMESH_TOPIC_PREFIX, default botmesh)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="botmesh", description="Durable chat bots on Apache Kafka."
-    )
-    parser.add_argument("--version", action="version", version=f"botmesh {__version__}")
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help="a configuration file (TOML) whose settings apply under the environment's "
-        "(env BOTMESH_CONFIG; the settings: python -m botmesh.settings)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    c = sub.add_parser("run", help="run a bot in this process, one inbound message per stdin line")
-    c.add_argument("--app", required=True, help="the bot definition, as module:attribute")
-    c.add_argument("--provider", help="console (default), mock, or module:attribute")
-    c.add_argument(
-        "--journal",
-        type=_run_journal_arg,
-        help="journal URL (default file://<data dir>/console.journal?append_log=true); "
-        "memory:// keeps nothing across runs, none runs without a journal",
-    )
-    c.add_argument("--data-dir", help="where the default journal lives (env BOTMESH_DATA_DIR)")
-    c.add_argument("--chat", default="console", help="chat id of plain-text lines")
-    c.add_argument("--json", action="store_true", help="each line is an inbound record (JSON, v 1)")
-    c.add_argument("--instance-id", help="lease owner (default the runtime's)")
-
-    w = sub.add_parser("worker", help="run a bot on the inbound topic (Faust worker)")
-    w.add_argument("--app", required=True, help="the bot definition, as module:attribute")
-    w.add_argument(
-        "--provider",
-        help="console (default), mock, a channel name (telegram, whatsapp, …: its adapter, "
-        "configured from the environment), or module:attribute naming a provider or a "
-        "zero-argument factory (env BOTMESH_PROVIDER)",
-    )
-    w.add_argument(
-        "--journal",
-        type=_journal_arg,
-        help="the journal: kafka (the default: on Kafka itself, shared by the group) or "
-        "file:///path (one worker alone); never none, never memory:// (env BOTMESH_JOURNAL)",
-    )
-    w.add_argument(
-        "--instance-id",
-        help="lease owner and static group member id: stable across restarts, unique per "
-        "replica (env BOTMESH_INSTANCE_ID; default the runtime's)",
-    )
-    _common(w)
-    w.add_argument(
-        "--data-dir",
-        help="Faust's files: the journal's RocksDB copy (env BOTMESH_DATA_DIR; default "
-        "./botmesh-data)",
-    )
-    w.add_argument("--web-port", type=int, help="Faust web server on 127.0.0.1:PORT (default off)")
-    w.add_argument("--partitions", type=int, help="partitions of topics the worker creates")
-    w.add_argument("--batch-size", type=int, help="records per batch (default 500)")
-    w.add_argument(
-        "--guarantee",
-        choices=["at_least_once", "exactly_once"],
-        help="Faust's processing guarantee (env BOTMESH_PROCESSING_GUARANTEE; default "
-        "at_least_once); exactly_once commits the journal in Kafka transactions",
-    )
-    w.add_argument("--loglevel", help="log level (default info)")
-
-    t = sub.add_parser("topics", help="create or list the topics of a prefix")
-    tsub = t.add_subparsers(dest="action", required=True, metavar="ACTION")
-    tc = tsub.add_parser("create", help="create the catalog's topics (idempotent)")
-    _common(tc)
-    tc.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-    tc.add_argument("--replication", type=int, default=1)
-    tl = tsub.add_parser("list", help="the catalog's topics and whether they exist")
-    _common(tl)
-    tl.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-
-    p = sub.add_parser("produce", help="produce demo inbound messages (N over M chats)")
-    _common(p)
-    p.add_argument("-n", "--messages", type=int, default=100)
-    p.add_argument("--chats", type=int, default=10)
-    p.add_argument("--run", help="id prefix of the messages (default random)")
-    p.add_argument(
-        "--text",
-        action="append",
-        default=[],
-        help="produce this text instead of demo messages (repeatable: one message each, in "
-        "order, to --chat-id), e.g. --text /signup --text Ann",
-    )
-    p.add_argument("--chat-id", default="chat-0", help="the chat of the --text messages")
-
-    s = sub.add_parser(
-        "send", help="ask the bot to send to a chat (a request on <prefix>.requests)"
-    )
-    _common(s)
-    s.add_argument("--chat-id", required=True, help="the chat to send to")
-    s.add_argument("--text", help="the text to send (--text or --media-url is required)")
-    s.add_argument("--media-url", help="a media URL to send with the text, or instead of it")
-    s.add_argument("--media-mime", help="the media's MIME type, e.g. image/png")
-    s.add_argument("--key", help="the send's idempotency key (default req:<request id>); no '#'")
-    s.add_argument(
-        "--id",
-        dest="request_id",
-        help="the request id (default random); the same id again sends once",
-    )
-    s.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a channel option passed to the provider (repeatable; VALUE is JSON if it "
-        "parses, else a string)",
-    )
-
-    add_dlq(sub, _common)
-    add_flows(sub, _common)
-
-    r = sub.add_parser("receipts", help="tail the sent-receipts topic (JSON lines)")
-    _common(r)
-    r.add_argument("--from-beginning", action="store_true")
-    r.add_argument("--limit", type=int, help="stop after N receipts")
-    r.add_argument("--idle", type=float, help="stop after SECONDS without a receipt")
-    _operator_commands(sub)
-    _gateway_command(sub)
-    return parser
-
-
-def _gateway_command(sub: Any) -> None:
-    g = sub.add_parser(
-        "gateway",
-        help="receive the channels' webhooks and produce them to <prefix>.inbound",
-        description="An HTTP server: GET|POST /<channel> for each channel, /healthz, /readyz, "
-        "/metrics. Each webhook is verified with the channel's secret (environment "
-        "variables only) and answered once the broker acked its records.",
-    )
-    g.add_argument(
-        "--channel",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a channel to serve at /NAME (repeatable, or comma-separated; env "
-        "BOTMESH_GATEWAY_CHANNELS)",
-    )
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    g.add_argument("--port", type=int, default=8080, help="port to listen on (8080)")
-    g.add_argument(
-        "--public-url",
-        help="the URL the channels call, without the channel path (e.g. "
-        "https://hooks.example.com); Twilio signs it (env BOTMESH_GATEWAY_PUBLIC_URL)",
-    )
-    _common(g)
-    g.add_argument("--max-body", type=int, help="largest body in bytes (default 1 MiB; 413)")
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        help="seconds a webhook may take, broker ack included (default 10; then 503)",
-    )
-    g.add_argument(
-        "--seen-max",
-        type=int,
-        help="produced event ids remembered to drop retried webhooks (default 200000)",
-    )
-    g.add_argument("--loglevel", default="info", help="log level (default info)")
-
-
-def _operator(p: argparse.ArgumentParser) -> None:
-    _common(p)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=10.0,
-        help="seconds each request to the broker may take (default 10; then exit 3)",
-    )
-
-
-def _operator_commands(sub: Any) -> None:
-    rp = sub.add_parser(
-        "replay",
-        help="reset the worker group's offsets (<prefix>.worker) to replay records",
-        description="Reset the committed offsets of the worker group on the inbound (and/or "
-        "requests) topic. Refused (exit 1) while the group lists members, unless --force. "
-        "The journal answers what it handled already: handlers run again, no send goes out "
-        "twice.",
-    )
-    where = rp.add_mutually_exclusive_group(required=True)
-    where.add_argument("--from-offset", type=int, metavar="N", help="this offset (clamped)")
-    where.add_argument(
-        "--from-time",
-        metavar="TIME",
-        help="the first record at or after TIME: ISO 8601 (no zone: UTC) or epoch seconds",
-    )
-    where.add_argument("--to-earliest", action="store_true", help="the earliest retained record")
-    rp.add_argument(
-        "--topic",
-        action="append",
-        choices=["inbound", "requests"],
-        help="the topic to reset (repeatable; default inbound)",
-    )
-    rp.add_argument(
-        "--partition",
-        action="append",
-        type=int,
-        metavar="P",
-        help="only this partition (repeatable; default all)",
-    )
-    rp.add_argument(
-        "--force",
-        action="store_true",
-        help="remove the group's listed members first (their workers must be stopped)",
-    )
-    rp.add_argument(
-        "--dry-run", action="store_true", help="print the offsets it would set; change nothing"
-    )
-    _operator(rp)
-    st = sub.add_parser(
-        "status", help="the worker group, its lag, the journal and the dead letters"
-    )
-    st.add_argument(
-        "--no-journal",
-        action="store_true",
-        help="do not read the journal's changelog (no journal size, no ambiguous sends)",
-    )
-    _operator(st)
-    mt = sub.add_parser("metrics", help="the counters each worker published on <prefix>.metrics")
-    _operator(mt)
-
-
-def _journal_arg(value: str) -> str:
-    from botmesh.streams.config import check_worker_journal
-
-    try:
-        return check_worker_journal(value, "--journal")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _run_journal_arg(value: str) -> str:
@@ -452,17 +214,17 @@ def _run_journal_arg(value: str) -> str:
     try:
         return check_url(value)
     except ConfigError as exc:
-        raise argparse.ArgumentTypeError(f"--journal {value!r}: {exc.message}") from None
+        raise ValueError(f"--journal {value!r}: {exc.message}") from None
 
 
-def _provider_of(args: argparse.Namespace) -> Provider:
+def _provider_of(args: Args) -> Provider:
     if args.provider is not None:
         return load_provider(args.provider)
     spec = os.environ.get("BOTMESH_PROVIDER", "").strip()
     return load_provider(spec, "BOTMESH_PROVIDER") if spec else load_provider("console")
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _cmd_run(args: Args) -> int:
     from botmesh._bot import Bot
     from botmesh._console import run_console
 
@@ -470,7 +232,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not isinstance(bot, Bot):
         raise AppLoadError(f"--app {args.app!r}: `botmesh run` runs a botmesh.Bot")
     provider = _provider_of(args)
-    journal: str | None = args.journal
+    journal = _run_journal_arg(args.journal) if args.journal is not None else None
     if journal is None:  # the default: a file journal in the data dir
         env = os.environ.get("BOTMESH_DATA_DIR", "").strip()
         data_dir = Path(args.data_dir or env or "botmesh-data").resolve()
@@ -483,8 +245,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             bot,
             provider,
             journal=journal,
-            chat=args.chat,
-            json_lines=args.json,
+            chat=args.chat_id,
+            json_lines=args.records,
             instance_id=args.instance_id,
         )
     )
@@ -519,9 +281,11 @@ def _stop_on_sigterm_until_started() -> None:
     print("botmesh worker: starting", file=sys.stderr, flush=True)
 
 
-def _cmd_worker(args: argparse.Namespace) -> int:
-    from botmesh.streams.config import WorkerConfig
+def _cmd_worker(args: Args) -> int:
+    from botmesh.streams.config import WorkerConfig, check_worker_journal
 
+    if args.journal is not None:
+        check_worker_journal(args.journal, "--journal")
     _stop_on_sigterm_until_started()
     bot = load_app(args.app)
     provider = _provider_of(args)
@@ -545,13 +309,27 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_topics(args: argparse.Namespace) -> int:
+def _cmd_topics(args: Args) -> int:
     from botmesh.streams.provision import ensure_topics, existing_topics
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     if args.action == "create":
         specs = cat.specs_beside(existing_topics(bootstrap), args.partitions, args.replication)
         result = ensure_topics(bootstrap, specs)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "created": result.created,
+                        "existing": result.existing,
+                        "mismatched": {
+                            n: {"asked": want, "partitions": got}
+                            for n, (want, got) in result.mismatched.items()
+                        },
+                    }
+                )
+            )
+            return 0
         for name in result.created:
             print(f"created  {name}")
         for name in result.existing:
@@ -560,6 +338,18 @@ def _cmd_topics(args: argparse.Namespace) -> int:
             print(f"note     {name} has {got} partitions (asked {want}); left as is")
         return 0
     have = existing_topics(bootstrap)
+    if args.json:
+        rows = [
+            {
+                "name": spec.name,
+                "role": spec.role,
+                "cleanup_policy": spec.config.get("cleanup.policy", "delete"),
+                "partitions": have.get(spec.name),
+            }
+            for spec in cat.specs(args.partitions)
+        ]
+        print(json.dumps({"prefix": cat.prefix, "topics": rows}))
+        return 0
     for spec in cat.specs(args.partitions):
         state = f"{have[spec.name]} partitions" if spec.name in have else "missing"
         policy = spec.config.get("cleanup.policy", "delete")
@@ -567,17 +357,21 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_produce(args: argparse.Namespace) -> int:
+def _cmd_produce(args: Args) -> int:
     from botmesh.streams.tools import demo_records, produce_inbound
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
-    run = args.run or f"run{uuid.uuid4().hex[:6]}"
-    records = text_records(args.text, args.chat_id, run) if args.text else None
+    run = args.run_id or f"run{uuid.uuid4().hex[:6]}"
+    records = text_records(list(args.text), args.chat_id, run) if args.text else None
     if records is None:
         records = demo_records(args.messages, args.chats, run=run)
     took = asyncio.run(produce_inbound(bootstrap, cat.inbound, records))
     rate = len(records) / took if took > 0 else 0.0
     chats = 1 if args.text else args.chats
+    if args.json:
+        summary = {"topic": cat.inbound, "messages": len(records), "chats": chats}
+        print(json.dumps({**summary, "ids": [r.id for r in records], "seconds": took}))
+        return 0
     print(
         f"produced {len(records)} messages over {chats} chats to {cat.inbound} "
         f"(ids {run}-0..) in {took:.2f} s ({rate:.0f} msg/s)"
@@ -603,7 +397,7 @@ def _options(pairs: list[str]) -> dict[str, object]:
     return out
 
 
-def _cmd_send(args: argparse.Namespace) -> int:
+def _cmd_send(args: Args) -> int:
     from botmesh.state.messages import Media
     from botmesh.streams.tools import request_send
     from botmesh.topics.records import REQUEST_KEY_PREFIX
@@ -620,16 +414,20 @@ def _cmd_send(args: argparse.Namespace) -> int:
             args.text,
             key=args.key,
             media=media,
-            options=_options(args.option),
+            options=_options(list(args.option)),
             request_id=args.request_id,
         )
     )
     key = args.key if args.key is not None else REQUEST_KEY_PREFIX + request_id
+    if args.json:
+        where = {"chat_id": args.chat_id, "topic": cat.requests}
+        print(json.dumps({"request_id": request_id, "key": key, **where}))
+        return 0
     print(f"request {request_id} key {key} (chat {args.chat_id}, on {cat.requests})")
     return 0
 
 
-def _cmd_receipts(args: argparse.Namespace) -> int:
+def _cmd_receipts(args: Args) -> int:
     from botmesh.streams.tools import tail_receipts
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
@@ -663,15 +461,15 @@ def _cmd_receipts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_dlq(args: argparse.Namespace) -> int:
+def _cmd_dlq(args: Args) -> int:
     return run_dlq(args, _catalog(args), _bootstrap(args))
 
 
-def _cmd_flows(args: argparse.Namespace) -> int:
+def _cmd_flows(args: Args) -> int:
     return run_flows(args, _catalog(args), _bootstrap(args))
 
 
-def _cmd_operator(args: argparse.Namespace) -> int:
+def _cmd_operator(args: Args) -> int:
     from botmesh import _ops
 
     run = {"replay": _ops.cmd_replay, "status": _ops.cmd_status, "metrics": _ops.cmd_metrics}
@@ -687,13 +485,13 @@ def _replication_env() -> int:
     return int(raw)
 
 
-def _cmd_gateway(args: argparse.Namespace) -> int:
+def _cmd_gateway(args: Args) -> int:
     import logging
 
     from botmesh import _gateway
     from botmesh.providers.channels import CHANNELS, webhook_from_env
 
-    raw = args.channel or [os.environ.get("BOTMESH_GATEWAY_CHANNELS", "")]
+    raw = list(args.channel) or [os.environ.get("BOTMESH_GATEWAY_CHANNELS", "")]
     names = [n.strip().lower() for item in raw for n in item.split(",") if n.strip()]
     if not names:
         raise ValueError(
@@ -721,36 +519,52 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     return _gateway.run_gateway(_gateway.Gateway(webhooks, config), args.host, args.port)
 
 
+COMMANDS: dict[str, Callable[[Any], int]] = {
+    "run": _cmd_run,
+    "worker": _cmd_worker,
+    "topics": _cmd_topics,
+    "produce": _cmd_produce,
+    "send": _cmd_send,
+    "receipts": _cmd_receipts,
+    "dlq": _cmd_dlq,
+    "flows": _cmd_flows,
+    "replay": _cmd_operator,
+    "status": _cmd_operator,
+    "metrics": _cmd_operator,
+    "gateway": _cmd_gateway,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    commands = {
-        "run": _cmd_run,
-        "worker": _cmd_worker,
-        "topics": _cmd_topics,
-        "produce": _cmd_produce,
-        "send": _cmd_send,
-        "receipts": _cmd_receipts,
-        "dlq": _cmd_dlq,
-        "flows": _cmd_flows,
-        "replay": _cmd_operator,
-        "status": _cmd_operator,
-        "metrics": _cmd_operator,
-        "gateway": _cmd_gateway,
-    }
+    """Run the command line (``argv``, else ``sys.argv[1:]``); the exit status."""
+    import click
+
+    from botmesh._commands import cli
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args if not a.startswith("-")), "")
     try:
-        apply_config_file(args.config)
-        return commands[args.command](args)
+        status = cli.main(args=args, prog_name="botmesh", standalone_mode=False)
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        return Exit.USAGE
+    except click.exceptions.Abort:
+        return 130
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return exc.exit_code
     except AppLoadError as exc:
         print(f"botmesh: {exc}", file=sys.stderr)
         return Exit.USAGE
     except ConnectionError as exc:
-        print(f"botmesh {args.command}: {exc}", file=sys.stderr)
+        print(f"botmesh {command}: {exc}", file=sys.stderr)
         return Exit.UNREACHABLE
     except (ValueError, LookupError) as exc:
-        print(f"botmesh {args.command}: {exc}", file=sys.stderr)
+        print(f"botmesh {command}: {exc}", file=sys.stderr)
         return Exit.USAGE
     except KeyboardInterrupt:
         return 130
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

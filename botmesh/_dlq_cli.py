@@ -3,7 +3,7 @@
 
 Exit codes (``EXIT_*``, from ``botmesh._exit``): 0 done; 1 refused (nothing matched, or an
 owner refused an action: the output says why); 2 bad input; 3 Kafka unreachable or a topic
-missing; 4 no answer from the chat's owner within ``--timeout`` (no worker running?).
+missing; 4 no answer from the chat's owner within ``--wait`` seconds (no worker running?).
 """
 
 # Kafka code loads only when a dlq command runs (import cost ~1 s):
@@ -11,7 +11,6 @@ missing; 4 no answer from the chat's owner within ``--timeout`` (no worker runni
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import json
@@ -19,6 +18,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace as Args
 from typing import Any, Literal
 
 from botmesh._exit import Exit
@@ -30,8 +30,6 @@ __all__ = [
     "EXIT_OK",
     "EXIT_REFUSED",
     "EXIT_UNREACHABLE",
-    "add_dlq",
-    "add_flows",
     "run_dlq",
     "run_flows",
 ]
@@ -44,8 +42,10 @@ EXIT_UNREACHABLE = Exit.UNREACHABLE
 EXIT_NO_ANSWER = Exit.NO_ANSWER
 
 
-def _when(value: str) -> float:
+def _when(value: str | None, option: str) -> float | None:
     """Unix seconds, or an ISO 8601 time (UTC unless it says otherwise)."""
+    if value is None:
+        return None
     try:
         return float(value)
     except ValueError:
@@ -53,51 +53,13 @@ def _when(value: str) -> float:
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a time: give Unix seconds or ISO 8601 (2026-12-03T10:00:00Z)"
+        raise ValueError(
+            f"{option} {value!r} is not a time: give Unix seconds or ISO 8601 "
+            "(2026-12-03T10:00:00Z)"
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
-
-
-def add_dlq(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """The ``dlq`` command and its actions, on the CLI's subparsers."""
-    d = sub.add_parser("dlq", help="list, show, retry, replay or discard dead letters")
-    dsub = d.add_subparsers(dest="action", required=True, metavar="ACTION")
-    helps = {
-        "list": "the dead letters that match (all three DLQs unless --kind)",
-        "show": "one dead letter in full: by topic:partition:offset, send key or inbound id",
-        "retry": "send the matching dead sends (outbox.dlq) again, through their chats' owners",
-        "replay": "run the matching dead inbounds (inbound.dlq) again, through their owners",
-        "discard": "make the owners forget the matching dead sends (outbox.dlq)",
-    }
-    for name, text in helps.items():
-        p = dsub.add_parser(name, help=text, description=text)
-        common(p)
-        p.add_argument("--json", action="store_true", help="JSON output, for scripts")
-        if name == "show":
-            p.add_argument("which", help="topic:partition:offset, a send key or an inbound id")
-            p.add_argument("--kind", choices=["inbound", "outbox", "requests"])
-            continue
-        if name == "list":
-            p.add_argument("--kind", choices=["inbound", "outbox", "requests"])
-            p.add_argument("--limit", type=int, help="at most N (the newest)")
-        p.add_argument("--chat", help="only this chat id")
-        p.add_argument("--key", help="only this send key (outbox) or inbound id (inbound)")
-        p.add_argument("--reason", help="only this reason (send-refused, retries-exhausted…)")
-        p.add_argument("--since", type=_when, help="dead at or after (ISO 8601 or Unix seconds)")
-        p.add_argument("--until", type=_when, help="dead before (ISO 8601 or Unix seconds)")
-        if name != "list":
-            p.add_argument(
-                "--dry-run", action="store_true", help="say what would be done; do nothing"
-            )
-            p.add_argument(
-                "--timeout",
-                type=float,
-                default=30.0,
-                help="seconds to wait for the owners' answers (default 30)",
-            )
 
 
 @contextmanager
@@ -132,7 +94,7 @@ def _table(letters: Sequence[DeadLetter]) -> None:
     Console().print(table)
 
 
-def run_dlq(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
+def run_dlq(args: Args, cat: Catalog, bootstrap: str) -> int:
     try:
         return _run(args, cat, bootstrap)
     except (ConnectionError, LookupError) as exc:  # no broker, or a topic missing
@@ -143,7 +105,7 @@ def run_dlq(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
         return EXIT_USAGE
 
 
-def _kinds(args: argparse.Namespace) -> list[str]:
+def _kinds(args: Args) -> list[str]:
     if args.action in ("retry", "discard"):
         return ["outbox"]
     if args.action == "replay":
@@ -151,7 +113,7 @@ def _kinds(args: argparse.Namespace) -> list[str]:
     return [args.kind] if getattr(args, "kind", None) else ["inbound", "outbox", "requests"]
 
 
-def _run(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
+def _run(args: Args, cat: Catalog, bootstrap: str) -> int:
     from botmesh.streams import dlq
 
     topics = [dlq.dlq_topic(cat, k) for k in _kinds(args)]
@@ -159,7 +121,11 @@ def _run(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
         flt = dlq.Filter()
     else:
         flt = dlq.Filter(
-            chat=args.chat, key=args.key, reason=args.reason, since=args.since, until=args.until
+            chat=args.chat_id,
+            key=args.key,
+            reason=args.reason,
+            since=_when(args.since, "--since"),
+            until=_when(args.until, "--until"),
         )
     with _progress("reading dead letters", args.json) as progress:
         letters = asyncio.run(dlq.read_dead_letters(bootstrap, topics, flt, progress=progress))
@@ -178,7 +144,7 @@ def _run(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
     return _act(args, cat, bootstrap, letters)
 
 
-def _show(args: argparse.Namespace, letters: list[DeadLetter]) -> int:
+def _show(args: Args, letters: list[DeadLetter]) -> int:
     which = args.which
     found = [
         d
@@ -201,7 +167,7 @@ def _show(args: argparse.Namespace, letters: list[DeadLetter]) -> int:
     return EXIT_OK
 
 
-def _act(args: argparse.Namespace, cat: Catalog, bootstrap: str, letters: list[DeadLetter]) -> int:
+def _act(args: Args, cat: Catalog, bootstrap: str, letters: list[DeadLetter]) -> int:
     from botmesh.streams import dlq
 
     action = {"retry": "retry_send", "replay": "replay_inbound", "discard": "discard"}[args.action]
@@ -232,7 +198,7 @@ def _act(args: argparse.Namespace, cat: Catalog, bootstrap: str, letters: list[D
     requests = dlq.control_requests(picked, action, ident)
     with _progress(f"waiting for the owners ({args.action})", args.json) as progress:
         answers = asyncio.run(
-            dlq.ask_owners(bootstrap, cat, requests, wait_s=args.timeout, progress=progress)
+            dlq.ask_owners(bootstrap, cat, requests, wait_s=args.wait, progress=progress)
         )
     by_target = {r.target: r for r in requests}
     missing_record = []
@@ -273,7 +239,7 @@ def _act(args: argparse.Namespace, cat: Catalog, bootstrap: str, letters: list[D
     return EXIT_OK if done == len(report) else EXIT_REFUSED
 
 
-def _say(args: argparse.Namespace, report: list[dict[str, Any]], summary: str) -> None:
+def _say(args: Args, report: list[dict[str, Any]], summary: str) -> None:
     if args.json:
         print(json.dumps({"summary": summary, "results": report}, ensure_ascii=False))
         return
@@ -284,29 +250,7 @@ def _say(args: argparse.Namespace, report: list[dict[str, Any]], summary: str) -
     print(summary)
 
 
-def add_flows(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """The ``flows`` command (``restart``, ``drop``), on the CLI's subparsers."""
-    f = sub.add_parser("flows", help="restart or drop a chat's conversation flow (its owner does)")
-    fsub = f.add_subparsers(dest="action", required=True, metavar="ACTION")
-    helps = {
-        "restart": "start the chat's flow again from its beginning under the worker's code "
-        "(a checkpoint refused as another version)",
-        "drop": "end the chat's flow (dropped): its next message goes to the handlers",
-    }
-    for name, text in helps.items():
-        p = fsub.add_parser(name, help=text, description=text)
-        common(p)
-        p.add_argument("--json", action="store_true", help="JSON output, for scripts")
-        p.add_argument("--chat-id", action="append", required=True, help="the chat (repeatable)")
-        p.add_argument(
-            "--timeout",
-            type=float,
-            default=30.0,
-            help="seconds to wait for the owners' answers (default 30)",
-        )
-
-
-def run_flows(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
+def run_flows(args: Args, cat: Catalog, bootstrap: str) -> int:
     """Ask each chat's owner to restart or drop its flow (``<prefix>.control``)."""
     from botmesh.streams import dlq
     from botmesh.topics.control import ControlRequest
@@ -326,7 +270,7 @@ def run_flows(args: argparse.Namespace, cat: Catalog, bootstrap: str) -> int:
     try:
         with _progress(f"waiting for the owners ({args.action})", args.json) as progress:
             answers = asyncio.run(
-                dlq.ask_owners(bootstrap, cat, requests, wait_s=args.timeout, progress=progress)
+                dlq.ask_owners(bootstrap, cat, requests, wait_s=args.wait, progress=progress)
             )
     except (ConnectionError, LookupError) as exc:
         print(f"botmesh flows {args.action}: {exc}", file=sys.stderr)

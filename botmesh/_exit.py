@@ -10,12 +10,12 @@ status  name             meaning
                          the real run would refuse); nothing matched, or a chat's owner
                          refused an action (``dlq``)
 2       ``USAGE``        a bad argument, option, environment variable or bot definition
-                         (argparse's own status for a bad command line too)
-3       ``UNREACHABLE``  the broker did not answer within ``--timeout``, or a topic of the
-                         prefix does not exist (a wrong ``--prefix``, or no ``botmesh topics
-                         create`` yet)
-4       ``NO_ANSWER``    no answer from the chat's owner within ``--timeout`` (``dlq``: no
-                         worker running?)
+                         (a bad command line too)
+3       ``UNREACHABLE``  the broker did not answer within ``--timeout``, refused this client
+                         (TLS, SASL), or a topic of the prefix does not exist (a wrong
+                         ``--prefix``, or no ``botmesh topics create`` yet)
+4       ``NO_ANSWER``    no answer from the chat's owner within ``--wait`` (``dlq``,
+                         ``flows``: no worker running?)
 ======  ===============  ===============================================================
 
 ``botmesh worker`` has two more, for its supervisor: 75 (a batch abandoned: restart it) and

@@ -4,12 +4,12 @@ the progress bar go to stderr. Exit statuses: ``botmesh._exit``."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from types import SimpleNamespace as Args
 from typing import Any
 
 from rich.console import Console
@@ -52,7 +52,10 @@ def _offset(value: int | None) -> str:
 # -- replay ------------------------------------------------------------------------------------
 
 
-def cmd_replay(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
+def cmd_replay(args: Args, bootstrap: str, cat: Catalog) -> int:
+    chosen = [args.from_offset is not None, args.from_time is not None, bool(args.to_earliest)]
+    if sum(chosen) != 1:
+        raise ValueError("give one of --from-offset N, --from-time TIME, --to-earliest")
     try:
         result = op.replay(
             bootstrap,
@@ -60,8 +63,8 @@ def cmd_replay(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
             from_offset=args.from_offset,
             from_time_ms=op.parse_time(args.from_time) if args.from_time is not None else None,
             to_earliest=args.to_earliest,
-            topics=args.topic or ["inbound"],
-            partitions=args.partition,
+            topics=list(args.topic) or ["inbound"],
+            partitions=list(args.partition) or None,
             force=args.force,
             dry_run=args.dry_run,
             timeout=args.timeout,
@@ -135,7 +138,7 @@ def _progress(show: bool) -> Iterator[op.Progress | None]:
         yield update
 
 
-def cmd_status(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
+def cmd_status(args: Args, bootstrap: str, cat: Catalog) -> int:
     try:
         with _progress(not args.no_journal) as progress:
             result = op.status(
@@ -199,7 +202,7 @@ def _print_status(s: op.Status) -> None:
 # -- metrics -----------------------------------------------------------------------------------
 
 
-def cmd_metrics(args: argparse.Namespace, bootstrap: str, cat: Catalog) -> int:
+def cmd_metrics(args: Args, bootstrap: str, cat: Catalog) -> int:
     try:
         workers = op.read_metrics(bootstrap, cat, timeout=args.timeout)
     except op.Refused as exc:

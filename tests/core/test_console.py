@@ -41,7 +41,14 @@ def test_the_readme_example_is_the_module_it_runs() -> None:
 
 def test_the_readme_bot_through_botmesh_run_answers_once_across_restarts(tmp_path: Path) -> None:
     lines = "my order is late\nand the invoice is wrong\n"
-    args = ("--app", "botmesh.examples.helpdesk:bot", "--data-dir", str(tmp_path), "--chat", "42")
+    args = (
+        "--app",
+        "botmesh.examples.helpdesk:bot",
+        "--data-dir",
+        str(tmp_path),
+        "--chat-id",
+        "42",
+    )
     first = _run(*args, stdin=lines)
     assert first.returncode == 0, first.stderr
     # the enqueued nudge goes out in the background: its place among the replies varies

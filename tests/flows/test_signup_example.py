@@ -11,7 +11,14 @@ from tests.kill import ROOT
 
 
 def _run(tmp_path: Path, stdin: str) -> subprocess.CompletedProcess[str]:
-    args = ("--app", "botmesh.examples.signup_bot:bot", "--data-dir", str(tmp_path), "--chat", "7")
+    args = (
+        "--app",
+        "botmesh.examples.signup_bot:bot",
+        "--data-dir",
+        str(tmp_path),
+        "--chat-id",
+        "7",
+    )
     return subprocess.run(
         [sys.executable, "-m", "botmesh", "run", *args],
         input=stdin,

@@ -72,11 +72,8 @@ def test_the_cli_exits_2_on_an_unknown_or_no_channel(
 
 
 def test_secrets_are_not_options(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as caught:
-        main(["gateway", "--channel", "slack", "--slack-signing-secret", "x"])
-    assert caught.value.code == 2
-    help_text = capsys.readouterr().err
-    assert "unrecognized arguments" in help_text
+    assert main(["gateway", "--channel", "slack", "--slack-signing-secret", "x"]) == 2
+    assert "No such option: --slack-signing-secret" in capsys.readouterr().err
 
 
 def test_the_seen_topic_is_compacted_and_kept_as_long_as_the_inbound() -> None:

@@ -54,7 +54,7 @@ def test_bad_app_names_the_module_attribute_and_fix(app: str, words: str) -> Non
         (["--provider", "examples.nope:p"], {}, "cannot import module 'examples.nope'"),
         (["--provider", "tests.kafka.bot:provider"], {}, "set BOTMESH_TEST_SENDS"),
         ([], {"BOTMESH_PROVIDER": "smtp"}, "BOTMESH_PROVIDER 'smtp': expected one of"),
-        (["--journal", "memory://"], {}, "argument --journal: --journal 'memory://': the memory"),
+        (["--journal", "memory://"], {}, "--journal 'memory://': the memory"),
         (["--journal", "none"], {}, "never runs without a journal"),
         (["--journal", "mongodb://x"], {}, "unknown journal scheme 'mongodb://'"),
         (["--journal", "file://relative/j"], {}, "not a file journal URL"),
@@ -102,6 +102,28 @@ def test_topics_create_is_idempotent_and_list_shows_them(
     assert set(rows) == set(names)
     assert rows[f"{topic_prefix}.worker-journal-changelog"][2] == "compact"
     assert all(r[3] == "2" for r in rows.values())
+
+
+@pytest.mark.kafka
+def test_topics_produce_and_send_print_json_with_json(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    where = ("--bootstrap", kafka_bootstrap, "--prefix", topic_prefix)
+    created = botmesh("topics", "create", *where, "--partitions", "2", "--json")
+    assert created.returncode == 0, created.stderr
+    cat = Catalog(topic_prefix)
+    assert sorted(json.loads(created.stdout)["created"]) == sorted(cat.names())
+    listed = json.loads(botmesh("topics", "list", *where, "--partitions", "2", "--json").stdout)
+    assert {t["name"]: t["partitions"] for t in listed["topics"]} == dict.fromkeys(cat.names(), 2)
+    produced = botmesh("produce", *where, "--text", "hi", "--chat-id", "c7", "--run", "j", "--json")
+    assert json.loads(produced.stdout)["ids"] == ["j-0"], produced.stderr
+    sent = botmesh("send", *where, "--chat-id", "c7", "--text", "yo", "--id", "r1", "--json")
+    assert json.loads(sent.stdout) == {
+        "request_id": "r1",
+        "key": "req:r1",
+        "chat_id": "c7",
+        "topic": cat.requests,
+    }, sent.stderr
 
 
 @pytest.mark.kafka

@@ -193,7 +193,7 @@ async def test_failed_sends_retry_as_asked_end_sent_or_dead_and_redrive_once(
 
     # discard: the owner forgets the other dead send
     other = dead["m-c1-3"]["headers"]["idempotency.key"]
-    gone = botmesh(worker, "dlq", "discard", "--chat", "c1", "--json")
+    gone = botmesh(worker, "dlq", "discard", "--chat-id", "c1", "--json")
     assert gone.returncode == 0, gone.stderr
     assert [(r["target"], r["outcome"]) for r in json.loads(gone.stdout)["results"]] == [
         (other, "done")
@@ -204,7 +204,7 @@ async def test_failed_sends_retry_as_asked_end_sent_or_dead_and_redrive_once(
 
 
 def test_dlq_commands_name_the_bad_input_and_an_unreachable_broker(worker: Worker) -> None:
-    nothing = botmesh(worker, "dlq", "retry", "--chat", "nobody")
+    nothing = botmesh(worker, "dlq", "retry", "--chat-id", "nobody")
     assert nothing.returncode == 1
     assert "no outbox dead letters match" in nothing.stdout
     bad = botmesh(worker, "dlq", "list", "--since", "yesterday")

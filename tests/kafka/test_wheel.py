@@ -138,7 +138,7 @@ def test_the_installed_command_prints_the_one_version(installed: Path, tmp_path:
 
 
 def test_a_bot_in_another_folder_runs_in_one_process(installed: Path, user_folder: Path) -> None:
-    command = ["run", "--app", "shop_bot:bot", "--journal", "none", "--chat", "c1"]
+    command = ["run", "--app", "shop_bot:bot", "--journal", "none", "--chat-id", "c1"]
     out = _run(installed.parent / "botmesh", *command, cwd=user_folder, stdin="hello\n")
     assert out.returncode == 0, out.stderr
     assert "[c1] shop: hello (the user's own state)" in out.stdout, out.stdout + out.stderr
