@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from botmesh.streams.connection import Brokers, KafkaAuthError, list_topics
-from botmesh.streams.operator import Member, describe_group, remove_members
+from botmesh.streams.operator import GroupInfo, Member, describe_group, remove_members
 
 __all__ = [
     "WORKER_COUNTERS",
@@ -190,8 +190,17 @@ class AssignmentWatch:
             )
             return False
         self.ready = False
-        self.forced += 1
         self._said = ""
+        if me is None:
+            log.warning(
+                "not ready: partitions %s of %s have no owner, and this worker is not a member "
+                "of group %s yet; checked again",
+                unowned,
+                self.topic,
+                self.group,
+            )
+            return True
+        self.forced += 1
         log.warning(
             "not ready: this worker owns no partition of %s while partitions %s have no owner "
             "in group %s (%d members); its assignment was computed without them (a topic not "
@@ -203,17 +212,13 @@ class AssignmentWatch:
             len(info.members),
             self.forced,
         )
-        if me is None:
-            log.warning("this worker is not a member of group %s yet; checked again", self.group)
-            return True
         await remove_members(self.bootstrap, self.group, [me], wait_s=10.0)
         return True
 
-    def _read_group(self) -> tuple[dict[str, int], GroupState]:
+    def _read_group(self) -> tuple[dict[str, int], GroupInfo]:
         meta = list_topics(self.bootstrap, 10.0)
         counts = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
-        info = describe_group(self.bootstrap, self.group, timeout=10.0)
-        return counts, GroupState(info.state, info.members)
+        return counts, describe_group(self.bootstrap, self.group, timeout=10.0)
 
     def _me(self, members: list[Member]) -> Member | None:
         member_id = self.member_id()
@@ -229,9 +234,3 @@ class AssignmentWatch:
         if what != self._said:
             self._said = what
             (log.info if ready else log.warning)("%s", what)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupState:
-    state: str
-    members: list[Member]
