@@ -395,7 +395,7 @@ class _Errors(logging.Handler):
                     f"the certificate of the brokers at {where!r} is not signed by a CA in "
                     f"KAFKA_SSL_CAFILE ({ca}): point it at the CA that signed it"
                 )
-            if "SSL handshake failed" in text or ("SSL" in text and not sec.tls):
+            if "SSL handshake failed" in text:
                 return KafkaAuthError(
                     f"TLS with the brokers at {where!r} failed ({text}); check "
                     "KAFKA_SECURITY_PROTOCOL and KAFKA_SSL_CAFILE"
