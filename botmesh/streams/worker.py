@@ -38,6 +38,12 @@ partitions wait ``session_timeout`` before another member takes them. Without on
 dynamic member and a killed worker holds its partitions for ``session_timeout``
 (``BOTMESH_SESSION_TIMEOUT``, default 30 s; Faust's own default is 60 s).
 
+Joining: the consumer subscribes, and so joins the group, only once the broker lists every
+topic of the subscription (``BOTMESH_TOPIC_WAIT``, 60 s; then status 2 naming the missing
+ones), and a worker left with no inbound partition while some have no owner leaves the group
+to force a rebalance (``botmesh.streams.membership``). Every client of the worker connects
+with the same TLS and SASL settings (``WorkerConfig.kafka``, ``botmesh.streams.connection``).
+
 Environment: see ``botmesh.streams.config.WorkerConfig``.
 """
 
