@@ -69,9 +69,7 @@ import contextlib
 import importlib
 import json
 import os
-import signal
 import sys
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,7 +78,7 @@ from types import SimpleNamespace as Args
 from typing import TYPE_CHECKING, Any
 
 from botmesh._dlq_cli import run_dlq, run_flows
-from botmesh._exit import Exit
+from botmesh._exit import Exit, command_of, stop_on_sigterm_until_started
 from botmesh.state.errors import AppLoadError
 from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
@@ -252,41 +250,12 @@ def _cmd_run(args: Args) -> int:
     )
 
 
-def _stop_on_sigterm_until_started() -> None:
-    """SIGTERM while ``botmesh worker`` starts (its bot module and Faust being imported, the
-    topics provisioned) ends it with status 0: nothing has been consumed yet. Python's
-    default would end it by the signal (status 143, or -15 to a parent), which a supervisor
-    takes for a crash. Faust's handlers replace this one once its event loop runs; this
-    stop has ``BOTMESH_STOP_TIMEOUT`` seconds too."""
-
-    def stop(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the stop goes on
-        print(
-            "botmesh worker: SIGTERM before the worker started consuming: stopped, "
-            "nothing consumed",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            limit = float(os.environ.get("BOTMESH_STOP_TIMEOUT", "").strip() or 30)
-        except ValueError:
-            limit = 30.0
-        # the status of a stop past its limit (``botmesh.streams.worker.EXIT_SOFTWARE``)
-        timer = threading.Timer(limit, os._exit, (70,))
-        timer.daemon = True
-        timer.start()
-        raise SystemExit(Exit.OK)
-
-    signal.signal(signal.SIGTERM, stop)
-    print("botmesh worker: starting", file=sys.stderr, flush=True)
-
-
 def _cmd_worker(args: Args) -> int:
     from botmesh.streams.config import WorkerConfig, check_worker_journal
 
     if args.journal is not None:
         check_worker_journal(args.journal, "--journal")
-    _stop_on_sigterm_until_started()
+    stop_on_sigterm_until_started()  # done already when started as python -m botmesh
     bot = load_app(args.app)
     provider = _provider_of(args)
     if args.instance_id is not None and not args.instance_id.strip():
@@ -542,7 +511,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from botmesh._commands import cli
 
     args = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in args if not a.startswith("-")), "")
+    command = command_of(args)
+    if command == "worker":  # as early as can be: a SIGTERM while it starts is a clean stop
+        stop_on_sigterm_until_started()
     try:
         status = cli.main(args=args, prog_name="botmesh", standalone_mode=False)
     except click.exceptions.UsageError as exc:

@@ -24,9 +24,15 @@ status  name             meaning
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
 from enum import IntEnum
 
-__all__ = ["Exit"]
+__all__ = ["Exit", "command_of", "stop_on_sigterm_until_started"]
 
 
 class Exit(IntEnum):
@@ -35,3 +41,46 @@ class Exit(IntEnum):
     USAGE = 2
     UNREACHABLE = 3
     NO_ANSWER = 4
+
+
+def command_of(argv: Sequence[str]) -> str:
+    """The command a ``botmesh`` command line names (its first word that is not an option
+    or the value of ``--config``)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--config":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return ""
+
+
+@functools.cache  # once a process
+def stop_on_sigterm_until_started() -> None:
+    """SIGTERM while ``botmesh worker`` starts (its bot module and Faust being imported, the
+    topics provisioned) ends it with status 0: nothing has been consumed yet. Python's
+    default would end it by the signal (status 143, or -15 to a parent), which a supervisor
+    takes for a crash. Faust's handlers replace this one once its event loop runs; this
+    stop has ``BOTMESH_STOP_TIMEOUT`` seconds too. Installed once, as early as the process
+    can (``python -m botmesh`` does it before importing the command line), and says so with
+    ``botmesh worker: starting``."""
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the stop goes on
+        print(
+            "botmesh worker: SIGTERM before the worker started consuming: stopped, "
+            "nothing consumed",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            limit = float(os.environ.get("BOTMESH_STOP_TIMEOUT", "").strip() or 30)
+        except ValueError:
+            limit = 30.0
+        # the status of a stop past its limit (``botmesh.streams.worker.EXIT_SOFTWARE``)
+        timer = threading.Timer(limit, os._exit, (70,))
+        timer.daemon = True
+        timer.start()
+        raise SystemExit(Exit.OK)
+
+    signal.signal(signal.SIGTERM, stop)
+    print("botmesh worker: starting", file=sys.stderr, flush=True)

@@ -54,6 +54,8 @@ __all__ = [
 
 PARTITIONS = 4
 WAIT_S = 120.0  # hang guard only
+#: The worker's first line: from it on, a SIGTERM is a clean stop (status 0).
+STARTING = "botmesh worker: starting"
 
 
 @dataclass
@@ -154,8 +156,12 @@ class Worker:
         return saved
 
     def stop(self) -> int:
-        """SIGTERM (a clean stop: the batch finishes, offsets are committed); the status."""
+        """SIGTERM (a clean stop: the batch finishes, offsets are committed); the status.
+        Sent once the worker said ``botmesh worker: starting``, from when the docs promise a
+        SIGTERM is a clean stop (before it, Python itself is still starting)."""
         assert self.child is not None
+        with contextlib.suppress(AssertionError):  # it exited already: its status stands
+            self.child.wait_for(STARTING, timeout=WAIT_S)
         try:
             status = self.child.stop()
         except AssertionError as exc:
