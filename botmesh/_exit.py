@@ -64,6 +64,7 @@ def stop_on_sigterm_until_started() -> None:
     stop has ``BOTMESH_STOP_TIMEOUT`` seconds too. Installed once, as early as the process
     can (``python -m botmesh`` does it before importing the command line), and says so with
     ``botmesh worker: starting``."""
+
     def stop(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the stop goes on
         print(
