@@ -239,15 +239,46 @@ def _offsets(
 ) -> dict[tuple[str, int], int]:
     """``(topic, partition) -> offset`` for ``spec`` (earliest, latest); ``latest`` under
     read_committed is the last stable offset (no open transaction's records)."""
-    request = {TopicPartition(t, p): spec for t, p in tps}
-    if not request:
-        return {}
-    futs = admin.list_offsets(
-        request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
-    )
-    return {
-        (tp.topic, tp.partition): _result(f, bootstrap, timeout).offset for tp, f in futs.items()
-    }
+    pending = {(t, p) for t, p in tps}
+    found: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + timeout
+    while pending:
+        futs = admin.list_offsets(
+            {TopicPartition(t, p): spec for t, p in sorted(pending)},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=timeout,
+        )
+        for tp, f in futs.items():
+            try:
+                found[(tp.topic, tp.partition)] = _result(f, bootstrap, timeout).offset
+            except KafkaException as exc:
+                # A leader moving, or a topic created a moment ago whose leader the broker
+                # does not know yet: asked again until the request timeout.
+                if not _retriable(exc) or time.monotonic() > deadline:
+                    raise
+            else:
+                pending.discard((tp.topic, tp.partition))
+        if pending:
+            time.sleep(0.1)
+    return found
+
+
+_LEADERLESS = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError._WAIT_COORD,
+}
+
+
+def _retriable(exc: KafkaException) -> bool:
+    """An error the request itself names as retriable, or a partition without a known
+    leader (librdkafka does not mark the per-partition errors of an admin result)."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and (bool(err.retriable()) or err.code() in _LEADERLESS)
 
 
 # -- replay ------------------------------------------------------------------------------------

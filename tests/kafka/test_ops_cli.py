@@ -29,6 +29,7 @@ from botmesh.streams.operator import (
     decode_metrics,
     metrics_record,
     parse_time,
+    status,
 )
 from botmesh.streams.provision import ensure_topics
 from botmesh.streams.table_kv import encode_entry
@@ -258,6 +259,20 @@ async def test_status_counts_ambiguous_sends_by_the_last_value_of_each_key(
         botmesh("status", "--json", "--no-journal", bootstrap=b, prefix=cat.prefix)
     )
     assert no_journal["journal"] is None
+
+
+@pytest.mark.kafka
+def test_status_right_after_the_topics_are_created(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A topic created a moment ago answers "not leader" to an offsets request until its
+    broker has taken the lead (here, every time within a few milliseconds of creating it);
+    ``status`` asks again instead of failing with that error."""
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
+    s = status(kafka_bootstrap, cat, journal=False)
+    assert s.group.members == [] and s.total_lag == 0
+    assert {(x.topic, x.partition) for x in s.lags} == {
+        (t, p) for t in (cat.inbound, cat.requests) for p in range(PARTITIONS)
+    }
 
 
 @pytest.mark.kafka
