@@ -27,8 +27,10 @@ Helpers for tests (all take the ``host:port`` bootstrap string the fixture retur
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import random
 import shutil
 import socket
 import struct
@@ -382,12 +384,55 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30) -> 
     names = list(names)
     if not names:
         return
-    for fut in _admin(bootstrap).delete_topics(names, operation_timeout=timeout).values():
+    admin = _admin(bootstrap)  # held: a client collected early fails its futures (_DESTROY)
+    for fut in admin.delete_topics(names, operation_timeout=timeout).values():
         try:
             fut.result(timeout)
         except KafkaException as exc:
             if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
                 raise
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` consecutive ports of 127.0.0.1 that nothing listens on now, between 20000
+    and 32000: below Linux's ephemeral range, so no client's socket takes one before the
+    broker binds it, and apart from the fixed ports of the test servers. Drawn at random:
+    the brokers that parallel test workers start each find their own."""
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20000, 32000 - count)
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return list(range(first, first + count))
+    raise AssertionError(f"no {count} free ports between 20000 and 32000")
+
+
+def forget_prefix(bootstrap: str, prefix: str, timeout: float = 30) -> None:
+    """Delete every topic of ``prefix`` (``prefix.*``: the catalog's, the worker's changelog
+    and assignor topics) and its consumer groups, once a test is done with them.
+
+    A broker's cost grows with its partitions: every client's first metadata request lists
+    them all, and the broker answers it. A suite that kept its topics ended near 10,000
+    partitions, and a Kafka test then took about twice the CPU of one on a fresh broker
+    (docs/measurements.md)."""
+    from confluent_kafka import KafkaException
+
+    admin = _admin(bootstrap)
+    md = admin.list_topics(timeout=timeout)
+    delete_topics(bootstrap, [n for n in md.topics if n.startswith(f"{prefix}.")], timeout)
+    groups = [
+        g.group_id
+        for g in admin.list_consumer_groups(request_timeout=timeout).result(timeout).valid
+        if g.group_id.startswith(prefix)
+    ]
+    if groups:  # a group with members (a worker a test left running) stays
+        for fut in admin.delete_consumer_groups(groups, request_timeout=timeout).values():
+            with contextlib.suppress(KafkaException):
+                fut.result(timeout)
 
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 30) -> dict[int, int]:

@@ -16,7 +16,7 @@ import pytest
 
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
-from tests.kafka.broker import BrokerUnavailable, acquire_broker
+from tests.kafka.broker import BrokerUnavailable, acquire_broker, forget_prefix
 from tests.kafka.recorder import Recorder, Tally
 from tests.kafka.worker import PARTITIONS
 
@@ -35,9 +35,13 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture
-def topic_prefix() -> str:
-    """A unique topic/group name prefix for one test, e.g. ``t1a2b3c4d``."""
-    return f"t{uuid.uuid4().hex[:8]}"
+def topic_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A unique topic/group name prefix for one test, e.g. ``t1a2b3c4d``. When the test ran
+    on the broker, its topics and groups are deleted after it (``forget_prefix``)."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    yield prefix
+    if "kafka_bootstrap" in request.fixturenames:
+        forget_prefix(request.getfixturevalue("kafka_bootstrap"), prefix)
 
 
 @pytest.fixture

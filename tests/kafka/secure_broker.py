@@ -2,7 +2,7 @@
 certificate made here with ``openssl`` (the broker's name: ``127.0.0.1`` and ``localhost``), a
 second CA that signed nothing of it, SCRAM users created with Kafka's own ``kafka-configs``
 tool and a PLAIN user in the listener's JAAS settings. It is started with
-``deploy/kafka/kafka.sh`` (``KAFKA_EXTRA_CONFIG`` adds the listener) on ports of its own,
+``deploy/kafka/kafka.sh`` (``KAFKA_EXTRA_CONFIG`` adds the listener) on free ports of its own,
 beside the plaintext test broker, and keeps a PLAINTEXT listener for itself (the tool, and
 the brokers' own traffic).
 """
@@ -17,24 +17,40 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from botmesh.streams.connection import KafkaSettings, Security
-from tests.kafka.broker import REPO
+from tests.kafka.broker import REPO, free_ports
 
 __all__ = ["SecureBroker", "secure_broker"]
 
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
-PORT, CONTROLLER_PORT, SECURE_PORT = 19292, 19293, 19294
 USER, PASSWORD = "botmesh", "s3cret-pw-of-the-test"
 PLAIN_USER, PLAIN_PASSWORD = "plainuser", "plain-pw-of-the-test"
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True)
+class Ports:
+    """The broker's listeners: PLAINTEXT (its own, for the tool), CONTROLLER, SASL_SSL."""
+
+    plaintext: int
+    controller: int
+    secure: int
+
+
+@dataclass(frozen=True)
 class SecureBroker:
     folder: Path
-    #: the SASL_SSL listener
-    bootstrap: str = f"127.0.0.1:{SECURE_PORT}"
-    #: the broker's own PLAINTEXT listener (for the tool; clients of the tests use the other)
-    plaintext: str = f"127.0.0.1:{PORT}"
+    ports: Ports
+
+    @property
+    def bootstrap(self) -> str:
+        """The SASL_SSL listener."""
+        return f"127.0.0.1:{self.ports.secure}"
+
+    @property
+    def plaintext(self) -> str:
+        """The broker's own PLAINTEXT listener (for the tool; the tests' clients use the
+        other)."""
+        return f"127.0.0.1:{self.ports.plaintext}"
 
     @property
     def ca(self) -> Path:
@@ -106,16 +122,17 @@ def make_certificates(folder: Path) -> None:
     (folder / "broker-keystore.pem").write_text(keystore)
 
 
-def broker_config(folder: Path) -> Path:
+def broker_config(folder: Path, ports: Ports) -> Path:
     plain = (
         "org.apache.kafka.common.security.plain.PlainLoginModule required "
         f'user_{PLAIN_USER}="{PLAIN_PASSWORD}";'
     )
     scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
     lines = [
-        f"listeners=PLAINTEXT://127.0.0.1:{PORT},CONTROLLER://127.0.0.1:{CONTROLLER_PORT},"
-        f"SASL_SSL://127.0.0.1:{SECURE_PORT}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{PORT},SASL_SSL://127.0.0.1:{SECURE_PORT}",
+        f"listeners=PLAINTEXT://127.0.0.1:{ports.plaintext},"
+        f"CONTROLLER://127.0.0.1:{ports.controller},SASL_SSL://127.0.0.1:{ports.secure}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{ports.plaintext},"
+        f"SASL_SSL://127.0.0.1:{ports.secure}",
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL",
         "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
         f"listener.name.sasl_ssl.plain.sasl.jaas.config={plain}",
@@ -130,11 +147,11 @@ def broker_config(folder: Path) -> Path:
     return path
 
 
-def _kafka_sh(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _kafka_sh(folder: Path, ports: Ports, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
-        "KAFKA_PORT": str(PORT),
-        "KAFKA_CONTROLLER_PORT": str(CONTROLLER_PORT),
+        "KAFKA_PORT": str(ports.plaintext),
+        "KAFKA_CONTROLLER_PORT": str(ports.controller),
         "KAFKA_DATA_DIR": str(folder / "broker"),
         "KAFKA_EXTRA_CONFIG": str(folder / "sasl-ssl.properties"),
     }
@@ -146,20 +163,22 @@ def _kafka_sh(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @contextmanager
 def secure_broker(folder: Path) -> Iterator[SecureBroker]:
     """Start the broker (certificates, listener, users); stopped on exit."""
+    ports = Ports(*free_ports(3))
     make_certificates(folder)
-    broker_config(folder)
-    started = _kafka_sh(folder, "start")
+    broker_config(folder, ports)
+    started = _kafka_sh(folder, ports, "start")
     if started.returncode != 0:
         raise RuntimeError(f"the SASL_SSL broker did not start:\n{started.stderr[-3000:]}")
     try:
         for mechanism in SCRAM:  # one credential change a request
             users = _kafka_sh(
-                folder, "tool", "configs", "--bootstrap-server", f"127.0.0.1:{PORT}", "--alter",
+                folder, ports, "tool", "configs", "--bootstrap-server",
+                f"127.0.0.1:{ports.plaintext}", "--alter",
                 "--add-config", f"{mechanism}=[password={PASSWORD}]",
                 "--entity-type", "users", "--entity-name", USER,
             )  # fmt: skip
             if users.returncode != 0:
                 raise RuntimeError(f"kafka-configs could not add the SCRAM user:\n{users.stderr}")
-        yield SecureBroker(folder)
+        yield SecureBroker(folder, ports)
     finally:
-        _kafka_sh(folder, "stop")
+        _kafka_sh(folder, ports, "stop")

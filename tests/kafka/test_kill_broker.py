@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,7 +25,7 @@ import pytest
 from botmesh.streams.provision import ensure_topics
 from botmesh.streams.tools import produce_inbound
 from botmesh.topics import Catalog
-from tests.kafka.broker import KAFKA_SH
+from tests.kafka.broker import KAFKA_SH, free_ports
 from tests.kafka.recorder import Recorder, Tally, check_effects, traffic, wait_until
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker
 
@@ -36,26 +34,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 WAVE = 1500  # the first wave: still in flight when the broker goes down
 
 
-def free_ports() -> tuple[int, int]:
-    """Two consecutive ports of 127.0.0.1 below 32768 that nothing listens on now."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000, 2)
-        try:
-            for p in (port, port + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port, port + 1
-    raise AssertionError("no two free ports below 32768")
-
-
 class OwnBroker:
     """A single-node broker of this test only (``kafka.sh`` with its own ports and data)."""
 
     def __init__(self, data: Path) -> None:
-        port, controller = free_ports()
+        port, controller = free_ports(2)
         self.bootstrap = f"127.0.0.1:{port}"
         self.env = {
             **os.environ,
