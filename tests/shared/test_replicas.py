@@ -256,8 +256,13 @@ def test_a_replica_killed_at_a_random_moment_under_load(
     states = summaries[0]["outbox"]
     assert summaries[1]["outbox"] == states, what
     assert summaries[0]["inbox"] == dict.fromkeys(ids, "done"), what  # no message lost
-    for mid in ids:  # handled once, again only after r1 died holding it
-        assert handled[mid] == 1 or (handled[mid] == 2 and mid in by_r1), (what, mid)
+    # Handled once; again after r1 died holding it, or after a live replica's lease expired
+    # under it: a process starved of CPU past its 1 s lease is one that froze, and the docs
+    # promise then that its completion is refused and counted in staleLeases.
+    stale = sum(s["metrics"]["staleLeases"] for s in summaries)
+    assert all(handled[mid] >= 1 for mid in ids), what
+    again = {mid: handled[mid] - 1 - (mid in by_r1) for mid in ids}
+    assert sum(max(0, n) for n in again.values()) <= stale, (what, again, stale)
     ambiguous = sum(s["metrics"]["outboxAmbiguous"] for s in summaries)
     unknown = [k for k, state in states.items() if state == "unknown"]
     assert set(states.values()) <= {"sent", "unknown"}, (what, states)
