@@ -8,12 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from tests import servers
+from tests import servers, soak
 from tests.backends import BACKENDS, BackendHandle
 
 
+def _parallel_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # set by pytest-xdist in its workers
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if _parallel_worker(config):
+        return  # the controller started the servers; their URLs are in our environment
     servers.allow_start()  # this process may start the PostgreSQL and Redis of the tests
+    if config.getoption("numprocesses", None):
+        servers.start_all()  # before the workers start, so that they inherit the URLs
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -24,7 +32,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that runs on a backend needing a server (a ``backend`` param, or a
     ``backend_name`` one) gets that server's marker, so ``-m postgres`` selects it and
-    ``-m "not redis"`` leaves it out."""
+    ``-m "not redis"`` leaves it out; then the long tests go first (``_rank``)."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None:
@@ -33,6 +41,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             case = BACKENDS.get(value) if isinstance(value, str) else None
             if case is not None and case.server is not None:
                 item.add_marker(case.server)
+    # The long tests first, then those on servers, then the rest (each in its own order): a
+    # parallel run (make test) hands tests out one at a time, and a long one handed out last
+    # would run alone at the end.
+    items.sort(key=_rank)
+
+
+#: Tests that take seconds to minutes (worker processes, kills, a broker of their own).
+_LONG = ("soak", "slow")
+_HEAVY = ("kafka", "crash", "postgres", "redis")
+
+
+def _rank(item: pytest.Item) -> int:
+    names = {m.name for m in item.iter_markers()}
+    if names.intersection(_LONG) or {"kafka", "crash"} <= names:
+        return 0
+    return 1 if names.intersection(_HEAVY) else 2
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -50,10 +74,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("botmesh crash matrix")
     group.addoption(
         "--crash-cases",
-        default=os.environ.get("BOTMESH_CRASH_CASES", "100"),
-        help="seeded random crash cases per backend and ambiguity policy (default 100)",
+        default=os.environ.get("BOTMESH_CRASH_CASES", str(soak.rounds(quick=100, soak=1000))),
+        help="seeded random crash cases per backend and ambiguity policy (default 100; "
+        "1000 under make soak)",
     )
-    group.addoption("--crash-seed", default="20261202", help="seed of the random crash cases")
+    group.addoption(
+        "--crash-seed",
+        default=str(soak.seed(20261202)),
+        help="seed of the random crash cases (default 20261202; a new one each pass of make soak)",
+    )
     group = parser.getgroup("file journal")
     group.addoption(
         "--fuzz-cases",

@@ -79,6 +79,7 @@ async def test_crashes_during_recovery(backend_name: str, policy: str, tmp_path:
         check(out, policy)
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("backend_name", BACKEND_NAMES)
 async def test_seeded_random_crash_points(

@@ -59,12 +59,13 @@ from tests.kafka.worker import WAIT_S, Worker, read_all
 from tests.providers.fakes.discord import FakeDiscord
 from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.serve import Background
+from tests.soak import rounds
 
-pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.slow, pytest.mark.soak]
 
-MESSAGES = 400
+MESSAGES = rounds(quick=240, soak=800)
 CHATS = 8
-KILLS = 6
+KILLS = rounds(quick=3, soak=12)
 #: Seconds each create call waits before the fake sees it, and again before it answers.
 DELAY = 0.05
 #: Share of the kills made in a run's first provider calls (resolving what the run before

@@ -29,6 +29,7 @@ from botmesh.streams.tools import Seen, demo_records, end_offsets, produce_inbou
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot, reply_text
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_journal
+from tests.soak import rounds, seed
 
 pytestmark = pytest.mark.kafka
 
@@ -93,18 +94,19 @@ async def test_exactly_once_worker_answers_500_messages_once(
 
 MESSAGES = 500
 CHATS = 10
-KILLS = 5
+KILLS = rounds(quick=3, soak=8)
 
 
 @pytest.mark.crash
-async def test_exactly_once_worker_killed_5_times_loses_nothing_and_sends_nothing_twice(
+@pytest.mark.soak
+async def test_exactly_once_worker_killed_again_and_again_loses_nothing_and_sends_nothing_twice(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     worker = eos_worker(kafka_bootstrap, topic_prefix, tmp_path)
     cat = Catalog(topic_prefix)
     records = demo_records(MESSAGES, CHATS, run="k")
     ids = {r.id for r in records}
-    rng = random.Random(20261202)
+    rng = random.Random(seed(20261202))
     start = await end_offsets(kafka_bootstrap, cat.sent)
     seen: list[Seen] = []
     answered: set[str] = set()

@@ -48,11 +48,12 @@ from botmesh.topics import Catalog, chat_key, decode_receipt, encode_inbound
 from tests.kafka.flow_bot import QUESTIONS, answer, done_text
 from tests.kafka.recorder import SESSION_TIMEOUT, Call, Recorder, Tally
 from tests.kafka.worker import WAIT_S, Worker, read_all, wait_line
+from tests.soak import rounds
 
-pytestmark = [pytest.mark.kafka, pytest.mark.crash]
+pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.soak]
 
 CHATS = 24
-KILLS = 5
+KILLS = rounds(quick=3, soak=10)
 #: Seconds the provider waits before each call and again after its answer.
 DELAY = 0.03
 #: After this many kills a second worker joins the group (chats move to it by rebalance).

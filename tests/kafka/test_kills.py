@@ -66,6 +66,7 @@ from tests.kafka.recorder import (
     wait_until,
 )
 from tests.kafka.worker import WAIT_S, Worker, journal_source, read_journal
+from tests.soak import rounds, seed
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
@@ -103,10 +104,11 @@ def figures(values: list[float]) -> str:
 
 # -- 1. random SIGKILLs of one worker ------------------------------------------------------
 
-KILLS = 20
+KILLS = rounds(quick=6, soak=20)
 PER_ROUND = 120  # inbounds produced at each (re)start
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 async def test_random_sigkills_lose_nothing_and_send_nothing_twice(
     kafka_bootstrap: str,
@@ -119,7 +121,7 @@ async def test_random_sigkills_lose_nothing_and_send_nothing_twice(
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, recorder=recorder.url)
     records = traffic("rk", (KILLS + 1) * PER_ROUND)
     ids = {r.id for r in records}
-    rng = random.Random(20261202)
+    rng = random.Random(seed(20261202))
     runs: list[tuple[int, float]] = []
     moments: collections.Counter[str] = collections.Counter()
     t_start = time.monotonic()
@@ -255,7 +257,7 @@ async def waiting(
 
 # -- 2. two workers in one group, one killed again and again ----------------------------------
 
-PEER_KILLS = 3
+PEER_KILLS = rounds(quick=2, soak=5)
 #: The two-worker tests run under both processing guarantees.
 GUARANTEES = ["at_least_once", "exactly_once"]
 #: The inbox and outbox leases of the two workers (default 60s): the survivor replays the
@@ -288,6 +290,7 @@ def peers(
     return worker("a"), worker("b")
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes a few minutes at most
 @pytest.mark.parametrize("guarantee", GUARANTEES)
 async def test_survivor_of_a_killed_peer_resends_nothing(
@@ -303,7 +306,7 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
     env = {"BOTMESH_PROCESSING_GUARANTEE": guarantee}
     survivor, victim = peers(kafka_bootstrap, topic_prefix, tmp_path, recorder, env)
     both = (survivor, victim)
-    rng = random.Random(8)
+    rng = random.Random(seed(8))
     takeovers: list[float] = []
     rejoins: list[float] = []
     flow = Flow(kafka_bootstrap, cat.inbound, "pk").start()

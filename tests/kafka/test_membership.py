@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from botmesh.streams.operator import read_metrics
 from botmesh.streams.provision import ensure_topics, existing_topics
 from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
 from botmesh.topics import Catalog
+from tests.kafka.broker import forget_prefix
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line
+from tests.soak import rounds
 
 pytestmark = pytest.mark.kafka
 
@@ -121,14 +124,21 @@ async def test_a_static_member_restarted_after_an_empty_assignment_gets_partitio
     assert mine and mine[0].counters["forcedRebalances"] >= 1
 
 
+FRESH_STARTS = rounds(quick=5, soak=30)
+
+
+@pytest.mark.soak
 async def test_a_fresh_prefix_answers_its_first_message_on_every_start(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """20 starts of a worker on a topic prefix it creates itself; each answers its first
-    message (produced once its topics exist) within 10 s of the worker's start."""
+    """Starts of a worker on a topic prefix it creates itself: each joins with every topic
+    listed (no "Ignoring missing topic", no forced rebalance: it never sat on an empty
+    assignment), says it owns partitions, and answers its first message (produced once its
+    topics exist). The time each took is printed, not asserted: the race this guards
+    against left a worker silent for minutes, which the hang guard of the wait catches."""
     times = []
-    for i in range(20):
-        prefix = f"fresh{time.time_ns() % 10**10}x{i}"
+    for i in range(FRESH_STARTS):
+        prefix = f"fresh{uuid.uuid4().hex[:8]}x{i}"
         w = Worker(kafka_bootstrap, prefix, tmp_path / str(i), loglevel="info")
         try:
             started = time.monotonic()
@@ -136,14 +146,17 @@ async def test_a_fresh_prefix_answers_its_first_message_on_every_start(
             await topics_listed(w)
             took = await answer_one(w, f"first{i}")
             times.append((took, time.monotonic() - started))
-            assert not [x for x in w.lines() if "Ignoring missing topic" in x]
+            wait_line(w, "ready: owns partitions")
+            lines = w.lines()
+            assert not [x for x in lines if "Ignoring missing topic" in x]
+            assert not [x for x in lines if "to force a rebalance" in x]
         finally:
             w.kill()
             w.close()
+            forget_prefix(kafka_bootstrap, prefix)
     answers = sorted(t for t, _ in times)
     print(
-        f"20 fresh starts: first answer {answers[0]:.2f}-{answers[-1]:.2f}s after its produce, "
-        f"{min(s for _, s in times):.1f}-{max(s for _, s in times):.1f}s after the start"
+        f"{FRESH_STARTS} fresh starts: first answer {answers[0]:.2f}-{answers[-1]:.2f}s after "
+        f"its produce, {min(s for _, s in times):.1f}-{max(s for _, s in times):.1f}s after "
+        "the start"
     )
-    # the race left a worker silent for minutes (a metadata refresh, 5 min by default)
-    assert max(since for _, since in times) < 10.0, times
