@@ -32,8 +32,17 @@ APP ?= botmesh.examples.echo_bot:bot
 run: venv kafka-jars ## the demo: Kafka, topics, a worker running APP (default the echo bot), traffic, receipts (Ctrl-C stops)
 	$(BIN)/python -m botmesh.examples.demo --app $(APP)
 
-test: venv kafka-jars ## the whole test suite, Kafka tests included (a local broker is started)
-	$(BIN)/pytest
+# Parallel test processes: the tests mostly wait on brokers, servers and worker processes,
+# so twice the cores keeps a 2-core machine busy without starving the broker.
+TEST_WORKERS ?= 4
+SOAK_MINUTES ?= 10
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
+test: venv kafka-jars ## the whole test suite in parallel (TEST_WORKERS=4), Kafka tests included
+	$(BIN)/pytest $(PYTEST_PARALLEL)
+
+soak: venv kafka-jars ## the long loops (kills, fresh starts, crash cases) pass after pass for SOAK_MINUTES (10)
+	$(BIN)/python -m tests.soak --minutes $(SOAK_MINUTES) -- $(PYTEST_PARALLEL)
 
 lint: venv ## ruff and mypy --strict
 	$(BIN)/ruff check .
@@ -46,4 +55,4 @@ schemas: venv ## regenerate botmesh/topics/schemas/*.json from the message model
 bench: venv ## benchmarks (ratios against a baseline in the same run)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-.PHONY: help venv kafka-jars kafka-start kafka-stop run test lint schemas bench
+.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint schemas bench

@@ -1,4 +1,5 @@
-"""Real PostgreSQL and Redis servers for the backend tests, started once per test session.
+"""Real PostgreSQL and Redis servers for the backend tests, started once per test session
+(a parallel session: once by its controller, shared by its workers, see ``start_all``).
 
 ``postgres_url()`` / ``redis_url()`` return the URL of a running server. A URL in
 ``BOTMESH_TEST_POSTGRES_URL`` / ``BOTMESH_TEST_REDIS_URL`` is used as it is (a server you
@@ -41,6 +42,7 @@ __all__ = [
     "postgres_url",
     "redis_cluster_url",
     "redis_url",
+    "start_all",
     "stop_all",
 ]
 
@@ -299,7 +301,17 @@ def redis_cluster_url() -> str:
     return url
 
 
-# -- both ----------------------------------------------------------------------------------
+# -- all ----------------------------------------------------------------------------------
+
+
+def start_all() -> None:
+    """Start every test server now (PostgreSQL, Redis, the Redis Cluster), each unless its
+    URL is already set. The controller of a parallel run (pytest-xdist) calls it before it
+    starts its workers: they inherit the URLs and share the servers, which it stops at the
+    end; a worker never starts a server of its own."""
+    with ThreadPoolExecutor(3) as pool:
+        for done in [pool.submit(f) for f in (postgres_url, redis_url, redis_cluster_url)]:
+            done.result()
 
 
 def _tail(server: _Server) -> str:

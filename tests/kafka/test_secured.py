@@ -32,7 +32,9 @@ from tests.gateway.kit import gateway_at, probe_body, probe_headers, read_topic
 from tests.kafka.secure_broker import PASSWORD, PLAIN_PASSWORD, SecureBroker, secure_broker
 from tests.kafka.worker import WAIT_S, Worker, collect, wait_line
 
-pytestmark = pytest.mark.kafka
+# One SASL_SSL broker on fixed ports for the module: in a parallel run its tests share one
+# worker (make test runs pytest-xdist with --dist loadgroup).
+pytestmark = [pytest.mark.kafka, pytest.mark.xdist_group("sasl-ssl-broker")]
 
 ROOT = Path(__file__).resolve().parents[2]
 WRONG = "not-the-password-4711"

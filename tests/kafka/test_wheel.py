@@ -29,7 +29,8 @@ from botmesh.streams.tools import demo_records, end_offsets, produce_inbound, ta
 from botmesh.topics import Catalog
 from tests.kill import Child
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# The wheel is built once for the module: in a parallel run its tests share one worker.
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
