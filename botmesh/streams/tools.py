@@ -224,10 +224,18 @@ async def read_journal(bootstrap: Brokers, changelog: str, prefix: str = "") -> 
     return found
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    # partitions_for_topic only knows topics the consumer subscribed to: ask the cluster.
-    metadata = await consumer._client.fetch_all_metadata()
-    return set(metadata.partitions_for_topic(topic) or ())
+async def _partitions(consumer: AIOKafkaConsumer, topic: str, wait: float = 5.0) -> set[int]:
+    """The partitions of ``topic`` in the cluster's metadata (``partitions_for_topic`` only
+    knows topics the consumer subscribed to). A broker can leave a topic created a moment
+    ago out of its metadata for a while: asked again for up to ``wait`` seconds before the
+    topic is taken as absent."""
+    deadline = time.monotonic() + wait
+    while True:
+        metadata = await consumer._client.fetch_all_metadata()
+        parts = metadata.partitions_for_topic(topic)
+        if parts or time.monotonic() >= deadline:
+            return set(parts or ())
+        await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,8 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
         deadline = time.monotonic() + WAIT_S
         while len(answered & ids) < done:
             worker.check_alive()
+            if watcher.done():  # the receipts' reader failed: its error, not "0 answered"
+                watcher.result()
             assert time.monotonic() < deadline, f"{len(answered & ids)}/{done} answered"
             await asyncio.sleep(0.02)
 
