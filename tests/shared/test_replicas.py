@@ -6,7 +6,7 @@ signals are real.
 - Fed the same inbound stream, each message delivered to two replicas at once (a load
   balancer retrying): every message is handled once and every send made once.
 - A replica SIGKILLed after the channel accepted a send, before it was recorded: another
-  replica claims its records once the lease (1 s) expired, and the ambiguity policy
+  replica claims its records once the lease (2 s) expired, and the ambiguity policy
   decides (``skip``: never twice; ``resend``: never lost).
 - A replica frozen (SIGSTOP) in a send: another takes its records over; thawed
   (SIGCONT), it cannot complete what it held (``staleLeases`` counted, nothing written).
@@ -257,7 +257,7 @@ def test_a_replica_killed_at_a_random_moment_under_load(
     assert summaries[1]["outbox"] == states, what
     assert summaries[0]["inbox"] == dict.fromkeys(ids, "done"), what  # no message lost
     # Handled once; again after r1 died holding it, or after a live replica's lease expired
-    # under it: a process starved of CPU past its 1 s lease is one that froze, and the docs
+    # under it: a process starved of CPU past its 2 s lease is one that froze, and the docs
     # promise then that its completion is refused and counted in staleLeases.
     stale = sum(s["metrics"]["staleLeases"] for s in summaries)
     assert all(handled[mid] >= 1 for mid in ids), what
