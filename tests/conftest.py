@@ -10,10 +10,15 @@ import pytest
 
 from tests import servers, soak
 from tests.backends import BACKENDS, BackendHandle
+from tests.kafka.broker import BrokerLease, BrokerUnavailable, acquire_broker
 
 
 def _parallel_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")  # set by pytest-xdist in its workers
+
+
+#: The Kafka broker the controller of a parallel run holds for its workers.
+_KAFKA: list[BrokerLease] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -21,11 +26,27 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # the controller started the servers; their URLs are in our environment
     servers.allow_start()  # this process may start the PostgreSQL and Redis of the tests
     if config.getoption("numprocesses", None):
-        servers.start_all()  # before the workers start, so that they inherit the URLs
+        # before the workers start, so that they inherit the URLs and the broker's address
+        servers.start_all()
+        _share_kafka()
+
+
+def _share_kafka() -> None:
+    """The broker of a parallel run: one, found (or started) here for all the workers."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
+        return
+    try:
+        lease = acquire_broker()
+    except BrokerUnavailable:
+        return  # each Kafka test then fails, naming why (tests/kafka/conftest.py)
+    _KAFKA.append(lease)
+    os.environ["KAFKA_BOOTSTRAP_SERVERS"] = lease.bootstrap
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     servers.stop_all()
+    while _KAFKA:
+        _KAFKA.pop().release()
 
 
 @pytest.hookimpl(tryfirst=True)
