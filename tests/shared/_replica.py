@@ -5,9 +5,10 @@ shared journal, fed inbounds on stdin (run by module, not collected).
 
 NAME is the replica's instance id. Leases are 2 s and the sweeper runs every 100 ms, so a
 dead or frozen replica's records are taken over quickly (and a replica the machine's
-load keeps off the CPU for a second still renews its leases in time). Every handler run is appended to
-``DIR/handled.log`` and every send the channel accepted to ``DIR/sent.log`` (each line
-fsynced before the call returns: the channel's own record, shared by every replica).
+load keeps off the CPU for a second still renews its leases in time). Every handler run
+is appended to ``DIR/handled.log`` and every send the channel accepted to
+``DIR/sent.log`` (each line fsynced before the call returns: the channel's own record,
+shared by every replica).
 
 stdin commands, one a line:
 
