@@ -416,8 +416,8 @@ def forget_prefix(bootstrap: str, prefix: str, timeout: float = 30) -> None:
     and assignor topics) and its consumer groups, once a test is done with them.
 
     A broker's cost grows with its partitions: every client's first metadata request lists
-    them all, and the broker answers it. A suite that kept its topics ended near 10,000
-    partitions, and a Kafka test then took about twice the CPU of one on a fresh broker
+    them all, and the broker answers it. On a broker left holding 17,000 partitions by
+    earlier runs, Kafka tests took about twice the CPU they take on a fresh one
     (docs/measurements.md)."""
     from confluent_kafka import KafkaException
 
