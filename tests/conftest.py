@@ -10,28 +10,27 @@ import pytest
 
 from tests import servers, soak
 from tests.backends import BACKENDS, BackendHandle
-from tests.kafka.broker import BrokerLease, BrokerUnavailable, acquire_broker
+from tests.kafka.broker import BrokerUnavailable, acquire_broker
 
 
 def _parallel_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")  # set by pytest-xdist in its workers
 
 
-#: The Kafka broker the controller of a parallel run holds for its workers.
-_KAFKA: list[BrokerLease] = []
-
-
 def pytest_configure(config: pytest.Config) -> None:
     if _parallel_worker(config):
         return  # the controller started the servers; their URLs are in our environment
     servers.allow_start()  # this process may start the PostgreSQL and Redis of the tests
+    # stopped at the end even when the session ends in an internal error (then
+    # pytest_sessionfinish is not called): a server left behind holds its port
+    config.add_cleanup(servers.stop_all)
     if config.getoption("numprocesses", None):
         # before the workers start, so that they inherit the URLs and the broker's address
         servers.start_all()
-        _share_kafka()
+        _share_kafka(config)
 
 
-def _share_kafka() -> None:
+def _share_kafka(config: pytest.Config) -> None:
     """The broker of a parallel run: one, found (or started) here for all the workers."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
         return
@@ -39,14 +38,8 @@ def _share_kafka() -> None:
         lease = acquire_broker()
     except BrokerUnavailable:
         return  # each Kafka test then fails, naming why (tests/kafka/conftest.py)
-    _KAFKA.append(lease)
+    config.add_cleanup(lease.release)
     os.environ["KAFKA_BOOTSTRAP_SERVERS"] = lease.bootstrap
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    servers.stop_all()
-    while _KAFKA:
-        _KAFKA.pop().release()
 
 
 @pytest.hookimpl(tryfirst=True)

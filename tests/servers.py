@@ -308,10 +308,11 @@ def start_all() -> None:
     """Start every test server now (PostgreSQL, Redis, the Redis Cluster), each unless its
     URL is already set. The controller of a parallel run (pytest-xdist) calls it before it
     starts its workers: they inherit the URLs and share the servers, which it stops at the
-    end; a worker never starts a server of its own."""
-    with ThreadPoolExecutor(3) as pool:
-        for done in [pool.submit(f) for f in (postgres_url, redis_url, redis_cluster_url)]:
-            done.result()
+    end; a worker never starts a server of its own. One after the other: ``Popen`` from
+    several threads at once failed here once (``OSError: [Errno 14] Bad address``)."""
+    postgres_url()
+    redis_url()
+    redis_cluster_url()
 
 
 def _tail(server: _Server) -> str:

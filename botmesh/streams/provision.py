@@ -7,6 +7,7 @@ alone (it reports a partition count that differs from the spec, it never changes
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,32 @@ def existing_topics(bootstrap: Brokers, timeout: float = 15.0) -> dict[str, int]
     ``KafkaAuthError`` naming the setting, when the brokers do not answer or refuse)."""
     meta = list_topics(bootstrap, timeout)
     return {name: len(t.partitions) for name, t in meta.topics.items()}
+
+
+def _wait_listed(bootstrap: Brokers, names: list[str], timeout: float) -> None:
+    """Return once the broker's metadata lists ``names`` with a leader for every partition:
+    right after its creation a topic can be missing there for a moment, and a command run
+    next (``botmesh status``, a producer) would take it as absent. Logs and returns after
+    ``timeout``; the topics exist, and a later reader asks again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = list_topics(bootstrap, max(1.0, deadline - time.monotonic()))
+        waiting = [
+            n
+            for n in names
+            if n not in meta.topics
+            or meta.topics[n].error is not None
+            or not meta.topics[n].partitions
+            or any(p.leader < 0 for p in meta.topics[n].partitions.values())
+        ]
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "created topics not listed with leaders yet after %.0fs: %s", timeout, waiting
+            )
+            return
+        time.sleep(0.1)
 
 
 def ensure_topics(
@@ -76,6 +103,8 @@ def ensure_topics(
                 raise RuntimeError(
                     f"cannot create topic {name!r} on {servers(bootstrap)!r}: {exc}"
                 ) from None
+    if created:
+        _wait_listed(bootstrap, created, timeout)
     mismatched = {
         s.name: (s.partitions, have[s.name])
         for s in wanted
