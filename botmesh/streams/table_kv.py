@@ -7,19 +7,28 @@ partition of the chat's inbound partition. Whichever worker owns inbound partiti
 owns changelog partition ``p``: Faust assigns them together, restores the partition's
 RocksDB database from the changelog before the worker gets the next inbound record of
 ``p`` (``JournalTable.on_recovery_completed`` in ``botmesh.streams.worker``), and the journal then
-loads the partition (``assign``) and runs the engine's recovery pass over it (leases the old
+opens the partition (``assign``) and runs the engine's recovery pass over it (leases the old
 owner left are reclaimed once they expire, or at once when this instance held them; sends
-left in flight are resolved by the ambiguity policy). A revoked partition is dropped from
-memory (``revoke``): a later write of its records by this worker is refused (a lease
-holder's write becomes ``FencedError``, counted in ``staleLeases``).
+left in flight are resolved by the ambiguity policy). A revoked partition is dropped
+(``revoke``): a later write of its records by this worker is refused (a lease holder's
+write becomes ``FencedError``, counted in ``staleLeases``).
+
+**The records live on disk.** A partition's records, and its ``due`` and ``purge`` indexes
+in (score, key) order, are in its RocksDB database (``botmesh.streams.journal_db``); a read
+goes there unless memory holds a newer version. Memory holds only the writes in flight (the
+partition's overlay: produced, not yet acked and written to the database) and a bounded
+cache of records read or written lately. So what a worker holds grows with what it has in
+flight, not with what it retains; opening a partition reads nothing, its recovery pass
+reads the records due, and a sweeper pass reads what is due, not what is retained.
 
 Which partition a write goes to: the one named by ``in_partition(p)`` around the work (the
 runner wraps each inbound record; the recovery pass and the engine's sweeper visits wrap
 each record through ``near``), else the partition that holds the key already. A new key
 with neither is refused: nothing is written to a partition nobody chose.
 
-**Journal before acting.** ``commit`` applies its operations to the partition's entries in
-memory (the compare-and-set is checked there: this worker is the partition's only writer),
+**Journal before acting.** ``commit`` checks its operations against the latest versions
+(the compare-and-set: this worker is the partition's only writer), puts them in the
+partition's overlay,
 produces one changelog record per operation and returns only when the broker acked every
 one of them (the producer runs with acks=all) and, under ``exactly_once``, when the
 partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
@@ -31,7 +40,7 @@ later). Concurrent commits (the chats of a batch) share the producer's batches: 
 records go out in the same produce requests, so they
 wait on one round trip together (group commit). When an ack does not come (the broker is
 down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
-are undone in memory where nothing overwrote them since; the caller does not act on it
+are undone in the overlay where nothing overwrote them since; the caller does not act on it
 (the provider is not called, the inbound is not acked).
 
 **Fenced by the group.** Under ``at_least_once`` nothing on the broker stops a worker that
@@ -46,16 +55,18 @@ the coordinator answers again; by then a worker that was evicted has been told, 
 handed its partitions over. The coordinator evicts a member only a whole session timeout
 after its last accepted heartbeat, so a write that passed the check leaves at least half
 the session timeout before another owner can take the partition. A worker that comes back
-into the group after missing a rebalance drops its partitions and reloads them
-(``botmesh.streams.worker.JournalTable.on_rebalance``): another owner may have written them.
+into the group after missing a rebalance drops its partitions and opens them again once
+restored (``botmesh.streams.worker.JournalTable.on_rebalance``): another owner may have
+written them.
 
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
 records acked in one turn of the event loop (a committed transaction's records) are
-written into the partition's database in one atomic batch that also records the changelog
-offset as persisted, in the order of the acks, so a worker restarted on the same data dir
-restores only what
-was produced after its last acked write, and a deleted data dir is rebuilt from the
-changelog whole.
+written into the partition's database in one atomic batch with their index entries and the
+changelog offset as persisted, in the order of the acks (then ``persisted`` drops them
+from the overlay), so a worker restarted on the same data dir restores only what was
+produced after its last acked write, and a deleted data dir is rebuilt from the changelog
+whole (Faust's restore writes the index entries too:
+``JournalTable.apply_changelog_batch``).
 
 Changelog records: key = the journal key (UTF-8), value = ``{"v": version, "d": due,
 "p": purge, "r": value}`` as JSON, a tombstone for a delete (``decode_entry`` reads one).
@@ -72,12 +83,12 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, Protocol
 
-import msgspec
 from aiokafka.errors import ProducerFenced
 
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
-from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
+from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry
 from botmesh.state.writes import Write
+from botmesh.streams.journal_db import JournalDb, decode_entry, encode_entry
 from botmesh.topics.catalog import Catalog
 
 __all__ = [
@@ -117,30 +128,6 @@ def in_partition(partition: int | None) -> Iterator[None]:
         CURRENT_PARTITION.reset(token)
 
 
-class _Stored(msgspec.Struct, frozen=True):
-    v: int
-    r: dict[str, Any]
-    d: float | None = None
-    p: float | None = None
-
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(_Stored).decode
-
-
-def encode_entry(entry: Entry) -> bytes:
-    """The changelog value of one committed version."""
-    return _encode(_Stored(entry.version, entry.value, entry.due, entry.purge))
-
-
-def decode_entry(key: bytes, value: bytes | None) -> Entry | None:
-    """One changelog record as an ``Entry`` (``None`` for a tombstone)."""
-    if value is None:
-        return None
-    s = _decode(value)
-    return Entry(key.decode(), s.r, s.v, s.d, s.p)
-
-
 class ProducerFencedOut(JournalUnavailableError):
     """Under ``exactly_once``: a write whose transaction a newer producer with the same
     transactional id fenced, so another worker owns the partition now (this one was
@@ -170,8 +157,10 @@ class ChangelogPort(Protocol):
         (exactly_once); it raises when the record is lost (not acked, aborted)."""
         ...
 
-    def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
-        """The partition's records in the local RocksDB database (restored)."""
+    def database(self, partition: int) -> JournalDb:
+        """The partition's local RocksDB database (restored from the changelog). The port
+        writes each acked record there (``JournalDb.write``) and then tells the journal
+        (``TableKv.persisted``)."""
         ...
 
     #: The records go into Kafka transactions (``exactly_once``): what ``produce`` returns
@@ -212,14 +201,36 @@ NO_BARRIER = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_PUBLISHED})
 LAZY_COMMIT_S = 1.0
 
 
+class _Part:
+    """A partition this worker owns: its database, and what memory holds over it."""
+
+    __slots__ = ("db", "overlay", "pending")
+
+    def __init__(self, db: JournalDb) -> None:
+        self.db = db
+        #: The records written here and not yet in the database (produced, not acked or not
+        #: persisted yet), ``None`` for a delete: they hide the database's version.
+        self.overlay: dict[str, Entry | None] = {}
+        #: How many of each key's writes are not in the database yet.
+        self.pending: dict[str, int] = {}
+
+
+_MISSING: Any = object()
+
+
 class TableKv:
     """The ``DurableKv`` of the Kafka worker (see the module docstring)."""
 
-    def __init__(self, port: ChangelogPort, *, ack_timeout: float = 30.0) -> None:
+    def __init__(
+        self, port: ChangelogPort, *, ack_timeout: float = 30.0, cache_size: int = 10_000
+    ) -> None:
         self._port = port
         self.ack_timeout = ack_timeout
-        self._parts: dict[int, dict[str, Entry]] = {}
-        self._where: dict[str, int] = {}
+        self._parts: dict[int, _Part] = {}
+        #: Records read or written lately (an LRU): key -> (partition, entry). Only keys
+        #: with no write in flight (those are in their partition's overlay).
+        self._cache: dict[str, tuple[int, Entry]] = {}
+        self.cache_size = cache_size
         self._closed = False
         #: Partitions being handed over: no new write, their writes in flight still land.
         self._closing: set[int] = set()
@@ -242,32 +253,31 @@ class TableKv:
 
     @property
     def owned(self) -> frozenset[int]:
-        """The partitions loaded here (owned by this worker)."""
+        """The partitions open here (owned by this worker)."""
         return frozenset(self._parts)
 
     def owns(self, partition: int) -> bool:
-        """The partition is this worker's to write (loaded, not being handed over)."""
+        """The partition is this worker's to write (open, not being handed over)."""
         return partition in self._parts and partition not in self._closing
 
     def loaded(self, partition: int) -> bool:
-        """The partition's records are here (its acked writes go to RocksDB)."""
+        """The partition is open and its acked writes go to RocksDB."""
         return partition in self._parts and partition not in self.broken
 
+    @property
+    def in_memory(self) -> int:
+        """Records memory holds: those in flight, and the cache."""
+        return len(self._cache) + sum(len(part.overlay) for part in self._parts.values())
+
     async def assign(self, partitions: Iterable[int]) -> list[int]:
-        """Load the partitions not loaded yet from their (restored) databases, then run
-        ``on_assigned`` for each, inside ``in_partition``; returns the new ones."""
+        """Open the partitions not open yet on their (restored) databases, then run
+        ``on_assigned`` for each, inside ``in_partition``; returns the new ones. Nothing is
+        read here: the recovery pass reads what is due."""
         new = sorted(p for p in set(partitions) if p not in self._parts)
         for p in new:
             self.broken.discard(p)
-            entries: dict[str, Entry] = {}
-            for key, value in self._port.stored(p):
-                entry = decode_entry(key, value)
-                if entry is not None:
-                    entries[entry.key] = entry
-            self._parts[p] = entries
-            for k in entries:
-                self._where[k] = p
-            log.info("journal partition %d loaded: %d records", p, len(entries))
+            self._parts[p] = _Part(self._port.database(p))
+            log.info("journal partition %d opened", p)
         if self.on_assigned is not None:
             for p in new:
                 if p not in self._parts:  # revoked again meanwhile
@@ -285,7 +295,7 @@ class TableKv:
         """Give partitions up cleanly: ``on_revoking`` (while they are still ours), then no
         new write to them, then wait (up to ``ack_timeout``) for their writes in flight to
         be acked and written to RocksDB, then ``revoke``. A partition given back later is
-        reloaded from RocksDB, which then holds every write this worker made to it."""
+        opened on RocksDB again, which then holds every write this worker made to it."""
         gone = [p for p in set(partitions) if p in self._parts]
         if not gone:
             return
@@ -308,18 +318,76 @@ class TableKv:
         for p in partitions:
             self._closing.discard(p)
             self.broken.discard(p)
-            entries = self._parts.pop(p, None)
-            if entries is None:
+            part = self._parts.pop(p, None)
+            if part is None:
                 continue
-            for k in entries:
-                if self._where.get(k) == p:
-                    del self._where[k]
-            log.info("journal partition %d revoked: %d records dropped", p, len(entries))
+            stale = [k for k, (q, _) in self._cache.items() if q == p]
+            for k in stale:
+                del self._cache[k]
+            log.info(
+                "journal partition %d revoked: %d records in flight dropped", p, len(part.overlay)
+            )
+
+    def persisted(self, partition: int, keys: Iterable[bytes]) -> None:
+        """The port wrote these records of the partition (in the order produced) into its
+        database: a key whose writes are all there now is read from there again."""
+        part = self._parts.get(partition)
+        if part is None:
+            return
+        pending = part.pending
+        for raw in keys:
+            key = raw.decode()
+            n = pending.get(key)
+            if n is None:
+                continue
+            if n > 1:
+                pending[key] = n - 1
+                continue
+            del pending[key]
+            entry = part.overlay.pop(key, None)
+            if entry is not None:
+                self._remember(key, partition, entry)
+
+    def _remember(self, key: str, partition: int, entry: Entry) -> None:
+        cache = self._cache
+        cache.pop(key, None)
+        cache[key] = (partition, entry)
+        if len(cache) > self.cache_size:
+            del cache[next(iter(cache))]
+
+    def _read(self, p: int, part: _Part, key: str) -> Entry | None:
+        """The latest version of ``key`` in partition ``p`` (shared: copy before handing
+        it out)."""
+        held = part.overlay.get(key, _MISSING)
+        if held is not _MISSING:
+            return held  # type: ignore[no-any-return]
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == p:
+            return hit[1]
+        entry = part.db.get(key)
+        if entry is not None:
+            self._remember(key, p, entry)
+        return entry
+
+    def _locate(self, key: str) -> int | None:
+        """The owned partition that holds ``key``, if any."""
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] in self._parts:
+            return hit[0]
+        for p, part in self._parts.items():
+            if self._read(p, part, key) is not None:
+                return p
+        return None
 
     def near(self, key: str) -> contextlib.AbstractContextManager[None]:
         """The partition of ``key`` for the work on it (``botmesh.state.kv.Partitioned``)."""
-        p = self._where.get(key)
-        if p is None or CURRENT_PARTITION.get() == p:
+        current = CURRENT_PARTITION.get()
+        if current is not None:
+            part = self._parts.get(current)
+            if part is not None and self._read(current, part, key) is not None:
+                return contextlib.nullcontext()
+        p = self._locate(key)
+        if p is None or current == p:
             return contextlib.nullcontext()
         return in_partition(p)
 
@@ -341,24 +409,23 @@ class TableKv:
         if self._closed:
             raise JournalUnavailableError("the worker's journal is closed (the worker stopped)")
 
-    def _entries_for(self, key: str) -> dict[str, Entry] | None:
+    def _lookup(self, key: str) -> Entry | None:
         p = CURRENT_PARTITION.get()
         if p is None:
-            p = self._where.get(key)
-        return None if p is None else self._parts.get(p)
+            p = self._locate(key)
+        part = None if p is None else self._parts.get(p)
+        return None if p is None or part is None else self._read(p, part, key)
 
     async def get(self, key: str) -> Entry | None:
         self._check()
-        entries = self._entries_for(key)
-        e = entries.get(key) if entries is not None else None
+        e = self._lookup(key)
         return copy_entry(e) if e is not None else None
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
         self._check()
         found: dict[str, Entry] = {}
         for k in keys:
-            entries = self._entries_for(k)
-            if entries is not None and (e := entries.get(k)) is not None:
+            if (e := self._lookup(k)) is not None:
                 found[k] = copy_entry(e)
         return found
 
@@ -370,7 +437,7 @@ class TableKv:
             return {p: list(enumerate(ops))}
         groups: dict[int, list[tuple[int, Op]]] = {}
         for i, op in enumerate(ops):
-            q = self._where.get(op.key)
+            q = self._locate(op.key)
             if q is None:
                 if op.expect:  # a record this worker had: its partition moved
                     raise VersionConflictError(op.key, op.expect, None)
@@ -398,32 +465,29 @@ class TableKv:
         groups = self._route(ops)
         versions = [0] * len(ops)
         changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]] = []
-        try:
-            for p, items in groups.items():
-                entries = self._parts.get(p) if p not in self._closing else None
-                if entries is None:
-                    op = items[0][1]
-                    if op.expect:  # a holder's compare-and-set: the record is not ours now
-                        raise VersionConflictError(op.key, op.expect, None)
-                    raise PartitionRevoked(
-                        f"journal partition {p} is not owned by this worker (it was "
-                        f"revoked); {op.key!r} not written"
-                    )
-                part_ops = [op for _, op in items]
-                before = {op.key: entries.get(op.key) for op in part_ops}
-                for (i, _), v in zip(items, apply_ops(entries, part_ops), strict=True):
-                    versions[i] = v
-                changes.append((p, before, {op.key: entries.get(op.key) for op in part_ops}))
-        except BaseException:  # a later partition's check failed: nothing stays applied
-            for p, before, after in reversed(changes):
-                self._undo(p, before, after)
-            raise
+        for p, items in groups.items():  # every check first: nothing applied on a conflict
+            part = self._parts.get(p) if p not in self._closing else None
+            if part is None:
+                op = items[0][1]
+                if op.expect:  # a holder's compare-and-set: the record is not ours now
+                    raise VersionConflictError(op.key, op.expect, None)
+                raise PartitionRevoked(
+                    f"journal partition {p} is not owned by this worker (it was "
+                    f"revoked); {op.key!r} not written"
+                )
+            part_ops = [op for _, op in items]
+            keys = list(dict.fromkeys(op.key for op in part_ops))
+            view = {k: e for k in keys if (e := self._read(p, part, k)) is not None}
+            before = {k: view.get(k) for k in keys}
+            for (i, _), v in zip(items, apply_ops(view, part_ops), strict=True):
+                versions[i] = v
+            changes.append((p, before, {k: view.get(k) for k in keys}))
         for p, _, after in changes:
+            part = self._parts[p]
             for key, entry in after.items():
-                if entry is not None:
-                    self._where[key] = p
-                elif self._where.get(key) == p:
-                    del self._where[key]
+                part.overlay[key] = entry
+                part.pending[key] = part.pending.get(key, 0) + 1
+                self._cache.pop(key, None)
         try:
             await self._produce_and_wait(changes, wait=label not in NO_BARRIER)
         except BaseException as exc:
@@ -489,20 +553,15 @@ class TableKv:
     def _undo(
         self, p: int, before: dict[str, Entry | None], after: dict[str, Entry | None]
     ) -> None:
-        """Put back what a failed commit replaced, where nothing overwrote it since."""
-        entries = self._parts.get(p)
-        if entries is None:
+        """Put back what a failed commit replaced, where nothing overwrote it since. Its
+        write stays counted as pending: the key is read from memory until the partition is
+        opened again (the database may lack it, or hold it if the ack came late)."""
+        part = self._parts.get(p)
+        if part is None:
             return
         for key, old in before.items():
-            if entries.get(key) is not after[key]:
-                continue
-            if old is None:
-                entries.pop(key, None)
-                if self._where.get(key) == p:
-                    del self._where[key]
-            else:
-                entries[key] = old
-                self._where[key] = p
+            if part.overlay.get(key, _MISSING) is after[key]:
+                part.overlay[key] = old
 
     async def range(
         self, index: IndexName, prefix: str, until: float, limit: int = 100
@@ -510,18 +569,29 @@ class TableKv:
         self._check()
         p = CURRENT_PARTITION.get()
         if p is not None:
-            entries = self._parts.get(p)
-            return range_of(entries, index, prefix, until, limit) if entries else []
-        per = [_scored(entries, index, prefix, until, limit) for entries in self._parts.values()]
+            part = self._parts.get(p)
+            parts = [] if part is None else [part]
+        else:
+            parts = list(self._parts.values())
+        per = [_ranged(part, index, prefix, until, limit) for part in parts]
         return [key for _, key in heapq.merge(*per)][: max(limit, 0)]
 
     async def scan(self, prefix: str) -> list[Entry]:
         self._check()
         p = CURRENT_PARTITION.get()
-        parts = [self._parts.get(p, {})] if p is not None else list(self._parts.values())
-        found = [
-            copy_entry(e) for entries in parts for k, e in entries.items() if k.startswith(prefix)
-        ]
+        if p is not None:
+            part = self._parts.get(p)
+            parts = [] if part is None else [part]
+        else:
+            parts = list(self._parts.values())
+        found: list[Entry] = []
+        for part in parts:
+            found.extend(part.db.scan(prefix, part.overlay))
+            found.extend(
+                copy_entry(e)
+                for k, e in part.overlay.items()
+                if e is not None and k.startswith(prefix)
+            )
         found.sort(key=lambda e: e.key)
         return found
 
@@ -534,8 +604,22 @@ def _each_record(
             yield p, key, entry
 
 
-def _scored(
-    entries: dict[str, Entry], index: IndexName, prefix: str, until: float, limit: int
+def _ranged(
+    part: _Part, index: IndexName, prefix: str, until: float, limit: int
 ) -> list[tuple[float, str]]:
-    keys = range_of(entries, index, prefix, until, limit)
-    return [(getattr(entries[k], index), k) for k in keys]
+    """A partition's keys due by ``until`` in ``index``: the database's, where memory holds
+    no newer version, merged with memory's."""
+    if limit <= 0:
+        return []
+    disk = part.db.range(index, prefix, until, limit, part.overlay)
+    mem = sorted(
+        (score, k)
+        for k, e in part.overlay.items()
+        if e is not None
+        and (score := getattr(e, index)) is not None
+        and score <= until
+        and k.startswith(prefix)
+    )
+    if not mem:
+        return disk
+    return list(heapq.merge(disk, mem))[:limit]

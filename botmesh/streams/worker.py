@@ -58,11 +58,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import faust
-import rocksdict
 from aiokafka.errors import ProducerFenced
 from aiokafka.producer.transaction_manager import TransactionState
 from faust.types import TP
@@ -91,6 +90,7 @@ from botmesh.streams.faust_defects import (
     start_tables_at_once,
     verify_aborted_tails,
 )
+from botmesh.streams.journal_db import JournalDb
 from botmesh.streams.membership import AssignmentWatch, TopicsNotListed, wait_for_topics
 from botmesh.streams.operator import metrics_record
 from botmesh.streams.provision import ensure_topics, existing_topics
@@ -395,6 +395,7 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                 continue  # revoked or broken meanwhile: its restore reads the changelog
             try:
                 self.persist_many(partition, records)
+                kv.persisted(partition, (key for key, _, _ in records))
             except Exception as exc:  # the offset must never pass a record not written
                 kv.broken.add(partition)
                 log.error(
@@ -412,22 +413,31 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
     ) -> None:
         """Write durable records (key, value, changelog offset) into the partition's
         database, with the changelog offset read so far (``offset``, else the last record's)
-        in the same atomic batch: the offset never lands without the values before it."""
-        store: Any = self.data  # Faust's RocksDB store (its per-partition databases)
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value, _ in records:
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+        and their index entries in the same atomic batch: the offset never lands without
+        the values before it (``JournalDb.write``)."""
         if offset is None:
             offset = max(o for _, _, o in records)
-        batch.put(store.offset_key, str(offset).encode())
-        store._db_for_partition(partition).write(batch)
+        self.database(partition).write([(key, value) for key, value, _ in records], offset)
 
-    def stored(self, partition: int) -> Any:
-        store: Any = self.data
-        return store._visible_items(store._db_for_partition(partition))
+    def database(self, partition: int) -> JournalDb:
+        # not kept here: Faust closes a revoked partition's database by dropping the last
+        # reference to it (RocksDB's lock goes with it, and a new owner can open it)
+        store: Any = self.data  # Faust's RocksDB store (its per-partition databases)
+        return JournalDb.open(store._db_for_partition(partition), store.offset_key)
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        """Faust's restore and standby updates: each partition's records written with their
+        index entries and the offset read, in one batch (``JournalDb.write``)."""
+        records: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        offsets: dict[int, int] = {}
+        for event in batch:
+            msg = event.message
+            if msg.key is None:  # not a journal record (nothing of ours writes one)
+                continue
+            records.setdefault(msg.partition, []).append((msg.key, msg.value))
+            offsets[msg.partition] = max(msg.offset, offsets.get(msg.partition, -1))
+        for partition, written in records.items():
+            self.database(partition).write(written, offsets[partition])
 
     # -- exactly_once: the partition's transaction -----------------------------------------
 
@@ -565,6 +575,8 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
                 # batch): counted as read, so a restore does not wait for a record there
                 # (Faust's recovery waits twice its 5 s poll before it gives up on one)
                 self.persist_many(p, records, offset=records[-1][2] + 1)
+                if self.botmesh_kv is not None:
+                    self.botmesh_kv.persisted(p, (key for key, _, _ in records))
             _settle(batch, txp, "sent by a producer Faust replaced (its transaction is lost)")
 
     def forget_transactions(self, partitions: set[int]) -> None:

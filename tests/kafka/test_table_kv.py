@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
+from botmesh.streams.journal_db import JournalDb
 from botmesh.streams.table_kv import TableKv, in_partition
 from botmesh.testing import MockProvider
 from tests.backends import BackendCase, BackendHandle
@@ -34,14 +37,17 @@ PARTITIONS = 2
 
 
 class KafkaChangelog:
-    """A ``ChangelogPort`` on plain aiokafka: records produced with acks=all; a partition's
-    records read back from the topic (the last value of each key)."""
+    """A ``ChangelogPort`` on plain aiokafka: records produced with acks=all, each written to
+    its partition's RocksDB database (``JournalDb``) when acked; a partition's records read
+    back from the topic into a new database at start, as Faust's restore does."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, path: Path) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.path = path
         self.producer: AIOKafkaProducer | None = None
-        self.restored: dict[int, dict[bytes, bytes]] = {}
+        self.dbs: dict[int, JournalDb] = {}
+        self.kv: TableKv | None = None
         self.produced = 0
         #: What ``unconfirmed`` answers (a test sets it: the membership is not confirmed).
         self.stale: str | None = None
@@ -59,6 +65,12 @@ class KafkaChangelog:
             await self.producer.stop()
             self.producer = None
 
+    def close(self) -> None:
+        """Close the databases (the journal is gone)."""
+        for db in self.dbs.values():
+            db.db.close()
+        self.dbs.clear()
+
     async def _restore(self) -> None:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
         await consumer.start()
@@ -69,26 +81,39 @@ class KafkaChangelog:
             starts = await consumer.beginning_offsets(tps)
             for tp in tps:
                 consumer.seek(tp, starts[tp])  # explicit: seek_to_beginning can lose to a reset
-                records = self.restored.setdefault(tp.partition, {})
+                db = self.database(tp.partition)
                 while await consumer.position(tp) < ends[tp]:
-                    for m in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                        if m.value is None:
-                            records.pop(m.key or b"", None)
-                        else:
-                            records[m.key or b""] = m.value
+                    got = (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
+                    if got:
+                        db.write([(m.key or b"", m.value) for m in got], got[-1].offset)
         finally:
             await consumer.stop()
+
+    def database(self, partition: int) -> JournalDb:
+        db = self.dbs.get(partition)
+        if db is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            options = rocksdict.Options(raw_mode=True)
+            options.create_if_missing(True)
+            raw = rocksdict.Rdict(str(self.path / f"p{partition}"), options=options)
+            db = self.dbs[partition] = JournalDb.open(raw, b"__offset__")
+        return db
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
         assert self.producer is not None, "the changelog is stopped"
         self.produced += 1
-        ack: Awaitable[Any] = await self.producer.send(
+        ack: asyncio.Future[Any] = await self.producer.send(
             self.topic, value, key=key, partition=partition
         )
+        ack.add_done_callback(lambda f: self._acked(partition, key, value, f))
         return ack
 
-    def stored(self, partition: int) -> Iterable[tuple[bytes, bytes]]:
-        return list(self.restored.get(partition, {}).items())
+    def _acked(self, partition: int, key: bytes, value: bytes | None, ack: Any) -> None:
+        if ack.cancelled() or ack.exception() is not None or partition not in self.dbs:
+            return
+        self.dbs[partition].write([(key, value)], ack.result().offset)
+        if self.kv is not None:
+            self.kv.persisted(partition, [key])
 
     transactional = False
 
@@ -111,6 +136,7 @@ class InPartition:
     async def close(self) -> None:
         await self.kv.close()
         await self.port.stop()
+        self.port.close()
 
     async def get(self, key: str) -> Entry | None:
         with in_partition(self.partition):
@@ -140,9 +166,9 @@ _bootstrap: list[str] = []
 
 async def open_table(path: Path) -> DurableKv:
     topic = "tkv-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    port = KafkaChangelog(_bootstrap[0], topic)
+    port = KafkaChangelog(_bootstrap[0], topic, path / f"journal-{uuid.uuid4().hex}")
     await port.start()
-    kv = TableKv(port, ack_timeout=20.0)
+    kv = port.kv = TableKv(port, ack_timeout=20.0)
     await kv.open()
     await kv.assign(range(PARTITIONS))
     return InPartition(kv, port)
@@ -360,3 +386,32 @@ async def test_receipts_acked_meanwhile_are_recorded_published_by_another_partit
         assert [(s["key"], s["state"], s["published"]) for s in sends] == [
             (f"m{p}:1", "sent", True) for p in range(PARTITIONS)
         ]
+
+
+async def test_memory_holds_what_is_in_flight_and_the_disk_what_is_retained(
+    backend: BackendHandle,
+) -> None:
+    """Acked records live in the partition's RocksDB database: memory keeps the writes in
+    flight and a bounded cache, and the indexes answer from disk."""
+    kv, _ = table_of(backend)
+    kv.cache_size = 10
+    with in_partition(0):
+        for i in range(0, 300, 50):
+            await asyncio.gather(
+                *(
+                    kv.commit([Put(f"s/{n:03}", {"n": n}, expect=0, due=float(n), purge=1e12)])
+                    for n in range(i, i + 50)
+                )
+            )
+        await asyncio.sleep(0)  # the last acks' writes to the database
+        assert kv.in_memory <= 10
+        assert len(await kv.range("due", "s/", 299.0, limit=1000)) == 300
+        assert await kv.range("due", "s/", 4.5) == ["s/000", "s/001", "s/002", "s/003", "s/004"]
+        # a record read from disk, changed: the index follows it
+        assert await kv.commit([Put("s/000", {"n": 0}, expect=1, due=None, purge=5.0)]) == [2]
+        assert (await kv.range("due", "s/", 2.0)) == ["s/001", "s/002"]
+        assert (await kv.range("purge", "s/", 10.0)) == ["s/000"]
+        entry = await kv.get("s/150")
+        assert entry is not None and (entry.value, entry.version) == ({"n": 150}, 1)
+    assert [e.key for e in await kv.scan("s/")][:2] == ["s/000", "s/001"]
+    assert len(await kv.scan("s/")) == 300
