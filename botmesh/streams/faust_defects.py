@@ -228,6 +228,7 @@ __all__ = [
     "keep_changelog_queue",
     "lenient_header_keys",
     "read_committed",
+    "read_committed_into",
     "seek_in_consumer_thread",
     "short_fetch_wait",
     "short_web_stop",
@@ -645,6 +646,35 @@ async def read_committed(
     markers and aborted records are skipped); with ``first_only``, at most the first one
     of each. Raises ``TimeoutError`` when the read does not reach every end in ``within``
     seconds."""
+    found: dict[int, list[Read]] = {p: [] for p in starts}
+
+    def keep(p: int, records: list[Read], end: int | None) -> bool:
+        found[p].extend(records[:1] if first_only else records)
+        return first_only and bool(found[p])
+
+    async with asyncio.timeout(within):
+        await read_committed_into(bootstrap, topic, starts, keep, ends=ends)
+    return found
+
+
+#: ``write(partition, records, end)`` takes a partition's records as they are fetched;
+#: ``end`` is the partition's end offset once they are its last (then maybe none). It
+#: returns True when it wants no more of the partition.
+Take = Callable[[int, list[Read], "int | None"], bool]
+
+
+async def read_committed_into(
+    bootstrap: Brokers,
+    topic: str,
+    starts: dict[int, int],
+    take: Take,
+    *,
+    ends: dict[int, int] | None = None,
+    idle: float | None = None,
+) -> None:
+    """``read_committed`` handing each fetch over to ``take`` as it comes (a restore writes
+    them without holding them all); raises ``TimeoutError`` when a fetch brings nothing
+    for ``idle`` seconds (``None``: no limit here)."""
     consumer = AIOKafkaConsumer(
         **aiokafka_options(bootstrap),
         isolation_level="read_committed",
@@ -654,10 +684,9 @@ async def read_committed(
         # worker's tail) comes back at once rather than after aiokafka's 500 ms
         fetch_max_wait_ms=20,
     )
-    found: dict[int, list[Read]] = {p: [] for p in starts}
     tps = {p: TopicPartition(topic, p) for p in starts}
     try:
-        async with asyncio.timeout(within):
+        async with asyncio.timeout(idle) as clock:
             await consumer.start()
             consumer.assign(list(tps.values()))
             if ends is None:
@@ -665,20 +694,27 @@ async def read_committed(
                 ends = {p: int(last[tp]) for p, tp in tps.items()}
             for p, tp in tps.items():
                 consumer.seek(tp, starts[p])
+            left = dict(tps)
             while True:
-                left = []
-                for p, tp in tps.items():
-                    done = first_only and bool(found[p])
-                    if not done and await consumer.position(tp) < ends[p]:
-                        left.append(tp)
+                for p, tp in list(left.items()):
+                    if await consumer.position(tp) >= ends[p]:
+                        del left[p]
+                        take(p, [], ends[p])
                 if not left:
-                    return found
-                fetched = await consumer.getmany(*left, timeout_ms=200)
+                    return
+                fetched = await consumer.getmany(*left.values(), timeout_ms=200)
                 for tp, messages in fetched.items():
                     p = tp.partition
-                    for m in messages:
-                        if starts[p] <= m.offset < ends[p] and not (first_only and found[p]):
-                            found[p].append((m.key, m.value, int(m.offset)))
+                    got = [
+                        (m.key, m.value, int(m.offset))
+                        for m in messages
+                        if starts[p] <= m.offset < ends[p]
+                    ]
+                    if got and p in left:
+                        if idle is not None:
+                            clock.reschedule(asyncio.get_running_loop().time() + idle)
+                        if take(p, got, None):
+                            del left[p]
     finally:
         await consumer.stop()
 

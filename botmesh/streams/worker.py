@@ -82,6 +82,7 @@ from botmesh.streams.faust_defects import (
     keep_changelog_queue,
     lenient_header_keys,
     read_committed,
+    read_committed_into,
     seek_in_consumer_thread,
     short_fetch_wait,
     short_web_stop,
@@ -253,7 +254,60 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
             dropped = {p for p in kv.owned if p in gone or p not in actives}
             await kv.hand_over(dropped)
             self.forget_transactions(dropped | gone)
+            await self._restore_ahead(actives - kv.owned, generation_id)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+
+    async def _restore_ahead(self, partitions: set[int], generation_id: int) -> None:
+        """Bring the databases of the partitions this worker is given up to their
+        changelog's end before Faust's recovery starts, with a reader of our own that writes
+        each fetch in one batch (Faust's recovery handles a record at a time: about 4,000
+        records/s here; this, tens of thousands). Faust's recovery then starts where this
+        stopped: when the group moves on, or the read fails, it reads the rest itself."""
+        if not partitions:
+            return
+        store: Any = self.data
+        topic = self.changelog_topic_name
+        starts: dict[int, int] = {}
+        for p in partitions:
+            persisted = store.persisted_offset(TP(topic, p))
+            starts[p] = 0 if persisted is None else persisted + 1
+        written = dict.fromkeys(partitions, 0)
+
+        def take(p: int, records: list[tuple[bytes, bytes | None, int]], end: int | None) -> bool:
+            if self.app.consumer_generation_id != generation_id:
+                raise _Moved
+            db = self.database(p)
+            if records:
+                db.write([(key, value) for key, value, _ in records], records[-1][2])
+                written[p] += len(records)
+            if end is not None and end > starts[p]:  # read up to there (markers included)
+                db.write([], end - 1)
+            return False
+
+        t0 = time.monotonic()
+        try:
+            await read_committed_into(
+                bootstrap_of(self.app), topic, starts, take, idle=self.catch_up_s
+            )
+        except _Moved:
+            log.info("journal restore ahead stopped: the group rebalanced again")
+        except Exception as exc:
+            log.warning(
+                "journal partitions %s: restore ahead stopped (%r); Faust's recovery reads "
+                "the rest",
+                sorted(partitions),
+                exc,
+            )
+        total = sum(written.values())
+        if total:
+            took = time.monotonic() - t0
+            log.info(
+                "journal partitions %s: %d changelog records restored in %.1fs (%.0f/s)",
+                sorted(p for p, n in written.items() if n),
+                total,
+                took,
+                total / max(took, 1e-6),
+            )
 
     def assigned_active(self, partition: int) -> bool:
         """The group's current assignment gives this worker the partition (active)."""
@@ -584,6 +638,10 @@ class JournalTable(faust.Table):  # type: ignore[type-arg]
         if self.transactional:
             for p in partitions:
                 _settle(self._sent.pop(p, []), None, "journal partition revoked")
+
+
+class _Moved(Exception):
+    """The group rebalanced again during a restore ahead (``JournalTable._restore_ahead``)."""
 
 
 class _Sent(NamedTuple):

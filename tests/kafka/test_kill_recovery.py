@@ -185,15 +185,20 @@ async def test_deleted_data_dir_is_rebuilt_and_sends_nothing_again(
         assert rocksdb, f"no RocksDB database in {sorted(worker.data_dir.rglob('*'))[:20]}"
         shutil.rmtree(worker.data_dir)
 
+        worker.loglevel = "info"  # to see how its journal came back
         worker.start()
         started = time.monotonic()
         await produce_inbound(kafka_bootstrap, cat.inbound, [*old, *new])
         await tally.until_accounted(recorder, new_ids, worker.check_alive, WAIT_S)
         await wait_caught_up(kafka_bootstrap, cat, worker)
         first = recorder.first_from(worker.pid, calls)
+        # the journal came back through the worker's own reader, in batches (not Faust's
+        # record-at-a-time recovery)
+        restored = [line for line in worker.lines() if "changelog records restored in" in line]
         assert worker.stop() == 0
     finally:
         worker.close()
+    assert restored, "the worker did not restore its journal ahead of Faust's recovery"
 
     again = [c for c in recorder.calls()[calls:] if c.inbound_id in old_ids]
     out = check_effects(recorder, tally, old_ids | new_ids)
