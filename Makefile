@@ -52,7 +52,15 @@ lint: venv ## ruff and mypy --strict
 schemas: venv ## regenerate botmesh/topics/schemas/*.json from the message model (botmesh/state/messages.py)
 	$(BIN)/python -m botmesh.topics.schemas
 
-bench: venv ## benchmarks (ratios against a baseline in the same run)
+bench: venv quix-venv ## benchmarks (ratios against a baseline in the same run)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint schemas bench
+# bench_worker's Quix Streams side runs in its own venv: quixstreams 3.28 needs
+# confluent-kafka < 2.13, botmesh pins 2.16 (without the floor pip picks an unrelated 0.5.7).
+QUIX_VENV := .venv-quix
+
+quix-venv: ## the separate virtualenv (.venv-quix) of bench_worker's Quix Streams side
+	@test -x $(QUIX_VENV)/bin/python || $(PY) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/pip install -q 'quixstreams>=3.28,<3.29'
+
+.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint schemas bench quix-venv

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_worker.py [--quick] [--journal default|file|URL[@LEVEL]]...
                                            [-n N] [--rounds R] [--batch-size 500] [--keep]
+                                           [--no-quix]
     .venv/bin/python bench/bench_worker.py --profile [-n N] [--journal ...]   under cProfile
     .venv/bin/python bench/bench_worker.py --restart-only K [--journal ...]   phase 3 only
 
@@ -14,6 +15,16 @@ one record per input with acks=all, in a child process:
   commit), no decoding, no journal;
 - ``faust/event``: a bare per-event Faust agent with the worker's app settings
   (at_least_once, acks=all): ``async for event in stream.events()``, one send per event;
+- ``quix``: what a user would pick instead of botmesh, a stateful Quix Streams application
+  (``bench/quix_side.py``, in its own venv ``.venv-quix``: ``make quix-venv``; quixstreams
+  cannot share botmesh's confluent-kafka): per record, a stateful filter drops it if its
+  ``id`` is in the Quix State of its key (RocksDB, backed by Quix's changelog topic), else
+  stores the id, and a reply (JSON) is produced; at Quix's defaults: at-least-once, a
+  checkpoint every 5 s (offsets, state and changelog), changelog topics on, the idempotent
+  producer, plus acks=all, and ``auto_offset_reset="earliest"`` like the others. Its
+  changelog is written at the checkpoint, after the replies: the throughput clock stops
+  before most of it, so its CPU is also read after its next checkpoint. Without
+  ``.venv-quix`` the bench stops with an error; ``--no-quix`` skips the side (and the ratio);
 - ``worker``: ``botmesh worker --app botmesh.examples.echo_bot:bot --provider mock --instance-id
 ...``
   (``python -m botmesh``, as a user runs it, at its default log level) on the journal of
@@ -33,12 +44,15 @@ one record per input with acks=all, in a child process:
 Figures (ratios matter: the machine is noisy; every side runs in the same run):
 
 1. throughput, records/s: each side warmed (one record through it), then N records (4N for
-   the aiokafka loop, so that its run is not a blip) produced at once; the clock runs from
-   the first send to the last output record seen. ``--rounds`` rounds, sides interleaved;
-   the median per side and of the per-round ratios worker/aiokafka (target >= 0.5) and
-   worker/faust-event (target >= 3). Per record: CPU of the child and of the broker (when it
-   is the local ``kafka.sh`` one), from /proc, and for a worker the records it wrote to its
-   topics (receipts, changelog) per inbound;
+   the aiokafka loop and quix, so that their runs are not blips) produced at once; the clock
+   runs from the first send to the last output record seen. ``--rounds`` rounds, sides interleaved;
+   the median per side and of the per-round ratios worker/aiokafka (target >= 0.5),
+   worker/faust-event (target >= 3) and worker/quix (an at_least_once worker: target >= 1).
+   Per record: CPU of the child (all its threads: librdkafka's count) and of the broker (when
+   it is the local ``kafka.sh`` one), from /proc, and the records each side wrote to its
+   topics per inbound (a worker: receipts, changelog; quix: replies and its changelog,
+   counted after its next checkpoint, when its CPU is read again, so that the state it
+   writes there is in);
 2. added latency: records paced at half the first worker's median rate, p50/p99/max from the
    send call to the output record (for a worker: the receipt) seen by the bench's consumer,
    every side at the same rate;
@@ -71,6 +85,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import pstats
 import shutil
@@ -102,6 +117,9 @@ from botmesh.topics.records import decode_inbound, decode_receipt  # noqa: E402
 
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 BASELINES = REPO / "bench" / "_worker_baselines.py"
+QUIX_SIDE = REPO / "bench" / "quix_side.py"
+#: The interpreter of the Quix side's own virtualenv (``make quix-venv``).
+QUIX_PYTHON = REPO / ".venv-quix" / "bin" / "python"
 PARTITIONS = 4
 CHATS = 50
 RECORD_BYTES = 200
@@ -109,12 +127,21 @@ PROVIDER_DELAY = 0.05
 START_TIMEOUT = 120.0
 TARGET_VS_AIOKAFKA = 0.5
 TARGET_VS_FAUST = 3.0
+TARGET_VS_QUIX = 1.0
+#: Quix's default ``commit_interval``, s: offsets, state and changelog written so often
+QUIX_CHECKPOINT = 5.0
 TARGET_RESTART = 5.0
 #: ``--journal unjournaled``: the worker on an in-memory journal (refused by the worker
 #: itself; ``bench/_worker_baselines.py unjournaled``), throughput and latency only.
 UNJOURNALED = "unjournaled"
 #: The bot every worker side runs.
 APP = "botmesh.examples.echo_bot:bot"
+#: The baseline sides, by name.
+AIOKAFKA = "aiokafka"
+FAUST_EVENT = "faust/event"
+QUIX = "quix"
+#: Target of worker/baseline, records/s (for quix: an at_least_once worker's).
+TARGETS = {AIOKAFKA: TARGET_VS_AIOKAFKA, FAUST_EVENT: TARGET_VS_FAUST, QUIX: TARGET_VS_QUIX}
 
 
 # -- records --------------------------------------------------------------------------------
@@ -139,6 +166,15 @@ def copied_id(value: bytes | None) -> str:
 
 def receipt_id(value: bytes | None) -> str:
     return decode_receipt(value).inbound_id or ""
+
+
+def reply_id(value: bytes | None) -> str:
+    """The inbound id a Quix side's reply answers (``in_reply_to``), "" if unreadable."""
+    try:
+        rid = json.loads(value or b"null")["in_reply_to"]
+    except (ValueError, TypeError, KeyError):
+        return ""
+    return rid if isinstance(rid, str) else ""
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -291,10 +327,19 @@ class Side:
     log: Path
     decode: Callable[[bytes | None], str]
     env: dict[str, str] | None = None
+    #: a throughput run of this side is ``scale`` times N records (the fast ones: not a blip)
+    scale: int = 1
+    #: prefixes of the topics outside ``cat`` it writes to (Quix: its changelog)
+    also_writes: tuple[str, ...] = ()
+    #: seconds between the checkpoints at which it writes its state after its outputs (Quix);
+    #: 0: its writes are done by its last output
+    checkpoint: float = 0.0
     proc: subprocess.Popen[bytes] | None = None
     tail: Tail | None = None
     rates: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # child CPU s per record
+    cpu_settled: list[float] = field(default_factory=list)  # the same, to after a checkpoint
+    writes: list[float] = field(default_factory=list)  # records written per inbound
     broker_cpu: list[float] = field(default_factory=list)
 
     def alive(self) -> subprocess.Popen[bytes]:
@@ -545,8 +590,9 @@ def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
     return redact(url) + suffix, ["--journal", url, *logs]
 
 
-async def topic_writes(bootstrap: str, cat: Catalog) -> int:
-    """Records on every topic of ``cat`` but its inbound (the sum of the end offsets)."""
+async def topic_writes(bootstrap: str, cat: Catalog, also: Sequence[str] = ()) -> int:
+    """Records on every topic of ``cat`` but its inbound, and on the topics whose names start
+    with one of ``also`` (the sum of the end offsets)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -554,13 +600,75 @@ async def topic_writes(bootstrap: str, cat: Catalog) -> int:
         tps = [
             TopicPartition(topic, p)
             for topic in metadata.topics()
-            if topic.startswith(f"{cat.prefix}.") and topic != cat.inbound
+            if topic.startswith((f"{cat.prefix}.", *also)) and topic != cat.inbound
             for p in metadata.partitions_for_topic(topic) or ()
         ]
         ends = await consumer.end_offsets(tps) if tps else {}
         return int(sum(ends.values()))
     finally:
         await consumer.stop()
+
+
+def quix_version() -> str:
+    """The quixstreams version of ``.venv-quix``; a SystemExit naming ``make quix-venv``."""
+    if not QUIX_PYTHON.exists():
+        raise SystemExit(
+            f"bench_worker: no {QUIX_PYTHON.relative_to(REPO)} for the Quix Streams side: run "
+            "`make quix-venv` (or pass --no-quix to run without it)"
+        )
+    done = subprocess.run(
+        [str(QUIX_PYTHON), str(QUIX_SIDE), "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(
+            f"bench_worker: {QUIX_PYTHON.relative_to(REPO)} cannot import quixstreams (run "
+            f"`make quix-venv`, or pass --no-quix):\n{done.stderr.strip()}"
+        )
+    return done.stdout.strip()
+
+
+def baseline_sides(bootstrap: str, tmp: Path, tag: str, *, quix: bool) -> list[Side]:
+    """The bare baselines (aiokafka, faust/event) and, with ``quix``, the Quix Streams app."""
+    py = sys.executable
+    acat = catalog(f"bwaio{tag}", bootstrap)
+    fcat = catalog(f"bwfev{tag}", bootstrap)
+    fdata = str(tmp / "faust-event")
+    sides = [
+        Side(
+            AIOKAFKA,
+            acat,
+            [py, str(BASELINES), "aiokafka", bootstrap, acat.inbound, acat.sent, acat.group],
+            tmp / "aiokafka.log",
+            copied_id,
+            scale=4,
+        ),
+        Side(
+            FAUST_EVENT,
+            fcat,
+            [py, str(BASELINES), "faust", bootstrap, fcat.inbound, fcat.sent, fcat.app_id, fdata],
+            tmp / "faust-event.log",
+            copied_id,
+        ),
+    ]
+    if quix:
+        qcat = catalog(f"bwqix{tag}", bootstrap)
+        qstate = str(tmp / "quix-state")
+        cmd = [str(QUIX_PYTHON), str(QUIX_SIDE), bootstrap, qcat.inbound, qcat.sent, qcat.group]
+        qside = Side(
+            QUIX,
+            qcat,
+            [*cmd, qstate],
+            tmp / "quix.log",
+            reply_id,
+            scale=4,
+            also_writes=(f"changelog__{qcat.group}--",),  # Quix's changelog topic naming
+            checkpoint=QUIX_CHECKPOINT,
+        )
+        sides.append(qside)
+    return sides
 
 
 async def run_bench(
@@ -571,32 +679,28 @@ async def run_bench(
     *,
     batch: int,
     journals: Sequence[str],
+    quix: str | None,
 ) -> None:
+    """``quix``: the quixstreams version of the Quix side, None to run without it."""
     tag = uuid.uuid4().hex[:6]
-    py = sys.executable
-    acat = catalog(f"bwaio{tag}", bootstrap)
-    fcat = catalog(f"bwfev{tag}", bootstrap)
-    fdata = str(tmp / "faust-event")
-    aio = Side(
-        "aiokafka",
-        acat,
-        [py, str(BASELINES), "aiokafka", bootstrap, acat.inbound, acat.sent, acat.group],
-        tmp / "aiokafka.log",
-        copied_id,
-    )
-    fev = Side(
-        "faust/event",
-        fcat,
-        [py, str(BASELINES), "faust", bootstrap, fcat.inbound, fcat.sent, fcat.app_id, fdata],
-        tmp / "faust-event.log",
-        copied_id,
-    )
+    baselines = [] if plan.restart_only else baseline_sides(bootstrap, tmp, tag, quix=bool(quix))
     workers: list[Side] = []
     data_dirs: dict[str, Path] = {}
     print(
         f"broker {bootstrap}; {PARTITIONS} partitions; records ~{RECORD_BYTES} B JSON over "
         f"{CHATS} chats; N={plan.n}; rounds {plan.rounds}; logs in {tmp}"
     )
+    if quix and not plan.restart_only:
+        print(
+            f"quix: quixstreams {quix} (.venv-quix): dedupe by id in RocksDB state with its "
+            "changelog; at-least-once, checkpoint every 5 s, acks=all (Quix's defaults but acks "
+            "and auto_offset_reset=earliest)"
+        )
+    elif not plan.restart_only:
+        print(
+            "quix: NOT RUN (--no-quix): the worker/quix ratio is not measured in this run",
+            flush=True,
+        )
     for i, spec in enumerate(journals):
         cat = catalog(f"bwwrk{i}{tag}", bootstrap)
         data = tmp / f"worker{i}"
@@ -615,7 +719,7 @@ async def run_bench(
         data_dirs[name] = data
         print(f"{name}: journal {label}; batch {batch}; provider mock (no delay)")
         print(f"  {' '.join(side.cmd[1:])}")
-    sides = [*workers] if plan.restart_only else [aio, fev, *workers]
+    sides = [*baselines, *workers]
     async with Bench(bootstrap, broker_pid) as bench:
         try:
             for k, side in enumerate(sides):
@@ -625,11 +729,11 @@ async def run_bench(
                     f"  {side.name}: started, first record through in {time.monotonic() - t:.1f} s"
                 )
             if not plan.restart_only:
-                med = await throughputs(bench, sides, workers, plan, tag)
+                med = await throughputs(bench, baselines, workers, plan, tag)
                 rate = med[workers[0].name] / 2
                 await latencies(bench, sides, rate, plan, tag)
-                fev.stop()
-                aio.stop()
+                for side in baselines:
+                    side.stop()
             print("\n3. restart to first reply (SIGKILL, same --instance-id, 50 records/s)")
             for side in workers:
                 if BASELINES.name in " ".join(side.cmd):  # unjournaled: forgets at a restart
@@ -685,42 +789,45 @@ async def run_bench(
 
 
 async def throughputs(
-    bench: Bench, sides: Sequence[Side], workers: Sequence[Side], plan: Plan, tag: str
+    bench: Bench, baselines: Sequence[Side], workers: Sequence[Side], plan: Plan, tag: str
 ) -> dict[str, float]:
-    aio, fev = sides[0], sides[1]
+    sides = [*baselines, *workers]
     print(
-        "\n1. throughput, records/s (CPU ms per record: the child, the broker; worker: "
-        "records written per inbound)"
+        "\n1. throughput, records/s (CPU ms per record: the child, the broker; records written "
+        "per inbound; quix: its CPU to after its next checkpoint)"
     )
-    writes: dict[str, list[float]] = {w.name: [] for w in workers}
     for r in range(plan.rounds):
         row = []
         for k, side in enumerate(sides):
-            w0 = await topic_writes(bench.bootstrap, side.cat) if side in workers else 0
-            n = plan.n * (4 if side is aio else 1)  # a long enough run for the fast one
+            w0 = await topic_writes(bench.bootstrap, side.cat, side.also_writes)
+            n = plan.n * side.scale
+            c0 = cpu_seconds(side.alive().pid)
             rate = await bench.throughput(side, n, f"t{r}s{k}{tag}")
+            # the last marks and receipts; a checkpointing side: its next checkpoint
+            await asyncio.sleep(side.checkpoint + 1.0 if side.checkpoint else 0.5)
+            w = (await topic_writes(bench.bootstrap, side.cat, side.also_writes) - w0) / n
+            side.writes.append(w)
             extra = ""
-            if side in workers:
-                await asyncio.sleep(0.5)  # the last marks and receipts
-                w = (await topic_writes(bench.bootstrap, side.cat) - w0) / n
-                writes[side.name].append(w)
-                extra = f", {w:.1f} w"
+            if side.checkpoint:
+                side.cpu_settled.append((cpu_seconds(side.alive().pid) - c0) / n)
+                extra = f"; {side.cpu_settled[-1] * 1e3:.2f}"
             row.append(
                 f"{side.name} {rate:6.0f} ({side.cpu[-1] * 1e3:.2f}, "
-                f"{side.broker_cpu[-1] * 1e3:.2f}{extra})"
+                f"{side.broker_cpu[-1] * 1e3:.2f}, {w:.1f} w{extra})"
             )
         print(f"  round {r + 1}: " + "  ".join(row))
     med = {s.name: statistics.median(s.rates) for s in sides}
     for side in sides:
-        wr = (
-            f"; {statistics.median(writes[side.name]):.1f} records written/inbound"
-            if side in workers
+        settled = (
+            f" ({statistics.median(side.cpu_settled) * 1e3:.2f} to after its next checkpoint)"
+            if side.cpu_settled
             else ""
         )
         print(
             f"  {side.name:<12} median {med[side.name]:7.0f} records/s   CPU "
-            f"{statistics.median(side.cpu) * 1e3:.2f} ms/record, broker "
-            f"{statistics.median(side.broker_cpu) * 1e3:.2f} ms/record{wr}"
+            f"{statistics.median(side.cpu) * 1e3:.2f} ms/record{settled}, broker "
+            f"{statistics.median(side.broker_cpu) * 1e3:.2f} ms/record; "
+            f"{statistics.median(side.writes):.1f} records written/inbound"
         )
     eos = [w for w in workers if is_eos(w)]
     alo = [w for w in workers if not is_eos(w)]
@@ -736,16 +843,17 @@ async def throughputs(
             "beside an at_least_once one)"
         )
     for side in workers:
-        vs_aio = statistics.median(w / a for w, a in zip(side.rates, aio.rates, strict=True))
-        vs_fev = statistics.median(w / f for w, f in zip(side.rates, fev.rates, strict=True))
-        print(
-            f"  {side.name}/aiokafka    {vs_aio:5.2f}  (target >= {TARGET_VS_AIOKAFKA}: "
-            f"{verdict(vs_aio >= TARGET_VS_AIOKAFKA)})"
-        )
-        print(
-            f"  {side.name}/faust-event {vs_fev:5.2f}  (target >= {TARGET_VS_FAUST}: "
-            f"{verdict(vs_fev >= TARGET_VS_FAUST)})"
-        )
+        for base in baselines:
+            ratio = statistics.median(w / b for w, b in zip(side.rates, base.rates, strict=True))
+            label = f"{side.name}/{base.name.replace('/', '-')}"
+            target = TARGETS[base.name]
+            if base.name == QUIX and is_eos(side):
+                judged = "no target: exactly_once against Quix's at-least-once"
+            else:
+                judged = f"target >= {target:g}: {verdict(ratio >= target)}"
+            print(f"  {label:<20} {ratio:5.2f}  ({judged})")
+    if workers and not any(base.name == QUIX for base in baselines):
+        print("  worker/quix: NOT MEASURED (--no-quix)")
     return med
 
 
@@ -761,8 +869,10 @@ async def latencies(bench: Bench, sides: Sequence[Side], rate: float, plan: Plan
             f"  {side.name:<12} p50 {ms(pct(v, 0.5))}  p99 {ms(pct(v, 0.99))}  "
             f"max {ms(max(v))}  ({len(v)} records)"
         )
-    base = lat[sides[0].name]
-    for side in sides[2:]:
+    base = lat[AIOKAFKA]
+    for side in sides:
+        if side.name in (AIOKAFKA, FAUST_EVENT):
+            continue
         v = lat[side.name]
         print(
             f"  {side.name} minus aiokafka: p50 {ms(pct(v, 0.5) - pct(base, 0.5))}  "
@@ -908,6 +1018,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the logs and data dirs")
     parser.add_argument(
+        "--no-quix",
+        action="store_true",
+        help="run without the Quix Streams side (no .venv-quix needed; no worker/quix ratio)",
+    )
+    parser.add_argument(
         "--slow-chats",
         help="chat counts of the 50 ms provider runs (quick: 50; else 1,10,50,500)",
     )
@@ -925,6 +1040,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.slow_chats:
         chats = tuple(int(c) for c in args.slow_chats.split(","))
         plan = dataclasses.replace(plan, slow_chats=chats)
+    quix = None
+    if not (args.profile or args.restart_only or args.no_quix):
+        quix = quix_version()  # before the broker: exits naming `make quix-venv` if missing
     bootstrap, started, broker_pid = broker()
     tmp = Path(tempfile.mkdtemp(prefix="bench-worker-"))
     t0 = time.monotonic()
@@ -933,7 +1051,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         job = run_profile(bootstrap, tmp, plan.n, batch=args.batch_size, journal=journals[0])
     else:
-        job = run_bench(bootstrap, broker_pid, tmp, plan, batch=args.batch_size, journals=journals)
+        job = run_bench(
+            bootstrap, broker_pid, tmp, plan, batch=args.batch_size, journals=journals, quix=quix
+        )
     try:
         asyncio.run(job)
         if not args.keep:
