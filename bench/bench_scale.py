@@ -137,6 +137,7 @@ class Start:
     recovered: float | None = None  # the last "journal partition %d recovered"
     records: dict[int, int] = field(default_factory=dict)  # loaded, per partition
     ahead: int = 0  # records the worker restored itself, ahead of Faust's recovery
+    ahead_s: float = 0.0  # the time it took (the worker's own figure)
     ahead_done: float | None = None
     idle_pct: float = float("nan")
     rate: float = float("nan")
@@ -179,6 +180,7 @@ def read_log(log: Path, start: Start, *, offset: int, pid: int, wall0: float, un
             start.records[int(loaded.group(1))] = int(loaded.group(2) or 0)
         elif (ahead := _AHEAD.search(msg)) is not None:
             start.ahead += int(ahead.group(1))
+            start.ahead_s += float(ahead.group(2))
             start.ahead_done = t
         elif "recovered (" in msg and msg.startswith("journal partition"):
             start.recovered = t
@@ -648,11 +650,17 @@ async def run(bootstrap: str, broker_pid: int | None, tmp: Path, plan: Plan) -> 
                 if fresh.restore_done is not None and fresh.restore_from is not None
                 else None
             )
-            faust = f"{held / window:.0f} records/s" if window else "-"
+            if fresh.ahead:  # the worker's own reader did (nearly) all of it
+                faust = (
+                    f"the worker's reader {fresh.ahead} records at "
+                    f"{fresh.ahead / max(fresh.ahead_s, 1e-3):.0f} records/s"
+                )
+            else:
+                faust = f"Faust's read alone {held / window:.0f} records/s" if window else "-"
             print(
                 f"4. restore (SIGKILL, empty data dir, same instance id; {held} changelog "
                 f"records): first reply {fresh.first_reply:.1f} s\n   ({fresh.phases()}); "
-                f"{rate:.0f} records/s to the journal loaded (Faust's read alone: {faust}); RSS "
+                f"{rate:.0f} records/s to the journal loaded ({faust}); RSS "
                 f"{fresh.rss:.0f} MiB (peak {fresh.peak:.0f})"
             )
             rows = [
