@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable
 
 import asyncpg
@@ -71,15 +72,21 @@ async def test_one_table_with_real_indexes_created_idempotently(url: str) -> Non
 async def test_an_idle_connection_dropped_by_the_server_is_reported_and_replaced(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kv = await open_postgres_kv(url, table_prefix="drop_", max_connections=2)
+    # its own application name (asyncpg passes the URL's other parameters as server
+    # settings): only its connections are dropped, not those of tests running beside it
+    name = f"botmesh-drop-{uuid.uuid4().hex[:8]}"
+    separator = "&" if "?" in url else "?"
+    kv = await open_postgres_kv(
+        f"{url}{separator}application_name={name}", table_prefix="drop_", max_connections=2
+    )
     await kv.commit([Put("s/a", {"n": 1}, expect=0)])
     admin = await asyncpg.connect(url)
     try:
         with caplog.at_level(logging.ERROR, logger="botmesh.state.postgres"):
             killed = await admin.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE pid <> pg_backend_pid() AND datname = current_database() "
-                "AND state = 'idle' AND usename = current_user"
+                "WHERE pid <> pg_backend_pid() AND application_name = $1 AND state = 'idle'",
+                name,
             )
             assert killed >= 1
             await _until(lambda: any("closed a connection" in r.message for r in caplog.records))
