@@ -128,6 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("BOTMESH_REPLICATION", "1", "replication factor of the topics it creates"),
     _s("BOTMESH_BATCH_SIZE", "500", "records per processing batch"),
     _s(
+        "BOTMESH_IN_FLIGHT",
+        "1000",
+        "records taken and not yet settled, over every batch; beyond, the worker takes no "
+        "more (its fetch pauses) until some settle",
+    ),
+    _s(
         "BOTMESH_SESSION_TIMEOUT",
         "30",
         "seconds the group waits for a silent member before giving its partitions to others",

@@ -145,6 +145,9 @@ class WorkerConfig:
     batch_size: int = 500
     #: Seconds a batch waits for more records before it runs (Faust ``take_events``).
     batch_within: float = 0.05
+    #: ``BOTMESH_IN_FLIGHT`` (1000): records taken and not yet settled, over every batch
+    #: running; beyond, the worker takes no more until some settle.
+    in_flight: int = 1000
     #: ``BOTMESH_SESSION_TIMEOUT`` (30 s): how long the group waits for a silent member
     #: (a killed worker without a static id) before it gives its partitions to others.
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
@@ -216,6 +219,7 @@ class WorkerConfig:
             partitions=_int_env(env, "BOTMESH_PARTITIONS", DEFAULT_PARTITIONS) or 1,
             replication=_int_env(env, "BOTMESH_REPLICATION", 1) or 1,
             batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,
+            in_flight=_int_env(env, "BOTMESH_IN_FLIGHT", 1000) or 1,
             session_timeout=_float_env(env, "BOTMESH_SESSION_TIMEOUT", DEFAULT_SESSION_TIMEOUT),
             metrics_interval=_float_env(env, "BOTMESH_METRICS_INTERVAL", 10.0),
             stop_timeout=_float_env(env, "BOTMESH_STOP_TIMEOUT", 30.0),

@@ -18,9 +18,11 @@ agent in this process; and the commit of a partition   the acked offsets, and se
 skips a hole of exactly one offset at the head of the  partition back to the hole once, so
 acked offsets (``Consumer._new_offset`` checks         the skipped records are delivered
 ``min(acked) - committed > 1`` where ``committed`` is  again (the journal answers the rest
-already the next offset; a committed 0 is not checked  as duplicates)
-at all), so a record that never reached the agent is
-committed past and lost.
+already the next offset; a committed 0 is not checked  as duplicates); a hole at a record
+at all), so a record that never reached the agent is   the agent has and has not acked
+committed past and lost.                               (``in_flight``: the worker settles
+                                                       batches side by side) only holds
+                                                       the commit
 A seek back drops what it should redeliver: Faust's    ``ReadOffsets`` (installed with the
 drain loop hands over the records it fetched before    guard): the read offset reads as the
 the seek and each moves its read offset past the       hole until the records fetched again
@@ -235,6 +237,7 @@ __all__ = [
     "fresh_highwaters",
     "guard_commit_holes",
     "held_commit",
+    "in_flight",
     "keep_changelog_queue",
     "lenient_header_keys",
     "read_committed",
@@ -268,11 +271,19 @@ def held_commit(consumer: Any, tp: Any) -> bool:
 _warned: set[tuple[Any, int]] = set()
 
 
+def in_flight(consumer: Any, tp: Any, offset: int) -> bool:
+    """The record at ``offset`` of ``tp`` reached the agent and is not acked yet (the
+    worker settles batches side by side: a commit waits for it, nothing was skipped)."""
+    return any(m.offset == offset and m.tp == tp for m in list(consumer._unacked_messages))
+
+
 def _new_offset(self: Any, tp: Any) -> int | None:
     if tp in getattr(self, "gap_checks", ()):
         return None  # a gap being checked: the commit waits at it (see ``_add_gap``)
     if held_commit(self, tp):
         committed = self._committed_offset[tp]
+        if in_flight(self, tp, committed):
+            return None  # being settled: the commit waits for it
         if (tp, committed) not in _warned:
             _warned.add((tp, committed))
             log.warning(

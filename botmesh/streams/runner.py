@@ -108,17 +108,19 @@ never a sort of one partition: clock skew between producers changes only how the
 sequences interleave). Records of different batches are settled batch after batch.
 
 **How far a failing chat blocks others.** The records of one chat run one after the other,
-in offset order; the chats of a batch run concurrently. A record that waits for a retry
-holds up only the later records of its own chat *within the batch*: every other chat of the
-batch is handled meanwhile. The *next* batch waits until this one is settled (at most the
-inbox budget of the failing chat's records). Holding acks across batches, so later batches
-could go on past a failing record, is not done on purpose: Faust acks a ``take_events``
-batch as a whole, and its commit skips a hole of exactly one offset at the head of the
-acked offsets (``Consumer._new_offset``), so a record left unacked behind acked ones could
-be committed past, and lost at the next crash. A batch that keeps retrying for longer than
-``batch_deadline`` (default 600 s, under Faust's 1000 s max poll interval), or is still
-retrying when the worker stops, is abandoned: :class:`BatchAbandoned`, nothing acked, the
-broker redelivers it and the journal answers what was already settled as duplicates.
+in offset order; the chats of a batch run concurrently. Batches may run side by side (the
+worker starts each as it is taken: ``botmesh.streams.worker.Pipeline``): a chat's records
+wait for its records of the batches handed over before, nothing else does. So a record
+that waits for a retry, or a provider that hangs, holds up only the later records of its
+own chat; the caller acks a batch once ``run_batch`` returned, and the worker's commit
+stays before its lowest record not settled (``botmesh.streams.faust_defects``: the guard
+holds the commit at a record in flight). ``unsettled`` counts the records handed over and
+not settled, over every batch (the worker takes no more beyond its in-flight limit). A
+batch that keeps retrying for longer than ``batch_deadline`` (default 600 s, under Faust's
+1000 s max poll interval), or is still retrying when the worker stops, is abandoned:
+:class:`BatchAbandoned`, nothing acked, the broker redelivers it and the journal answers
+what was already settled as duplicates. Each batch waits for its own dead letters and
+action results to be acked (they are tracked per batch).
 
 Receipts: the runtime publishes every settled send through :class:`KafkaReceipts` (a
 ``botmesh.state.receipts.ReceiptSink``); at the end of each batch the runner waits for the broker's
@@ -137,7 +139,8 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
@@ -397,6 +400,20 @@ def cut_letter(
     return key, value[: max(room, 0)], headers
 
 
+@dataclass(slots=True)
+class _Acks:
+    """What a batch produced that the broker must ack before the batch is: dead letters
+    (with what to cut if one is refused as too large) and operator actions' results."""
+
+    letters: dict[Awaitable[Any], _Letter] = field(default_factory=dict)
+    results: set[Awaitable[Any]] = field(default_factory=set)
+
+
+#: The acks of the batch the current task works for (``run_batch`` sets it): batches run
+#: side by side, and each waits for its own.
+_BATCH_ACKS: ContextVar[_Acks | None] = ContextVar("botmesh_batch_acks", default=None)
+
+
 class InboundRunner:
     """Settles batches of inbound records through ``runtime.handle``, and of send requests
     through ``runtime.send`` (see the module doc).
@@ -438,9 +455,16 @@ class InboundRunner:
         self.ack_timeout = ack_timeout
         self.batch_deadline = batch_deadline
         self._rng = rng or random.Random()
-        #: Dead letters produced and not acked yet, with what to cut if the broker refuses
-        #: one as too large.
-        self._pending: dict[Awaitable[Any], _Letter] = {}
+        #: Dead letters and results produced outside a batch (``dead_letter`` called
+        #: directly), not acked yet.
+        self._unbatched = _Acks()
+        #: The chats whose records are being settled, each with what its next records wait
+        #: for: the end of its records of the batches before (``run_batch``).
+        self._chains: dict[str, asyncio.Future[None]] = {}
+        #: Records handed to ``run_batch`` and not settled yet (over every batch running).
+        self.unsettled = 0
+        #: Set whenever a record is settled (``unsettled`` went down).
+        self.settled = asyncio.Event()
         self.stopping = asyncio.Event()
         self._sleep = sleep or self._sleep_unless_stopping
         #: How many records ended with each outcome (``Outcome`` values).
@@ -454,15 +478,27 @@ class InboundRunner:
         self.retried = 0
         #: Operator actions carried out, by outcome (``done``, ``refused``, ``failed``).
         self.actions: Counter[str] = Counter()
-        #: Results of operator actions produced and not acked yet.
-        self._results: set[Awaitable[Any]] = set()
         #: Dead letters that went out cut (``truncated`` = ``true``), each counted once.
         self.cut = 0
 
     # -- one batch ------------------------------------------------------------------------
 
     async def run_batch(self, records: Sequence[RawRecord]) -> None:
-        """Settle every record of ``records``; return only when all are (then ack them)."""
+        """Settle every record of ``records``; return only when all are (then ack them).
+        Batches may run side by side: a chat's records wait for its records of the batches
+        handed over before (in the order ``run_batch`` was called), nothing else does."""
+        self.unsettled += len(records)
+        token = _BATCH_ACKS.set(_Acks())
+        try:
+            await self._run_batch(records)
+        finally:
+            _BATCH_ACKS.reset(token)
+
+    def _settled(self, n: int = 1) -> None:
+        self.unsettled -= n
+        self.settled.set()
+
+    async def _run_batch(self, records: Sequence[RawRecord]) -> None:
         deadline = time.monotonic() + self.batch_deadline
         chats: dict[str, list[Item]] = {}
         mixed: set[str] = set()  # chats with requests: their records are merged by time
@@ -482,21 +518,30 @@ class InboundRunner:
                         item = msgspec.structs.replace(item, id=raw.where)
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad)
+                self._settled()
                 continue
             except Exception as exc:  # the decoder failed on it: the same record fails again
                 detail = f"decoding the record raised {type(exc).__name__}: {exc}"
                 await self.dead_letter(raw, Reason.HANDLE_FAILED, detail, error=exc)
+                self._settled()
                 continue
             chats.setdefault(item.chat_id, []).append((raw, item))
         for chat in mixed:
             chats[chat] = in_time_order(chats[chat])
-        if len(chats) == 1:
-            await self._run_chat(next(iter(chats.values())), deadline)
-        elif chats:
+        # each chat after its records of the batches before (taken now, in call order)
+        loop = asyncio.get_running_loop()
+        chains = []
+        for chat, items in chats.items():
+            done: asyncio.Future[None] = loop.create_future()
+            chains.append((chat, items, self._chains.get(chat), done))
+            self._chains[chat] = done
+        if len(chains) == 1:
+            await self._run_chain(*chains[0], deadline)
+        elif chains:
             try:
                 async with asyncio.TaskGroup() as group:
-                    for items in chats.values():
-                        group.create_task(self._run_chat(items, deadline))
+                    for chain in chains:
+                        group.create_task(self._run_chain(*chain, deadline))
             except BaseExceptionGroup as failed:
                 raise failed.exceptions[0] from None
         await self.drain()
@@ -504,6 +549,25 @@ class InboundRunner:
             await asyncio.wait_for(self.runtime.flush_receipts(), self.ack_timeout)
         except Exception as exc:  # they stay unpublished in the journal: published again
             log.warning("receipts not recorded as published yet (%s: %s)", type(exc).__name__, exc)
+
+    async def _run_chain(
+        self,
+        chat: str,
+        items: list[Item],
+        before: asyncio.Future[None] | None,
+        done: asyncio.Future[None],
+        deadline: float,
+    ) -> None:
+        """A chat's records of one batch, once its records of the batches before settled."""
+        try:
+            if before is not None:
+                await asyncio.shield(before)
+            await self._run_chat(items, deadline)
+        finally:
+            if not done.done():
+                done.set_result(None)
+            if self._chains.get(chat) is done:
+                del self._chains[chat]
 
     async def _run_chat(self, items: list[Item], deadline: float) -> None:
         for raw, item in items:
@@ -514,6 +578,7 @@ class InboundRunner:
                     await self._settle_request(raw, item, deadline)
                 else:
                     await self._settle_control(raw, item, deadline)
+            self._settled()
 
     async def _settle(self, raw: RawRecord, message: Inbound, deadline: float) -> None:
         handle, where = self.runtime.handle, raw.where
@@ -566,7 +631,7 @@ class InboundRunner:
             )
         except Exception as exc:
             raise BatchAbandoned(f"cannot produce the result of {request.id!r}: {exc}") from exc
-        self._results.add(ack)
+        self._acks().results.add(ack)
 
     async def _act(self, request: ControlRequest) -> ControlResult:
         """Carry out one action; a refusal is a result, the journal's errors are raised."""
@@ -794,7 +859,7 @@ class InboundRunner:
             if budget is not None and not letter.counted:
                 self.cut += 1
                 letter = dataclasses.replace(letter, counted=True)
-            self._pending[ack] = letter
+            self._acks().letters[ack] = letter
             return
 
     def _cut_to(self) -> int:
@@ -819,18 +884,22 @@ class InboundRunner:
         )
         return dataclasses.replace(letter, budget=smaller)
 
+    def _acks(self) -> _Acks:
+        return _BATCH_ACKS.get() or self._unbatched
+
     async def drain(self) -> None:
-        """Wait until every dead letter and action result produced so far is acked by the
-        broker (a dead letter it refused as too large is produced again, cut smaller, and
-        waited for too)."""
-        if self._results:
-            acks, self._results = self._results, set()
+        """Wait until every dead letter and action result the current batch produced so far
+        (outside a batch: produced outside any) is acked by the broker (a dead letter it
+        refused as too large is produced again, cut smaller, and waited for too)."""
+        mine = self._acks()
+        if mine.results:
+            acks, mine.results = mine.results, set()
             try:
                 await asyncio.wait_for(asyncio.gather(*acks), self.ack_timeout)
             except Exception as exc:
                 raise BatchAbandoned(f"an action's result was not acked: {exc}") from exc
-        while self._pending:
-            batch, self._pending = self._pending, {}
+        while mine.letters:
+            batch, mine.letters = mine.letters, {}
             try:
                 results = await asyncio.wait_for(
                     asyncio.gather(*batch, return_exceptions=True), self.ack_timeout

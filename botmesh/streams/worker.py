@@ -131,6 +131,7 @@ class _BotApp(faust.App):
 
     botmesh_runtime: RuntimeLike | None = None
     botmesh_runner: InboundRunner | None = None
+    botmesh_pipeline: Pipeline | None = None
     botmesh_tiers: RetryTiers | None = None
     botmesh_about = ""
     #: publishes the counters once more at a clean stop (``build_app``)
@@ -181,6 +182,8 @@ class _BotApp(faust.App):
             await self.botmesh_tiers.stop()
         if self.botmesh_runner is not None:
             self.botmesh_runner.stopping.set()
+        if self.botmesh_pipeline is not None:  # settled and acked while the consumer runs
+            await self.botmesh_pipeline.join()
         await super().on_stop()  # stops the consumer, waiting for the batch in progress
         if self.botmesh_last_metrics is not None:
             await self.botmesh_last_metrics()
@@ -657,6 +660,67 @@ JOURNAL_ROCKSDB: Mapping[str, int] = {
 }
 
 
+class Pipeline:
+    """The batches of the inbound agent, settled side by side so that no chat waits for
+    another: each batch Faust's ``take_events`` hands over is started at once
+    (``InboundRunner.run_batch``: a chat's records wait for its records of the batches
+    before, nothing else does), and its records are acked once it settled. Each message
+    gets one more reference before ``take_events`` acks it, so that ack is not the last and
+    only ours marks it done: Faust commits a partition up to its lowest record not settled
+    (``faust_defects.guard_commit_holes`` holds the commit at a record in flight). At most
+    ``limit`` records are taken and not settled: beyond, the agent waits, Faust's buffers
+    fill and it pauses fetching. A batch that cannot be settled ends the process without
+    acking it, as before."""
+
+    def __init__(self, runner: InboundRunner, consumer: Callable[[], Any], limit: int) -> None:
+        self.runner = runner
+        self._consumer = consumer
+        self.limit = max(limit, 1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def running(self) -> int:
+        """Batches started and not settled."""
+        return len(self._tasks)
+
+    async def submit(self, events: Sequence[Any]) -> None:
+        messages = [ev.message for ev in events]
+        for message in messages:  # first: the ack ending ``take_events`` is not the last
+            message.incref()
+        runner = self.runner
+        while (
+            not runner.stopping.is_set()
+            and runner.unsettled
+            and runner.unsettled + len(messages) > self.limit
+        ):
+            runner.settled.clear()
+            await runner.settled.wait()
+        if runner.stopping.is_set():
+            return  # not started, never acked: read again at the next start
+        records = [_raw_record(message) for message in messages]
+        task = asyncio.get_running_loop().create_task(self._run(records, messages))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, records: list[RawRecord], messages: list[Any]) -> None:
+        try:
+            await self.runner.run_batch(records)
+        except BatchAbandoned as exc:
+            _exit_hard(str(exc), EXIT_ABANDONED)
+        except asyncio.CancelledError:
+            _exit_hard("cancelled in the middle of a batch", EXIT_SOFTWARE)
+        except BaseException as exc:  # acked, it would be committed unsettled
+            _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_SOFTWARE)
+        consumer = self._consumer()
+        for message in messages:
+            message.ack(consumer)
+
+    async def join(self) -> None:
+        """Wait for every batch started to be settled and acked."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+
 class _Moved(Exception):
     """A restore ahead gives the rest to Faust (``JournalTable.restore_ahead``)."""
 
@@ -939,17 +1003,11 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         rebalancing=lambda: bool(app.rebalancing),
     )
 
+    pipeline = app.botmesh_pipeline = Pipeline(runner, lambda: app.consumer, config.in_flight)
+
     async def process(stream: Any) -> None:
         async for events in stream.take_events(config.batch_size, within=config.batch_within):
-            records = [_raw_record(ev.message) for ev in events]
-            try:
-                await runner.run_batch(records)
-            except BatchAbandoned as exc:
-                _exit_hard(str(exc), EXIT_ABANDONED)
-            except asyncio.CancelledError:
-                _exit_hard("cancelled in the middle of a batch", EXIT_SOFTWARE)
-            except BaseException as exc:  # Faust would ack and commit the batch
-                _exit_hard(f"{type(exc).__name__}: {exc}", EXIT_SOFTWARE)
+            await pipeline.submit(events)
 
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
     _publish_metrics(app, runtime, cat.metrics, config)

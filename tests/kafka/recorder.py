@@ -149,6 +149,11 @@ class Recorder:
         self._script: dict[str, collections.deque[tuple[int, float | None]]] = {}
         self._refused: set[str] = set()
         self._refusals: list[Refusal] = []
+        #: chat id -> (seconds, sends left to hold): see ``hold``
+        self._holds: dict[str, list[float]] = {}
+        self._released = threading.Event()
+        #: (chat id, time.monotonic() the hold began, when it ended) of each held send
+        self.held: list[tuple[str, float, float]] = []
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -170,6 +175,7 @@ class Recorder:
                     self._answer(status, error, retry_after)
                     return
                 call = recorder._add(chat_id, text, key, pid)
+                recorder._maybe_hold(chat_id)
                 self._answer(200, {"message_id": call.message_id})
 
             def do_GET(self) -> None:
@@ -204,6 +210,31 @@ class Recorder:
         """Answer the next sends of ``text`` with these (status, Retry-After), then 200."""
         with self._lock:
             self._script.setdefault(text, collections.deque()).extend(answers)
+
+    def hold(self, chat_id: str, seconds: float, sends: int = 1) -> None:
+        """The next ``sends`` sends to ``chat_id`` are recorded when they arrive (the
+        message is delivered) but answered only ``seconds`` later, as a channel's API that
+        hangs: the provider call of that chat waits meanwhile. ``release`` answers at once."""
+        with self._lock:
+            self._holds[chat_id] = [seconds, sends]
+
+    def release(self) -> None:
+        """Answer every held send now (and hold no more)."""
+        with self._lock:
+            self._holds.clear()
+        self._released.set()
+
+    def _maybe_hold(self, chat_id: str) -> None:
+        with self._lock:
+            hold = self._holds.get(chat_id)
+            if hold is None or hold[1] <= 0:
+                return
+            hold[1] -= 1
+            seconds = hold[0]
+        began = time.monotonic()
+        self._released.wait(seconds)
+        with self._lock:
+            self.held.append((chat_id, began, time.monotonic()))
 
     def refuse(self, text: str) -> None:
         """Answer 400 to every send of ``text`` (a final refusal) until :meth:`allow`."""
@@ -248,6 +279,7 @@ class Recorder:
         return self
 
     def close(self) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)

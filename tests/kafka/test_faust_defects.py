@@ -4,6 +4,7 @@ and met by botmesh's workaround (no broker needed: the consumer is never started
 from __future__ import annotations
 
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -31,6 +32,7 @@ def consumer() -> Any:
     c._acked_index = defaultdict(set)
     c._committed_offset = defaultdict(lambda: None)
     c._gap = defaultdict(IntervalTree)
+    c._unacked_messages = set()
     return c
 
 
@@ -52,6 +54,21 @@ def test_faust_commits_past_a_hole_of_one_offset_and_the_guard_holds_the_commit(
     assert consumer._new_offset(TPX) is None  # held: the next start redelivers 7651
     acked(consumer, 7651, [7651, 7652, 7653])
     assert consumer._new_offset(TPX) == 7654  # no hole: committed as Faust would
+
+
+def test_a_hole_at_a_record_still_being_settled_holds_the_commit_without_a_seek(
+    consumer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker settles batches side by side: the records after a slow one are acked
+    first. The commit stays before the slow one, and nothing is read again."""
+    guard_commit_holes()
+    acked(consumer, 500, [501, 502, 503])
+    consumer._unacked_messages = [SimpleNamespace(tp=TPX, offset=500)]
+    assert consumer._new_offset(TPX) is None
+    assert "was never handed to the agent" not in caplog.text
+    consumer._unacked_messages = set()  # settled and acked
+    acked(consumer, 500, [500, 501, 502, 503])
+    assert consumer._new_offset(TPX) == 504
 
 
 def test_a_committed_offset_of_zero_is_not_checked_by_faust_and_is_by_the_guard(
@@ -141,7 +158,6 @@ async def test_faust_takes_the_end_of_an_eos_restore_from_a_cache_the_worker_ask
     fetched the partition: a worker given back a partition it held then crashed
     (``ConsistencyError``: persisted offset > highwater -1). ``fresh_highwaters`` asks the
     broker."""
-    from types import SimpleNamespace
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
