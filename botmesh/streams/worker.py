@@ -688,16 +688,17 @@ class Pipeline:
         for message in messages:  # first: the ack ending ``take_events`` is not the last
             message.incref()
         runner = self.runner
-        while (
-            not runner.stopping.is_set()
-            and runner.unsettled
-            and runner.unsettled + len(messages) > self.limit
-        ):
-            runner.settled.clear()
-            await runner.settled.wait()
-        if runner.stopping.is_set():
-            return  # not started, never acked: read again at the next start
-        records = [_raw_record(message) for message in messages]
+        try:
+            while runner.unsettled and runner.unsettled + len(messages) > self.limit:
+                runner.settled.clear()
+                await runner.settled.wait()
+        finally:
+            # started whatever happens, even when the worker stops (the agent cancelled
+            # here): Faust's consumer waits for every message it handed over to be acked
+            # before it stops; a stop cuts only retry waits short
+            self._start([_raw_record(message) for message in messages], messages)
+
+    def _start(self, records: list[RawRecord], messages: list[Any]) -> None:
         task = asyncio.get_running_loop().create_task(self._run(records, messages))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
