@@ -62,12 +62,12 @@ Figures (ratios matter: the machine is noisy; every side runs in the same run):
    check that every trickled record got its receipt. A worker on the journal on Kafka is
    also restarted once on an empty data dir (its journal restored from the changelog);
 4. a 50 ms provider (``bench._worker_baselines:slow_provider``): throughput against in-flight
-   limit / latency, for a few chat counts. The worker's in-flight limit: a batch
-   (``--batch-size``, ``BOTMESH_BATCH_SIZE``) runs its chats concurrently and each chat's
-   records one after the other, and the next batch waits for the whole batch, so at most
-   min(batch size, chats in the batch) sends are in flight; a ratio under 1 means each slot
-   is held longer than the provider call (journal writes, batch boundaries), and the time a
-   chat's record took is printed.
+   limit / latency, for a few chat counts. The worker's in-flight limit: its batches run
+   side by side, their chats concurrently and each chat's records one after the other, with
+   at most ``BOTMESH_IN_FLIGHT`` (1,000) records taken and not settled, so at most
+   min(1,000, chats) sends are in flight; a ratio under 1 means each slot is held longer
+   than the provider call (journal writes, batch boundaries), and the time a chat's record
+   took is printed.
 
 ``--profile`` runs only a worker, in-process under ``cProfile`` (``bench/_worker_baselines.py
 profile``), for N records, and prints where the time goes: by package, and the top functions
@@ -124,6 +124,8 @@ PARTITIONS = 4
 CHATS = 50
 RECORD_BYTES = 200
 PROVIDER_DELAY = 0.05
+#: The worker's default ``BOTMESH_IN_FLIGHT``: records taken and not settled at most.
+IN_FLIGHT = 1000
 START_TIMEOUT = 120.0
 TARGET_VS_AIOKAFKA = 0.5
 TARGET_VS_FAUST = 3.0
@@ -532,9 +534,14 @@ class Plan:
     restart_only: bool = False
 
 
-QUICK = Plan(n=4000, rounds=1, latency_s=6.0, restarts=1, slow_chats=(50,), slow_seconds=3.0)
+QUICK = Plan(n=4000, rounds=1, latency_s=6.0, restarts=1, slow_chats=(50, 200), slow_seconds=3.0)
 FULL = Plan(
-    n=15000, rounds=3, latency_s=15.0, restarts=2, slow_chats=(1, 10, 50, 500), slow_seconds=5.0
+    n=15000,
+    rounds=3,
+    latency_s=15.0,
+    restarts=2,
+    slow_chats=(1, 10, 50, 200, 500),
+    slow_seconds=5.0,
 )
 
 
@@ -763,8 +770,8 @@ async def run_bench(
                 return
             print(
                 f"\n4. provider latency {PROVIDER_DELAY * 1e3:.0f} ms (in-flight limit = min("
-                f"batch {batch}, chats in a batch): a batch runs its chats concurrently, each "
-                "chat's records one after the other, and the next batch waits for the whole batch)"
+                f"BOTMESH_IN_FLIGHT {IN_FLIGHT}, chats): batches run side by side, their chats "
+                "concurrently, each chat's records one after the other)"
             )
             for i, (spec, side) in enumerate(zip(journals, workers, strict=True)):
                 if spec == UNJOURNALED:
@@ -909,7 +916,7 @@ async def slow_provider(
     try:
         await bench.start(side, f"warmslo{tag}")
         for chats in plan.slow_chats:
-            limit = min(batch, chats)
+            limit = min(IN_FLIGHT, chats)
             bound = limit / PROVIDER_DELAY
             expect = min(bound, top)
             n = int(min(max(expect * plan.slow_seconds, 10 * limit, 100), 6000))

@@ -158,6 +158,36 @@ async def test_a_failing_chat_retries_while_the_other_chats_of_the_batch_are_han
     assert produced.dead() == []
 
 
+async def test_batches_run_side_by_side_and_a_chat_keeps_its_order_across_them() -> None:
+    """The worker starts each batch as it is taken: a later batch's chats are handled while
+    an earlier batch waits on one chat, whose later records wait for it (in the order the
+    batches were handed over); each batch returns (is acked) once its own records settled."""
+    seen = Seen()
+    kv = crashable(MemoryKv())
+    produced, waits = Produced(), Waits()
+    waits.go.clear()  # A1 waits for its retry until we say so
+    async with make_bot(seen).bind(MockProvider(), kv, instance_id="w") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=waits)
+        kv.fail(Write.INBOX_JOURNAL, times=1)  # A1's journal write fails once
+        first = asyncio.ensure_future(runner.run_batch([record(0, "A", "A1")]))
+        await waits.entered.wait()
+        second = asyncio.ensure_future(
+            runner.run_batch([record(1, "B", "B1"), record(2, "A", "A2"), record(3, "C", "C1")])
+        )
+        third = asyncio.ensure_future(runner.run_batch([record(4, "B", "B2")]))
+        await third  # settled, and so acked, while the first batch still waits
+        await seen.reach(3)
+        assert sorted(seen) == ["B1", "B2", "C1"]  # A2 waits for A1, in the batch before
+        assert not first.done() and not second.done()
+        assert runner.unsettled == 2  # A1 and A2
+        waits.go.set()
+        await asyncio.gather(first, second)
+    assert seen.index("A1") < seen.index("A2")
+    assert seen.index("B1") < seen.index("B2")
+    assert runner.unsettled == 0
+    assert runner.outcomes == {Outcome.HANDLED: 5}
+
+
 async def test_a_record_is_not_acked_before_it_has_an_outcome() -> None:
     """A batch with a record the journal refuses does not return (is not acked) until the
     record was handled on a later attempt; the handlers ran once."""
