@@ -855,3 +855,52 @@ async def test_records_the_decoder_chokes_on_go_to_the_dlq_and_the_chat_goes_on(
     assert (second["reason"], second["error.class"]) == ("handle-failed", "MemoryError")
     assert "decoding the record raised MemoryError" in second["detail"]
     assert [r[2] for r in produced.records if r[0] == "dlq"] == [deep, b"{choke}"]
+
+
+def _message(offset: int, chat: str, mid: str) -> Any:
+    """Faust's own message of an inbound record, as the agent's batch holds it, with the
+    one reference its stream holds."""
+    from faust.types.tuples import Message
+
+    value = encode_inbound(Inbound(id=mid, chat_id=chat, text="hi"))
+    message = Message(TOPIC, 0, offset, 0.0, 0, [], chat.encode(), value, None)
+    message.incref()
+    return message
+
+
+async def test_the_pipeline_acks_a_batch_once_settled_and_takes_no_more_than_its_limit() -> None:
+    """``botmesh.streams.worker.Pipeline``: each batch starts at once; its messages are
+    marked done only once all its records settled (the ack ending Faust's ``take_events``
+    is not the last); past ``limit`` records not settled, the next batch waits."""
+    from types import SimpleNamespace
+
+    from botmesh.streams.worker import Pipeline
+
+    seen = Seen()
+    kv = crashable(MemoryKv())
+    waits = Waits()
+    waits.go.clear()  # A1 waits for its retry until we say so
+    async with make_bot(seen).bind(MockProvider(), kv, instance_id="w") as runtime:
+        runner = InboundRunner(runtime, Produced(), sleep=waits)
+        pipeline = Pipeline(runner, lambda: None, limit=2)
+        kv.fail(Write.INBOX_JOURNAL, times=1)  # A1's journal write fails once
+        first = [_message(0, "A", "A1"), _message(1, "B", "B1")]
+        await pipeline.submit([SimpleNamespace(message=m) for m in first])
+        for m in first:
+            m.ack(None)  # what ``take_events`` does once the agent body returned
+        await waits.entered.wait()
+        await seen.reach(1)  # B1 handled, A1 waits
+        assert not any(m.acked for m in first)  # the batch is not settled: not done
+        later = [_message(2, "C", "C1"), _message(3, "C", "C2")]
+        submit = asyncio.ensure_future(pipeline.submit([SimpleNamespace(message=m) for m in later]))
+        await asyncio.sleep(0.05)
+        assert not submit.done()  # 1 record not settled + 2 > the limit of 2: it waits
+        assert seen == ["B1"]
+        waits.go.set()
+        await submit
+        await pipeline.join()
+        for m in later:
+            m.ack(None)
+    assert all(m.acked for m in first + later)
+    assert seen == ["B1", "A1", "C1", "C2"]
+    assert runner.unsettled == 0
