@@ -1,5 +1,11 @@
 """The faust-streaming 0.15.3 defects the worker meets, and what botmesh does about each.
 
+``REGISTER`` (at the end) lists every process-wide patch with the upstream code it
+replaces and the test that shows the defect there and the workaround meeting it; the
+worker installs them from one entry point, ``install(exactly_once=...)``: 15 installers,
+18 patched attributes (two have no test of their own yet: ``drop_lost_producers`` and
+``commit_open_transactions``, covered only by the ``exactly_once`` kill tests).
+
 =====================================================  =====================================
 defect                                                 workaround (where)
 =====================================================  =====================================
@@ -209,6 +215,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -227,8 +234,10 @@ from faust.web.drivers.aiohttp import Web as AiohttpWeb
 from botmesh.streams.connection import Brokers, aiokafka_options
 
 __all__ = [
+    "REGISTER",
     "ActivePartitions",
     "ReadOffsets",
+    "Workaround",
     "bootstrap_of",
     "commit_open_transactions",
     "committed_record_between",
@@ -238,6 +247,7 @@ __all__ = [
     "guard_commit_holes",
     "held_commit",
     "in_flight",
+    "install",
     "keep_changelog_queue",
     "lenient_header_keys",
     "read_committed",
@@ -1025,3 +1035,141 @@ def lenient_header_keys() -> None:
     """Make aiokafka's fetcher read a record whose header key is not UTF-8 instead of
     raising at every fetch of its partition (idempotent; the worker does it at start)."""
     fetcher.__dict__["MemoryRecords"] = _MemoryRecords
+
+
+# -- the register -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Workaround:
+    """One workaround of the register: what it installs, the upstream defect it answers
+    (faust-streaming 0.15.3 or aiokafka, where it lives there), and the test that shows the
+    defect on the upstream code and the workaround meeting it (``path::function``), or
+    ``None`` where no test of its own does yet."""
+
+    name: str
+    install: Callable[[], None]
+    upstream: str
+    test: str | None
+    #: Installed only under ``exactly_once`` (the defect is in Faust's transactions).
+    exactly_once: bool = False
+
+
+_DEFECTS = "tests/kafka/test_faust_defects.py::"
+
+#: Every process-wide patch the worker installs, in the order it installs them.
+REGISTER: tuple[Workaround, ...] = (
+    Workaround(
+        "guard_commit_holes",
+        guard_commit_holes,
+        "faust.transport.consumer.Consumer._new_offset / perform_seek / _add_gap",
+        _DEFECTS + "test_faust_commits_past_a_hole_of_one_offset_and_the_guard_holds_the_commit",
+    ),
+    Workaround(
+        "lenient_header_keys",
+        lenient_header_keys,
+        "aiokafka.consumer.fetcher (its C record reader raises on a header key not UTF-8)",
+        _DEFECTS + "test_aiokafka_refuses_a_header_key_that_is_not_utf8_and_the_worker_reads_it",
+    ),
+    Workaround(
+        "start_tables_at_once",
+        start_tables_at_once,
+        "faust.tables.manager.TableManager._start_tables (a 1 s sleep before the restore)",
+        _DEFECTS + "test_faust_sleeps_a_second_before_its_restore_and_the_worker_does_not",
+    ),
+    Workaround(
+        "short_fetch_wait",
+        short_fetch_wait,
+        "faust.transport.drivers.aiokafka (its consumer's 1.5 s fetch long poll)",
+        _DEFECTS + "test_faust_fetches_with_a_wait_of_1_5_s_and_the_worker_with_a_tenth",
+    ),
+    Workaround(
+        "fetch_only_active",
+        fetch_only_active,
+        "faust.transport.consumer.Consumer.getmany (an empty set of active partitions)",
+        _DEFECTS + "test_an_emptied_set_of_active_partitions_fetches_"
+        "every_partition_unless_guarded",
+    ),
+    Workaround(
+        "keep_changelog_queue",
+        keep_changelog_queue,
+        "faust.tables.recovery.Recovery.on_recovery_completed (clears the changelog queue)",
+        _DEFECTS + "test_the_end_of_faust_restore_clears_the_"
+        "changelog_queue_and_the_worker_keeps_it",
+    ),
+    Workaround(
+        "restore_ahead",
+        restore_ahead,
+        "faust.tables.recovery.Recovery (a changelog applied a record at a time)",
+        "tests/kafka/test_kill_recovery.py::test_deleted_data_dir_is_rebuilt_and_sends_nothing_again",
+    ),
+    Workaround(
+        "seek_in_consumer_thread",
+        seek_in_consumer_thread,
+        "faust.transport.consumer.ThreadDelegateConsumer.seek (made from the event loop)",
+        "tests/kafka/test_seek_thread.py::"
+        "test_a_seek_from_the_event_loop_breaks_the_consumer_thread_unless_made_on_it",
+    ),
+    Workaround(
+        "short_web_stop",
+        short_web_stop,
+        "faust.web.drivers.aiohttp.Web (its stop waits a minute on open requests)",
+        _DEFECTS + "test_faust_web_server_stop_waits_a_minute_on_"
+        "requests_and_the_worker_three_seconds",
+    ),
+    Workaround(
+        "shorten_recovery_poll",
+        shorten_recovery_poll,
+        "faust.tables.recovery (two empty 5 s polls before an end at a transaction marker)",
+        _DEFECTS + "test_faust_restore_polls_the_changelog_every_5_s_"
+        "and_the_worker_every_quarter_second",
+        exactly_once=True,
+    ),
+    Workaround(
+        "fresh_highwaters",
+        fresh_highwaters,
+        "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._highwaters (a cached LSO)",
+        _DEFECTS + "test_faust_takes_the_end_of_an_eos_restore_from_a_"
+        "cache_the_worker_asks_the_broker",
+        exactly_once=True,
+    ),
+    Workaround(
+        "drop_lost_producers",
+        drop_lost_producers,
+        "faust.transport.consumer.TransactionManager.on_rebalance (keeps lost producers)",
+        None,
+        exactly_once=True,
+    ),
+    Workaround(
+        "start_producers_at_once",
+        start_producers_at_once,
+        "faust.transport.consumer.TransactionManager._start_transactions (one at a time)",
+        _DEFECTS + "test_faust_starts_transactional_producers_one_by_one_and_the_worker_together",
+        exactly_once=True,
+    ),
+    Workaround(
+        "commit_open_transactions",
+        commit_open_transactions,
+        "faust.transport.drivers.aiokafka.Producer.commit_transactions (outside a transaction)",
+        None,
+        exactly_once=True,
+    ),
+    Workaround(
+        "verify_aborted_tails",
+        verify_aborted_tails,
+        "faust.transport.consumer.ThreadDelegateConsumer.position (an aborted tail taken as read)",
+        _DEFECTS + "test_faust_ends_an_eos_restore_on_the_consumer_"
+        "position_the_worker_checks_the_log",
+        exactly_once=True,
+    ),
+)
+
+
+def install(*, exactly_once: bool) -> list[str]:
+    """Install the register's workarounds that apply (each is idempotent); their names."""
+    done = []
+    for workaround in REGISTER:
+        if exactly_once or not workaround.exactly_once:
+            workaround.install()
+            done.append(workaround.name)
+    return done

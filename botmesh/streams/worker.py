@@ -74,24 +74,10 @@ from botmesh.streams.config import WorkerConfig, group_instance_id
 from botmesh.streams.connection import Brokers, faust_options
 from botmesh.streams.faust_defects import (
     bootstrap_of,
-    commit_open_transactions,
-    drop_lost_producers,
-    fetch_only_active,
-    fresh_highwaters,
-    guard_commit_holes,
-    keep_changelog_queue,
-    lenient_header_keys,
     read_committed,
     read_committed_into,
-    restore_ahead,
-    seek_in_consumer_thread,
-    short_fetch_wait,
-    short_web_stop,
-    shorten_recovery_poll,
-    start_producers_at_once,
-    start_tables_at_once,
-    verify_aborted_tails,
 )
+from botmesh.streams.faust_defects import install as install_workarounds
 from botmesh.streams.journal_db import JournalDb
 from botmesh.streams.membership import AssignmentWatch, TopicsNotListed, wait_for_topics
 from botmesh.streams.operator import metrics_record
@@ -798,22 +784,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     """The Faust app (untyped, hence ``Any``) running ``bot`` on ``config``'s topics; its
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
     cat = config.catalog
-    guard_commit_holes()
-    lenient_header_keys()
-    start_tables_at_once()
-    short_fetch_wait()
-    fetch_only_active()
-    keep_changelog_queue()
-    restore_ahead()
-    seek_in_consumer_thread()
-    short_web_stop()
-    if config.exactly_once:
-        shorten_recovery_poll()
-        fresh_highwaters()
-        drop_lost_producers()
-        start_producers_at_once()
-        commit_open_transactions()
-        verify_aborted_tails()
+    install_workarounds(exactly_once=config.exactly_once)  # faust_defects.REGISTER
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {

@@ -875,3 +875,39 @@ async def test_the_end_of_faust_restore_clears_the_changelog_queue_and_the_worke
     keep_changelog_queue()
     assert await run(Recovery.on_recovery_completed) == (3, 0)  # the changelog's kept
     assert steps == ["seek", "clear stream", resumed]  # resumed once sought and cleared
+
+
+def test_every_patch_is_in_the_register_with_its_test() -> None:
+    """The worker installs its workarounds from one entry point (``install``): every
+    installer of the module is in ``REGISTER``, and each entry names a test that exists
+    (or none, said so: those are counted in the closing notes)."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    from botmesh.streams import faust_defects
+
+    installers = {
+        name
+        for name, fn in vars(faust_defects).items()
+        if inspect.isfunction(fn)
+        and fn.__module__ == faust_defects.__name__
+        and not name.startswith("_")
+        and inspect.signature(fn).parameters == {}
+        and "idempotent" in (fn.__doc__ or "")
+    }
+    registered = {w.name for w in faust_defects.REGISTER}
+    assert installers == registered
+    assert all(w.install is getattr(faust_defects, w.name) for w in faust_defects.REGISTER)
+    root = Path(__file__).resolve().parents[2]
+    for w in faust_defects.REGISTER:
+        if w.test is None:
+            continue
+        path, _, function = w.test.partition("::")
+        tree = ast.parse((root / path).read_text())
+        defined = {
+            node.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        assert function in defined, f"{w.name}: no test {w.test}"
