@@ -782,9 +782,80 @@ def _exit_hard(why: str, code: int) -> NoReturn:
 
 def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> Any:
     """The Faust app (untyped, hence ``Any``) running ``bot`` on ``config``'s topics; its
-    ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner."""
+    ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner.
+    What connects the app and the engine is a ``Wiring``'s named methods."""
     cat = config.catalog
     install_workarounds(exactly_once=config.exactly_once)  # faust_defects.REGISTER
+    app = _new_app(config)
+    wiring = Wiring(app, config)
+    # one topic object, three names: Faust co-partitions them (and the journal's changelog)
+    inbound = app.topic(
+        cat.inbound,
+        cat.requests,
+        cat.control,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    journal: str | DurableKv = config.journal_url
+    if config.kafka_journal:
+        journal = wiring.open_journal()
+    runtime = wiring.runtime = bot.bind(
+        provider,
+        journal,
+        instance_id=config.instance_id,
+        receipts=KafkaReceipts(wiring.produce),
+    )
+    instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
+    kv = wiring.kv
+    if kv is not None:
+        assert wiring.table is not None
+        wiring.table.writer_id = instance
+        kv.on_assigned = wiring.recover
+        kv.on_revoking = runtime.flush_receipts  # receipts recorded while the chats are ours
+        kv.on_lost = wiring.lost
+    runner = wiring.runner = InboundRunner(
+        runtime,
+        wiring.produce,
+        batch_deadline=config.batch_deadline,
+        owns=kv.owns if kv is not None else None,
+        requests_topic=cat.requests,
+        control_topic=cat.control,
+        instance=instance,
+        # the limit the app's producer checks each record against (dead letters are cut)
+        max_request_size=int(app.conf.producer_max_request_size),
+    )
+    app.botmesh_runtime = runtime
+    app.botmesh_runner = runner
+    app.botmesh_tiers = RetryTiers(config.kafka, cat, wiring.owned, wiring.retry, wiring.repark)
+    app.botmesh_topic_wait = config.topic_wait
+    app.botmesh_watch = AssignmentWatch(
+        bootstrap=config.kafka,
+        group=cat.group,
+        topic=cat.inbound,
+        owned=wiring.inbound_assigned,
+        instance_id=None if config.instance_id is None else group_instance_id(config.instance_id),
+        member_id=wiring.member_id,
+        rebalancing=lambda: bool(app.rebalancing),
+    )
+    app.botmesh_pipeline = wiring.pipeline = Pipeline(
+        runner, lambda: app.consumer, config.in_flight
+    )
+    app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(wiring.process)
+    _publish_metrics(app, runtime, cat.metrics, config)
+    app.botmesh_about = (
+        f"bot {bot.bot_id} on {cat.inbound}, {cat.requests} and {cat.control}, "
+        f"journal {redact(config.journal_url)}"
+        f"{' (' + cat.changelog(TABLE_NAME) + ')' if kv is not None else ''}, "
+        f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}, "
+        f"Kafka at {config.bootstrap} ({config.security.describe()})"
+    )
+    return app
+
+
+def _new_app(config: WorkerConfig) -> Any:
+    """The Faust app with the worker's settings (no agent, no table yet)."""
     web: dict[str, Any] = {"web_enabled": False}
     if config.web_port is not None:
         web = {
@@ -800,7 +871,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     if config.instance_id is not None:
         membership["consumer_group_instance_id"] = group_instance_id(config.instance_id)
     app = _BotApp(
-        cat.app_id,
+        config.catalog.app_id,
         **faust_options(config.kafka),
         store="rocksdb://",
         datadir=str(config.data_dir),
@@ -819,43 +890,40 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         **web,
     )
     app.botmesh_kafka = config.kafka  # the clients of our own: TLS and SASL as Faust's
+    return app
 
-    def raw_topic(*names: str) -> Any:
-        return app.topic(
-            *names, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-        )
 
-    # one topic object, two names: Faust co-partitions them (and the journal's changelog)
-    inbound = raw_topic(cat.inbound, cat.requests, cat.control)
-    names = {
-        "sent": cat.sent,
-        "dlq": cat.inbound_dlq,
-        "requests-dlq": cat.requests_dlq,
-        "outbox-dlq": cat.outbox_dlq,
-        "control-results": cat.control_results,
-        **{f"retry:{name}": cat.retry(name) for name, _ in RETRY_TIERS},
-    }
+class Wiring:
+    """What connects the Faust app and the engine (``build_app``): the producer the runtime
+    and the runner write through, the journal's callbacks, the retry tiers' and the
+    assignment watch's questions, and the inbound agent."""
 
-    async def produce(role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
-        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record;
-        # under exactly_once the app's plain producer too (idempotent, acks=all), not the
-        # TransactionManager: receipts and dead letters are visible (and durable) on their
-        # ack, as under at_least_once (the TransactionManager would pick a producer by the
-        # receipts topic's partition, which Faust's assignor has no group for: KeyError)
-        await app.producer.maybe_start()
-        producer: Any = app.producer
-        # a parked send goes to its journal partition's tier partition: the worker that owns
-        # the chat takes it back, whichever partitioner the inbound's producers use
-        partition = CURRENT_PARTITION.get() if role.startswith("retry:") else None
-        return await producer.send(names[role], key, value, partition, None, headers or None)
+    runtime: RuntimeLike
+    runner: InboundRunner
+    pipeline: Pipeline
 
-    journal: str | DurableKv = config.journal_url
-    kv: TableKv | None = None
-    if config.kafka_journal:
-        table = JournalTable(
-            app,
+    def __init__(self, app: Any, config: WorkerConfig) -> None:
+        self.app = app
+        self.config = config
+        cat = self.cat = config.catalog
+        self.table: JournalTable | None = None
+        self.kv: TableKv | None = None
+        self._names = {
+            "sent": cat.sent,
+            "dlq": cat.inbound_dlq,
+            "requests-dlq": cat.requests_dlq,
+            "outbox-dlq": cat.outbox_dlq,
+            "control-results": cat.control_results,
+            **{f"retry:{name}": cat.retry(name) for name, _ in RETRY_TIERS},
+        }
+
+    def open_journal(self) -> TableKv:
+        """The journal on Kafka: a Faust table in RocksDB under ``TableKv``."""
+        config = self.config
+        table = self.table = JournalTable(
+            self.app,
             name=TABLE_NAME,
-            beacon=app.tables.beacon,
+            beacon=self.app.tables.beacon,
             key_type=bytes,
             value_type=bytes,
             partitions=config.partitions,
@@ -866,131 +934,99 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         table.membership_limit = config.session_timeout / 2
         if config.exactly_once:
             table.start_transactions()
-        app.tables.add(table)
-        journal = kv = table.botmesh_kv = TableKv(table)
-    runtime = bot.bind(
-        provider,
-        journal,
-        instance_id=config.instance_id,
-        receipts=KafkaReceipts(produce),
-    )
-    if kv is not None:
-        table.writer_id = str(getattr(runtime, "instance_id", config.instance_id or ""))
+        self.app.tables.add(table)
+        kv = self.kv = table.botmesh_kv = TableKv(table)
+        return kv
 
-        async def recover(partition: int) -> None:
-            ops = runtime.durability if app._runtime_started else None
-            if ops is not None:
-                acted = await ops.recover()
-                log.info("journal partition %d recovered (%d records acted on)", partition, acted)
+    async def produce(self, role: str, key: bytes | None, value: bytes, headers: Headers) -> Any:
+        """Hand a record of ``role`` to the producer (``botmesh.streams.runner.Produce``)."""
+        # the driver's send (aiokafka accumulator), not Topic.send: ~2x less work per record;
+        # under exactly_once the app's plain producer too (idempotent, acks=all), not the
+        # TransactionManager: receipts and dead letters are visible (and durable) on their
+        # ack, as under at_least_once (the TransactionManager would pick a producer by the
+        # receipts topic's partition, which Faust's assignor has no group for: KeyError)
+        app = self.app
+        await app.producer.maybe_start()
+        producer: Any = app.producer
+        # a parked send goes to its journal partition's tier partition: the worker that owns
+        # the chat takes it back, whichever partitioner the inbound's producers use
+        partition = CURRENT_PARTITION.get() if role.startswith("retry:") else None
+        return await producer.send(self._names[role], key, value, partition, None, headers or None)
 
-        kv.on_assigned = recover
-        kv.on_revoking = runtime.flush_receipts  # receipts recorded while the chats are ours
+    async def recover(self, partition: int) -> None:
+        """The recovery pass of a journal partition just opened (``TableKv.on_assigned``)."""
+        ops = self.runtime.durability if self.app._runtime_started else None
+        if ops is not None:
+            acted = await ops.recover()
+            log.info("journal partition %d recovered (%d records acted on)", partition, acted)
 
-        def lost(partition: int, exc: BaseException) -> None:
-            # exactly_once: a transaction under writes that returned early (TableKv's
-            # NO_BARRIER) failed; memory holds what the changelog lost: restart from it
-            if runner.stopping.is_set():  # stopping anyway: as a crash here would
-                log.warning("journal partition %d: last writes not committed: %s", partition, exc)
-                return
-            if not table.assigned_active(partition):
-                # a rebalance in progress took it (Faust stopped its producer first): the
-                # hand-over drops it from memory, and its new owner restores without them
-                log.info(
-                    "journal partition %d: revoked with its last writes uncommitted", partition
-                )
-                return
-            if isinstance(exc, ProducerFencedOut):  # evicted: another worker owns it now
-                _exit_hard(
-                    f"journal partition {partition}: this worker's transaction was fenced by "
-                    f"a newer producer, so another worker owns the partition ({exc}); "
-                    "restarting to rejoin the group",
-                    EXIT_ABANDONED,
-                )
+    def lost(self, partition: int, exc: BaseException) -> None:
+        """Under ``exactly_once``: a transaction under writes that returned early (TableKv's
+        ``NO_BARRIER``) failed; memory holds what the changelog lost: restart from it."""
+        if self.runner.stopping.is_set():  # stopping anyway: as a crash here would
+            log.warning("journal partition %d: last writes not committed: %s", partition, exc)
+            return
+        assert self.table is not None
+        if not self.table.assigned_active(partition):
+            # a rebalance in progress took it (Faust stopped its producer first): the
+            # hand-over drops it from memory, and its new owner restores without them
+            log.info("journal partition %d: revoked with its last writes uncommitted", partition)
+            return
+        if isinstance(exc, ProducerFencedOut):  # evicted: another worker owns it now
             _exit_hard(
-                f"journal partition {partition}: a transaction holding returned writes was "
-                f"not committed ({type(exc).__name__}: {exc})",
-                EXIT_SOFTWARE,
+                f"journal partition {partition}: this worker's transaction was fenced by "
+                f"a newer producer, so another worker owns the partition ({exc}); "
+                "restarting to rejoin the group",
+                EXIT_ABANDONED,
             )
+        _exit_hard(
+            f"journal partition {partition}: a transaction holding returned writes was "
+            f"not committed ({type(exc).__name__}: {exc})",
+            EXIT_SOFTWARE,
+        )
 
-        kv.on_lost = lost
-    runner = InboundRunner(
-        runtime,
-        produce,
-        batch_deadline=config.batch_deadline,
-        owns=kv.owns if kv is not None else None,
-        requests_topic=cat.requests,
-        control_topic=cat.control,
-        instance=str(getattr(runtime, "instance_id", config.instance_id or "")),
-        # the limit the app's producer checks each record against (dead letters are cut)
-        max_request_size=int(app.conf.producer_max_request_size),
-    )
-    app.botmesh_runtime = runtime
-    app.botmesh_runner = runner
-
-    def owned() -> set[int]:
-        """The partitions (inbound, journal, tiers) this worker owns now."""
+    def inbound_assigned(self) -> set[int]:
+        """The inbound partitions the consumer has now."""
         try:
-            tps = app.consumer.assignment()
+            tps = self.app.consumer.assignment()
         except Exception:  # not started yet
             return set()
-        mine = {tp.partition for tp in tps if tp.topic == cat.inbound}
+        return {tp.partition for tp in tps if tp.topic == self.cat.inbound}
+
+    def owned(self) -> set[int]:
+        """The partitions (inbound, journal, tiers) this worker owns now."""
+        mine = self.inbound_assigned()
+        kv = self.kv
         return {p for p in mine if kv.owns(p)} if kv is not None else mine
 
-    async def retry(partition: int, parked: Parked) -> str:
-        ops = runtime.durability
+    async def retry(self, partition: int, parked: Parked) -> str:
+        """A parked send back from its retry tier, retried in its journal partition."""
+        ops = self.runtime.durability
         if ops is None:
             return "stale"
         with in_partition(partition):
             return await ops.retry_parked(parked.key, parked.attempts)
 
-    async def repark(parked: Parked, tier: str) -> Any:
+    async def repark(self, parked: Parked, tier: str) -> Any:
+        """A parked send put back on its tier (acked)."""
         value = {"key": parked.key, "attempts": parked.attempts}
         value["payload"] = {"chat_id": parked.chat_id}
         tier, key, body, headers = parked_record(value, parked.retry_at)
-        return await (await produce(f"retry:{tier}", key, body, headers))
+        return await (await self.produce(f"retry:{tier}", key, body, headers))
 
-    app.botmesh_tiers = RetryTiers(config.kafka, cat, owned, retry, repark)
-    app.botmesh_topic_wait = config.topic_wait
-
-    def inbound_assigned() -> set[int]:
-        try:
-            return {tp.partition for tp in app.consumer.assignment() if tp.topic == cat.inbound}
-        except Exception:  # not started yet
-            return set()
-
-    def member_id() -> str | None:
-        consumer: Any = app.consumer  # Faust's aiokafka driver: a consumer thread
+    def member_id(self) -> str | None:
+        """The consumer's group member id (``None`` before it joined)."""
+        consumer: Any = self.app.consumer  # Faust's aiokafka driver: a consumer thread
         try:
             return str(consumer._thread._ensure_consumer()._coordinator.member_id)
         except Exception:  # not started yet, or another driver
             return None
 
-    app.botmesh_watch = AssignmentWatch(
-        bootstrap=config.kafka,
-        group=cat.group,
-        topic=cat.inbound,
-        owned=inbound_assigned,
-        instance_id=None if config.instance_id is None else group_instance_id(config.instance_id),
-        member_id=member_id,
-        rebalancing=lambda: bool(app.rebalancing),
-    )
-
-    pipeline = app.botmesh_pipeline = Pipeline(runner, lambda: app.consumer, config.in_flight)
-
-    async def process(stream: Any) -> None:
+    async def process(self, stream: Any) -> None:
+        """The inbound agent: each batch handed to the pipeline as it is taken."""
+        config = self.config
         async for events in stream.take_events(config.batch_size, within=config.batch_within):
-            await pipeline.submit(events)
-
-    app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(process)
-    _publish_metrics(app, runtime, cat.metrics, config)
-    app.botmesh_about = (
-        f"bot {bot.bot_id} on {cat.inbound}, {cat.requests} and {cat.control}, "
-        f"journal {redact(config.journal_url)}"
-        f"{' (' + cat.changelog(TABLE_NAME) + ')' if kv is not None else ''}, "
-        f"instance {config.instance_id or '(the runtime default)'}, provider {provider.name}, "
-        f"Kafka at {config.bootstrap} ({config.security.describe()})"
-    )
-    return app
+            await self.pipeline.submit(events)
 
 
 def _publish_metrics(app: Any, runtime: RuntimeLike, topic: str, config: WorkerConfig) -> None:
