@@ -503,6 +503,8 @@ class InboundRunner:
         chats: dict[str, list[Item]] = {}
         mixed: set[str] = set()  # chats with requests: their records are merged by time
         requests = self.requests_topic
+        #: undecodable records, dead-lettered once the chats' places are taken
+        bad: list[tuple[RawRecord, Reason, str, Exception]] = []
         for raw in records:
             item: Inbound | SendRequest | ControlRequest
             try:
@@ -516,25 +518,34 @@ class InboundRunner:
                     item = decode_inbound(raw.value)
                     if not item.id:
                         item = msgspec.structs.replace(item, id=raw.where)
-            except BadRecord as bad:
-                await self.dead_letter(raw, bad.reason, bad.detail, error=bad)
-                self._settled()
+            except BadRecord as exc:
+                bad.append((raw, exc.reason, exc.detail, exc))
                 continue
             except Exception as exc:  # the decoder failed on it: the same record fails again
                 detail = f"decoding the record raised {type(exc).__name__}: {exc}"
-                await self.dead_letter(raw, Reason.HANDLE_FAILED, detail, error=exc)
-                self._settled()
+                bad.append((raw, Reason.HANDLE_FAILED, detail, exc))
                 continue
             chats.setdefault(item.chat_id, []).append((raw, item))
         for chat in mixed:
             chats[chat] = in_time_order(chats[chat])
-        # each chat after its records of the batches before (taken now, in call order)
+        # each chat after its records of the batches before: the places are taken before
+        # anything here waits, so in the order the batches were handed over
         loop = asyncio.get_running_loop()
         chains = []
         for chat, items in chats.items():
             done: asyncio.Future[None] = loop.create_future()
             chains.append((chat, items, self._chains.get(chat), done))
             self._chains[chat] = done
+        try:
+            for raw, reason, detail, error in bad:
+                await self.dead_letter(raw, reason, detail, error=error)
+                self._settled()
+        except BaseException:  # the batch is given up: its chats' later records wait no more
+            for chat, _, _, done in chains:
+                done.set_result(None)
+                if self._chains.get(chat) is done:
+                    del self._chains[chat]
+            raise
         if len(chains) == 1:
             await self._run_chain(*chains[0], deadline)
         elif chains:

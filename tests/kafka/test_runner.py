@@ -904,3 +904,27 @@ async def test_the_pipeline_acks_a_batch_once_settled_and_takes_no_more_than_its
     assert all(m.acked for m in first + later)
     assert seen == ["B1", "A1", "C1", "C2"]
     assert runner.unsettled == 0
+
+
+class SlowProduced(Produced):
+    """A producer whose send takes a turn of the loop (as aiokafka's does)."""
+
+    async def __call__(
+        self, role: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> Awaitable[Any]:
+        await asyncio.sleep(0.01)
+        return await super().__call__(role, key, value, headers)
+
+
+async def test_a_chat_keeps_its_order_across_batches_when_one_dead_letters_a_record_first() -> None:
+    """A batch that dead-letters an undecodable record waits for the producer; a batch
+    handed over after it must not take its chats' places meanwhile."""
+    seen = Seen()
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        runner = InboundRunner(runtime, SlowProduced())
+        junk = RawRecord(TOPIC, 0, 0, b"A", b"{not json", [])
+        first = asyncio.ensure_future(runner.run_batch([junk, record(1, "A", "A1")]))
+        await asyncio.sleep(0)  # the first batch is at its dead letter
+        second = asyncio.ensure_future(runner.run_batch([record(2, "A", "A2")]))
+        await asyncio.gather(first, second)
+    assert seen == ["A1", "A2"]
