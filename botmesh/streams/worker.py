@@ -664,11 +664,6 @@ class Pipeline:
         self.limit = max(limit, 1)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    @property
-    def running(self) -> int:
-        """Batches started and not settled."""
-        return len(self._tasks)
-
     async def submit(self, events: Sequence[Any]) -> None:
         messages = [ev.message for ev in events]
         for message in messages:  # first: the ack ending ``take_events`` is not the last
