@@ -426,7 +426,8 @@ class InboundRunner:
     from it is neither retried nor dead-lettered here (``BatchAbandoned``). Records of
     ``requests_topic`` are send requests (see the module doc). ``max_request_size`` is the
     producer's limit on one record (Faust's ``producer_max_request_size``): a dead letter
-    that would not fit under it is cut (see the module doc).
+    that would not fit under it is cut (see the module doc). ``flush`` makes the journal's
+    deferred writes durable (``TableKv.flush``): a batch is settled once it returned.
     """
 
     def __init__(
@@ -443,8 +444,10 @@ class InboundRunner:
         control_topic: str | None = None,
         instance: str = "",
         max_request_size: int = MAX_REQUEST_SIZE,
+        flush: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.runtime = runtime
+        self._flush = flush
         self.max_request_size = max_request_size
         self.requests_topic = requests_topic
         self.control_topic = control_topic
@@ -560,6 +563,32 @@ class InboundRunner:
             await asyncio.wait_for(self.runtime.flush_receipts(), self.ack_timeout)
         except Exception as exc:  # they stay unpublished in the journal: published again
             log.warning("receipts not recorded as published yet (%s: %s)", type(exc).__name__, exc)
+        await self._flush_journal(deadline)
+
+    async def _flush_journal(self, deadline: float) -> None:
+        """The journal's deferred writes (the batch's ``done`` and ``sent`` records among
+        them) made durable before the batch is acked: retried with a backoff until the
+        batch's deadline; a fenced producer gives the batch up."""
+        if self._flush is None:
+            return
+        attempt = 0
+        while True:
+            try:
+                await self._flush()
+                return
+            except ProducerFencedOut as exc:
+                raise BatchAbandoned(f"the journal's deferred writes were fenced: {exc}") from exc
+            except JournalUnavailableError as exc:
+                attempt += 1
+                delay = min(0.1 * 2**attempt, 5.0)
+                log.warning(
+                    "the journal's deferred writes not durable yet (attempt %d, again in "
+                    "%.1fs): %s",
+                    attempt,
+                    delay,
+                    exc,
+                )
+                await self._wait(delay, deadline, "the journal's deferred writes")
 
     async def _run_chain(
         self,
@@ -582,7 +611,7 @@ class InboundRunner:
 
     async def _run_chat(self, items: list[Item], deadline: float) -> None:
         for raw, item in items:
-            with in_partition(raw.partition):  # the chat's journal partition
+            with in_partition(raw.partition, item.chat_id):  # the chat's journal partition
                 if isinstance(item, Inbound):
                     await self._settle(raw, item, deadline)
                 elif isinstance(item, SendRequest):

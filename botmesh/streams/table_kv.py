@@ -28,20 +28,24 @@ with neither is refused: nothing is written to a partition nobody chose.
 
 **Journal before acting.** ``commit`` checks its operations against the latest versions
 (the compare-and-set: this worker is the partition's only writer), puts them in the
-partition's overlay,
-produces one changelog record per operation and returns only when the broker acked every
-one of them (the producer runs with acks=all) and, under ``exactly_once``, when the
-partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
+partition's overlay, produces one changelog record per key and returns only when the broker
+acked every one of them (the producer runs with acks=all) and, under ``exactly_once``, when
+the partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
 before that a read_committed restore does not see them; one transaction commit serves
 every journal commit whose records it holds, and the commits that arrive meanwhile share
-the next one; the writes of ``NO_BARRIER``, which no side effect waits for, return once
-produced and commit with the partition's next transaction, at the latest ``LAZY_COMMIT_S``
-later). Concurrent commits (the chats of a batch) share the producer's batches: their
-records go out in the same produce requests, so they
-wait on one round trip together (group commit). When an ack does not come (the broker is
-down, the timeout passes) the commit raises ``JournalUnavailableError`` and its operations
-are undone in the overlay where nothing overwrote them since; the caller does not act on it
-(the provider is not called, the inbound is not acked).
+the next one). Concurrent commits (the chats of a batch) share the producer's batches:
+their records go out in the same produce requests, so they wait on one round trip together
+(group commit). When an ack does not come (the broker is down, the timeout passes) the
+commit raises ``JournalUnavailableError`` and its operations are undone in the overlay
+where nothing overwrote them since; the caller does not act on it (the provider is not
+called, the inbound is not acked).
+
+**Fewer writes.** The writes no side effect waits for (``DEFERRED``: an inbound done, a
+send sent, receipts published) return at once and go to the changelog later, each key's
+latest version once: with the chat's next awaited write, before it, or with ``flush``,
+which the worker awaits before it acks a batch. So a send marked sent and then published
+is one changelog record, and a turn's writes that follow its send share one produce
+request and one acknowledgement.
 
 **Fenced by the group.** Under ``at_least_once`` nothing on the broker stops a worker that
 lost its partitions from producing to their changelog (under ``exactly_once`` the
@@ -108,6 +112,9 @@ log = logging.getLogger("botmesh.journal")
 
 #: The partition the work in progress belongs to (the inbound record's, the swept record's).
 CURRENT_PARTITION: ContextVar[int | None] = ContextVar("botmesh_partition", default=None)
+#: The chat the work in progress is for, when one is (the runner's work on a chat's record):
+#: its deferred writes need to go out before its next awaited one, nobody else's do.
+CURRENT_CHAT: ContextVar[str | None] = ContextVar("botmesh_chat", default=None)
 
 #: The Faust table's name: its changelog is ``<app id>-journal-changelog``.
 TABLE_NAME = "journal"
@@ -119,12 +126,15 @@ def changelog_topic(catalog: Catalog) -> str:
 
 
 @contextlib.contextmanager
-def in_partition(partition: int | None) -> Iterator[None]:
-    """Run the body with ``partition`` as the partition of new journal records."""
+def in_partition(partition: int | None, chat: str | None = None) -> Iterator[None]:
+    """Run the body with ``partition`` as the partition of new journal records, for
+    ``chat`` (``None``: no chat, or several; see ``DEFERRED``)."""
     token = CURRENT_PARTITION.set(partition)
+    chat_token = CURRENT_CHAT.set(chat)
     try:
         yield
     finally:
+        CURRENT_CHAT.reset(chat_token)
         CURRENT_PARTITION.reset(token)
 
 
@@ -183,36 +193,83 @@ class ChangelogPort(Protocol):
 #: Called for each newly loaded partition (inside ``in_partition``): the recovery pass.
 OnAssigned = Callable[[int], Awaitable[object]]
 
-#: Called when a transaction holding writes that returned early (``NO_BARRIER``) could not
-#: be committed: memory holds what the changelog lost (the worker exits:
+#: Called when a transaction holding deferred writes (``DEFERRED``) could not be
+#: committed: memory holds what the changelog lost (the worker exits:
 #: ``botmesh.streams.worker``).
 OnLost = Callable[[int, BaseException], None]
 
-#: Writes no side effect waits for: under ``exactly_once`` they return once produced, and
-#: their transaction commits with the next barrier of the partition or with Faust's offset
-#: commit. An inbound's ``done`` is followed only by its offset commit, which Faust adds
-#: to the same partition's transaction, later: both land or neither (at a crash, the
-#: inbound is read again and answered as a duplicate). A receipt marked published that is
-#: lost is published again (receipts may come twice). A transaction that fails under such
-#: a write calls ``on_lost``.
-NO_BARRIER = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_PUBLISHED})
-#: Seconds after a ``NO_BARRIER`` write before its partition's transaction is committed
-#: if no barrier did it first (so RocksDB gets it and a restart does not replay it).
+#: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
+#: them) and returns without producing anything; they go to the changelog later, each key's
+#: latest version only, so writes of one key that follow each other make one changelog
+#: record (a send marked sent and then published, an inbound journaled... and done):
+#:
+#: - with the next awaited write of the same chat in the partition (``in_partition``'s
+#:   ``chat``; work for no chat takes every chat's), before that write's own records: so
+#:   the log holds a chat's writes in the order they were made (a part's ``sent`` lands
+#:   before the next part is claimed);
+#: - with ``flush``, which the worker awaits before it acks a batch's inbound records (so
+#:   no offset is committed before the writes of its record are durable), when a
+#:   partition is handed over, and ``FLUSH_AFTER_S`` after a deferred write at the latest.
+#:
+#: Losing them to a crash loses nothing: their records' offsets are not committed, so the
+#: inbounds are read again (a done inbound answers as a duplicate; a send found in flight
+#: is resolved by the ambiguity policy, as when the crash comes before its ``sent``
+#: landed); a receipt not marked published is published again (receipts may come twice).
+#: Under ``exactly_once`` they go into the partition's open transaction, which commits with
+#: Faust's offset commit or the next barrier; a transaction that fails under them calls
+#: ``on_lost``.
+DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT, Write.OUTBOX_PUBLISHED})
+#: Seconds after a deferred write before it is flushed if nothing flushed it first.
+FLUSH_AFTER_S = 0.1
+#: Under ``exactly_once``: seconds after a flush before its partition's transaction is
+#: committed if no barrier did it first (so RocksDB gets it and a restart does not replay
+#: it).
 LAZY_COMMIT_S = 1.0
 
 
 class _Part:
     """A partition this worker owns: its database, and what memory holds over it."""
 
-    __slots__ = ("db", "overlay", "pending")
+    __slots__ = ("db", "deferred", "overlay", "pending")
 
     def __init__(self, db: JournalDb) -> None:
         self.db = db
-        #: The records written here and not yet in the database (produced, not acked or not
-        #: persisted yet), ``None`` for a delete: they hide the database's version.
+        #: The records written here and not yet in the database (deferred, produced and not
+        #: acked, or not persisted yet), ``None`` for a delete: they hide the database's.
         self.overlay: dict[str, Entry | None] = {}
-        #: How many of each key's writes are not in the database yet.
+        #: How many of each key's produced writes are not in the database yet.
         self.pending: dict[str, int] = {}
+        #: The keys whose latest write (in ``overlay``) is not produced yet (``DEFERRED``),
+        #: with the chat whose work wrote it (``None``: no chat, or more than one).
+        self.deferred: dict[str, str | None] = {}
+
+    def defer(self, key: str, chat: str | None) -> None:
+        if key in self.deferred and self.deferred[key] != chat:
+            chat = None
+        self.deferred[key] = chat
+
+    def take_deferred(self, chat: str | None) -> dict[str, str | None]:
+        """The deferred keys an awaited write of ``chat`` must produce first (all of them
+        for no chat), taken out of ``deferred``."""
+        if not self.deferred:
+            return {}
+        if chat is None:
+            taken, self.deferred = self.deferred, {}
+            return taken
+        taken = {k: c for k, c in self.deferred.items() if c is None or c == chat}
+        for k in taken:
+            del self.deferred[k]
+        return taken
+
+    def give_back(self, taken: dict[str, str | None]) -> None:
+        """Keys whose produce failed: deferred again (their latest version goes next)."""
+        for key, chat in taken.items():
+            if key in self.overlay:
+                self.defer(key, chat)
+
+
+#: What ``_produce_and_wait`` produces: per partition, the keys whose latest version goes.
+_Produce = list[tuple[int, list[str]]]
 
 
 _MISSING: Any = object()
@@ -238,6 +295,8 @@ class TableKv:
         #: is recorded as persisted for them until they are restored again.
         self.broken: set[int] = set()
         self._inflight: dict[int, set[asyncio.Future[Any]]] = {}
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self.on_assigned: OnAssigned | None = None
         #: Called before partitions are handed over (the worker records its receipts).
         self.on_revoking: Callable[[], Awaitable[object]] | None = None
@@ -305,6 +364,10 @@ class TableKv:
                     await self.on_revoking()
             except Exception as exc:
                 log.warning("before handing partitions %s over: %s", gone, exc)
+        try:  # their deferred writes too
+            await self.flush(gone)
+        except Exception as exc:
+            log.warning("before handing partitions %s over, deferred writes: %s", gone, exc)
         self._closing.update(gone)
         try:
             flying = [f for p in gone for f in self._inflight.get(p, ())]
@@ -325,7 +388,10 @@ class TableKv:
             for k in stale:
                 del self._cache[k]
             log.info(
-                "journal partition %d revoked: %d records in flight dropped", p, len(part.overlay)
+                "journal partition %d revoked: %d records in flight dropped (%d deferred)",
+                p,
+                len(part.overlay),
+                len(part.deferred),
             )
 
     def persisted(self, partition: int, keys: Iterable[bytes]) -> None:
@@ -344,6 +410,8 @@ class TableKv:
                 pending[key] = n - 1
                 continue
             del pending[key]
+            if key in part.deferred:  # a later version is not produced yet
+                continue
             entry = part.overlay.pop(key, None)
             if entry is not None:
                 self._remember(key, partition, entry)
@@ -403,6 +471,17 @@ class TableKv:
         self._closed = False
 
     async def close(self) -> None:
+        """Flush the deferred writes (a clean stop: the producer still runs), then refuse
+        every call."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if not self._closed and self.deferred:
+            try:
+                async with asyncio.timeout(self.ack_timeout):
+                    await self.flush()
+            except Exception as exc:  # as a crash here would: their offsets are not committed
+                log.warning("deferred journal writes not flushed at the stop: %s", exc)
         self._closed = True
 
     def _check(self) -> None:
@@ -482,17 +561,34 @@ class TableKv:
             for (i, _), v in zip(items, apply_ops(view, part_ops), strict=True):
                 versions[i] = v
             changes.append((p, before, {k: view.get(k) for k in keys}))
+        chat = CURRENT_CHAT.get()
+        deferred = label in DEFERRED
         for p, _, after in changes:
             part = self._parts[p]
             for key, entry in after.items():
                 part.overlay[key] = entry
-                part.pending[key] = part.pending.get(key, 0) + 1
                 self._cache.pop(key, None)
+                if deferred:
+                    part.defer(key, chat)
+        if deferred:
+            self._flush_later()
+            return versions
+        # an awaited write: what this chat's work deferred in its partitions goes first, then
+        # its own records (a key deferred and written again here goes once)
+        taken: list[tuple[int, dict[str, str | None]]] = []
+        produce: _Produce = []
+        for p, _, after in changes:
+            part = self._parts[p]
+            first = part.take_deferred(chat)
+            own = {k: part.deferred.pop(k) for k in after if k in part.deferred}
+            taken.append((p, {**first, **own}))
+            produce.append((p, [*(k for k in first if k not in after), *after]))
         try:
-            await self._produce_and_wait(changes, wait=label not in NO_BARRIER)
+            await self._produce_and_wait(produce)
         except BaseException as exc:
             for p, before, after in reversed(changes):
                 self._undo(p, before, after)
+            self._give_back(taken)
             self.failed += 1
             if isinstance(exc, ProducerFenced):
                 raise ProducerFencedOut(
@@ -507,34 +603,102 @@ class TableKv:
             raise
         return versions
 
-    async def _produce_and_wait(
-        self,
-        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
-        *,
-        wait: bool = True,
-    ) -> None:
-        acks: list[Awaitable[Any]] = []
-        for p, _, after in changes:
+    def _give_back(self, taken: list[tuple[int, dict[str, str | None]]]) -> None:
+        for p, keys in taken:
+            part = self._parts.get(p)
+            if part is not None and p not in self._closing:
+                part.give_back(keys)
+
+    # -- deferred writes ------------------------------------------------------------------
+
+    @property
+    def deferred(self) -> int:
+        """Deferred writes not produced yet (``DEFERRED``)."""
+        return sum(len(part.deferred) for part in self._parts.values())
+
+    async def flush(self, partitions: Iterable[int] | None = None) -> None:
+        """Produce every deferred write (of ``partitions``, else of every partition) and
+        return once it is durable: acked (``at_least_once``); under ``exactly_once``, in the
+        partition's open transaction, which Faust's next offset commit of the partition
+        commits with it (or ``LAZY_COMMIT_S`` later). Raises ``JournalUnavailableError``
+        when that fails; the writes stay deferred, for the next flush."""
+        self._check()
+        wanted = self._parts.keys() if partitions is None else set(partitions)
+        taken = [
+            (p, part.take_deferred(None))
+            for p, part in self._parts.items()
+            if p in wanted and part.deferred and p not in self._closing
+        ]
+        if not taken:
+            return
+        try:
+            stale = self._port.unconfirmed()
+            if stale is not None:
+                self.unconfirmed += 1
+                raise MembershipUnconfirmed(f"deferred journal writes not produced: {stale}")
+            await self._produce_and_wait(
+                [(p, list(keys)) for p, keys in taken], wait=not self._port.transactional
+            )
+        except BaseException as exc:
+            self._give_back(taken)
+            self.failed += 1
+            if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
+                raise JournalUnavailableError(
+                    f"deferred journal writes not acked by the broker: {type(exc).__name__}: "
+                    f"{exc}"
+                ) from exc
+            raise
+
+    def _flush_later(self) -> None:
+        if self._flush_timer is None:
+            loop = asyncio.get_running_loop()
+            self._flush_timer = loop.call_later(FLUSH_AFTER_S, self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_timer = None
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_quietly())
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush()
+        except Exception as exc:  # still deferred: the next flush tries again
+            log.warning("deferred journal writes not flushed yet: %s", exc)
+            if self.deferred and not self._closed:
+                self._flush_later()
+
+    async def _produce_and_wait(self, produce: _Produce, *, wait: bool = True) -> None:
+        """Produce the latest version of each key, and wait for the acks (``wait``); under
+        ``exactly_once``, without ``wait``: committed with the partition's next
+        transaction, and a failure calls ``on_lost``."""
+        acks: list[tuple[int, Awaitable[Any]]] = []
+        for p, keys in produce:
+            part = self._parts[p]
             flying = self._inflight.setdefault(p, set())
-            for key, entry in after.items():
+            for key in keys:
+                entry = part.overlay[key]
                 value = encode_entry(entry) if entry is not None else None
                 ack = await self._port.produce(p, key.encode(), value)
+                part.pending[key] = part.pending.get(key, 0) + 1
                 if isinstance(ack, asyncio.Future):
                     flying.add(ack)
                     ack.add_done_callback(flying.discard)
-                acks.append(ack)
+                acks.append((p, ack))
+        if not acks:
+            return
+        partitions = list(dict.fromkeys(p for p, _ in acks))
         if self._port.transactional:  # exactly_once: each one resolves at its commit
-            if not wait:  # NO_BARRIER: committed with the partition's next transaction
-                for (p, _, _), ack in zip(_each_record(changes), acks, strict=True):
+            if not wait:
+                for p, ack in acks:
                     asyncio.ensure_future(ack).add_done_callback(functools.partial(self._lost, p))
-                self._port.commit_soon([p for p, _, _ in changes], LAZY_COMMIT_S)
+                self._port.commit_soon(partitions, LAZY_COMMIT_S)
                 return
-            self._port.commit_soon([p for p, _, _ in changes])
+            self._port.commit_soon(partitions)
         async with asyncio.timeout(self.ack_timeout):  # no task per wait (wait_for makes one)
             if len(acks) == 1:
-                await acks[0]
+                await acks[0][1]
             else:
-                await asyncio.gather(*acks)
+                await asyncio.gather(*(ack for _, ack in acks))
         self.acked += len(acks)
 
     def _lost(self, p: int, fut: asyncio.Future[Any]) -> None:
@@ -594,14 +758,6 @@ class TableKv:
             )
         found.sort(key=lambda e: e.key)
         return found
-
-
-def _each_record(
-    changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]],
-) -> Iterator[tuple[int, str, Entry | None]]:
-    for p, _, after in changes:
-        for key, entry in after.items():
-            yield p, key, entry
 
 
 def _ranged(

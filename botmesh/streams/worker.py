@@ -820,6 +820,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         instance=instance,
         # the limit the app's producer checks each record against (dead letters are cut)
         max_request_size=int(app.conf.producer_max_request_size),
+        flush=kv.flush if kv is not None else None,
     )
     app.botmesh_runtime = runtime
     app.botmesh_runner = runner

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
+from botmesh.state.writes import Write
 from botmesh.streams.journal_db import JournalDb
 from botmesh.streams.table_kv import TableKv, in_partition
 from botmesh.testing import MockProvider
@@ -415,3 +416,62 @@ async def test_memory_holds_what_is_in_flight_and_the_disk_what_is_retained(
         assert entry is not None and (entry.value, entry.version) == ({"n": 150}, 1)
     assert [e.key for e in await kv.scan("s/")][:2] == ["s/000", "s/001"]
     assert len(await kv.scan("s/")) == 300
+
+
+async def test_writes_no_side_effect_waits_for_go_out_later_and_once_per_key(
+    backend: BackendHandle,
+) -> None:
+    """``DEFERRED`` writes (a send sent, then published; an inbound done) are read at once
+    but produced later: each key's latest version once, with the chat's next awaited write
+    (before it; another chat's stay) or with ``flush``. The changelog then holds them."""
+    kv, port = table_of(backend)
+    with in_partition(0, "a"):
+        await kv.commit([Put("s/a1", {"n": 0}, expect=0)])
+    with in_partition(0, "b"):
+        await kv.commit([Put("s/b1", {"n": 0}, expect=0)])
+    produced = port.produced
+    with in_partition(0, "a"):
+        await kv.commit([Put("s/a1", {"n": 1}, expect=1)], label=Write.OUTBOX_MARK_SENT)
+        await kv.commit([Put("s/a1", {"n": 2}, expect=2)], label=Write.OUTBOX_PUBLISHED)
+        entry = await kv.get("s/a1")
+        assert entry is not None and (entry.value, entry.version) == ({"n": 2}, 3)
+    with in_partition(0, "b"):
+        await kv.commit([Put("s/b1", {"n": 1}, expect=1)], label=Write.INBOX_MARK_DONE)
+    assert port.produced == produced and kv.deferred == 2  # nothing produced yet
+    with in_partition(0, "a"):  # chat a's next awaited write: a1 (once) goes first
+        await kv.commit([Put("s/a2", {"n": 0}, expect=0)], label=Write.OUTBOX_JOURNAL)
+    assert port.produced == produced + 2 and kv.deferred == 1  # b1 still waits
+    await kv.flush()
+    assert port.produced == produced + 3 and kv.deferred == 0
+    restored = await backend.reopen()  # from the changelog alone
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        got = {k: await restored.kv.get(k) for k in ("s/a1", "s/a2", "s/b1")}
+    assert {k: (e.value, e.version) for k, e in got.items() if e is not None} == {
+        "s/a1": ({"n": 2}, 3),
+        "s/a2": ({"n": 0}, 1),
+        "s/b1": ({"n": 1}, 2),
+    }
+
+
+async def test_deferred_writes_the_broker_does_not_ack_wait_for_the_next_flush(
+    backend: BackendHandle,
+) -> None:
+    kv, port = table_of(backend)
+    with in_partition(0):
+        await kv.commit([Put("s/k", {"v": 1}, expect=0)])
+        await kv.commit([Put("s/k", {"v": 2}, expect=1)], label=Write.INBOX_MARK_DONE)
+    producer = port.producer
+    port.producer = None  # as if the broker were gone: the flush fails
+    with pytest.raises(JournalUnavailableError, match="the changelog is stopped"):
+        await kv.flush()
+    assert kv.deferred == 1
+    port.produced = 0
+    port.producer = producer
+    await kv.flush()
+    assert port.produced == 1 and kv.deferred == 0
+    restored = await backend.reopen()
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        entry = await restored.kv.get("s/k")
+    assert entry is not None and (entry.value, entry.version) == ({"v": 2}, 2)
