@@ -644,8 +644,7 @@ class TableKv:
             self.failed += 1
             if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
                 raise JournalUnavailableError(
-                    f"deferred journal writes not acked by the broker: {type(exc).__name__}: "
-                    f"{exc}"
+                    f"deferred journal writes not acked by the broker: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
 
