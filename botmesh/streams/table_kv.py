@@ -670,19 +670,27 @@ class TableKv:
         """Produce the latest version of each key, and wait for the acks (``wait``); under
         ``exactly_once``, without ``wait``: committed with the partition's next
         transaction, and a failure calls ``on_lost``."""
-        acks: list[tuple[int, Awaitable[Any]]] = []
+        # every record counted pending before the first await: an ack of an earlier version
+        # that lands meanwhile must not drop the latest from the overlay (``persisted``)
+        records: list[tuple[int, str, bytes | None]] = []
         for p, keys in produce:
             part = self._parts[p]
-            flying = self._inflight.setdefault(p, set())
             for key in keys:
                 entry = part.overlay[key]
-                value = encode_entry(entry) if entry is not None else None
-                ack = await self._port.produce(p, key.encode(), value)
+                records.append((p, key, encode_entry(entry) if entry is not None else None))
                 part.pending[key] = part.pending.get(key, 0) + 1
-                if isinstance(ack, asyncio.Future):
-                    flying.add(ack)
-                    ack.add_done_callback(flying.discard)
-                acks.append((p, ack))
+        acks: list[tuple[int, Awaitable[Any]]] = []
+        for i, (p, key, value) in enumerate(records):
+            try:
+                ack = await self._port.produce(p, key.encode(), value)
+            except BaseException:
+                self._unproduced(records[i:])
+                raise
+            if isinstance(ack, asyncio.Future):
+                flying = self._inflight.setdefault(p, set())
+                flying.add(ack)
+                ack.add_done_callback(flying.discard)
+            acks.append((p, ack))
         if not acks:
             return
         partitions = list(dict.fromkeys(p for p, _ in acks))
@@ -699,6 +707,18 @@ class TableKv:
             else:
                 await asyncio.gather(*(ack for _, ack in acks))
         self.acked += len(acks)
+
+    def _unproduced(self, records: list[tuple[int, str, bytes | None]]) -> None:
+        """Records counted pending that were never handed to the producer."""
+        for p, key, _ in records:
+            part = self._parts.get(p)
+            n = None if part is None else part.pending.get(key)
+            if part is None or n is None:
+                continue
+            if n > 1:
+                part.pending[key] = n - 1
+            else:
+                del part.pending[key]
 
     def _lost(self, p: int, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled() or fut.exception() is None:
