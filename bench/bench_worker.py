@@ -109,8 +109,8 @@ from botmesh.examples.demo import stop_process, worker_command  # noqa: E402
 from botmesh.state.errors import BadRecord  # noqa: E402
 from botmesh.state.messages import Inbound  # noqa: E402
 from botmesh.streams.config import KAFKA_JOURNAL, WorkerConfig  # noqa: E402
+from botmesh.streams.ops.tools import end_offsets  # noqa: E402
 from botmesh.streams.provision import ensure_topics  # noqa: E402
-from botmesh.streams.tools import end_offsets  # noqa: E402
 from botmesh.topics import Catalog, chat_key, encode_inbound  # noqa: E402
 from botmesh.topics.dead_letters import redact  # noqa: E402
 from botmesh.topics.records import decode_inbound, decode_receipt  # noqa: E402

@@ -272,7 +272,7 @@ def _cmd_worker(args: Args) -> int:
         loglevel=args.loglevel,
         guarantee=args.guarantee,
     )
-    from botmesh.streams.worker import run_worker
+    from botmesh.streams.faust_app.app import run_worker
 
     run_worker(bot, provider, config)
     return 0
@@ -327,7 +327,7 @@ def _cmd_topics(args: Args) -> int:
 
 
 def _cmd_produce(args: Args) -> int:
-    from botmesh.streams.tools import demo_records, produce_inbound
+    from botmesh.streams.ops.tools import demo_records, produce_inbound
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
     run = args.run_id or f"run{uuid.uuid4().hex[:6]}"
@@ -368,7 +368,7 @@ def _options(pairs: list[str]) -> dict[str, object]:
 
 def _cmd_send(args: Args) -> int:
     from botmesh.state.messages import Media
-    from botmesh.streams.tools import request_send
+    from botmesh.streams.ops.tools import request_send
     from botmesh.topics.records import REQUEST_KEY_PREFIX
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
@@ -397,7 +397,7 @@ def _cmd_send(args: Args) -> int:
 
 
 def _cmd_receipts(args: Args) -> int:
-    from botmesh.streams.tools import tail_receipts
+    from botmesh.streams.ops.tools import tail_receipts
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
 

@@ -114,7 +114,7 @@ def _kinds(args: Args) -> list[str]:
 
 
 def _run(args: Args, cat: Catalog, bootstrap: str) -> int:
-    from botmesh.streams import dlq
+    from botmesh.streams.ops import dlq
 
     topics = [dlq.dlq_topic(cat, k) for k in _kinds(args)]
     if args.action == "show":
@@ -168,7 +168,7 @@ def _show(args: Args, letters: list[DeadLetter]) -> int:
 
 
 def _act(args: Args, cat: Catalog, bootstrap: str, letters: list[DeadLetter]) -> int:
-    from botmesh.streams import dlq
+    from botmesh.streams.ops import dlq
 
     action = {"retry": "retry_send", "replay": "replay_inbound", "discard": "discard"}[args.action]
     ident: Callable[[DeadLetter], str | None]
@@ -252,7 +252,7 @@ def _say(args: Args, report: list[dict[str, Any]], summary: str) -> None:
 
 def run_flows(args: Args, cat: Catalog, bootstrap: str) -> int:
     """Ask each chat's owner to restart or drop its flow (``<prefix>.control``)."""
-    from botmesh.streams import dlq
+    from botmesh.streams.ops import dlq
     from botmesh.topics.control import ControlRequest
 
     action: Literal["restart_flow", "drop_flow"] = (

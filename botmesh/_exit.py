@@ -77,7 +77,7 @@ def stop_on_sigterm_until_started() -> None:
             limit = float(os.environ.get("BOTMESH_STOP_TIMEOUT", "").strip() or 30)
         except ValueError:
             limit = 30.0
-        # the status of a stop past its limit (``botmesh.streams.worker.EXIT_SOFTWARE``)
+        # the status of a stop past its limit (``botmesh.streams.faust_app.app.EXIT_SOFTWARE``)
         timer = threading.Timer(limit, os._exit, (70,))
         timer.daemon = True
         timer.start()

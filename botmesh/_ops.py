@@ -1,6 +1,6 @@
-"""``botmesh replay``, ``status`` and ``metrics``: call ``botmesh.streams.operator`` and print what
-it returns, as ``rich`` tables or (``--json``) one JSON document on stdout. Messages and
-the progress bar go to stderr. Exit statuses: ``botmesh._exit``."""
+"""``botmesh replay``, ``status`` and ``metrics``: call ``botmesh.streams.ops.operator``
+and print what it returns, as ``rich`` tables or (``--json``) one JSON document on
+stdout. Messages and the progress bar go to stderr. Exit statuses: ``botmesh._exit``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from botmesh._exit import Exit
-from botmesh.streams import operator as op
+from botmesh.streams.ops import operator as op
 from botmesh.topics.catalog import Catalog
 
 __all__ = ["cmd_metrics", "cmd_replay", "cmd_status"]

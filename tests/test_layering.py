@@ -283,6 +283,36 @@ def test_only_streams_imports_kafka_clients_itself() -> None:
     assert bad == [], "import Kafka clients in botmesh/streams/ only:\n" + "\n".join(bad)
 
 
+#: Faust (and mode, its service library) is imported in ``botmesh/streams/faust_app/`` only.
+FAUST = frozenset({"faust", "mode"})
+
+
+def test_faust_is_imported_in_its_own_package_only() -> None:
+    """The floor plan of ``streams/``: everything that knows Faust is in ``faust_app``; the
+    runner, the journal, the tiers and the operator's tools never import it."""
+    bad = [
+        str(i)
+        for i in all_imports()
+        if i.top in FAUST and not _module_of(i.file).startswith("botmesh.streams.faust_app")
+    ]
+    assert bad == [], "import Faust in botmesh/streams/faust_app/ only:\n" + "\n".join(bad)
+
+
+def test_the_operator_tools_and_the_worker_stand_apart() -> None:
+    """``streams/ops`` (status, replay, dead letters, demo traffic) never imports the worker's
+    Faust app, and nothing of the worker imports the operator's tools."""
+    bad = []
+    for i in all_imports():
+        mod = _module_of(i.file)
+        ops = mod.startswith("botmesh.streams.ops")
+        worker = mod.startswith("botmesh.streams.") and not ops
+        if ops and i.name.startswith("botmesh.streams.faust_app"):
+            bad.append(str(i))
+        if worker and i.name.startswith("botmesh.streams.ops"):
+            bad.append(str(i))
+    assert bad == [], "the worker and streams/ops import each other:\n" + "\n".join(bad)
+
+
 def lazy_job(module: str) -> tuple[str, ...]:
     """What a ``LAZY`` key imports: the module; for ``botmesh``, the modules its public names
     live in too (``botmesh._WHERE``)."""
@@ -330,7 +360,7 @@ def test_the_reader_sees_every_kind_of_import() -> None:
         "    import faust\n"
         "def f():\n"
         "    import aiokafka\n"
-        "    return importlib.import_module('botmesh.streams.worker')\n"
+        "    return importlib.import_module('botmesh.streams.faust_app.app')\n"
         "class C:\n"
         "    import mode\n"
         "    g = lambda: __import__('rocksdict')\n"
@@ -353,7 +383,7 @@ def test_the_reader_sees_every_kind_of_import() -> None:
         ("json", "module"),
         ("faust", "type-checking"),
         ("aiokafka", "function"),
-        ("botmesh.streams.worker", "function"),
+        ("botmesh.streams.faust_app.app", "function"),
         ("mode", "module"),
         ("rocksdict", "function"),
         ("botmesh.providers.console", "string"),

@@ -40,9 +40,7 @@ from types import FrameType
 from botmesh._cli import load_app
 from botmesh.errors import AppLoadError
 from botmesh.examples.echo_bot import bot as echo_bot
-from botmesh.streams.provision import ensure_topics
-from botmesh.streams.table_kv import changelog_topic
-from botmesh.streams.tools import (
+from botmesh.streams.ops.tools import (
     Seen,
     demo_records,
     end_offsets,
@@ -50,6 +48,8 @@ from botmesh.streams.tools import (
     read_journal,
     tail_receipts,
 )
+from botmesh.streams.provision import ensure_topics
+from botmesh.streams.table_kv import changelog_topic
 from botmesh.topics.catalog import Catalog, prefix_from_env
 
 __all__ = ["journal_summary", "main", "stop_process", "worker_command"]

@@ -1,10 +1,16 @@
-"""The Kafka edge: the Faust app and its agents. The only package that imports Kafka or Faust.
+"""The Kafka edge. The only package that imports Kafka or Faust.
 
-Modules: ``botmesh.streams.worker`` (the Faust app: ``build_app``, ``run_worker``),
-``botmesh.streams.config``
-(``WorkerConfig`` and the worker's journal rule, no Faust), ``botmesh.streams.runner`` (the inbound
-path without Faust: ``InboundRunner``, ``KafkaReceipts``, the ``BotDefinition`` and
-``RuntimeLike`` protocols), ``botmesh.streams.provision`` (idempotent topic creation),
-``botmesh.streams.tools`` (demo traffic and the receipts tail). Import them directly; this package
-imports nothing heavy itself.
+Its floor plan:
+
+- the worker's parts that do not know Faust, here: ``runner`` (the inbound path:
+  ``InboundRunner``, ``KafkaReceipts``, the ``BotDefinition`` and ``RuntimeLike``
+  protocols), ``table_kv`` and ``journal_db`` (the journal over a changelog, on disk),
+  ``retry_tiers``, ``membership`` (joining the group), ``config`` (``WorkerConfig``),
+  ``connection`` (TLS and SASL for every client), ``provision`` (idempotent topic
+  creation), ``gateway`` (the webhook gateway's Kafka side);
+- ``faust_app``: everything that knows Faust (the app, the table, the workarounds);
+- ``ops``: the operator's tools (status, replay, dead letters, demo traffic, the receipts
+  tail), apart from the worker.
+
+Import the modules directly; this package imports nothing heavy itself.
 """

@@ -157,7 +157,7 @@ class WorkerConfig:
     #: ``BOTMESH_PROCESSING_GUARANTEE`` (``at_least_once``, or ``exactly_once``): Faust's
     #: processing guarantee. Under ``exactly_once`` the journal's changelog records go into
     #: the partition's Kafka transaction and a journal commit returns once that transaction
-    #: committed (``botmesh.streams.worker.JournalTable``).
+    #: committed (``botmesh.streams.faust_app.table.JournalTable``).
     guarantee: str = "at_least_once"
     #: ``BOTMESH_METRICS_INTERVAL`` (10 s): how often the worker publishes its counters to
     #: ``<prefix>.metrics`` (and once at a clean stop).

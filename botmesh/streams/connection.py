@@ -24,7 +24,8 @@ variable                       meaning
 
 A function that talks to Kafka takes ``Brokers``: a bootstrap string (the security settings
 then come from the environment) or a ``KafkaSettings``. ``aiokafka_options``,
-``confluent_options`` and ``faust_options`` turn it into each library's keywords;
+``confluent_options`` (and, for the Faust app, ``faust_app.app.faust_options``) turn it
+into each library's keywords;
 ``admin`` builds the admin client and ``list_topics`` makes the first contact, which turns
 a refused login, an unknown CA or a protocol mismatch into ``KafkaAuthError`` naming the
 setting to fix. Passwords are ``Secret``: their ``repr`` and ``str`` never show them, and no
@@ -59,7 +60,6 @@ __all__ = [
     "aiokafka_options",
     "confluent_options",
     "connect_error",
-    "faust_options",
     "list_topics",
     "servers",
     "settings_of",
@@ -311,29 +311,6 @@ def confluent_options(brokers: Brokers) -> dict[str, Any]:
         out["sasl.mechanism"] = sec.sasl_mechanism
         out["sasl.username"] = sec.sasl_username
         out["sasl.password"] = sec.sasl_password.reveal()
-    return out
-
-
-def faust_options(brokers: Brokers) -> dict[str, Any]:
-    """Keywords of ``faust.App``: the broker URLs and their credentials."""
-    import faust  # the worker's: imported only where Faust runs
-
-    s = settings_of(brokers)
-    sec = s.security
-    out: dict[str, Any] = {
-        "broker": [f"kafka://{b.strip()}" for b in s.bootstrap.split(",") if b.strip()]
-    }
-    if sec.sasl:
-        assert sec.sasl_password is not None
-        out["broker_credentials"] = faust.SASLCredentials(
-            username=sec.sasl_username,
-            password=sec.sasl_password.reveal(),
-            ssl_context=sec.ssl_context,
-            mechanism=sec.sasl_mechanism,
-        )
-    elif sec.tls:
-        assert sec.ssl_context is not None
-        out["broker_credentials"] = faust.SSLCredentials(sec.ssl_context)
     return out
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from botmesh.streams.connection import Brokers, KafkaAuthError, list_topics
-from botmesh.streams.operator import GroupInfo, Member, describe_group, remove_members
+from botmesh.streams.groups import GroupInfo, Member, describe_group, remove_members
 
 __all__ = [
     "WORKER_COUNTERS",

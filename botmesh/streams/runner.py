@@ -3,8 +3,8 @@ requests), settle each through the runtime, dead-letter what cannot be settled, 
 receipts.
 
 ``InboundRunner.run_batch`` takes plain :class:`RawRecord` tuples, so the Faust agent
-(``botmesh.streams.worker``) and tests drive the same code. It **returns only when every record of
-the batch is settled**, and then the caller may ack the whole batch; it **raises**
+(``botmesh.streams.faust_app.app``) and tests drive the same code. It **returns only when
+every record of the batch is settled**, and then the caller may ack the whole batch; it **raises**
 (:class:`BatchAbandoned`, or whatever the runtime raised that is not an ``Exception``) when
 one is not, and then nothing of the batch may be acked (the worker exits hard).
 
@@ -58,8 +58,8 @@ retention deletes it. Should the producer or the broker still refuse a copy as t
 cut to a sixteenth, then with no value and none of the record's own headers; only a copy
 refused at that size, or for another reason, gives the batch up. A header key of the
 record that was not UTF-8 (the consumer keeps such bytes as surrogate escapes:
-``botmesh.streams.faust_defects.lenient_header_keys``) is copied with U+FFFD in their place. So no
-record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
+``botmesh.streams.faust_app.defects.lenient_header_keys``) is copied with U+FFFD in their
+place. So no record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
 huge key or header, a header key that is not UTF-8), stops the worker or holds up its
 partition. A record larger than the consumer's fetch size (1 MiB a partition; a topic
 whose ``max.message.bytes`` was raised) is fetched all the same: the broker hands over a
@@ -109,11 +109,11 @@ sequences interleave). Records of different batches are settled batch after batc
 
 **How far a failing chat blocks others.** The records of one chat run one after the other,
 in offset order; the chats of a batch run concurrently. Batches may run side by side (the
-worker starts each as it is taken: ``botmesh.streams.worker.Pipeline``): a chat's records
+worker starts each as it is taken: ``botmesh.streams.faust_app.app.Pipeline``): a chat's records
 wait for its records of the batches handed over before, nothing else does. So a record
 that waits for a retry, or a provider that hangs, holds up only the later records of its
 own chat; the caller acks a batch once ``run_batch`` returned, and the worker's commit
-stays before its lowest record not settled (``botmesh.streams.faust_defects``: the guard
+stays before its lowest record not settled (``botmesh.streams.faust_app.defects``: the guard
 holds the commit at a record in flight). ``unsettled`` counts the records handed over and
 not settled, over every batch (the worker takes no more beyond its in-flight limit). A
 batch that keeps retrying for longer than ``batch_deadline`` (default 600 s, under Faust's
@@ -206,7 +206,7 @@ UNCONFIRMED_WAIT_S = 0.5
 UNCONFIRMED_PATIENCE_S = 5.0
 #: The largest record the worker's producer sends (key, value, headers and the overhead of
 #: its batch together): Faust's default ``producer_max_request_size``; aiokafka's own default
-#: is 1,048,576. ``botmesh.streams.worker`` passes the app's setting to the runner.
+#: is 1,048,576. ``botmesh.streams.faust_app.app`` passes the app's setting to the runner.
 MAX_REQUEST_SIZE = 1_000_000
 #: Bytes a cut dead letter leaves free under that limit.
 CUT_MARGIN = 16 * 1024
@@ -343,7 +343,7 @@ def too_large(exc: BaseException) -> BaseException | None:
 
 def _encodable(name: str) -> str:
     """A header key the producer can encode: bytes that were not UTF-8 (which the consumer
-    keeps as surrogate escapes, ``botmesh.streams.faust_defects.lenient_header_keys``) become
+    keeps as surrogate escapes, ``botmesh.streams.faust_app.defects.lenient_header_keys``) become
     U+FFFD."""
     try:
         name.encode()

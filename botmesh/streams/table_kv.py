@@ -6,17 +6,17 @@ topic, and a chat's records (its inbox, outbox and lease records) live in the ch
 partition of the chat's inbound partition. Whichever worker owns inbound partition ``p``
 owns changelog partition ``p``: Faust assigns them together, restores the partition's
 RocksDB database from the changelog before the worker gets the next inbound record of
-``p`` (``JournalTable.on_recovery_completed`` in ``botmesh.streams.worker``), and the journal then
-opens the partition (``assign``) and runs the engine's recovery pass over it (leases the old
-owner left are reclaimed once they expire, or at once when this instance held them; sends
-left in flight are resolved by the ambiguity policy). A revoked partition is dropped
-(``revoke``): a later write of its records by this worker is refused (a lease holder's
-write becomes ``FencedError``, counted in ``staleLeases``).
+``p`` (``JournalTable.on_recovery_completed`` in ``botmesh.streams.faust_app.table``), and
+the journal then opens the partition (``assign``) and runs the engine's recovery pass over
+it (leases the old owner left are reclaimed once they expire, or at once when this
+instance held them; sends left in flight are resolved by the ambiguity policy). A revoked
+partition is dropped (``revoke``): a later write of its records by this worker is refused
+(a lease holder's write becomes ``FencedError``, counted in ``staleLeases``).
 
 **The records live on disk.** A partition's records, and its ``due`` and ``purge`` indexes
 in (score, key) order, are in its RocksDB database (``botmesh.streams.journal_db``); a read
 goes there unless memory holds a newer version. Memory holds only the writes in flight (the
-partition's overlay: produced, not yet acked and written to the database) and a bounded
+partition's overlay: deferred, or produced and not yet in the database) and a bounded
 cache of records read or written lately. So what a worker holds grows with what it has in
 flight, not with what it retains; opening a partition reads nothing, its recovery pass
 reads the records due, and a sweeper pass reads what is due, not what is retained.
@@ -60,7 +60,7 @@ handed its partitions over. The coordinator evicts a member only a whole session
 after its last accepted heartbeat, so a write that passed the check leaves at least half
 the session timeout before another owner can take the partition. A worker that comes back
 into the group after missing a rebalance drops its partitions and opens them again once
-restored (``botmesh.streams.worker.JournalTable.on_rebalance``): another owner may have
+restored (``botmesh.streams.faust_app.table.JournalTable.on_rebalance``): another owner may have
 written them.
 
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
@@ -159,7 +159,8 @@ class MembershipUnconfirmed(JournalUnavailableError):
 
 
 class ChangelogPort(Protocol):
-    """What the journal needs from the Faust side (``botmesh.streams.worker.JournalTable``)."""
+    """What the journal needs from the Faust side
+    (``botmesh.streams.faust_app.table.JournalTable``)."""
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
         """Hand one changelog record to the producer; the awaitable resolves when the record
@@ -195,7 +196,7 @@ OnAssigned = Callable[[int], Awaitable[object]]
 
 #: Called when a transaction holding deferred writes (``DEFERRED``) could not be
 #: committed: memory holds what the changelog lost (the worker exits:
-#: ``botmesh.streams.worker``).
+#: ``botmesh.streams.faust_app.app``).
 OnLost = Callable[[int, BaseException], None]
 
 #: Writes no side effect waits for: ``commit`` applies them in memory (every read sees

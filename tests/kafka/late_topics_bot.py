@@ -20,8 +20,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from botmesh.streams import membership, worker
+from botmesh.streams import membership
 from botmesh.streams.connection import Brokers
+from botmesh.streams.faust_app import app as worker
 from botmesh.streams.provision import ProvisionResult
 from tests.kafka.bot import bot, provider
 

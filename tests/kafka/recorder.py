@@ -48,7 +48,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from botmesh.state.messages import Inbound, Receipt
-from botmesh.streams.tools import demo_records
+from botmesh.streams.ops.tools import demo_records
 from botmesh.topics import decode_inbound, decode_receipt
 
 __all__ = [

@@ -50,8 +50,8 @@ import pytest
 from aiohttp import web
 
 from botmesh.state.messages import Inbound
-from botmesh.streams.operator import decode_metrics
-from botmesh.streams.tools import produce_inbound
+from botmesh.streams.ops.operator import decode_metrics
+from botmesh.streams.ops.tools import produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.kill_bot import reply_text
 from tests.kafka.recorder import Tally, wait_until

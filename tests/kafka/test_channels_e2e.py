@@ -47,8 +47,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from botmesh.providers.twilio import twilio_signature
 from botmesh.providers.webhooks import hmac_hex
+from botmesh.streams.ops.tools import end_offsets
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import end_offsets
 from botmesh.topics import Catalog
 from tests.kafka.channel_bot import bot
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_all, read_journal

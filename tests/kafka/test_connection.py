@@ -17,9 +17,9 @@ from botmesh.streams.connection import (
     Security,
     aiokafka_options,
     confluent_options,
-    faust_options,
     settings_of,
 )
+from botmesh.streams.faust_app.app import faust_options
 
 PASSWORD = "pw-that-must-not-show"
 

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from botmesh import Inbound
-from botmesh.streams.dlq import read_dead_letters, reproduce
+from botmesh.streams.ops.dlq import read_dead_letters, reproduce
+from botmesh.streams.ops.tools import produce_inbound
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.bot import reply_text
 from tests.kafka.recorder import Recorder

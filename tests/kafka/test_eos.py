@@ -1,13 +1,14 @@
 """``exactly_once`` on a real broker: the worker (``--guarantee`` via
 ``BOTMESH_PROCESSING_GUARANTEE=exactly_once``) on the journal on Kafka, whose changelog
-records go into the partition's Kafka transaction (``botmesh.streams.worker.JournalTable``).
+records go into the partition's Kafka transaction
+(``botmesh.streams.faust_app.table.JournalTable``).
 
 - 500 messages over 10 chats: each reply sent once, each receipt there, the journal read
   back from the changelog with ``read_committed`` matching the provider's calls;
 - SIGKILL 5 times during the traffic, restarted with the same instance id: none lost, none
   sent twice, the journal (read_committed) matching the provider's calls;
 - a restarted worker restores only the changelog's tail: Faust's own EOS bookkeeping of
-  the changelog offsets would replay it whole (``botmesh.streams.faust_defects``), the journal
+  the changelog offsets would replay it whole (``botmesh.streams.faust_app.defects``), the journal
   persists the offsets itself after each transaction commit.
 """
 
@@ -24,8 +25,14 @@ from typing import Any
 import pytest
 
 from botmesh.journal import OutboxState
+from botmesh.streams.ops.tools import (
+    Seen,
+    demo_records,
+    end_offsets,
+    produce_inbound,
+    tail_receipts,
+)
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot, reply_text
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_journal

@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.producer.transaction_manager import TransactionState
 
 from botmesh.state.errors import JournalUnavailableError
-from botmesh.streams.worker import JournalTable
+from botmesh.streams.faust_app.table import JournalTable
 
 TID = "app-1-0"
 

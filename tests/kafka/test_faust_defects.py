@@ -1,5 +1,6 @@
-"""The faust-streaming defects of ``botmesh.streams.faust_defects``, each shown on Faust's own code
-and met by botmesh's workaround (no broker needed: the consumer is never started)."""
+"""The faust-streaming defects of ``botmesh.streams.faust_app.defects``, each shown on
+Faust's own code and met by botmesh's workaround (no broker needed: the consumer is never
+started)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from faust.transport.drivers.aiokafka import Consumer
 from faust.types import TP
 from intervaltree import IntervalTree
 
-from botmesh.streams.faust_defects import (
+from botmesh.streams.faust_app.defects import (
     _ORIGINAL,
     ReadOffsets,
     guard_commit_holes,
@@ -131,7 +132,7 @@ async def test_faust_restore_polls_the_changelog_every_5_s_and_the_worker_every_
 
     from faust.tables import recovery
 
-    from botmesh.streams.faust_defects import RECOVERY_POLL_S, shorten_recovery_poll
+    from botmesh.streams.faust_app.defects import RECOVERY_POLL_S, shorten_recovery_poll
 
     source = inspect.getsource(recovery.Recovery)
     assert "changelog_queue.get(), timeout=5.0" in source  # Faust's own poll
@@ -162,7 +163,7 @@ async def test_faust_takes_the_end_of_an_eos_restore_from_a_cache_the_worker_ask
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    from botmesh.streams.faust_defects import _ORIGINAL_HIGHWATERS, fresh_highwaters
+    from botmesh.streams.faust_app.defects import _ORIGINAL_HIGHWATERS, fresh_highwaters
     from botmesh.streams.provision import ensure_topics
     from botmesh.topics.catalog import TopicSpec
 
@@ -204,7 +205,7 @@ async def test_faust_ends_an_eos_restore_on_the_consumer_position_the_worker_che
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from yarl import URL
 
-    from botmesh.streams.faust_defects import (
+    from botmesh.streams.faust_app.defects import (
         _ORIGINAL_POSITION,
         committed_record_between,
         verify_aborted_tails,
@@ -287,8 +288,8 @@ async def test_a_partition_faust_left_unrestored_is_caught_up_from_the_changelog
     from aiokafka import AIOKafkaProducer
     from yarl import URL
 
+    from botmesh.streams.faust_app.table import JournalTable
     from botmesh.streams.provision import ensure_topics
-    from botmesh.streams.worker import JournalTable
     from botmesh.topics.catalog import TopicSpec
 
     topic = f"{topic_prefix}.worker-journal-changelog"
@@ -462,7 +463,7 @@ def test_a_seek_back_to_a_hole_is_undone_by_records_fetched_before_it_unless_it_
 def test_the_guard_makes_faust_keep_its_read_offsets_in_a_read_offsets() -> None:
     from faust.transport import consumer as faust_consumer
 
-    from botmesh.streams import faust_defects
+    from botmesh.streams.faust_app import defects as faust_defects
 
     guard_commit_holes()
     assert faust_consumer.Consumer.__init__ is faust_defects._init
@@ -506,8 +507,8 @@ async def test_offsets_the_consumer_jumped_over_become_a_gap_only_when_they_hold
     from aiokafka import AIOKafkaProducer, TopicPartition
     from yarl import URL
 
-    from botmesh.streams import faust_defects
-    from botmesh.streams.faust_defects import read_committed
+    from botmesh.streams.faust_app import defects as faust_defects
+    from botmesh.streams.faust_app.defects import read_committed
     from botmesh.streams.provision import ensure_topics
     from botmesh.topics.catalog import TopicSpec
 
@@ -598,7 +599,7 @@ def test_one_standby_replica_under_either_guarantee(tmp_path: Any, guarantee: st
     guarantees, so a takeover has the partition at hand."""
     from botmesh.providers.mock import MockProvider
     from botmesh.streams.config import WorkerConfig
-    from botmesh.streams.worker import build_app
+    from botmesh.streams.faust_app.app import build_app
     from tests.kafka.bot import bot
 
     env = {"BOTMESH_DATA_DIR": str(tmp_path), "BOTMESH_PROCESSING_GUARANTEE": guarantee}
@@ -615,7 +616,7 @@ async def test_faust_sleeps_a_second_before_its_restore_and_the_worker_does_not(
 
     from faust.tables.manager import TableManager
 
-    from botmesh.streams.faust_defects import _ORIGINAL_TABLES_START, start_tables_at_once
+    from botmesh.streams.faust_app.defects import _ORIGINAL_TABLES_START, start_tables_at_once
 
     assert "await self.sleep(1.0)" in inspect.getsource(_ORIGINAL_TABLES_START)
     start_tables_at_once()
@@ -653,8 +654,8 @@ async def test_faust_fetches_with_a_wait_of_1_5_s_and_the_worker_with_a_tenth(
 
     from botmesh.providers.mock import MockProvider
     from botmesh.streams.config import WorkerConfig
-    from botmesh.streams.faust_defects import _ORIGINAL_CREATE_CONSUMER, FETCH_WAIT_MS
-    from botmesh.streams.worker import build_app
+    from botmesh.streams.faust_app.app import build_app
+    from botmesh.streams.faust_app.defects import _ORIGINAL_CREATE_CONSUMER, FETCH_WAIT_MS
     from tests.kafka.bot import bot
 
     assert "fetch_max_wait_ms=1500" in inspect.getsource(_ORIGINAL_CREATE_CONSUMER)
@@ -684,7 +685,10 @@ async def test_faust_starts_transactional_producers_one_by_one_and_the_worker_to
 
     from faust.transport.consumer import TransactionManager
 
-    from botmesh.streams.faust_defects import _ORIGINAL_START_TRANSACTIONS, start_producers_at_once
+    from botmesh.streams.faust_app.defects import (
+        _ORIGINAL_START_TRANSACTIONS,
+        start_producers_at_once,
+    )
 
     source = inspect.getsource(_ORIGINAL_START_TRANSACTIONS)
     assert "for transactional_id in tids:" in source  # Faust's own: one await per id
@@ -721,8 +725,8 @@ def test_faust_web_server_stop_waits_a_minute_on_requests_and_the_worker_three_s
 
     from botmesh.providers.mock import MockProvider
     from botmesh.streams.config import WorkerConfig
-    from botmesh.streams.faust_defects import WEB_STOP_S
-    from botmesh.streams.worker import build_app
+    from botmesh.streams.faust_app.app import build_app
+    from botmesh.streams.faust_app.defects import WEB_STOP_S
     from tests.kafka.bot import bot
 
     assert AppRunner(Application())._shutdown_timeout == 60.0
@@ -746,7 +750,7 @@ async def test_an_emptied_set_of_active_partitions_fetches_every_partition_unles
     from aiokafka.consumer.fetcher import Fetcher
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    from botmesh.streams.faust_defects import _ORIGINAL_GETMANY, fetch_only_active
+    from botmesh.streams.faust_app.defects import _ORIGINAL_GETMANY, fetch_only_active
 
     assert "if partitions and tp not in partitions:" in inspect.getsource(Fetcher.fetched_records)
     assert "active_partitions," in inspect.getsource(_ORIGINAL_GETMANY)  # handed on as is
@@ -798,7 +802,7 @@ async def test_the_end_of_faust_restore_clears_the_changelog_queue_and_the_worke
     from faust.tables.recovery import Recovery
     from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-    from botmesh.streams.faust_defects import _ORIGINAL_RECOVERY_COMPLETED, keep_changelog_queue
+    from botmesh.streams.faust_app.defects import _ORIGINAL_RECOVERY_COMPLETED, keep_changelog_queue
 
     steps: list[str] = []
 
@@ -885,7 +889,7 @@ def test_every_patch_is_in_the_register_with_its_test() -> None:
     import inspect
     from pathlib import Path
 
-    from botmesh.streams import faust_defects
+    from botmesh.streams.faust_app import defects as faust_defects
 
     installers = {
         name

@@ -26,8 +26,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from botmesh import Inbound
+from botmesh.streams.ops.tools import end_offsets
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import end_offsets
 from botmesh.topics import Catalog, chat_key, encode_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from botmesh.streams.ops.tools import produce_inbound
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.broker import KAFKA_SH, free_ports
 from tests.kafka.recorder import Recorder, Tally, check_effects, traffic, wait_until

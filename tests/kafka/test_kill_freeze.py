@@ -17,7 +17,7 @@ memory and sent again replies the peer had sent meanwhile (5 of 12 runs before t
 
 Under ``exactly_once`` the peer's transactional producers also fence the thawed worker's
 transactions (``ProducerFencedOut``: it exits 75). Run under ``exactly_once`` this test
-found six faults (``botmesh.streams.faust_defects``), among them a standby replica that skipped
+found six faults (``botmesh.streams.faust_app.defects``), among them a standby replica that skipped
 records and a restore that ended before it had read the records it fetched (the restarted
 worker loaded 136 records of a partition and sent again replies its peer had sent).
 
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from botmesh.streams.faust_app.app import EXIT_ABANDONED
 from botmesh.streams.table_kv import changelog_topic
-from botmesh.streams.worker import EXIT_ABANDONED
 from botmesh.topics import Catalog
 from tests.kafka.recorder import Recorder, Tally, check_effects
 from tests.kafka.test_kills import GUARANTEES, Flow, alive, peers, produced_after, waiting

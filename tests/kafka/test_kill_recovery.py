@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from botmesh.streams.tools import end_offsets, produce_inbound
+from botmesh.streams.ops.tools import end_offsets, produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot
 from tests.kafka.broker import committed_offsets, kafka_tool

@@ -33,7 +33,7 @@ condition holds; the time limits are hang guards only.
 
 The two-worker tests run under both processing guarantees (``GUARANTEES``): under
 ``exactly_once`` they found a restore that ended before it had read what it fetched and one
-that a rebalance overtook (``botmesh.streams.faust_defects``; the new owner sent replies again).
+that a rebalance overtook (``botmesh.streams.faust_app.defects``; the new owner sent replies again).
 
 The recovery tests (offsets reset to the earliest, data dir deleted) are in
 ``test_kill_recovery.py``, the broker stopped and started in ``test_kill_broker.py``.
@@ -52,8 +52,8 @@ from pathlib import Path
 
 import pytest
 
+from botmesh.streams.ops.tools import produce_inbound
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot
 from tests.kafka.recorder import (

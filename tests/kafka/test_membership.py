@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from botmesh.streams.operator import read_metrics
+from botmesh.streams.ops.operator import read_metrics
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics, existing_topics
-from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.broker import forget_prefix
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line

@@ -24,16 +24,16 @@ from aiokafka import AIOKafkaProducer
 from botmesh.state.kv import Entry
 from botmesh.state.metrics import Metric
 from botmesh.streams.membership import WORKER_COUNTERS
-from botmesh.streams.operator import (
+from botmesh.streams.ops.operator import (
     _is_ambiguous_send,
     decode_metrics,
     metrics_record,
     parse_time,
     status,
 )
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.streams.table_kv import encode_entry
-from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
 from botmesh.topics import Catalog
 from tests.kafka.broker import committed_offsets
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker

@@ -1,5 +1,5 @@
 """Sends from outside a handler through Kafka, end to end on a real broker: send requests on
-``<prefix>.requests`` (``botmesh.streams.tools.request_send`` / ``produce_requests``, ``botmesh
+``<prefix>.requests`` (``botmesh.streams.ops.tools.request_send`` / ``produce_requests``, ``botmesh
 send``) handled by a real ``botmesh worker`` (``tests/kafka/worker.py``) running the test bot,
 whose provider appends every send to a file.
 
@@ -29,8 +29,8 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 
 from botmesh import Inbound, Receipt
+from botmesh.streams.ops.tools import end_offsets, produce_inbound, produce_requests, request_send
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import end_offsets, produce_inbound, produce_requests, request_send
 from botmesh.topics import (
     Catalog,
     SendRequest,

@@ -613,7 +613,7 @@ def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:
 
 def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() -> None:
     from botmesh.state.errors import ConfigError
-    from botmesh.streams.worker import _check_copartitioned
+    from botmesh.streams.faust_app.app import _check_copartitioned
     from botmesh.topics import Catalog
 
     cat = Catalog("p")
@@ -869,12 +869,12 @@ def _message(offset: int, chat: str, mid: str) -> Any:
 
 
 async def test_the_pipeline_acks_a_batch_once_settled_and_takes_no_more_than_its_limit() -> None:
-    """``botmesh.streams.worker.Pipeline``: each batch starts at once; its messages are
+    """``botmesh.streams.faust_app.app.Pipeline``: each batch starts at once; its messages are
     marked done only once all its records settled (the ack ending Faust's ``take_events``
     is not the last); past ``limit`` records not settled, the next batch waits."""
     from types import SimpleNamespace
 
-    from botmesh.streams.worker import Pipeline
+    from botmesh.streams.faust_app.app import Pipeline
 
     seen = Seen()
     kv = crashable(MemoryKv())

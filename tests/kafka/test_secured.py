@@ -25,8 +25,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
 from botmesh.streams.connection import KafkaAuthError, KafkaSettings, list_topics
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound, request_send
 from botmesh.streams.provision import ensure_topics, existing_topics
-from botmesh.streams.tools import demo_records, end_offsets, produce_inbound, request_send
 from botmesh.topics import Catalog
 from tests.gateway.kit import gateway_at, probe_body, probe_headers, read_topic
 from tests.kafka.secure_broker import PASSWORD, PLAIN_PASSWORD, SecureBroker, secure_broker

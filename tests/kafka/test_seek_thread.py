@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faust.transport.consumer import ThreadDelegateConsumer
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer
 
-from botmesh.streams.faust_defects import _ORIGINAL_THREAD_SEEK, seek_in_consumer_thread
+from botmesh.streams.faust_app.defects import _ORIGINAL_THREAD_SEEK, seek_in_consumer_thread
 from tests.kafka.broker import create_topics
 
 pytestmark = pytest.mark.kafka

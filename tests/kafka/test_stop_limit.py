@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from botmesh import Inbound
+from botmesh.streams.faust_app.app import EXIT_SOFTWARE
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.worker import EXIT_SOFTWARE
 from botmesh.topics import Catalog
 from tests.kafka.test_journal_outage import produce
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line

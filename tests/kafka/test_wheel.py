@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from botmesh._version import __version__
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound, tail_receipts
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import demo_records, end_offsets, produce_inbound, tail_receipts
 from botmesh.topics import Catalog
 from tests.kill import Child
 
@@ -124,7 +124,7 @@ def test_one_import_name_and_no_state_of_ours(installed: Path, tmp_path: Path) -
     for name in ("state", "streams", "topics", "providers", "examples"):
         out = _run(installed, "-c", f"import {name}", cwd=tmp_path)
         assert out.returncode != 0 and f"No module named '{name}'" in out.stderr, name
-    out = _run(installed, "-c", "from botmesh.streams.tools import request_send", cwd=tmp_path)
+    out = _run(installed, "-c", "from botmesh.streams.ops.tools import request_send", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
 
 

@@ -14,8 +14,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from botmesh import Inbound
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import demo_records, end_offsets, produce_inbound
 from botmesh.topics import Catalog, encode_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets

@@ -33,8 +33,14 @@ import msgspec
 import pytest
 
 from botmesh.journal import OutboxState
+from botmesh.streams.ops.tools import (
+    Seen,
+    demo_records,
+    end_offsets,
+    produce_inbound,
+    tail_receipts,
+)
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.tools import Seen, demo_records, end_offsets, produce_inbound, tail_receipts
 from botmesh.topics import Catalog, decode_inbound, decode_receipt
 from tests.kafka.bot import bot
 from tests.kafka.worker import (
@@ -161,7 +167,7 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
     ]
     assert missing == [], f"{len(missing)} settled sends without their receipt: {missing[:5]}"
     assert set(by_key) <= set(outbox)
-    # a clean stop records the last receipts published (botmesh.streams.worker)
+    # a clean stop records the last receipts published (botmesh.streams.faust_app.app)
     unpublished = [k for k, v in outbox.items() if v.get("published") is False]
     assert unpublished == [], (
         f"{len(unpublished)} settled sends still unpublished in the journal after a clean "

@@ -36,7 +36,7 @@ from botmesh.state.backends import open_backend
 from botmesh.state.kv import Entry
 from botmesh.streams.config import default_journal
 from botmesh.streams.connection import Brokers, KafkaSettings
-from botmesh.streams.tools import Seen, end_offsets, tail_receipts
+from botmesh.streams.ops.tools import Seen, end_offsets, tail_receipts
 from botmesh.topics import Catalog
 from tests.kafka.recorder import RECORDER_ENV
 from tests.kill import Child

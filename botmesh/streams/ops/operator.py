@@ -27,16 +27,12 @@ answer raises ``ConnectionError``; a missing topic :class:`TopicMissing`; a bad 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka.client import AIOKafkaClient, CoordinationType
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
@@ -47,16 +43,31 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
-from botmesh.streams import connection
 from botmesh.streams.connection import (
     Brokers,
-    aiokafka_options,
     confluent_options,
     list_topics,
     servers,
 )
+from botmesh.streams.groups import (
+    GroupInfo,
+    Member,
+    admin_client,
+    describe,
+    describe_group,
+    error_code,
+    remove_members,
+    result_of,
+    unreachable,
+)
 from botmesh.streams.table_kv import TABLE_NAME, decode_entry
 from botmesh.topics.catalog import Catalog
+from botmesh.topics.metrics import (
+    METRICS_VERSION,
+    WorkerMetrics,
+    decode_metrics,
+    metrics_record,
+)
 
 __all__ = [
     "METRICS_VERSION",
@@ -84,18 +95,8 @@ __all__ = [
 
 #: Seconds any one request to the broker may take (``--timeout``).
 DEFAULT_TIMEOUT = 10.0
-#: The ``"v"`` of a record on ``<prefix>.metrics``.
-METRICS_VERSION = 1
 #: Replayable topics by their ``--topic`` name.
 REPLAYABLE = ("inbound", "requests")
-_UNREACHABLE = {
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._RESOLVE,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-}
 _EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
@@ -111,55 +112,6 @@ class TopicMissing(LookupError):
 
 
 # -- the group ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    member_id: str
-    client_id: str
-    host: str
-    instance_id: str | None
-    #: topic -> partitions assigned to the member (the inbound, the requests and the
-    #: journal's changelog, by Faust's assignor)
-    partitions: dict[str, list[int]]
-
-    def describe(self) -> str:
-        who = self.instance_id or self.member_id
-        return f"{who} (client {self.client_id} on {self.host.lstrip('/')})"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupInfo:
-    group: str
-    #: ``stable``, ``empty``, ``preparing_rebalancing``, ``completing_rebalancing``, ``dead``
-    #: (also: no such group), ``unknown``
-    state: str
-    members: list[Member]
-
-
-def _admin(bootstrap: Brokers, timeout: float) -> Any:
-    return connection.admin(bootstrap, timeout)
-
-
-def _unreachable(bootstrap: Brokers, exc: BaseException) -> ConnectionError:
-    return ConnectionError(
-        f"cannot reach Kafka at {servers(bootstrap)!r}: {exc}; is the broker running "
-        "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS (--bootstrap) right?"
-    )
-
-
-def _code(exc: KafkaException) -> int | None:
-    err = exc.args[0] if exc.args else None
-    return err.code() if isinstance(err, KafkaError) else None
-
-
-def _result(fut: Any, bootstrap: Brokers, timeout: float) -> Any:
-    try:
-        return fut.result(timeout)
-    except KafkaException as exc:
-        if _code(exc) in _UNREACHABLE:
-            raise _unreachable(bootstrap, exc) from None
-        raise
 
 
 def _topics(admin: Any, bootstrap: Brokers, timeout: float) -> dict[str, int]:
@@ -179,38 +131,6 @@ def _require(topics: Mapping[str, int], name: str, cat: Catalog) -> int:
     return topics[name]
 
 
-def describe_group(bootstrap: Brokers, group: str, timeout: float = 10.0) -> GroupInfo:
-    """The group's state and members with their partitions (blocking)."""
-    return _describe(_admin(bootstrap, timeout), group, bootstrap, timeout)
-
-
-def _describe(admin: Any, group: str, bootstrap: Brokers, timeout: float) -> GroupInfo:
-    futs = admin.describe_consumer_groups([group], request_timeout=timeout)
-    try:
-        desc = _result(futs[group], bootstrap, timeout)
-    except KafkaException as exc:
-        if _code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
-            return GroupInfo(group, "dead", [])
-        raise
-    members = []
-    for m in desc.members:
-        owned: dict[str, list[int]] = {}
-        for tp in m.assignment.topic_partitions if m.assignment is not None else []:
-            owned.setdefault(tp.topic, []).append(tp.partition)
-        members.append(
-            Member(
-                member_id=m.member_id,
-                client_id=m.client_id,
-                host=m.host,
-                instance_id=m.group_instance_id,
-                partitions={t: sorted(ps) for t, ps in sorted(owned.items())},
-            )
-        )
-    state = desc.state.name.lower() if desc.state is not None else "unknown"
-    members.sort(key=lambda m: (m.instance_id or "", m.member_id))
-    return GroupInfo(group, state, members)
-
-
 def _committed(
     admin: Any, group: str, bootstrap: Brokers, timeout: float
 ) -> dict[tuple[str, int], int]:
@@ -218,9 +138,9 @@ def _committed(
         [ConsumerGroupTopicPartitions(group)], request_timeout=timeout
     )
     try:
-        res = _result(futs[group], bootstrap, timeout)
+        res = result_of(futs[group], bootstrap, timeout)
     except KafkaException as exc:
-        if _code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
+        if error_code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
             return {}
         raise
     return {
@@ -250,7 +170,7 @@ def _offsets(
         )
         for tp, f in futs.items():
             try:
-                found[(tp.topic, tp.partition)] = _result(f, bootstrap, timeout).offset
+                found[(tp.topic, tp.partition)] = result_of(f, bootstrap, timeout).offset
             except KafkaException as exc:
                 # A leader moving, or a topic created a moment ago whose leader the broker
                 # does not know yet: asked again until the request timeout.
@@ -381,7 +301,7 @@ def replay(
     unknown = [t for t in topics if t not in REPLAYABLE]
     if unknown or not topics:
         raise ValueError(f"--topic {unknown}: use {' or '.join(REPLAYABLE)}")
-    admin = _admin(bootstrap, timeout)
+    admin = admin_client(bootstrap, timeout)
     have = _topics(admin, bootstrap, timeout)
     names = [cat.inbound if t == "inbound" else cat.requests for t in dict.fromkeys(topics)]
     tps: list[tuple[str, int]] = []
@@ -392,7 +312,7 @@ def replay(
         if bad:
             raise ValueError(f"--partition {bad}: {name} has partitions 0-{count - 1}")
         tps += [(name, p) for p in chosen]
-    info = _describe(admin, cat.group, bootstrap, timeout)
+    info = describe(admin, cat.group, bootstrap, timeout)
     committed = _committed(admin, cat.group, bootstrap, timeout)
     starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
     ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
@@ -430,7 +350,7 @@ def replay(
         except Refused:
             # the group settles as empty just after its last member left; a member that
             # is back is a running worker
-            again = _describe(admin, cat.group, bootstrap, timeout)
+            again = describe(admin, cat.group, bootstrap, timeout)
             if again.members or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
@@ -462,7 +382,7 @@ def _for_time(
             [TopicPartition(t, p, ts_ms) for t, p in tps], timeout=timeout
         )
     except KafkaException as exc:
-        raise _unreachable(bootstrap, exc) from None
+        raise unreachable(bootstrap, exc) from None
     finally:
         consumer.close()
     out = {}
@@ -482,9 +402,9 @@ def _alter(
     )
     futs = admin.alter_consumer_group_offsets([request], request_timeout=timeout)
     try:
-        res = _result(futs[group], bootstrap, timeout)
+        res = result_of(futs[group], bootstrap, timeout)
     except KafkaException as exc:
-        if _code(exc) in {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS}:
+        if error_code(exc) in {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS}:
             raise Refused(
                 f"the broker refused the new offsets of group {group!r}: it has members "
                 f"again ({exc}); a worker of the group is running: stop it first"
@@ -493,76 +413,6 @@ def _alter(
     failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in res.topic_partitions if tp.error]
     if failed:
         raise RuntimeError(f"offsets not set for {', '.join(failed)}")
-
-
-async def remove_members(
-    bootstrap: Brokers, group: str, members: Sequence[Member], wait_s: float
-) -> list[str]:
-    """Remove ``members`` from ``group`` (LeaveGroup v3: a static member by its instance id,
-    a dynamic one by its member id); returns who was removed."""
-    client = AIOKafkaClient(**aiokafka_options(bootstrap), request_timeout_ms=int(wait_s * 1000))
-    try:
-        await client.bootstrap()
-    except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
-        await client.close()
-        raise _unreachable(bootstrap, exc) from None
-    try:
-        node = await client.coordinator_lookup(CoordinationType.GROUP, group)
-        leave = [("" if m.instance_id else m.member_id, m.instance_id) for m in members]
-        response = await client.send(node, _RemoveMembers(group, leave))
-    finally:
-        await client.close()
-    errors = [f"group: error {response.error_code}"] if response.error_code else []
-    removed = []
-    for member_id, instance_id, code in response.members:
-        who = instance_id or member_id
-        if code in (0, 25):  # 25 UNKNOWN_MEMBER_ID: gone already
-            removed.append(who)
-        else:
-            errors.append(f"{who}: error {code}")
-    if errors:
-        raise RuntimeError(f"cannot remove the members of group {group!r}: {'; '.join(errors)}")
-    return removed
-
-
-class _LeaveGroupResponseV3(Response):  # type: ignore[misc]
-    API_KEY = 13
-    API_VERSION = 3
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("error_code", Int16),
-        (
-            "members",
-            Array(
-                ("member_id", String("utf-8")),
-                ("group_instance_id", String("utf-8")),
-                ("error_code", Int16),
-            ),
-        ),
-    )
-
-
-class _LeaveGroupRequestV3(RequestStruct):  # type: ignore[misc]
-    API_KEY = 13
-    API_VERSION = 3
-    RESPONSE_TYPE = _LeaveGroupResponseV3
-    SCHEMA = Schema(
-        ("group_id", String("utf-8")),
-        ("members", Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8")))),
-    )
-
-
-class _RemoveMembers(Request[_LeaveGroupRequestV3]):  # type: ignore[misc]
-    """LeaveGroup v3 (aiokafka has v0-v1 only: a member id, no instance id)."""
-
-    API_KEY = 13
-
-    def __init__(self, group: str, members: list[tuple[str, str | None]]) -> None:
-        self._group = group
-        self._members = members
-
-    def build(self, request_struct_class: type[_LeaveGroupRequestV3]) -> _LeaveGroupRequestV3:
-        return request_struct_class(self._group, self._members)
 
 
 # -- reading a compacted topic -----------------------------------------------------------------
@@ -583,7 +433,7 @@ def _read_compacted(
     """Read every partition of ``topic`` from its start to its end (read_committed: up to
     the last stable offset), handing each record to ``on_record``; returns the offsets the
     topic spans (sum of end minus start) and the records read."""
-    admin = _admin(bootstrap, timeout)
+    admin = admin_client(bootstrap, timeout)
     tps = [(topic, p) for p in range(partitions)]
     starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
     ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
@@ -728,10 +578,10 @@ def status(
 ) -> Status:
     """The group, the lag of its inbound and requests partitions, the dead letters and
     (``journal``) a read of the journal's changelog to its end."""
-    admin = _admin(bootstrap, timeout)
+    admin = admin_client(bootstrap, timeout)
     have = _topics(admin, bootstrap, timeout)
     _require(have, cat.inbound, cat)
-    info = _describe(admin, cat.group, bootstrap, timeout)
+    info = describe(admin, cat.group, bootstrap, timeout)
     committed = _committed(admin, cat.group, bootstrap, timeout)
     tps = [(t, p) for t in (cat.inbound, cat.requests) if t in have for p in range(have[t])]
     starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
@@ -799,33 +649,6 @@ def status(
 # -- metrics -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerMetrics:
-    instance: str
-    #: when the worker published them (epoch seconds)
-    ts: float
-    counters: dict[str, int]
-
-
-def metrics_record(instance: str, counters: Mapping[str, int], ts: float) -> tuple[bytes, bytes]:
-    """The key and value a worker produces to ``<prefix>.metrics``: keyed by its instance
-    id, ``{"v": 1, "instance", "ts", "counters"}``."""
-    value = {"v": METRICS_VERSION, "instance": instance, "ts": ts, "counters": dict(counters)}
-    return instance.encode(), json.dumps(value).encode()  # the counters in the engine's order
-
-
-def decode_metrics(key: bytes, value: bytes | None) -> WorkerMetrics | None:
-    """A record of ``<prefix>.metrics``; ``None`` for a tombstone or a record it cannot read."""
-    if value is None:
-        return None
-    try:
-        obj = json.loads(value)
-        counters = {str(k): int(v) for k, v in obj["counters"].items()}
-        return WorkerMetrics(str(obj.get("instance") or key.decode()), float(obj["ts"]), counters)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
 def sum_counters(workers: Iterable[WorkerMetrics]) -> dict[str, int]:
     total: dict[str, int] = {}
     for w in workers:
@@ -838,7 +661,7 @@ def read_metrics(
     bootstrap: Brokers, cat: Catalog, *, timeout: float = DEFAULT_TIMEOUT
 ) -> list[WorkerMetrics]:
     """The last counters each worker published (last value per instance id wins)."""
-    admin = _admin(bootstrap, timeout)
+    admin = admin_client(bootstrap, timeout)
     have = _topics(admin, bootstrap, timeout)
     count = _require(have, cat.metrics, cat)
     latest: dict[bytes, WorkerMetrics | None] = {}

@@ -3,8 +3,7 @@
 ``REGISTER`` (at the end) lists every process-wide patch with the upstream code it
 replaces and the test that shows the defect there and the workaround meeting it; the
 worker installs them from one entry point, ``install(exactly_once=...)``: 15 installers,
-18 patched attributes (two have no test of their own yet: ``drop_lost_producers`` and
-``commit_open_transactions``, covered only by the ``exactly_once`` kill tests).
+18 patched attributes, each with a test of its own.
 
 =====================================================  =====================================
 defect                                                 workaround (where)
@@ -12,9 +11,9 @@ defect                                                 workaround (where)
 An exception in the agent body acks the event (a       nothing escapes the batch body: a
 ``take_events`` batch: the whole batch) and the        batch that cannot be settled makes
 error handler commits it: it is never redelivered.     the process exit without acking
-                                                       (``botmesh.streams.worker``: ``os._exit``)
+                                                       (``faust_app.app``: ``os._exit``)
 A cancelled ``take_events`` body acks its batch        ``CancelledError`` in the body: exit
-(the stream's ``finally``).                            without acking (``botmesh.streams.worker``)
+(the stream's ``finally``).                            without acking (``faust_app.app``)
 Events skipped at a startup seek: records fetched     ``guard_commit_holes`` below: after
 while a partition is not yet active for the streams    Faust's seek, a source partition
 are dropped, and Faust's seek back to the committed    with no committed offset (or 0) is
@@ -43,13 +42,13 @@ kept per changelog partition                           writes: ``JournalTable`` 
 (``persist_offset_on_commit``) but flushed per         record and its changelog offset into
 source partition (``tables.on_commit``), so they       RocksDB itself, once the transaction
 are never persisted and every restart replays the      holding it committed
-whole changelog.                                       (``botmesh.streams.worker``)
+whole changelog.                                       (``botmesh.streams.faust_app.app``)
 Under ``exactly_once`` a restore waits at least 10   ``shorten_recovery_poll`` below: the
 s whenever the changelog ends in a transaction         restore polls every quarter second, so
 marker (always, with transactions): Faust's            it gives up on such an offset after
 recovery counts the offsets of records it reads and    half a second (the journal also counts
 waits for one at the end offset; only after two        the commit marker after its last record
-empty 5 s polls does it check the consumer's           as read: ``botmesh.streams.worker``); an
+empty 5 s polls does it check the consumer's           as read: ``faust_app.table``); an
 position (``detect_aborted_tx``).                      aborted transaction at the end (a
                                                        worker killed) still needs it; taking
                                                        offsets for markers too early is
@@ -73,13 +72,15 @@ crashes (``ConsistencyError``: persisted offset >
 highwater -1), and one fetched long ago ends the
 restore too early.
 Under ``exactly_once`` the transactional producers of  ``drop_lost_producers`` below:
-partitions the worker lost are kept (the revoked       before Faust starts the producers of
-partitions are mapped to transactional ids through     a new assignment, every producer
-the *new* assignment, so none is found to stop): the   whose partition is not among its
-partition's new owner fences them, and when the        active ones is stopped, so a
-partition comes back, Faust reuses the fenced          partition that comes back gets a
-producer, every transaction on it fails                fresh one
-(``ProducerFenced``), and the partition is stuck.
+partitions the worker lost are kept when they become   before Faust starts the producers of
+its standbys (the revoked partitions are mapped to     a new assignment, every producer
+transactional ids through the *new* assignment, which  whose partition is not among its
+lists a standby's inbound partition too, so none is    active ones is stopped, so a
+found to stop): the partition's new owner fences       partition that comes back gets a
+them, and when the partition comes back, Faust         fresh one
+reuses the fenced producer, every transaction on it
+fails (``ProducerFenced``), and the partition is
+stuck.
 Under ``exactly_once`` a restore ends early and       ``verify_aborted_tails`` below: before
 drops records: a changelog ends in a transaction       Faust takes the offsets after the
 marker, so the last record read never reaches the      last record read for markers, a
@@ -93,7 +94,7 @@ but not yet handed to the restore are then dropped as
 already seen: a worker given back a partition loaded
 136 of its records and sent again replies its peer
 had sent (1 in ~12 runs of the freeze test).
-A restore overtaken by the next rebalance can be      ``botmesh.streams.worker.JournalTable``
+A restore overtaken by the next rebalance can be      ``faust_app.table.JournalTable``
 reported complete for partitions it has not            checks each partition it loads
 restored (seen under ``exactly_once``: a worker        against the changelog from its
 loaded 0 of a partition's records and sent again       database's persisted offset on
@@ -176,7 +177,7 @@ aiohttp's runner, which waits up to 60 s for the       waits ``WEB_STOP_S`` (3 s
 requests in progress: a request left waiting (a        a worker whose whole stop takes
 client that gave up on a worker still starting)        longer than ``BOTMESH_STOP_TIMEOUT``
 holds the stop that long. On CI a worker with its web  exits (status 70,
-``botmesh.streams.worker``),
+``botmesh.streams.faust_app.app``),
 server on took more than a minute to stop (its log     its threads' stacks printed first
 was not kept, so the cause is not known for sure).
 Faust creates its consumer with a fetch wait of 1.5 s  ``short_fetch_wait`` below: the
@@ -675,7 +676,7 @@ async def _commit_transactions(
             )
         except ProducerFenced:
             # left in place, failed: the journal's next commit of the partition finds it so
-            # and the worker restarts to rejoin (``botmesh.streams.worker``); the rebalance stops it
+            # and the worker restarts to rejoin (``faust_app.app``); the rebalance stops it
             log.warning("transactional producer %s was fenced; offsets not ours", tid)
 
 
@@ -1056,6 +1057,7 @@ class Workaround:
 
 
 _DEFECTS = "tests/kafka/test_faust_defects.py::"
+_TRANSACTIONS = "tests/kafka/test_faust_transactions.py::"
 
 #: Every process-wide patch the worker installs, in the order it installs them.
 REGISTER: tuple[Workaround, ...] = (
@@ -1137,7 +1139,7 @@ REGISTER: tuple[Workaround, ...] = (
         "drop_lost_producers",
         drop_lost_producers,
         "faust.transport.consumer.TransactionManager.on_rebalance (keeps lost producers)",
-        None,
+        _TRANSACTIONS + "test_faust_keeps_the_producer_of_a_lost_partition_and_the_worker_stops_it",
         exactly_once=True,
     ),
     Workaround(
@@ -1151,7 +1153,8 @@ REGISTER: tuple[Workaround, ...] = (
         "commit_open_transactions",
         commit_open_transactions,
         "faust.transport.drivers.aiokafka.Producer.commit_transactions (outside a transaction)",
-        None,
+        _TRANSACTIONS
+        + "test_faust_commit_fails_on_an_ended_or_fenced_producer_and_the_worker_commits_the_rest",
         exactly_once=True,
     ),
     Workaround(
