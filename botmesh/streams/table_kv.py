@@ -480,8 +480,8 @@ class TableKv:
         if not self._closed and self.deferred:
             try:
                 async with asyncio.timeout(self.ack_timeout):
-                    await self.flush()
-            except Exception as exc:  # as a crash here would: their offsets are not committed
+                    await self.flush(commit=True)
+            except Exception as exc:  # as a crash here would: they are written again
                 log.warning("deferred journal writes not flushed at the stop: %s", exc)
         self._closed = True
 
@@ -617,12 +617,13 @@ class TableKv:
         """Deferred writes not produced yet (``DEFERRED``)."""
         return sum(len(part.deferred) for part in self._parts.values())
 
-    async def flush(self, partitions: Iterable[int] | None = None) -> None:
+    async def flush(self, partitions: Iterable[int] | None = None, *, commit: bool = False) -> None:
         """Produce every deferred write (of ``partitions``, else of every partition) and
         return once it is durable: acked (``at_least_once``); under ``exactly_once``, in the
         partition's open transaction, which Faust's next offset commit of the partition
-        commits with it (or ``LAZY_COMMIT_S`` later). Raises ``JournalUnavailableError``
-        when that fails; the writes stay deferred, for the next flush."""
+        commits with it (or ``LAZY_COMMIT_S`` later; at once and awaited with ``commit``).
+        Raises ``JournalUnavailableError`` when that fails; the writes stay deferred, for
+        the next flush."""
         self._check()
         wanted = self._parts.keys() if partitions is None else set(partitions)
         taken = [
@@ -638,7 +639,8 @@ class TableKv:
                 self.unconfirmed += 1
                 raise MembershipUnconfirmed(f"deferred journal writes not produced: {stale}")
             await self._produce_and_wait(
-                [(p, list(keys)) for p, keys in taken], wait=not self._port.transactional
+                [(p, list(keys)) for p, keys in taken],
+                wait=commit or not self._port.transactional,
             )
         except BaseException as exc:
             self._give_back(taken)

@@ -475,3 +475,20 @@ async def test_deferred_writes_the_broker_does_not_ack_wait_for_the_next_flush(
     with in_partition(0):
         entry = await restored.kv.get("s/k")
     assert entry is not None and (entry.value, entry.version) == ({"v": 2}, 2)
+
+
+async def test_a_clean_stop_flushes_the_deferred_writes(backend: BackendHandle) -> None:
+    """The worker closes its journal after the runtime stopped (whose last act marks
+    receipts published, a deferred write): the close produces them."""
+    kv, port = table_of(backend)
+    with in_partition(1):
+        await kv.commit([Put("s/k", {"v": 1}, expect=0)])
+        await kv.commit([Put("s/k", {"v": 2}, expect=1)], label=Write.OUTBOX_PUBLISHED)
+    produced = port.produced
+    await kv.close()
+    assert port.produced == produced + 1
+    restored = await backend.reopen()
+    assert isinstance(restored, InPartition)
+    with in_partition(1):
+        entry = await restored.kv.get("s/k")
+    assert entry is not None and (entry.value, entry.version) == ({"v": 2}, 2)

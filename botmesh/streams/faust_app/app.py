@@ -110,6 +110,8 @@ class _BotApp(faust.App):
     botmesh_runner: InboundRunner | None = None
     botmesh_pipeline: Pipeline | None = None
     botmesh_tiers: RetryTiers | None = None
+    #: the journal on Kafka (closed after the runtime: its deferred writes flushed)
+    botmesh_journal: TableKv | None = None
     botmesh_about = ""
     #: publishes the counters once more at a clean stop (``build_app``)
     botmesh_last_metrics: Callable[[], Awaitable[None]] | None = None
@@ -174,6 +176,8 @@ class _BotApp(faust.App):
         if self.botmesh_runtime is not None and self._runtime_started:
             self._runtime_started = False
             await self.botmesh_runtime.stop()
+            if self.botmesh_journal is not None:  # its last deferred writes (receipts published)
+                await self.botmesh_journal.close()
 
 
 class Pipeline:
@@ -304,6 +308,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         flush=kv.flush if kv is not None else None,
     )
     app.botmesh_runtime = runtime
+    app.botmesh_journal = kv
     app.botmesh_runner = runner
     app.botmesh_tiers = RetryTiers(config.kafka, cat, wiring.owned, wiring.retry, wiring.repark)
     app.botmesh_topic_wait = config.topic_wait
