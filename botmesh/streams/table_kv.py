@@ -477,10 +477,12 @@ class TableKv:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        if not self._closed and self.deferred:
+        if not self._closed and self._parts:
+            n = self.deferred
             try:
                 async with asyncio.timeout(self.ack_timeout):
                     await self.flush(commit=True)
+                log.info("journal closed (%d deferred writes flushed)", n)
             except Exception as exc:  # as a crash here would: they are written again
                 log.warning("deferred journal writes not flushed at the stop: %s", exc)
         self._closed = True
@@ -619,29 +621,32 @@ class TableKv:
 
     async def flush(self, partitions: Iterable[int] | None = None, *, commit: bool = False) -> None:
         """Produce every deferred write (of ``partitions``, else of every partition) and
-        return once it is durable: acked (``at_least_once``); under ``exactly_once``, in the
-        partition's open transaction, which Faust's next offset commit of the partition
-        commits with it (or ``LAZY_COMMIT_S`` later; at once and awaited with ``commit``).
-        Raises ``JournalUnavailableError`` when that fails; the writes stay deferred, for
-        the next flush."""
+        return once it is durable, with every write produced before: acked
+        (``at_least_once``); under ``exactly_once``, in the partition's open transaction,
+        which Faust's next offset commit of the partition commits with it (or
+        ``LAZY_COMMIT_S`` later; at once and awaited with ``commit``). Raises
+        ``JournalUnavailableError`` when that fails; the writes stay deferred, for the next
+        flush."""
         self._check()
-        wanted = self._parts.keys() if partitions is None else set(partitions)
+        wanted = set(self._parts) if partitions is None else set(partitions)
         taken = [
             (p, part.take_deferred(None))
             for p, part in self._parts.items()
             if p in wanted and part.deferred and p not in self._closing
         ]
-        if not taken:
-            return
+        waits = commit or not self._port.transactional
+        # what was produced before (another flush's records, a barrier's) lands first
+        earlier = [f for p in wanted for f in self._inflight.get(p, ())] if waits else []
         try:
-            stale = self._port.unconfirmed()
-            if stale is not None:
-                self.unconfirmed += 1
-                raise MembershipUnconfirmed(f"deferred journal writes not produced: {stale}")
-            await self._produce_and_wait(
-                [(p, list(keys)) for p, keys in taken],
-                wait=commit or not self._port.transactional,
-            )
+            if taken:
+                stale = self._port.unconfirmed()
+                if stale is not None:
+                    self.unconfirmed += 1
+                    raise MembershipUnconfirmed(f"deferred journal writes not produced: {stale}")
+                await self._produce_and_wait([(p, list(keys)) for p, keys in taken], wait=waits)
+            if earlier:
+                async with asyncio.timeout(self.ack_timeout):
+                    await asyncio.wait(earlier)
         except BaseException as exc:
             self._give_back(taken)
             self.failed += 1
@@ -650,6 +655,12 @@ class TableKv:
                     f"deferred journal writes not acked by the broker: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
+        lost = [f for f in earlier if f.cancelled() or f.exception() is not None]
+        if lost:  # another flush's (its records are deferred again) or a barrier's
+            raise JournalUnavailableError(
+                f"{len(lost)} journal writes produced before this flush were not acked; "
+                "what they held is deferred again"
+            )
 
     def _flush_later(self) -> None:
         if self._flush_timer is None:
@@ -658,8 +669,10 @@ class TableKv:
 
     def _flush_now(self) -> None:
         self._flush_timer = None
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_quietly())
+        if self._flusher is not None and not self._flusher.done():
+            self._flush_later()  # one at a time: what came since goes with the next
+            return
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_quietly())
 
     async def _flush_quietly(self) -> None:
         try:

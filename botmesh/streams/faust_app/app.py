@@ -163,6 +163,11 @@ class _BotApp(faust.App):
             self.botmesh_runner.stopping.set()
         if self.botmesh_pipeline is not None:  # settled and acked while the consumer runs
             await self.botmesh_pipeline.join()
+        if self.botmesh_journal is not None:  # while the producer and RocksDB are still up
+            try:
+                await self.botmesh_journal.flush(commit=True)
+            except Exception as exc:  # as a crash here would: their records come again
+                log.warning("deferred journal writes not flushed at the stop: %s", exc)
         await super().on_stop()  # stops the consumer, waiting for the batch in progress
         if self.botmesh_last_metrics is not None:
             await self.botmesh_last_metrics()
