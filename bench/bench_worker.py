@@ -8,7 +8,8 @@
 
 ``--quick`` takes about a minute and a half (N=4000, one round), the default a few minutes
 (N=15000, three rounds, more restarts and chat counts). Every side consumes its own
-4-partition input topic (records of ~200 B of JSON keyed by chat id, 50 chats) and produces
+4-partition input topic (records of ~200 B of JSON keyed by chat id, 50 chats or
+``--chats``) and produces
 one record per input with acks=all, in a child process:
 
 - ``aiokafka``: a bare consume->produce loop (getmany -> send each -> wait for the acks ->
@@ -122,6 +123,8 @@ QUIX_SIDE = REPO / "bench" / "quix_side.py"
 QUIX_PYTHON = REPO / ".venv-quix" / "bin" / "python"
 PARTITIONS = 4
 CHATS = 50
+#: What the records are spread over this run (``--chats``).
+SPREAD = {"chats": CHATS}
 RECORD_BYTES = 200
 PROVIDER_DELAY = 0.05
 #: The worker's default ``BOTMESH_IN_FLIGHT``: records taken and not settled at most.
@@ -149,8 +152,10 @@ TARGETS = {AIOKAFKA: TARGET_VS_AIOKAFKA, FAUST_EVENT: TARGET_VS_FAUST, QUIX: TAR
 # -- records --------------------------------------------------------------------------------
 
 
-def record(run: str, i: int, chats: int = CHATS) -> tuple[str, bytes, bytes]:
-    """Inbound record ``run-i`` of ~200 B in chat ``run-chat-<i % chats>``: (id, key, value)."""
+def record(run: str, i: int, chats: int | None = None) -> tuple[str, bytes, bytes]:
+    """Inbound record ``run-i`` of ~200 B in chat ``run-chat-<i % chats>`` (``--chats`` by
+    default): (id, key, value)."""
+    chats = chats or SPREAD["chats"]
     chat, rid = f"{run}-chat-{i % chats}", f"{run}-{i}"
     bare = encode_inbound(Inbound(chat_id=chat, id=rid, text="x", sender="bench", channel="b"))
     text = "x" * (1 + max(0, RECORD_BYTES - len(bare)))
@@ -158,7 +163,7 @@ def record(run: str, i: int, chats: int = CHATS) -> tuple[str, bytes, bytes]:
     return rid, chat_key(chat), encode_inbound(rec)
 
 
-def records(n: int, run: str, chats: int = CHATS) -> list[tuple[str, bytes, bytes]]:
+def records(n: int, run: str, chats: int | None = None) -> list[tuple[str, bytes, bytes]]:
     return [record(run, i, chats) for i in range(n)]
 
 
@@ -402,7 +407,7 @@ class Bench:
             print(f"--- {side.name} log ({side.log}):\n{log_tail(side.log)}", file=sys.stderr)
             raise
 
-    async def throughput(self, side: Side, n: int, run: str, chats: int = CHATS) -> float:
+    async def throughput(self, side: Side, n: int, run: str, chats: int | None = None) -> float:
         recs = records(n, run, chats)
         mark = len(side.output.seen)
         pid = side.alive().pid
@@ -695,7 +700,7 @@ async def run_bench(
     data_dirs: dict[str, Path] = {}
     print(
         f"broker {bootstrap}; {PARTITIONS} partitions; records ~{RECORD_BYTES} B JSON over "
-        f"{CHATS} chats; N={plan.n}; rounds {plan.rounds}; logs in {tmp}"
+        f"{SPREAD['chats']} chats; N={plan.n}; rounds {plan.rounds}; logs in {tmp}"
     )
     if quix and not plan.restart_only:
         print(
@@ -1039,7 +1044,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a worker side per value: default (the worker's default journal), file (a file "
         "journal in its data dir, append log) or a journal URL; repeatable (default: default)",
     )
+    parser.add_argument(
+        "--chats",
+        type=int,
+        default=CHATS,
+        help=f"chats the throughput and latency records are spread over (default {CHATS})",
+    )
     args = parser.parse_args(argv)
+    SPREAD["chats"] = args.chats
     plan = QUICK if args.quick else FULL
     plan = dataclasses.replace(plan, n=args.n or plan.n, rounds=args.rounds or plan.rounds)
     if args.restart_only:
