@@ -202,7 +202,7 @@ OnLost = Callable[[int, BaseException], None]
 #: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
 #: them) and returns without producing anything; they go to the changelog later, each key's
 #: latest version only, so writes of one key that follow each other make one changelog
-#: record (a send marked sent and then published, an inbound journaled... and done):
+#: record (a send marked sent and then published):
 #:
 #: - with the next awaited write of the same chat in the partition (``in_partition``'s
 #:   ``chat``; work for no chat takes every chat's), before that write's own records: so
