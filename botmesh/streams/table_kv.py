@@ -41,11 +41,11 @@ where nothing overwrote them since; the caller does not act on it (the provider 
 called, the inbound is not acked).
 
 **Fewer writes.** The writes no side effect waits for (``DEFERRED``: an inbound done, a
-send sent, receipts published) return at once and go to the changelog later, each key's
+send sent) return at once and go to the changelog later, each key's
 latest version once: with the chat's next awaited write, before it, or with ``flush``,
-which the worker awaits before it acks a batch. So a send marked sent and then published
-is one changelog record, and a turn's writes that follow its send share one produce
-request and one acknowledgement.
+which the worker awaits before it acks a batch. So a turn's writes that follow its send
+share one produce request and one acknowledgement. Receipts marked published are awaited
+(deferred, some were lost at a clean stop: published again after the restart).
 
 **Fenced by the group.** Under ``at_least_once`` nothing on the broker stops a worker that
 lost its partitions from producing to their changelog (under ``exactly_once`` the
@@ -202,7 +202,7 @@ OnLost = Callable[[int, BaseException], None]
 #: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
 #: them) and returns without producing anything; they go to the changelog later, each key's
 #: latest version only, so writes of one key that follow each other make one changelog
-#: record (a send marked sent and then published):
+#: record:
 #:
 #: - with the next awaited write of the same chat in the partition (``in_partition``'s
 #:   ``chat``; work for no chat takes every chat's), before that write's own records: so
@@ -219,7 +219,7 @@ OnLost = Callable[[int, BaseException], None]
 #: Under ``exactly_once`` they go into the partition's open transaction, which commits with
 #: Faust's offset commit or the next barrier; a transaction that fails under them calls
 #: ``on_lost``.
-DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT, Write.OUTBOX_PUBLISHED})
+DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT})
 #: Seconds after a deferred write before it is flushed if nothing flushed it first.
 FLUSH_AFTER_S = 0.1
 #: Under ``exactly_once``: seconds after a flush before its partition's transaction is

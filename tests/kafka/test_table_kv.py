@@ -432,7 +432,7 @@ async def test_writes_no_side_effect_waits_for_go_out_later_and_once_per_key(
     produced = port.produced
     with in_partition(0, "a"):
         await kv.commit([Put("s/a1", {"n": 1}, expect=1)], label=Write.OUTBOX_MARK_SENT)
-        await kv.commit([Put("s/a1", {"n": 2}, expect=2)], label=Write.OUTBOX_PUBLISHED)
+        await kv.commit([Put("s/a1", {"n": 2}, expect=2)], label=Write.OUTBOX_MARK_SENT)
         entry = await kv.get("s/a1")
         assert entry is not None and (entry.value, entry.version) == ({"n": 2}, 3)
     with in_partition(0, "b"):
@@ -483,7 +483,7 @@ async def test_a_clean_stop_flushes_the_deferred_writes(backend: BackendHandle) 
     kv, port = table_of(backend)
     with in_partition(1):
         await kv.commit([Put("s/k", {"v": 1}, expect=0)])
-        await kv.commit([Put("s/k", {"v": 2}, expect=1)], label=Write.OUTBOX_PUBLISHED)
+        await kv.commit([Put("s/k", {"v": 2}, expect=1)], label=Write.INBOX_MARK_DONE)
     produced = port.produced
     await kv.close()
     assert port.produced == produced + 1
