@@ -568,16 +568,28 @@ class InboundRunner:
     async def _flush_journal(self, deadline: float) -> None:
         """The journal's deferred writes (the batch's ``done`` and ``sent`` records among
         them) made durable before the batch is acked: retried with a backoff until the
-        batch's deadline; a fenced producer gives the batch up."""
+        batch's deadline; a fenced producer gives the batch up, and so does a membership
+        that stays unconfirmed (as for a record: an evicted worker is never confirmed while
+        this batch holds its rebalance)."""
         if self._flush is None:
             return
         attempt = 0
+        unconfirmed = 0
         while True:
             try:
                 await self._flush()
                 return
             except ProducerFencedOut as exc:
                 raise BatchAbandoned(f"the journal's deferred writes were fenced: {exc}") from exc
+            except MembershipUnconfirmed as exc:
+                unconfirmed += 1
+                if unconfirmed * UNCONFIRMED_WAIT_S > UNCONFIRMED_PATIENCE_S:
+                    raise BatchAbandoned(
+                        f"the journal's deferred writes: this worker's group membership stays "
+                        f"unconfirmed ({exc}); it may have been evicted, so nothing of the "
+                        "batch is acked"
+                    ) from exc
+                await self._wait(UNCONFIRMED_WAIT_S, deadline, "the journal's deferred writes")
             except JournalUnavailableError as exc:
                 attempt += 1
                 delay = min(0.1 * 2**attempt, 5.0)

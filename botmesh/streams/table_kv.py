@@ -298,6 +298,7 @@ class TableKv:
         self._inflight: dict[int, set[asyncio.Future[Any]]] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._flush_failing = False
         self.on_assigned: OnAssigned | None = None
         #: Called before partitions are handed over (the worker records its receipts).
         self.on_revoking: Callable[[], Awaitable[object]] | None = None
@@ -678,9 +679,14 @@ class TableKv:
         try:
             await self.flush()
         except Exception as exc:  # still deferred: the next flush tries again
-            log.warning("deferred journal writes not flushed yet: %s", exc)
+            # said once per outage (it is tried again every FLUSH_AFTER_S)
+            level = logging.DEBUG if self._flush_failing else logging.WARNING
+            self._flush_failing = True
+            log.log(level, "deferred journal writes not flushed yet: %s", exc)
             if self.deferred and not self._closed:
                 self._flush_later()
+        else:
+            self._flush_failing = False
 
     async def _produce_and_wait(self, produce: _Produce, *, wait: bool = True) -> None:
         """Produce the latest version of each key, and wait for the acks (``wait``); under

@@ -376,6 +376,34 @@ async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revo
     assert produced.dead() == [] and len(waits.delays) == 5 + 10
 
 
+async def test_deferred_writes_refused_for_an_unconfirmed_membership_wait_then_give_up() -> None:
+    """The batch's flush of the journal's deferred writes, refused because the worker's
+    membership is unconfirmed (it was frozen), waits as a record would: confirmed within
+    5 s, the batch is settled; never confirmed (evicted), the batch is given up, so the
+    worker exits and rejoins instead of holding Faust's rebalance until the deadline."""
+    from botmesh.streams.table_kv import MembershipUnconfirmed
+
+    refusals = 3
+
+    async def flush() -> None:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise MembershipUnconfirmed("membership last confirmed 20s ago")
+
+    seen = Seen()
+    async with make_bot(seen).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
+        waits = Waits()
+        runner = InboundRunner(runtime, Produced(), sleep=waits, flush=flush)
+        await runner.run_batch([record(0, "A", "A1")])
+        assert (seen, refusals, waits.delays) == (["A1"], 0, [0.5] * 3)
+        refusals = 100
+        runner = InboundRunner(runtime, Produced(), sleep=Waits(), flush=flush)
+        with pytest.raises(BatchAbandoned, match="membership stays unconfirmed"):
+            await runner.run_batch([record(1, "A", "A2")])
+        assert refusals == 100 - 11
+
+
 async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -> None:
     """Under exactly_once a fenced transaction means another worker owns the partition: the
     record is neither retried nor dead-lettered, and nothing of the batch is acked."""
