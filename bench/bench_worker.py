@@ -32,7 +32,11 @@ one record per input with acks=all, in a child process:
   ``--journal`` (one worker side per value, all in the same run): ``default`` (no option:
   the worker's default journal), ``file`` (a file journal with an append log in its data
   dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``,
-  ``+eos`` (before ``@LEVEL``) runs that worker ``exactly_once`` (``--guarantee``);
+  ``+eos`` (before ``@LEVEL``) runs that worker ``exactly_once`` (``--guarantee``),
+  ``+metrics`` serves ``/metrics`` (``--http-port 0``: its histograms fed on the hot path)
+  and ``+json`` logs JSON (``BOTMESH_LOG_FORMAT=json``); a side with either is compared
+  with the same worker without them in the same run (CPU per record, target a cost under
+  5 %): ``--journal default --journal default+metrics+json``;
   ``unjournaled`` runs the worker on an in-memory journal, which the worker itself refuses
   (throughput and latency only): what a record costs around the journal (Faust, the
   engine, the receipt), to tell the journal's share from the rest. Per record: inbound
@@ -527,6 +531,18 @@ def is_eos(side: Side) -> bool:
     return "exactly_once" in side.cmd
 
 
+#: A ``--journal`` value ending so (before ``@LEVEL``, in any order with ``+eos``) serves
+#: ``/metrics`` (``--http-port 0``: the histograms fed) / logs JSON (``BOTMESH_LOG_FORMAT``).
+METRICS_SUFFIX, JSON_SUFFIX = "+metrics", "+json"
+#: What metrics and JSON logs may cost on the hot path: CPU per record against the same
+#: worker without them, same run.
+TARGET_OBSERVED = 0.05
+
+
+def observed(side: Side) -> bool:
+    return "--http-port" in side.cmd or bool(side.env and "BOTMESH_LOG_FORMAT" in side.env)
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     n: int
@@ -591,10 +607,18 @@ def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
     spec, at, level = value.rpartition("@") if "@" in value else (value, "", "")
     logs = ["--loglevel", level] if at else []
     suffix = f"; --loglevel {level}" if at else ""
-    if spec.endswith(EOS_SUFFIX):  # the worker under exactly_once
-        spec = spec.removesuffix(EOS_SUFFIX)
-        logs += ["--guarantee", "exactly_once"]
-        suffix += "; exactly_once"
+    while spec.endswith((EOS_SUFFIX, METRICS_SUFFIX, JSON_SUFFIX)):
+        if spec.endswith(EOS_SUFFIX):  # the worker under exactly_once
+            spec = spec.removesuffix(EOS_SUFFIX)
+            logs += ["--guarantee", "exactly_once"]
+            suffix += "; exactly_once"
+        elif spec.endswith(METRICS_SUFFIX):  # /metrics served: the histograms fed
+            spec = spec.removesuffix(METRICS_SUFFIX)
+            logs += ["--http-port", "0"]
+            suffix += "; /metrics served"
+        else:  # the env var is set by the caller (``log_env``)
+            spec = spec.removesuffix(JSON_SUFFIX)
+            suffix += "; JSON logs"
     if spec == "default":
         label = "default: " + redact(WorkerConfig(data_dir=data_dir).journal_url)
         return label + suffix, logs
@@ -726,7 +750,9 @@ async def run_bench(
         else:
             label, options = journal_option(spec, data)
             cmd = worker_command(*args, *options)
-        side = Side(name, cat, cmd, tmp / f"{name}.log", receipt_id)
+        json_logs = JSON_SUFFIX in spec.partition("@")[0]
+        env = child_env(BOTMESH_LOG_FORMAT="json") if json_logs else None
+        side = Side(name, cat, cmd, tmp / f"{name}.log", receipt_id, env)
         workers.append(side)
         data_dirs[name] = data
         print(f"{name}: journal {label}; batch {batch}; provider mock (no delay)")
@@ -854,6 +880,16 @@ async def throughputs(
             f"  exactly_once: not measured (add a worker side --journal default{EOS_SUFFIX} "
             "beside an at_least_once one)"
         )
+    plain = [w for w in workers if not observed(w)]
+    for side in workers:
+        if observed(side) and plain:  # what /metrics (and JSON logs) cost, same run
+            base = next((p for p in plain if is_eos(p) == is_eos(side)), plain[0])
+            ratio = statistics.median(w / b for w, b in zip(side.rates, base.rates, strict=True))
+            cost = statistics.median(side.cpu) / statistics.median(base.cpu) - 1
+            print(
+                f"  {side.name}/{base.name} {ratio:5.2f} records/s, CPU/record {cost:+.1%}  "
+                f"(target: a cost under {TARGET_OBSERVED:.0%}: {verdict(cost < TARGET_OBSERVED)})"
+            )
     for side in workers:
         for base in baselines:
             ratio = statistics.median(w / b for w, b in zip(side.rates, base.rates, strict=True))

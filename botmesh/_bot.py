@@ -19,6 +19,7 @@ from botmesh.state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEnde
 from botmesh.state.keys import scope_id
 from botmesh.state.kv import DurableKv
 from botmesh.state.messages import Inbound, Outbound, Receipt
+from botmesh.state.metrics import Timings
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import ReceiptSink
 
@@ -181,9 +182,11 @@ class Bot:
         receipts: ReceiptSink | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        timings: Timings | None = None,
     ) -> Runtime:
         """This bot on ``provider`` and ``journal``: what ``botmesh.run`` returns, and what
-        the Kafka worker runs (it also gives a ``receipts`` sink). See ``botmesh.run``."""
+        the Kafka worker runs (it also gives a ``receipts`` sink, and ``timings``: its
+        Prometheus histograms). See ``botmesh.run``."""
         return Runtime(
             self,
             provider,
@@ -192,4 +195,5 @@ class Bot:
             receipts=receipts,
             clock=clock,
             rng=rng,
+            timings=timings,
         )

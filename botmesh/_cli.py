@@ -4,7 +4,7 @@
                 [--chat-id ID] [--records] [--instance-id ID]  the bot in this process, on stdin
     botmesh worker --app botmesh.examples.echo_bot:bot [--provider console|mock|module:attr]
                    [--journal URL] [--instance-id ID] [--bootstrap H:P] [--prefix P]
-                   [--data-dir D] [--web-port N] [--partitions N] [--batch-size N]
+                   [--data-dir D] [--http-port N] [--partitions N] [--batch-size N]
                    [--guarantee at_least_once|exactly_once]
     botmesh topics create [--prefix P] [--bootstrap H:P] [--partitions N] [--replication N]
     botmesh topics list   [--prefix P] [--bootstrap H:P] [--all]
@@ -251,10 +251,12 @@ def _cmd_run(args: Args) -> int:
 
 
 def _cmd_worker(args: Args) -> int:
+    from botmesh import logs, tracing
     from botmesh.streams.config import WorkerConfig, check_worker_journal
 
     if args.journal is not None:
         check_worker_journal(args.journal, "--journal")
+    log_format = logs.log_format(args.log_format)
     stop_on_sigterm_until_started()  # done already when started as python -m botmesh
     bot = load_app(args.app)
     provider = _provider_of(args)
@@ -266,7 +268,8 @@ def _cmd_worker(args: Args) -> int:
         data_dir=Path(args.data_dir) if args.data_dir else None,
         journal=args.journal,
         instance_id=args.instance_id,
-        web_port=args.web_port,
+        http_host=args.http_host,
+        http_port=args.http_port,
         partitions=args.partitions,
         batch_size=args.batch_size,
         loglevel=args.loglevel,
@@ -274,7 +277,18 @@ def _cmd_worker(args: Args) -> int:
     )
     from botmesh.streams.faust_app.app import run_worker
 
-    run_worker(bot, provider, config)
+    logs.setup_logging(config.loglevel, log_format)
+    tracing.configure("botmesh-worker")  # after the bot module: a provider it installed counts
+    run_worker(
+        bot,
+        provider,
+        config,
+        # Faust's worker sets the process's logging up again when it starts: the same lines
+        logging_config=logs.logging_config(config.loglevel, log_format),
+        # the record's log context and span: nothing reads them under text lines untraced
+        record_scope=logs.record_scope if log_format == "json" or tracing.ENABLED else None,
+        journal_written=tracing.journal_write if tracing.ENABLED else None,
+    )
     return 0
 
 
@@ -455,9 +469,7 @@ def _replication_env() -> int:
 
 
 def _cmd_gateway(args: Args) -> int:
-    import logging
-
-    from botmesh import _gateway
+    from botmesh import _gateway, logs, tracing
     from botmesh.providers.channels import CHANNELS, webhook_from_env
 
     raw = list(args.channel) or [os.environ.get("BOTMESH_GATEWAY_CHANNELS", "")]
@@ -482,9 +494,8 @@ def _cmd_gateway(args: Args) -> int:
     )
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be 0-65535")
-    logging.basicConfig(
-        level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup_logging(args.loglevel, logs.log_format(args.log_format))
+    tracing.configure("botmesh-gateway")
     return _gateway.run_gateway(_gateway.Gateway(webhooks, config), args.host, args.port)
 
 

@@ -156,7 +156,14 @@ def run() -> None:
     "./botmesh-data]",
 )
 @click.option(
-    "--web-port", type=int, help="Faust's web server on 127.0.0.1  [env var: BOTMESH_WEB_PORT]"
+    "--http-host",
+    help="address of /healthz, /readyz and /metrics  [env var: BOTMESH_HTTP_HOST; default: "
+    "127.0.0.1]",
+)
+@click.option(
+    "--http-port",
+    type=int,
+    help="their port (unset: not served)  [env var: BOTMESH_HTTP_PORT]",
 )
 @click.option(
     "--partitions",
@@ -176,6 +183,11 @@ def run() -> None:
     "transactions  [env var: BOTMESH_PROCESSING_GUARANTEE; default: at_least_once]",
 )
 @click.option("--loglevel", help="log level  [env var: BOTMESH_LOG_LEVEL; default: info]")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="log lines: text, or one JSON object a line  [env var: BOTMESH_LOG_FORMAT; default: text]",
+)
 @_invoke("worker")
 def worker() -> None:
     """Run a bot on the inbound topic (the Faust worker)."""
@@ -415,8 +427,21 @@ def metrics() -> None:
     help="a channel to serve at /NAME (repeatable, or comma-separated)  "
     "[env var: BOTMESH_GATEWAY_CHANNELS]",
 )
-@click.option("--host", default="127.0.0.1", help="address to listen on")
-@click.option("--port", type=int, default=8080, help="port to listen on")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    envvar="BOTMESH_GATEWAY_HOST",
+    show_envvar=True,
+    help="address to listen on (0.0.0.0 in a container)",
+)
+@click.option(
+    "--port",
+    type=int,
+    default=8080,
+    envvar="BOTMESH_GATEWAY_PORT",
+    show_envvar=True,
+    help="port to listen on",
+)
 @click.option(
     "--public-url",
     envvar="BOTMESH_GATEWAY_PUBLIC_URL",
@@ -435,6 +460,11 @@ def metrics() -> None:
     "--seen-max", type=int, default=200_000, help="event ids remembered to drop retried webhooks"
 )
 @click.option("--loglevel", default="info", help="log level")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="log lines: text, or one JSON object a line  [env var: BOTMESH_LOG_FORMAT; default: text]",
+)
 @_invoke("gateway")
 def gateway() -> None:
     """Receive the channels' webhooks and produce them to <prefix>.inbound: GET|POST

@@ -3,9 +3,10 @@ webhooks and produces them as inbound records on ``<prefix>.inbound``.
 
 Routes: ``GET|POST /<channel>`` per configured channel, ``GET /healthz`` (200 while the
 process runs), ``GET /readyz`` (200 when the producer is connected, the seen topic is loaded
-and ``<prefix>.inbound`` exists; else 503 with the reason), ``GET /metrics`` (JSON counters
-per channel: received, produced, duplicates, bad_signature, malformed, produce_failed,
-too_large).
+and ``<prefix>.inbound`` exists; else 503 with the reason), ``GET /metrics`` (Prometheus text
+format: ``botmesh_gateway_webhooks_total`` by channel and result: received, produced,
+duplicates, bad_signature, malformed, produce_failed, too_large; and
+``botmesh_gateway_connected``, ``botmesh_gateway_seen_entries``).
 
 A webhook goes through, in order:
 
@@ -19,6 +20,9 @@ A webhook goes through, in order:
    failure, or no ack within ``request_timeout``, → 503, so the channel retries (a record
    acked after its 503 still counts as produced: the retry is then a duplicate);
 7. ``reply`` (usually a bare 200).
+
+With tracing on (``botmesh.tracing``) all of it is one ``SERVER`` span, and each record
+produced carries that span's W3C ``traceparent`` header, which the worker continues.
 
 Duplicates: a channel retries a webhook it got no 2xx for, with the same event id. The
 gateway keeps the ``(channel, id)`` of what it produced in memory (at most ``seen_max``
@@ -61,7 +65,11 @@ from urllib.parse import parse_qsl
 
 import msgspec
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from botmesh import tracing
+from botmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from botmesh.observability.metrics import exposition, gateway_registry
 from botmesh.providers.webhooks import (
     BadSignature,
     ChannelWebhook,
@@ -194,6 +202,7 @@ class Gateway:
         self.catalog = Catalog(config.prefix)
         self._clock = clock
         self.seen = SeenSet(config.seen_max, clock=clock)
+        self._registry: CollectorRegistry | None = None  # /metrics, made at the first scrape
         self.counts: dict[str, dict[str, int]] = {
             name: dict.fromkeys(COUNTERS, 0) for name in self.webhooks
         }
@@ -297,7 +306,10 @@ class Gateway:
         return ""
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.json_response(self.metrics())
+        if self._registry is None:
+            self._registry = gateway_registry(self.metrics)
+        body = exposition(self._registry)
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     def metrics(self) -> dict[str, Any]:
         return {
@@ -307,8 +319,14 @@ class Gateway:
         }
 
     def _handler(self, name: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        route = f"/{name}"
+
         async def handle(request: web.Request) -> web.Response:
-            return await self._webhook(name, request)
+            # a SERVER span per webhook when tracing is on (botmesh.tracing)
+            with tracing.webhook_span(request.method, route, request.headers) as span:
+                response = await self._webhook(name, request)
+                span.answered(response.status)
+                return response
 
         return handle
 
@@ -443,9 +461,15 @@ class Gateway:
             waits.append((task, True))
             try:
                 value = encode_inbound(rec)
-                enqueued.set_result(
-                    await self._kafka.send(self.catalog.inbound, chat_key(rec.chat_id), value)
+                topic, chat = self.catalog.inbound, chat_key(rec.chat_id)
+                # with tracing on, the webhook's span (W3C traceparent): the worker goes on
+                headers = tracing.record_headers()
+                sending = (
+                    self._kafka.send(topic, chat, value)
+                    if headers is None
+                    else self._kafka.send_with_headers(topic, chat, value, headers)
                 )
+                enqueued.set_result(await sending)
             except BaseException as exc:
                 failure = exc if isinstance(exc, KafkaUnavailable) else KafkaUnavailable(_what(exc))
                 if not enqueued.done():

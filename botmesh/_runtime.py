@@ -32,6 +32,7 @@ from botmesh.state.inbox import Outcome
 from botmesh.state.keys import check_explicit, derived_key, fingerprint, random_key
 from botmesh.state.kv import DurableKv, Entry, Op
 from botmesh.state.messages import Inbound, Media, Outbound, Receipt
+from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import ReceiptSink
@@ -166,6 +167,7 @@ class Runtime:
         receipts: ReceiptSink | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        timings: Timings | None = None,
     ) -> None:
         _check_provider(provider)
         if isinstance(journal, str):
@@ -185,6 +187,7 @@ class Runtime:
         self._receipts = receipts
         self._clock = clock
         self._rng = rng
+        self._timings = timings
         self._kv: DurableKv | None = None
         self._engine: Engine | None = None
         self._running = False
@@ -217,6 +220,7 @@ class Runtime:
                 receipts=self._receipts,
                 clock=self._clock,
                 rng=self._rng,
+                timings=self._timings,
             )
             self._engine = engine
             self._running = True  # recovery replays inbounds: their handlers send

@@ -107,6 +107,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _s("BOTMESH_CONSOLE_QUIET", "", "`1`: the console provider counts sends without printing"),
     _s("BOTMESH_LOG_LEVEL", "info", "the worker's log level"),
+    _s(
+        "BOTMESH_LOG_FORMAT",
+        "text",
+        "the worker's and the gateway's log lines: `text` or `json` (one object a line, with "
+        "the record's context; docs/operating.md)",
+    ),
     # -- the worker (botmesh.streams.config.WorkerConfig)
     _s(
         "BOTMESH_JOURNAL",
@@ -155,7 +161,13 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds a stop may take; then the worker prints its threads' stacks and exits with "
         "status 70, acking nothing unfinished",
     ),
-    _s("BOTMESH_WEB_PORT", "", "Faust's web server, on 127.0.0.1 (unset: off)"),
+    _s(
+        "BOTMESH_HTTP_HOST",
+        "127.0.0.1",
+        "the address of the worker's `/healthz`, `/readyz` and `/metrics` (`0.0.0.0` in a "
+        "container)",
+    ),
+    _s("BOTMESH_HTTP_PORT", "", "their port (unset: not served)"),
     # -- the webhook gateway
     _s(
         "BOTMESH_GATEWAY_CHANNELS",
@@ -163,10 +175,35 @@ SETTINGS: tuple[Setting, ...] = (
         "the channels whose webhooks the gateway serves, `telegram,whatsapp,...`",
     ),
     _s(
+        "BOTMESH_GATEWAY_HOST",
+        "127.0.0.1",
+        "the gateway's address: its webhooks, `/healthz`, `/readyz`, `/metrics` (`0.0.0.0` in "
+        "a container)",
+    ),
+    _s("BOTMESH_GATEWAY_PORT", "8080", "the gateway's port"),
+    _s(
         "BOTMESH_GATEWAY_PUBLIC_URL",
         "",
         "the URL the channels call, without the channel path (Twilio signs it)",
     ),
+    # -- traces, with the otel extra (botmesh.tracing; the SDK reads its other OTEL_* itself)
+    _s(
+        "OTEL_TRACES_EXPORTER",
+        "",
+        "span exporters, `otlp` (over HTTP), `console`...; set (not `none`): traces on",
+    ),
+    _s("OTEL_EXPORTER_OTLP_ENDPOINT", "", "the OTLP collector, `http://host:4318`; set: traces on"),
+    _s(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "",
+        "the collector's traces URL (`.../v1/traces`); set: traces on",
+    ),
+    _s(
+        "OTEL_SERVICE_NAME",
+        "the process's: `botmesh-worker`, `botmesh-gateway`",
+        "the traces' `service.name`",
+    ),
+    _s("OTEL_SDK_DISABLED", "", "`true`: traces off, whatever else is set"),
     # -- the channels' credentials (docs/channels.md)
     _s("TELEGRAM_BOT_TOKEN", "", "Telegram: the bot's token", secret=True),
     _s("TELEGRAM_WEBHOOK_SECRET", "", "Telegram: the webhook's `secret_token`", secret=True),

@@ -1,6 +1,7 @@
 """Imports point down. ``RULES`` below is the one statement of which of our packages may
 import which (a package here is an area of the one installed ``botmesh``: its subpackages
-``botmesh.state``, ``botmesh.providers``, ``botmesh.topics``, ``botmesh.streams``, and the
+``botmesh.state``, ``botmesh.providers``, ``botmesh.topics``, ``botmesh.observability``,
+``botmesh.streams``, and the
 front door, ``botmesh``'s own modules; ``botmesh/__init__`` itself loads nothing, so
 importing any area loads only that area and what it may import); ``NO_KAFKA`` and
 ``LAZY`` say who never loads a Kafka client and what a module must not load when it is
@@ -49,13 +50,14 @@ RULES: dict[str, frozenset[str]] = {
     "state": frozenset(),
     "providers": frozenset({"state"}),
     "topics": frozenset({"state"}),
-    "streams": frozenset({"state", "topics"}),
-    "botmesh": frozenset({"state", "providers", "topics", "streams"}),
+    "observability": frozenset({"state"}),
+    "streams": frozenset({"state", "topics", "observability"}),
+    "botmesh": frozenset({"state", "providers", "topics", "observability", "streams"}),
 }
 #: The Kafka and Faust client libraries.
 KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})
 #: Packages that never import a Kafka client, anywhere (functions and TYPE_CHECKING included).
-NO_KAFKA = frozenset({"state", "providers", "topics"})
+NO_KAFKA = frozenset({"state", "providers", "topics", "observability"})
 #: Importing the key loads none of these (modules, or packages with all their modules): they
 #: load when a command or a URL needs them. ``botmesh`` is the front door with every public
 #: name of it loaded (``from botmesh import Bot, run``).

@@ -86,6 +86,5 @@ async def help_text(ctx: Context) -> None:
 
 @bot.on(FlowEndedEvent)
 def ended(event: FlowEndedEvent) -> None:
-    log.info(
-        "flow %s in chat %s ended %s: %r", event.flow, event.chat_id, event.status, event.result
-    )
+    log.info("flow %s in chat %s ended %s", event.flow, event.chat_id, event.status)
+    log.debug("flow %s in chat %s gave %r", event.flow, event.chat_id, event.result)  # answers

@@ -35,7 +35,7 @@ from botmesh.state.kv import Entry, Put, handover
 from botmesh.state.lease import Held
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
 from botmesh.state.outbox import new_values, part_payloads
-from botmesh.state.ports import AmbiguityResolver, Provider, call_send
+from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
 from botmesh.state.records import SETTLED, Json, revise
 from botmesh.state.splitter import split_text
 from botmesh.state.writes import Write
@@ -161,7 +161,7 @@ class Delivery:
             if e.leader is not None:
                 await e.leader.ensure()
             try:
-                result = await call_send(e.provider, message, held.value["key"])
+                result = await timed_send(e.provider, message, held.value["key"], e.timings)
             except ProviderNotLeaderError:
                 raise
             except Exception as exc:
@@ -415,7 +415,7 @@ class Delivery:
                     if result is None:
                         if e.leader is not None and ask:
                             await e.leader.ensure()
-                        result = await call_send(e.provider, message, claimed["key"])
+                        result = await timed_send(e.provider, message, claimed["key"], e.timings)
                 except _Skipped:
                     return 1
                 except ProviderNotLeaderError:

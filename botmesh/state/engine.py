@@ -39,7 +39,7 @@ from botmesh.state.kv import DurableKv, Entry, Op, Partitioned, anywhere, unpart
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
 from botmesh.state.messages import Inbound
-from botmesh.state.metrics import Metrics
+from botmesh.state.metrics import Metrics, Timings
 from botmesh.state.operations import Operations
 from botmesh.state.outbox import Outbox
 from botmesh.state.ports import Provider
@@ -85,8 +85,11 @@ class Engine:
         receipts: ReceiptSink | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        timings: Timings | None = None,
     ) -> None:
         self.kv = kv
+        #: What the engine times (handlers, provider calls), when anything does.
+        self.timings = timings
         #: The context of the work on one record found by a scan (``Partitioned.near``).
         self.near = kv.near if isinstance(kv, Partitioned) else anywhere
         #: The context of work on records of several partitions (``Partitioned``).

@@ -20,6 +20,7 @@ again (``_mark_done_with``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from enum import StrEnum
@@ -275,7 +276,15 @@ class Inbox:
                     return Outcome.DEFERRED if stepped else Outcome.FENCED
                 e.leases.held[turn.key] = turn
             # ---------------------------------------------------------------------------------
-            riders = await e.hooks.dispatch(message)
+            timings = e.timings
+            if timings is None:
+                riders = await e.hooks.dispatch(message)
+            else:
+                started = time.perf_counter()
+                try:
+                    riders = await e.hooks.dispatch(message)
+                finally:
+                    timings.handler(time.perf_counter() - started)
         except BaseException as exc:
             if turn is not None and e.turns is not None:  # a crash leaves it to expire
                 await e.turns.give_back(turn, written=isinstance(exc, Exception))

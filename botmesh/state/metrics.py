@@ -7,8 +7,9 @@ attribute (``metrics.outbox_dead += 1`` on the hot path) named after the member.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Protocol
 
-__all__ = ["Metric", "Metrics"]
+__all__ = ["Metric", "Metrics", "Timings"]
 
 
 class Metric(StrEnum):
@@ -66,3 +67,18 @@ class Metrics:
 
     def as_dict(self) -> dict[str, int]:
         return {m.value: getattr(self, attr) for m, attr in zip(Metric, _ATTRS, strict=True)}
+
+
+class Timings(Protocol):
+    """What the engine times, when a timer is given (the worker's Prometheus histograms,
+    ``botmesh.observability.metrics``); without one nothing is timed. Each call gets the
+    seconds a thing took; labels are bounded (a channel's name, a result), never a chat."""
+
+    def handler(self, seconds: float) -> None:
+        """The bot's handlers of one inbound ran for ``seconds``."""
+
+    def provider_call(self, channel: str, result: str, seconds: float) -> None:
+        """One call of the provider's send: ``result`` is ``ok`` or ``error``."""
+
+    def calling(self, delta: int) -> None:
+        """Provider calls in flight went up (``1``) or down (``-1``)."""

@@ -20,10 +20,12 @@ each a small protocol the core looks for with ``isinstance``:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from botmesh.state.messages import Media, Outbound, SendResult
+from botmesh.state.metrics import Timings
 
 __all__ = [
     "AmbiguityResolver",
@@ -33,6 +35,7 @@ __all__ = [
     "Provider",
     "SessionHooks",
     "call_send",
+    "timed_send",
 ]
 
 
@@ -120,3 +123,22 @@ async def call_send(provider: Provider, message: Outbound, key: str) -> SendResu
         result: SendResult = await send_keyed(message, key)
         return result
     return await provider.send(message)
+
+
+async def timed_send(
+    provider: Provider, message: Outbound, key: str, timings: Timings | None
+) -> SendResult:
+    """``call_send``, timed by ``timings`` when given (its latency by channel and result,
+    and the calls in flight)."""
+    if timings is None:
+        return await call_send(provider, message, key)
+    timings.calling(1)
+    started = time.perf_counter()
+    result = "error"
+    try:
+        sent = await call_send(provider, message, key)
+        result = "ok"
+        return sent
+    finally:
+        timings.calling(-1)
+        timings.provider_call(provider.name, result, time.perf_counter() - started)

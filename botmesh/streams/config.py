@@ -113,6 +113,14 @@ def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number of seconds; fix or unset it") from None
 
 
+#: Settings earlier releases read, and what to set instead.
+RETIRED = {
+    "BOTMESH_WEB_PORT": "Faust's web server is gone; set BOTMESH_HTTP_PORT for /healthz, "
+    "/readyz and /metrics (and BOTMESH_HTTP_HOST, 127.0.0.1 by default, to 0.0.0.0 for "
+    "probes from outside the host)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """Settings of one worker process. Each field reads one environment variable
@@ -135,8 +143,11 @@ class WorkerConfig:
     #: ``group.instance.id``. Stable across restarts of one replica, unique per replica.
     #: Unset: the runtime's default id, and a dynamic group member.
     instance_id: str | None = None
-    #: ``BOTMESH_WEB_PORT`` (unset: off): Faust's web server on 127.0.0.1.
-    web_port: int | None = None
+    #: ``BOTMESH_HTTP_HOST`` (``127.0.0.1``): the address of ``/healthz``, ``/readyz`` and
+    #: ``/metrics`` (``0.0.0.0`` in a container, for the kubelet and Prometheus).
+    http_host: str = "127.0.0.1"
+    #: ``BOTMESH_HTTP_PORT`` (unset: no server): their port (``0``: any free one, logged).
+    http_port: int | None = None
     #: ``BOTMESH_PARTITIONS`` (8): partitions of the topics the worker creates.
     partitions: int = DEFAULT_PARTITIONS
     #: ``BOTMESH_REPLICATION`` (1): replication factor of the topics the worker creates.
@@ -186,6 +197,12 @@ class WorkerConfig:
                 "accepts 6 to 1800 seconds"
             )
         check_guarantee(self.guarantee, "processing guarantee")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(
+                f"HTTP port (BOTMESH_HTTP_PORT, --http-port) {self.http_port}: must be 0-65535"
+            )
+        if not self.http_host.strip():
+            raise ValueError("HTTP host (BOTMESH_HTTP_HOST, --http-host): must not be empty")
         if not self.stop_timeout > 0:
             raise ValueError(
                 f"stop timeout (BOTMESH_STOP_TIMEOUT) {self.stop_timeout:g}s: must be a "
@@ -205,6 +222,9 @@ class WorkerConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WorkerConfig:
         env = os.environ if environ is None else environ
+        for name, instead in RETIRED.items():  # set for a release that read it: say so
+            if env.get(name, "").strip():
+                raise ValueError(f"{name} is no longer read: {instead}")
         journal = env.get("BOTMESH_JOURNAL", "").strip() or None
         if journal is not None and overrides.get("journal") is None:
             check_worker_journal(journal, "BOTMESH_JOURNAL")
@@ -215,7 +235,8 @@ class WorkerConfig:
             data_dir=Path(env.get("BOTMESH_DATA_DIR", "").strip() or "botmesh-data"),
             journal=journal if overrides.get("journal") is None else None,
             instance_id=env.get("BOTMESH_INSTANCE_ID", "").strip() or None,
-            web_port=_int_env(env, "BOTMESH_WEB_PORT", None),
+            http_host=env.get("BOTMESH_HTTP_HOST", "").strip() or "127.0.0.1",
+            http_port=_int_env(env, "BOTMESH_HTTP_PORT", None),
             partitions=_int_env(env, "BOTMESH_PARTITIONS", DEFAULT_PARTITIONS) or 1,
             replication=_int_env(env, "BOTMESH_REPLICATION", 1) or 1,
             batch_size=_int_env(env, "BOTMESH_BATCH_SIZE", 500) or 1,

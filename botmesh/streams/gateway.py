@@ -146,9 +146,15 @@ class GatewayKafka:
 
     async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
         """Enqueue one record; the result resolves when the broker acked it."""
+        return await self.send_with_headers(topic, key, value, None)
+
+    async def send_with_headers(
+        self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None
+    ) -> Awaitable[Any]:
+        """``send`` with the record's headers (a trace's ``traceparent``)."""
         if self.producer is None:
             raise KafkaUnavailable("the producer is not started")
-        fut: Awaitable[Any] = await self.producer.send(topic, value, key=key)
+        fut: Awaitable[Any] = await self.producer.send(topic, value, key=key, headers=headers)
         return fut
 
     async def write_seen(self, channel: str, event_id: str, where: Any) -> None:

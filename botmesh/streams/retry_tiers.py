@@ -123,6 +123,9 @@ class RetryTiers:
         self._repark = repark
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        #: Sends parked on each tier and not attempted yet, in the partitions this worker
+        #: owns: read and waiting, and behind them up to the tier's end (as last fetched).
+        self.parked: dict[str, int] = {}
         #: Parked records attempted, by outcome (``delivered``, ``waiting``, ``stale``,
         #: ``reparked``, ``bad``).
         self.outcomes: collections.Counter[str] = collections.Counter()
@@ -207,6 +210,7 @@ class RetryTiers:
             free = [TopicPartition(topic, p) for p, q in queues.items() if not q]
             if free:
                 consumer.resume(*free)
+            self.parked[tier] = self._waiting(consumer, topic, queues)
             heads = [max(q[0][1], not_before.get(p, 0.0)) for p, q in queues.items() if q]
             wait = min([1.0, *(h - now for h in heads)])
             if not assigned:
@@ -224,6 +228,20 @@ class RetryTiers:
                     wake = (m.timestamp / 1000.0) + seconds
                     due = min(parked.retry_at, wake) if parked is not None else 0.0
                     pending.append((m.offset, due, parked))
+
+    @staticmethod
+    def _waiting(
+        consumer: AIOKafkaConsumer,
+        topic: str,
+        queues: dict[int, collections.deque[tuple[int, float, Parked | None]]],
+    ) -> int:
+        n = 0
+        for p, queue in queues.items():
+            n += len(queue)
+            end = consumer.highwater(TopicPartition(topic, p))
+            if queue and end is not None:  # read as far as the last queued record
+                n += max(end - queue[-1][0] - 1, 0)
+        return n
 
     async def _attempt(self, partition: int, parked: Parked | None, tier: str) -> bool:
         """One due record; ``False`` when it must be tried again later."""

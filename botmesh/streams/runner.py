@@ -139,6 +139,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -162,6 +163,7 @@ from botmesh.state.errors import (
 from botmesh.state.inbox import Outcome
 from botmesh.state.kv import DurableKv
 from botmesh.state.messages import Inbound, Media, Receipt
+from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import ReceiptSink
@@ -184,6 +186,7 @@ __all__ = [
     "InboundRunner",
     "KafkaReceipts",
     "RawRecord",
+    "RecordScope",
     "RuntimeLike",
     "in_time_order",
     "record_size",
@@ -198,6 +201,18 @@ Headers = list[tuple[str, bytes]]
 Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]]]
 #: What one record of a batch is, once decoded.
 Item = tuple["RawRecord", Inbound | SendRequest | ControlRequest]
+#: What the runner settles each record inside, entered once a record: ``scope(raw, item)``
+#: (the worker's command line gives ``botmesh.logs.record_scope``: the record's log context
+#: and, with tracing on, its span). The default does nothing.
+RecordScope = Callable[
+    ["RawRecord", Inbound | SendRequest | ControlRequest], AbstractContextManager[object]
+]
+_NO_SCOPE = nullcontext()
+#: The W3C headers (``traceparent``) of the record being settled, set by its span when
+#: tracing is on (``botmesh.tracing``): the receipts published meanwhile carry them.
+TRACE_HEADERS: ContextVar[tuple[tuple[str, bytes], ...]] = ContextVar(
+    "botmesh_trace_headers", default=()
+)
 _T = TypeVar("_T")
 #: Seconds between attempts at a record refused because the worker's group membership is
 #: unconfirmed (``botmesh.streams.table_kv.MembershipUnconfirmed``; not charged as attempts).
@@ -261,6 +276,7 @@ class BotDefinition(Protocol):
         *,
         instance_id: str | None = None,
         receipts: ReceiptSink | None = None,
+        timings: Timings | None = None,
     ) -> RuntimeLike: ...
 
 
@@ -286,18 +302,25 @@ class BatchAbandoned(Exception):
     deadline, a dead letter was refused): ack nothing of it."""
 
 
+#: A dead letter's kind (a label of ``botmesh_dead_letters_total``) by the record's noun.
+_KINDS = {"operator action": "control"}
+
+
 class KafkaReceipts:
     """The runtime's ``ReceiptSink``: each receipt goes to ``<prefix>.sent``, keyed by
     chat id; ``publish`` returns the broker-ack future (the producer uses acks=all)."""
 
-    def __init__(self, produce: Produce) -> None:
+    def __init__(self, produce: Produce, letters: Counter[tuple[str, str]] | None = None) -> None:
         self._produce = produce
         self.published = 0
         self.dead_letters = 0
         self.parked = 0
+        #: Dead letters produced, by (kind, reason) (shared with the runner's).
+        self.letters: Counter[tuple[str, str]] = Counter() if letters is None else letters
 
     async def publish(self, receipt: Receipt) -> Awaitable[Any]:
-        ack = await self._produce("sent", chat_key(receipt.chat_id), encode_receipt(receipt), [])
+        key, value = chat_key(receipt.chat_id), encode_receipt(receipt)
+        ack = await self._produce("sent", key, value, [*TRACE_HEADERS.get()])
         self.published += 1
         return ack
 
@@ -321,6 +344,9 @@ class KafkaReceipts:
             role = "dlq"
         ack = await self._produce(role, key, body, headers)
         self.dead_letters += 1
+        error = value.get("error")
+        reason = error.get("reason") if isinstance(error, dict) else None
+        self.letters[(kind, str(reason or "unknown"))] += 1
         return ack
 
 
@@ -445,9 +471,16 @@ class InboundRunner:
         instance: str = "",
         max_request_size: int = MAX_REQUEST_SIZE,
         flush: Callable[[], Awaitable[None]] | None = None,
+        on_settled: Callable[[float], None] | None = None,
+        letters: Counter[tuple[str, str]] | None = None,
     ) -> None:
         self.runtime = runtime
         self._flush = flush
+        #: Given the seconds from an inbound record's timestamp to its settling.
+        self._on_settled = on_settled
+        #: Dead letters produced, by (kind, reason): ``inbound``, ``request`` or
+        #: ``control`` here, ``outbox`` and ``inbound`` from the journal (``KafkaReceipts``).
+        self.letters: Counter[tuple[str, str]] = Counter() if letters is None else letters
         self.max_request_size = max_request_size
         self.requests_topic = requests_topic
         self.control_topic = control_topic
@@ -483,6 +516,8 @@ class InboundRunner:
         self.actions: Counter[str] = Counter()
         #: Dead letters that went out cut (``truncated`` = ``true``), each counted once.
         self.cut = 0
+        #: What each record is settled inside (``RecordScope``).
+        self.scope: RecordScope = _unscoped
 
     # -- one batch ------------------------------------------------------------------------
 
@@ -623,7 +658,8 @@ class InboundRunner:
 
     async def _run_chat(self, items: list[Item], deadline: float) -> None:
         for raw, item in items:
-            with in_partition(raw.partition, item.chat_id):  # the chat's journal partition
+            # the chat's journal partition; the record's log context and span
+            with in_partition(raw.partition, item.chat_id), self.scope(raw, item):
                 if isinstance(item, Inbound):
                     await self._settle(raw, item, deadline)
                 elif isinstance(item, SendRequest):
@@ -641,6 +677,8 @@ class InboundRunner:
             return
         outcome, attempt = done
         self.outcomes[outcome] += 1
+        if self._on_settled is not None and raw.timestamp is not None:
+            self._on_settled(time.time() - raw.timestamp)
         # the journal copies its dead records itself when the runtime's sink takes them
         # (``KafkaReceipts.dead_letter``): one copy, however often the record comes again
         if outcome == Outcome.DEAD and not getattr(self.runtime, "dead_letters_journaled", False):
@@ -873,6 +911,7 @@ class InboundRunner:
         role = "dlq" if noun == "inbound" else "requests-dlq"
         await self._produce_letter(_Letter(role, raw, headers, own))
         self.dead_letters[reason] += 1
+        self.letters[(_KINDS.get(noun, noun), str(reason))] += 1
 
     async def _produce_letter(self, letter: _Letter) -> None:
         """Hand ``letter`` to the producer: whole when it fits under ``max_request_size``
@@ -979,6 +1018,12 @@ async def _state_of(ops: Operations, request: ControlRequest) -> str | None:
         return flows[0].status if flows else None
     send = await ops.outbox.get(request.target)
     return str(send.state) if send is not None else None
+
+
+def _unscoped(
+    raw: RawRecord, item: Inbound | SendRequest | ControlRequest
+) -> AbstractContextManager[object]:
+    return _NO_SCOPE
 
 
 def in_time_order(items: list[Item]) -> list[Item]:

@@ -83,6 +83,7 @@ import contextlib
 import functools
 import heapq
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, Protocol
@@ -303,6 +304,10 @@ class TableKv:
         #: Called before partitions are handed over (the worker records its receipts).
         self.on_revoking: Callable[[], Awaitable[object]] | None = None
         self.on_lost: OnLost | None = None
+        #: Given the seconds each awaited write took to be acked (the worker's histogram).
+        self.write_seconds: Callable[[float], None] | None = None
+        #: Partitions opened whose ``on_assigned`` (the recovery pass) has not ended yet.
+        self.recovering: set[int] = set()
         #: Changelog records acked, and commits that failed for want of an ack.
         self.acked = 0
         self.failed = 0
@@ -340,8 +345,10 @@ class TableKv:
             self._parts[p] = _Part(self._port.database(p))
             log.info("journal partition %d opened", p)
         if self.on_assigned is not None:
+            self.recovering.update(new)
             for p in new:
                 if p not in self._parts:  # revoked again meanwhile
+                    self.recovering.discard(p)
                     continue
                 with in_partition(p):
                     try:
@@ -350,6 +357,8 @@ class TableKv:
                         log.exception(
                             "recovery of journal partition %d failed; the sweeper tries again", p
                         )
+                    finally:
+                        self.recovering.discard(p)
         return new
 
     async def hand_over(self, partitions: Iterable[int]) -> None:
@@ -588,7 +597,13 @@ class TableKv:
             taken.append((p, {**first, **own}))
             produce.append((p, [*(k for k in first if k not in after), *after]))
         try:
-            await self._produce_and_wait(produce)
+            timed = self.write_seconds
+            if timed is None:
+                await self._produce_and_wait(produce)
+            else:
+                started = time.perf_counter()
+                await self._produce_and_wait(produce)
+                timed(time.perf_counter() - started)
         except BaseException as exc:
             for p, before, after in reversed(changes):
                 self._undo(p, before, after)

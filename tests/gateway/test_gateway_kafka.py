@@ -17,8 +17,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from botmesh._gateway import Gateway, GatewayConfig, serving
+from botmesh.observability.metrics import metric_names
 from botmesh.providers.slack import SlackWebhook
 from botmesh.state.messages import Inbound
 from botmesh.streams.provision import ensure_topics
@@ -187,6 +189,15 @@ async def test_a_retry_on_another_replica_is_recognised(
     assert b.counts["slack"]["produced"] == 0 and b.counts["slack"]["duplicates"] == 1
 
 
+def scraped(text: str) -> dict[tuple[str, tuple[str, ...]], float]:
+    """A scrape read by ``prometheus_client``'s parser: (sample name, label values) -> value."""
+    return {
+        (sample.name, tuple(sample.labels.values())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 async def test_no_broker_gives_503_and_readyz_503(unused_tcp_port: int) -> None:
     closed = f"127.0.0.1:{unused_tcp_port}"
     body = slack_message("Ev05")
@@ -194,12 +205,12 @@ async def test_no_broker_gives_503_and_readyz_503(unused_tcp_port: int) -> None:
         health = await _get(f"{url}/healthz")
         ready = await _get(f"{url}/readyz")
         status, _ = await _post(f"{url}/slack", body, slack_headers(body))
-        metrics = json.loads((await _get(f"{url}/metrics"))[1])
+        metrics = scraped((await _get(f"{url}/metrics"))[1])
     assert health[0] == 200
     assert ready[0] == 503 and "Kafka" in ready[1]
     assert status == 503
-    assert metrics["channels"]["slack"]["produce_failed"] == 1
-    assert metrics["connected"] is False
+    assert metrics[("botmesh_gateway_webhooks_total", ("slack", "produce_failed"))] == 1
+    assert metrics[("botmesh_gateway_connected", ())] == 0
     assert gw.counts["slack"]["produced"] == 0
 
 
@@ -317,8 +328,13 @@ async def test_health_ready_and_metrics(kafka_bootstrap: str, catalog: Catalog) 
         status, text = await _get(f"{url}/metrics")
     assert health == (200, "ok\n") and ready == (200, "ready\n")
     assert status == 200
-    metrics = json.loads(text)
-    assert metrics["channels"]["slack"] == {
+    metrics = scraped(text)  # Prometheus' own parser: a malformed exposition raises
+    slack = {
+        labels[1]: n
+        for (name, labels), n in metrics.items()
+        if name == "botmesh_gateway_webhooks_total" and labels[0] == "slack"
+    }
+    assert slack == {
         "received": 4,
         "produced": 1,
         "duplicates": 1,
@@ -327,9 +343,10 @@ async def test_health_ready_and_metrics(kafka_bootstrap: str, catalog: Catalog) 
         "produce_failed": 0,
         "too_large": 0,
     }
-    assert metrics["channels"]["probe"]["produced"] == 2
-    assert metrics["seen"] == {"entries": 3, "max": 200_000}
-    assert metrics["connected"] is True
+    assert metrics[("botmesh_gateway_webhooks_total", ("probe", "produced"))] == 2
+    assert metrics[("botmesh_gateway_connected", ())] == 1
+    assert {name for name, _ in metrics} <= metric_names()
+    assert metrics[("botmesh_gateway_seen_entries", ())] == 3
 
 
 async def test_a_channel_with_a_get_handshake_and_a_form_body(

@@ -204,7 +204,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.kafka
-def test_worker_web_server_on_loopback_port(
+def test_worker_http_server_on_loopback_port(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     import time
@@ -217,7 +217,7 @@ def test_worker_web_server_on_loopback_port(
             worker_command(
                 "--data-dir",
                 str(tmp_path / "data"),
-                "--web-port",
+                "--http-port",
                 str(port),
                 "--partitions",
                 "1",
@@ -232,7 +232,7 @@ def test_worker_web_server_on_loopback_port(
         deadline = time.monotonic() + 120  # hang guard
         while status is None and proc.poll() is None and time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
                     status = resp.status
             except OSError:
                 time.sleep(0.3)
@@ -240,4 +240,31 @@ def test_worker_web_server_on_loopback_port(
         _stop(proc)
     said = (tmp_path / "worker.log").read_text()
     assert status == 200, said[-2000:]
+    assert f"on http://127.0.0.1:{port}" in said
     assert proc.returncode == 0, said[-4000:]
+
+
+@pytest.mark.kafka
+def test_worker_whose_http_port_is_taken_exits_naming_the_setting(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "BOTMESH_TOPIC_PREFIX": topic_prefix}
+        done = subprocess.run(
+            worker_command("--data-dir", str(tmp_path / "data"), "--http-port", str(port)),
+            check=False,
+            cwd=REPO,
+            env=dict(os.environ, **env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"cannot serve /healthz, /readyz and /metrics on 127.0.0.1:{port}" in done.stderr
+    assert "set BOTMESH_HTTP_PORT to a free port" in done.stderr
+    assert "Traceback" not in done.stderr

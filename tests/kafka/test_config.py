@@ -67,8 +67,19 @@ def test_settings_from_the_environment_are_checked_naming_the_variable() -> None
         WorkerConfig.from_env({"BOTMESH_TOPIC_WAIT": "soon"})
     assert WorkerConfig.from_env({}).topic_wait == 60.0
     assert WorkerConfig.from_env({"BOTMESH_TOPIC_WAIT": "5"}).topic_wait == 5.0
-    config = WorkerConfig.from_env({"BOTMESH_INSTANCE_ID": "echo-0", "BOTMESH_WEB_PORT": "6066"})
-    assert (config.instance_id, config.web_port) == ("echo-0", 6066)
+    config = WorkerConfig.from_env(
+        {
+            "BOTMESH_INSTANCE_ID": "echo-0",
+            "BOTMESH_HTTP_PORT": "9464",
+            "BOTMESH_HTTP_HOST": "0.0.0.0",
+        }
+    )
+    assert (config.instance_id, config.http_port, config.http_host) == ("echo-0", 9464, "0.0.0.0")
+    assert WorkerConfig.from_env({}).http_port is None  # not served unless asked for
+    with pytest.raises(ValueError, match=r"^HTTP port \(BOTMESH_HTTP_PORT, --http-port\) 70000"):
+        WorkerConfig.from_env({"BOTMESH_HTTP_PORT": "70000"})
+    with pytest.raises(ValueError, match=r"^BOTMESH_WEB_PORT is no longer read: .*HTTP_PORT"):
+        WorkerConfig.from_env({"BOTMESH_WEB_PORT": "6066"})
 
 
 def test_the_group_instance_id_is_the_instance_id_in_the_characters_kafka_takes() -> None:

@@ -714,28 +714,6 @@ async def test_faust_starts_transactional_producers_one_by_one_and_the_worker_to
     assert most == 4  # all four begun before any finished
 
 
-def test_faust_web_server_stop_waits_a_minute_on_requests_and_the_worker_three_seconds(
-    tmp_path: Any,
-) -> None:
-    """aiohttp's runner waits up to 60 s at its stop for the requests in progress, so a
-    request left waiting held a worker's stop past a minute; ``short_web_stop`` (the worker
-    installs it) makes it ``WEB_STOP_S``."""
-    from aiohttp.web import Application
-    from aiohttp.web_runner import AppRunner
-
-    from botmesh.providers.mock import MockProvider
-    from botmesh.streams.config import WorkerConfig
-    from botmesh.streams.faust_app.app import build_app
-    from botmesh.streams.faust_app.defects import WEB_STOP_S
-    from tests.kafka.bot import bot
-
-    assert AppRunner(Application())._shutdown_timeout == 60.0
-    env = {"BOTMESH_DATA_DIR": str(tmp_path), "BOTMESH_WEB_PORT": "6066"}
-    app = build_app(bot, MockProvider(), WorkerConfig.from_env(env))
-    assert app.conf.web_enabled
-    assert app.web._runner._shutdown_timeout == WEB_STOP_S <= 5.0
-
-
 async def test_an_emptied_set_of_active_partitions_fetches_every_partition_unless_guarded() -> None:
     """Faust hands the consumer's thread its live set of active partitions; the event loop
     can empty it before the thread reads it (the end of a restore pauses the restored

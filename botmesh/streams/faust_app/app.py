@@ -57,11 +57,14 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import faust
 
+from botmesh.observability.http import HealthServer, Readiness
+from botmesh.observability.metrics import WorkerSources, WorkerTelemetry
 from botmesh.state.backoff import RETRY_TIERS
 from botmesh.state.errors import ConfigError, DurabilityError
 from botmesh.state.kv import DurableKv
@@ -80,6 +83,7 @@ from botmesh.streams.runner import (
     InboundRunner,
     KafkaReceipts,
     RawRecord,
+    RecordScope,
     RuntimeLike,
 )
 from botmesh.streams.table_kv import (
@@ -120,10 +124,17 @@ class _BotApp(faust.App):
     botmesh_kafka: Brokers = ""
     #: seconds the join waits for the broker to list the subscribed topics
     botmesh_topic_wait = 60.0
+    #: ``/healthz``, ``/readyz`` and ``/metrics`` (``BOTMESH_HTTP_PORT``), or None
+    botmesh_http: HealthServer | None = None
     _runtime_started = False
     _watching: Any = None
 
     async def on_start(self) -> None:
+        if self.botmesh_http is not None:  # first: a probe sees every step of the start
+            try:
+                await self.botmesh_http.start()
+            except OSError as exc:
+                _exit_at_start(str(exc))
         self._join_when_listed()
         await super().on_start()
         if self.botmesh_runtime is not None and not self._runtime_started:
@@ -176,6 +187,8 @@ class _BotApp(faust.App):
     async def on_shutdown(self) -> None:
         await super().on_shutdown()
         await self._stop_runtime()
+        if self.botmesh_http is not None:  # last: /readyz says "stopping" until then
+            await self.botmesh_http.stop()
 
     async def _stop_runtime(self) -> None:
         if self.botmesh_runtime is not None and self._runtime_started:
@@ -286,11 +299,16 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     journal: str | DurableKv = config.journal_url
     if config.kafka_journal:
         journal = wiring.open_journal()
+    telemetry = WorkerTelemetry(WorkerSources())
+    # the histograms are fed only when /metrics is served (BOTMESH_HTTP_PORT)
+    timed = telemetry if config.http_port is not None else None
+    letters: Counter[tuple[str, str]] = Counter()  # dead letters by kind and reason
     runtime = wiring.runtime = bot.bind(
         provider,
         journal,
         instance_id=config.instance_id,
-        receipts=KafkaReceipts(wiring.produce),
+        receipts=KafkaReceipts(wiring.produce, letters),
+        timings=timed,
     )
     instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
     kv = wiring.kv
@@ -300,6 +318,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         kv.on_assigned = wiring.recover
         kv.on_revoking = runtime.flush_receipts  # receipts recorded while the chats are ours
         kv.on_lost = wiring.lost
+        kv.write_seconds = timed.journal_write if timed is not None else None
     runner = wiring.runner = InboundRunner(
         runtime,
         wiring.produce,
@@ -311,6 +330,8 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         # the limit the app's producer checks each record against (dead letters are cut)
         max_request_size=int(app.conf.producer_max_request_size),
         flush=kv.flush if kv is not None else None,
+        on_settled=timed.settled if timed is not None else None,
+        letters=letters,
     )
     app.botmesh_runtime = runtime
     app.botmesh_journal = kv
@@ -329,6 +350,11 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
     app.botmesh_pipeline = wiring.pipeline = Pipeline(
         runner, lambda: app.consumer, config.in_flight
     )
+    telemetry.sources = wiring.sources()
+    if config.http_port is not None:
+        app.botmesh_http = HealthServer(
+            config.http_host, config.http_port, wiring.readiness, telemetry.scrape
+        )
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(wiring.process)
     _publish_metrics(app, runtime, cat.metrics, config)
     app.botmesh_about = (
@@ -364,14 +390,8 @@ def faust_options(brokers: Brokers) -> dict[str, Any]:
 
 def _new_app(config: WorkerConfig) -> Any:
     """The Faust app with the worker's settings (no agent, no table yet)."""
+    # Faust's web server stays off: the worker serves its own (``HealthServer``)
     web: dict[str, Any] = {"web_enabled": False}
-    if config.web_port is not None:
-        web = {
-            "web_enabled": True,
-            "web_bind": "127.0.0.1",
-            "web_host": "127.0.0.1",
-            "web_port": config.web_port,
-        }
     membership: dict[str, Any] = {
         "broker_session_timeout": config.session_timeout,
         "broker_heartbeat_interval": min(3.0, config.session_timeout / 3),
@@ -530,6 +550,102 @@ class Wiring:
         except Exception:  # not started yet, or another driver
             return None
 
+    # -- what operators see (``botmesh.observability``) --------------------------------------
+
+    def readiness(self) -> Readiness:
+        """``/readyz``: ready once the worker is in the group and owns its inbound partitions
+        with their journal partitions restored and recovered; else why not."""
+        app, cat = self.app, self.cat
+        runner = getattr(self, "runner", None)
+        if runner is not None and runner.stopping.is_set():
+            return Readiness(False, "stopping")
+        if not app._runtime_started:
+            return Readiness(False, "starting: the bot's runtime is not started yet")
+        if app.rebalancing:
+            return Readiness(False, "the group is rebalancing")
+        restoring = self.restoring()
+        if restoring or app.in_recovery:
+            return Readiness(False, f"restoring {restoring} journal partitions from the changelog")
+        watch: AssignmentWatch | None = app.botmesh_watch
+        if watch is None or not watch.ready:
+            return Readiness(False, f"joining the group: owns no partition of {cat.inbound} yet")
+        mine = self.inbound_assigned()
+        kv = self.kv
+        if kv is not None:
+            closed = sorted(p for p in mine if not kv.owns(p))
+            if closed:
+                return Readiness(False, f"journal partitions {closed} not open yet")
+            recovering = sorted(kv.recovering & mine)
+            if recovering:
+                return Readiness(False, f"recovering journal partitions {recovering}")
+        if self.table is not None:
+            stale = self.table.unconfirmed()
+            if stale is not None:
+                return Readiness(False, stale)
+        if not mine:
+            return Readiness(
+                True, f"idle: the group's other members own every partition of {cat.inbound}"
+            )
+        return Readiness(True, f"owns partitions {sorted(mine)} of {cat.inbound}")
+
+    def restoring(self) -> int:
+        """Journal partitions Faust is restoring from the changelog now."""
+        app = self.app
+        if not app.in_recovery:
+            return 0
+        try:
+            remaining = app.tables.recovery.active_remaining()
+        except Exception:  # not started yet
+            return 0
+        return sum(1 for n in remaining.values() if n > 0)
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records between each consumed partition's committed offset and its end."""
+        try:
+            consumer: Any = self.app.consumer
+            tps = consumer.assignment()
+        except Exception:  # not started yet
+            return {}
+        topics = {self.cat.inbound, self.cat.requests, self.cat.control}
+        committed = consumer._committed_offset
+        out: dict[tuple[str, int], int] = {}
+        for tp in tps:
+            if tp.topic not in topics:
+                continue
+            try:
+                end = consumer.highwater(tp)
+            except Exception:  # not fetched yet
+                continue
+            if end is None:
+                continue
+            out[(tp.topic, tp.partition)] = max(int(end) - int(committed.get(tp) or 0), 0)
+        return out
+
+    def sources(self) -> WorkerSources:
+        """What a scrape samples from this worker."""
+        app = self.app
+
+        def counters() -> dict[str, int]:
+            ops = self.runtime.durability if app._runtime_started else None
+            return ops.metrics() if ops is not None else {}
+
+        def dead_letters() -> dict[tuple[str, str], int]:
+            runner = getattr(self, "runner", None)
+            return dict(runner.letters) if runner is not None else {}
+
+        tiers = app.botmesh_tiers
+        return WorkerSources(
+            counters=counters,
+            forced_rebalances=lambda: app.botmesh_watch.forced if app.botmesh_watch else 0,
+            dead_letters=dead_letters,
+            ready=lambda: self.readiness().ready,
+            partitions_owned=lambda: len(self.inbound_assigned()),
+            partitions_restoring=self.restoring,
+            lag=self.lag,
+            parked=(lambda: dict(tiers.parked)) if tiers is not None else dict,
+            unsettled=lambda: self.runner.unsettled,
+        )
+
     async def process(self, stream: Any) -> None:
         """The inbound agent: each batch handed to the pipeline as it is taken."""
         config = self.config
@@ -624,8 +740,22 @@ def _stop_overdue(limit: float) -> None:
     _exit_hard(f"the stop took longer than {limit:g}s", EXIT_SOFTWARE)
 
 
-def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> None:
-    """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C."""
+def run_worker(
+    bot: BotDefinition,
+    provider: Provider,
+    config: WorkerConfig,
+    *,
+    logging_config: dict[str, Any] | None = None,
+    record_scope: RecordScope | None = None,
+    journal_written: Callable[[float], None] | None = None,
+) -> None:
+    """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C.
+
+    What the command line brings (``botmesh.logs``, ``botmesh.tracing``: this package imports
+    neither): ``logging_config``, the ``logging.config.dictConfig`` Faust's worker sets the
+    process's logging up with (else mode's own lines); ``record_scope``, what the runner
+    settles each record inside (its log context and span); ``journal_written``, told the
+    seconds of each awaited journal write too (its span)."""
     if config.provision:
         have = existing_topics(config.kafka)
         specs = config.catalog.specs_beside(have, config.partitions, config.replication)
@@ -636,9 +766,29 @@ def run_worker(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> 
         _check_copartitioned(config.catalog, {**have, **made})
     config.data_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(bot, provider, config)
-    worker = _Worker(app, loglevel=config.loglevel, redirect_stdouts=False)
+    if record_scope is not None:
+        app.botmesh_runner.scope = record_scope
+    journal: TableKv | None = app.botmesh_journal
+    if journal_written is not None and journal is not None:
+        journal.write_seconds = _both(journal.write_seconds, journal_written)
+    worker = _Worker(
+        app, loglevel=config.loglevel, redirect_stdouts=False, logging_config=logging_config
+    )
     worker.stop_timeout = config.stop_timeout
     # Faust's progress spinner sets the root logger to DEBUG at a level of warning or above,
     # so every aiokafka debug call builds a record: 30-40% of a durable worker's time.
     worker.spinner = None
     worker.execute_from_commandline()
+
+
+def _both(
+    first: Callable[[float], None] | None, then: Callable[[float], None]
+) -> Callable[[float], None]:
+    if first is None:
+        return then
+
+    def both(seconds: float) -> None:
+        first(seconds)
+        then(seconds)
+
+    return both

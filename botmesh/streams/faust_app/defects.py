@@ -2,8 +2,8 @@
 
 ``REGISTER`` (at the end) lists every process-wide patch with the upstream code it
 replaces and the test that shows the defect there and the workaround meeting it; the
-worker installs them from one entry point, ``install(exactly_once=...)``: 15 installers,
-18 patched attributes, each with a test of its own.
+worker installs them from one entry point, ``install(exactly_once=...)``: 14 installers,
+17 patched attributes, each with a test of its own.
 
 =====================================================  =====================================
 defect                                                 workaround (where)
@@ -172,14 +172,6 @@ Faust's table manager sleeps 1 s at its start before   ``start_tables_at_once`` 
 it subscribes the changelogs and starts the restore,   manager starts them at once (the
 so every start (a restart after a SIGKILL too) waits   worker declares its one table before
 1 s more for its first record.                         the app starts)
-Faust's web server (``--web-port``) stops through      ``short_web_stop`` below: the stop
-aiohttp's runner, which waits up to 60 s for the       waits ``WEB_STOP_S`` (3 s) for them;
-requests in progress: a request left waiting (a        a worker whose whole stop takes
-client that gave up on a worker still starting)        longer than ``BOTMESH_STOP_TIMEOUT``
-holds the stop that long. On CI a worker with its web  exits (status 70,
-``botmesh.streams.faust_app.app``),
-server on took more than a minute to stop (its log     its threads' stacks printed first
-was not kept, so the cause is not known for sure).
 Faust creates its consumer with a fetch wait of 1.5 s  ``short_fetch_wait`` below: the
 (hard-coded): a request to a broker waits behind a     consumer's fetch waits 100 ms
 fetch there, so on a quiet partition the restore's     (``FETCH_WAIT_MS``); a busy partition
@@ -230,7 +222,6 @@ from faust.transport.consumer import Consumer, ThreadDelegateConsumer, Transacti
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Producer as FaustProducer
 from faust.types import TP
-from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from botmesh.streams.connection import Brokers, aiokafka_options
 
@@ -256,7 +247,6 @@ __all__ = [
     "restore_ahead",
     "seek_in_consumer_thread",
     "short_fetch_wait",
-    "short_web_stop",
     "shorten_recovery_poll",
     "start_producers_at_once",
     "start_tables_at_once",
@@ -936,25 +926,6 @@ def short_fetch_wait() -> None:
     AIOKafkaConsumerThread._create_worker_consumer = _create_worker_consumer  # type: ignore[method-assign]
 
 
-# -- Faust's web server: a stop that waits a minute on its clients -------------------------
-
-#: The longest the stop of Faust's web server waits for requests in progress (aiohttp: 60 s).
-WEB_STOP_S = 3.0
-
-_ORIGINAL_WEB_INIT: Callable[..., None] = AiohttpWeb.__init__
-
-
-def _web_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    _ORIGINAL_WEB_INIT(self, *args, **kwargs)
-    self._runner._shutdown_timeout = WEB_STOP_S  # read by the runner's cleanup at the stop
-
-
-def short_web_stop() -> None:
-    """The stop of Faust's web server waits ``WEB_STOP_S`` for the requests in progress, not
-    aiohttp's 60 s (idempotent; the worker does it at start)."""
-    AiohttpWeb.__init__ = _web_init  # type: ignore[method-assign]
-
-
 # -- aiokafka: header keys that are not UTF-8 ------------------------------------------------
 
 
@@ -1111,13 +1082,6 @@ REGISTER: tuple[Workaround, ...] = (
         "faust.transport.consumer.ThreadDelegateConsumer.seek (made from the event loop)",
         "tests/kafka/test_seek_thread.py::"
         "test_a_seek_from_the_event_loop_breaks_the_consumer_thread_unless_made_on_it",
-    ),
-    Workaround(
-        "short_web_stop",
-        short_web_stop,
-        "faust.web.drivers.aiohttp.Web (its stop waits a minute on open requests)",
-        _DEFECTS + "test_faust_web_server_stop_waits_a_minute_on_"
-        "requests_and_the_worker_three_seconds",
     ),
     Workaround(
         "shorten_recovery_poll",
