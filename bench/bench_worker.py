@@ -537,6 +537,8 @@ METRICS_SUFFIX, JSON_SUFFIX = "+metrics", "+json"
 #: What metrics and JSON logs may cost on the hot path: CPU per record against the same
 #: worker without them, same run.
 TARGET_OBSERVED = 0.05
+#: The side ``make bench`` compares with the plain worker.
+DEFAULT_OBSERVED = f"default{METRICS_SUFFIX}{JSON_SUFFIX}"
 
 
 def observed(side: Side) -> bool:
@@ -1079,7 +1081,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--journal",
         action="append",
         help="a worker side per value: default (the worker's default journal), file (a file "
-        "journal in its data dir, append log) or a journal URL; repeatable (default: default)",
+        "journal in its data dir, append log) or a journal URL, with +eos, +metrics, +json; "
+        "repeatable (default: default, default+eos, default+metrics+json; one side for "
+        "--profile)",
     )
     parser.add_argument(
         "--chats",
@@ -1102,7 +1106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bootstrap, started, broker_pid = broker()
     tmp = Path(tempfile.mkdtemp(prefix="bench-worker-"))
     t0 = time.monotonic()
-    journals = args.journal or ["default"]
+    journals = args.journal or (
+        ["default"] if args.profile else ["default", f"default{EOS_SUFFIX}", DEFAULT_OBSERVED]
+    )
     job: Coroutine[object, object, None]
     if args.profile:
         job = run_profile(bootstrap, tmp, plan.n, batch=args.batch_size, journal=journals[0])
