@@ -49,6 +49,9 @@ lint: venv ## ruff and mypy --strict
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+docs: venv ## the docs site into site/ (mkdocs build --strict: a broken link or a missing page fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict -d site
+
 schemas: venv ## regenerate botmesh/topics/schemas/*.json from the message model (botmesh/state/messages.py)
 	$(BIN)/python -m botmesh.topics.schemas
 
@@ -68,4 +71,4 @@ quix-venv: ## the separate virtualenv (.venv-quix) of bench_worker's Quix Stream
 	@test -x $(QUIX_VENV)/bin/python || $(PY) -m venv $(QUIX_VENV)
 	$(QUIX_VENV)/bin/pip install -q 'quixstreams>=3.28,<3.29'
 
-.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint schemas bench quix-venv
+.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint docs schemas bench quix-venv

@@ -21,7 +21,7 @@ A key no setting has is refused, naming the file and the key. A secret (a passwo
 token) can be handed over as a file instead: ``<NAME>_FILE`` names a file that holds it (how
 Kubernetes and Docker pass secrets); setting both is refused.
 
-``python -m botmesh.settings`` prints the table of the README's "Settings" section, and
+``python -m botmesh.settings`` prints the table of docs/configuration.md, and
 ``tests/test_settings.py`` holds the two, and the code, to each other.
 """
 
@@ -263,7 +263,7 @@ def read_config_file(path: str | Path) -> dict[str, str]:
             if not _known(env):
                 raise ValueError(
                     f"config file {str(where)!r}: no setting [{table}] {key} ({env}); the "
-                    "settings are listed in the README's Settings section "
+                    "settings are listed in docs/configuration.md "
                     "(python -m botmesh.settings)"
                 )
             if isinstance(value, bool):
@@ -320,7 +320,7 @@ def resolve_secret_files(environ: MutableMapping[str, str] | None = None) -> Non
 
 
 def markdown_table(settings: Mapping[str, Setting] | None = None) -> str:
-    """The README's table of every setting."""
+    """The table of every setting (docs/configuration.md)."""
     rows = ["| variable | file key | default | meaning |", "|---|---|---|---|"]
     for s in (settings or _BY_ENV).values():
         name = f"`{s.env}`" + (f" / `{s.env}_FILE`" if s.secret else "")

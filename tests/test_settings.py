@@ -1,5 +1,5 @@
-"""``botmesh.settings``: one table of every setting, held to the README and to the code; the
-configuration file and the ``_FILE`` secrets."""
+"""``botmesh.settings``: one table of every setting, held to docs/configuration.md and to the
+code; the configuration file and the ``_FILE`` secrets."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _ENV_NAME = re.compile(r"^(BOTMESH|KAFKA)_[A-Z0-9_]+$")
 
 
-def test_the_readme_table_is_the_generated_one() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_configuration_page_table_is_the_generated_one() -> None:
+    page = (ROOT / "docs" / "configuration.md").read_text()
     start, end = "<!-- settings:start -->\n", "\n<!-- settings:end -->"
-    shown = readme[readme.index(start) + len(start) : readme.index(end)]
+    shown = page[page.index(start) + len(start) : page.index(end)]
     assert shown == markdown_table(), "regenerate it: python -m botmesh.settings"
 
 
