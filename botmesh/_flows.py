@@ -41,17 +41,15 @@ from botmesh.state.errors import (
     FlowInvalidAnswer,
     FlowTimeout,
     FlowVersionError,
-    VersionConflictError,
 )
 from botmesh.state.events import ErrorEvent, FlowEndedEvent, FlowStatus
 from botmesh.state.flows import ACTIVE, ended_record, fresh_record, question_fp
 from botmesh.state.inbox import rerunning
 from botmesh.state.keys import check_explicit, derived_key
-from botmesh.state.kv import Entry, copy_json, handover
+from botmesh.state.kv import Entry, copy_json
 from botmesh.state.media import journaled, rehydrated
 from botmesh.state.messages import Inbound, OutboxState, Receipt
 from botmesh.state.records import Json, decode_inbound, encode_inbound, receipt_of
-from botmesh.state.writes import Write
 
 if TYPE_CHECKING:
     from botmesh._runtime import Context, Runtime, SendOptions
@@ -328,8 +326,7 @@ class FlowRunner:
 
     def _key(self, chat_id: str) -> str:
         engine = self._rt._engine
-        prefix = engine.flow_prefix if engine is not None else "flow/"
-        return prefix + chat_id
+        return engine.checkpoints.key(chat_id) if engine is not None else "flow/" + chat_id
 
     async def load(self, chat_id: str) -> Slot:
         key = self._key(chat_id)
@@ -338,7 +335,7 @@ class FlowRunner:
             return Slot(key, mem, 0, False)
         engine = self._rt._engine
         if engine is not None and self._any_journaled:
-            entry = await engine.kv.get(key)
+            entry = await engine.checkpoints.get(key)
             if entry is not None:
                 return Slot(key, entry.value, entry.version, True)
             return Slot(key, None, 0, True)
@@ -356,17 +353,10 @@ class FlowRunner:
             engine = self._rt._engine
             assert engine is not None
             now = engine.clock.now()
-            active = record["status"] == ACTIVE
             # compare-and-set on the version this turn read (unknown when the chat's flow
             # was an in-memory one: then the write replaces whatever is there)
             expect = slot.version if slot.journaled else None
-            ctx._riders[slot.key] = handover(
-                slot.key,
-                record,
-                expect=expect,
-                due=_due(record, now) if active else None,
-                purge=None if active else engine.purge_at(now),
-            )
+            ctx._riders[slot.key] = engine.checkpoints.op(slot.key, record, expect=expect, now=now)
             self._memory.pop(chat, None)
         else:
             self._memory[chat] = record
@@ -376,8 +366,8 @@ class FlowRunner:
                 assert engine is not None
                 now = engine.clock.now()
                 gone = ended_record(slot.record, "cancelled", now)
-                ctx._riders[slot.key] = handover(
-                    slot.key, gone, expect=slot.version, purge=engine.purge_at(now)
+                ctx._riders[slot.key] = engine.checkpoints.op(
+                    slot.key, gone, expect=slot.version, now=now
                 )
         slot.record = record
 
@@ -509,17 +499,12 @@ class FlowRunner:
             record["restart"] = True
             self._memory.pop(chat_id, None)
             expect = slot.version if slot.journaled else None
-            [version] = await engine.kv.commit(
-                [handover(slot.key, record, expect=expect, due=now)], label=Write.FLOW_CHECKPOINT
-            )
+            version = await engine.checkpoints.write(slot.key, record, expect=expect, now=now)
             await self.due(Entry(slot.key, record, version, due=now), now)
             return
         if slot.journaled and old is not None and old["status"] == ACTIVE and engine is not None:
             gone = ended_record(old, "cancelled", now)
-            await engine.kv.commit(
-                [handover(slot.key, gone, expect=slot.version, purge=engine.purge_at(now))],
-                label=Write.FLOW_CHECKPOINT,
-            )
+            await engine.checkpoints.write(slot.key, gone, expect=slot.version, now=now)
         _, outcome = await self._run_start(resolved, record)
         self._memory[chat_id] = outcome.record
         await self._ended(resolved, outcome)
@@ -579,20 +564,8 @@ class FlowRunner:
     async def _write(self, entry: Entry, record: Json, now: float) -> int:
         engine = self._rt._engine
         assert engine is not None
-        active = record["status"] == ACTIVE
-        due = _due(record, now) if active and not record.get("parked") else None
-        put = handover(
-            entry.key,
-            record,
-            expect=entry.version,
-            due=due,
-            purge=None if active else engine.purge_at(now),
-        )
-        try:
-            await engine.kv.commit([put], label=Write.FLOW_CHECKPOINT)
-        except VersionConflictError:
-            return 0  # a message (or another replica) moved the flow first
-        return 1
+        # 0 when a message (or another replica) moved the flow first
+        return int(await engine.checkpoints.write_over(entry, record, now))
 
     async def sweep(self, now: float) -> int:
         """Time out the pending asks of in-memory flows whose deadline passed."""
@@ -718,13 +691,6 @@ class FlowRunner:
             except Exception as exc:  # the text is what the flow needs
                 log.warning("flow answer %s: journaled message unreadable: %s", step["src"], exc)
         return Inbound(id=step["src"], chat_id=chat_id, text=step.get("text"))
-
-
-def _due(record: Json, now: float) -> float | None:
-    if record.get("restart"):
-        return now
-    deadline = record.get("deadline")
-    return float(deadline) if deadline is not None else None
 
 
 def _refusal(flow: Flow[Any] | None, record: Json) -> FlowVersionError | None:

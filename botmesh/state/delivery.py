@@ -18,11 +18,15 @@ was before the claim (``hand_back``: the attempt not charged, due now) for the l
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+import random
+from typing import Any
 
 from botmesh.state import records
 from botmesh.state.backoff import PARK_GRACE, GiveUp, park_delay
+from botmesh.state.clock import Clock
+from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import (
     FencedError,
     ProviderNotLeaderError,
@@ -30,18 +34,19 @@ from botmesh.state.errors import (
     SendDeferredError,
     VersionConflictError,
 )
-from botmesh.state.events import AmbiguousEvent, DeadEvent, SentEvent
-from botmesh.state.kv import Entry, Put, handover
-from botmesh.state.lease import Held
+from botmesh.state.events import AmbiguousEvent, DeadEvent, Emit, SentEvent
+from botmesh.state.kv import DurableKv, Entry, Put, handover
+from botmesh.state.leader import Leadership
+from botmesh.state.lease import Held, Leases
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
-from botmesh.state.outbox import new_values, part_payloads
+from botmesh.state.metrics import Metrics, Timings
+from botmesh.state.outbox import ChatOrder, new_values, part_payloads
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
+from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, revise
+from botmesh.state.retention import PurgeAt
 from botmesh.state.splitter import split_text
 from botmesh.state.writes import Write
-
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
 
 __all__ = ["Delivery", "send_direct"]
 
@@ -110,12 +115,45 @@ class _Skipped(Exception):
 class Delivery:
     """Provider calls, retries, dead letters and settled sends of one engine."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-        cfg = engine.config.outbox
-        self._retries = cfg.retry_policy()
-        self._lease = cfg.lease
-        self._inline_max = cfg.inline_max
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        prefix: str,
+        config: OutboxConfig,
+        poll: float,
+        provider: Provider,
+        order: ChatOrder,
+        leases: Leases,
+        leader: Leadership | None,
+        publisher: Publisher | None,
+        purge_at: PurgeAt,
+        emit: Emit,
+        wake: asyncio.Event,
+        clock: Clock,
+        rng: random.Random,
+        metrics: Metrics,
+        timings: Timings | None,
+    ) -> None:
+        self._kv = kv
+        self._prefix = prefix
+        self._on_ambiguous = config.on_ambiguous
+        self._poll = poll
+        self._provider = provider
+        self._order = order
+        self._leases = leases
+        self._leader = leader
+        self._publisher = publisher
+        self._purge_at = purge_at
+        self._emit = emit
+        self._wake = wake
+        self._clock = clock
+        self._rng = rng
+        self._metrics = metrics
+        self._timings = timings
+        self._retries = config.retry_policy()
+        self._lease = config.lease
+        self._inline_max = config.inline_max
 
     # -- inline ---------------------------------------------------------------------------
 
@@ -123,14 +161,13 @@ class Delivery:
         self, helds: list[Held], outs: list[Outbound], started: float
     ) -> Receipt:
         """Deliver the journaled parts of one send in order; the receipt of the first."""
-        e = self._e
         for held in helds:
-            e.leases.held[held.key] = held
+            self._leases.held[held.key] = held
         first: Receipt | None = None
         try:
             for i, held in enumerate(helds):
                 if i > 0:
-                    await e.leases.reclaim(held, self._lease)
+                    await self._leases.reclaim(held, self._lease)
                 try:
                     receipt = await self._attempt_inline(held, outs[i], started)
                 except ProviderNotLeaderError:  # the leader's sweeper delivers it
@@ -149,19 +186,18 @@ class Delivery:
                 first = first or receipt
         finally:
             for held in helds:
-                e.leases.held.pop(held.key, None)
+                self._leases.held.pop(held.key, None)
         assert first is not None
         return first
 
     async def _attempt_inline(self, held: Held, message: Outbound, started: float) -> Receipt:
-        e = self._e
         while True:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
-            if e.leader is not None:
-                await e.leader.ensure()
+            if self._leader is not None:
+                await self._leader.ensure()
             try:
-                result = await timed_send(e.provider, message, held.value["key"], e.timings)
+                result = await timed_send(self._provider, message, held.value["key"], self._timings)
             except ProviderNotLeaderError:
                 raise
             except Exception as exc:
@@ -169,21 +205,20 @@ class Delivery:
                 if delay is None:
                     if held.value.get("state") == OutboxState.DEAD:
                         raise
-                    e.metrics.outbox_deferred += 1
+                    self._metrics.outbox_deferred += 1
                     raise SendDeferredError(held.value["key"], str(exc)) from exc
-                await e.clock.sleep(delay)
-                await e.leases.reclaim(held, self._lease)
-                e.metrics.outbox_retried += 1
+                await self._clock.sleep(delay)
+                await self._leases.reclaim(held, self._lease)
+                self._metrics.outbox_retried += 1
                 continue
             return await self.sent(held, result.message_id, background=False)
 
     async def _failed(self, held: Held, exc: Exception, started: float | None) -> float | None:
         """Record a failed attempt with the one retry decision. Returns the delay to wait
         before retrying inline now; ``None`` when the send is dead or left to the sweeper."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         attempts = int(held.value.get("attempts", 1))
-        decision = self._retries.decide(exc, attempts, e.rng)
+        decision = self._retries.decide(exc, attempts, self._rng)
         if isinstance(decision, GiveUp):
             log.error("send %s dead-lettered: %s", held.value["key"], exc)
             await self.dead(
@@ -191,8 +226,8 @@ class Delivery:
             )
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
-        lease = e.leases.lease(now, decision.delay + self._lease) if inline else None
-        parked = not inline and e.publisher is not None and e.publisher.parks
+        lease = self._leases.lease(now, decision.delay + self._lease) if inline else None
+        parked = not inline and self._publisher is not None and self._publisher.parks
         retry_at = now + (park_delay(decision.delay) if parked else decision.delay)
         failed = revise(
             held.value,
@@ -207,29 +242,28 @@ class Delivery:
         due = lease["until"] if lease is not None else retry_at
         if parked:  # the tier brings it back; the sweeper only if the parked record is lost
             due += PARK_GRACE
-        await e.leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
+        await self._leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
         if inline:
             return decision.delay
-        e.leases.held.pop(held.key, None)
-        e.outbox.block(failed)
-        if parked and e.publisher is not None:
-            await e.publisher.park(failed, retry_at)
-        e.wake.set()
+        self._leases.held.pop(held.key, None)
+        self._order.block(failed)
+        if parked and self._publisher is not None:
+            await self._publisher.park(failed, retry_at)
+        self._wake.set()
         return None
 
     async def _release(self, helds: list[Held]) -> None:
         """Later parts of a deferred send: drop our lease, leave them to the sweeper."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         for held in helds:
             try:
-                await e.leases.write(
+                await self._leases.write(
                     held, revise(held.value, now, lease=None), Write.OUTBOX_RELEASE, due=now
                 )
             except FencedError:
                 continue
             finally:
-                e.leases.held.pop(held.key, None)
+                self._leases.held.pop(held.key, None)
 
     async def _cascade(self, helds: list[Held], previous: str, exc: BaseException) -> None:
         for held in helds:
@@ -242,7 +276,7 @@ class Delivery:
     # -- settling -------------------------------------------------------------------------
 
     async def sent(self, held: Held, message_id: str, *, background: bool) -> Receipt:
-        now = self._e.clock.now()
+        now = self._clock.now()
         value = _closed(held.value, now, OutboxState.SENT, message_id=message_id, error=None)
         receipt = await self._settle(held, value, now, background=background)
         assert receipt is not None  # a holder's write lands or raises FencedError
@@ -250,20 +284,18 @@ class Delivery:
 
     async def dead(self, target: Held | Entry, error: Json, *, background: bool) -> bool:
         """The one dead-letter path of a send (held, or read by the sweeper)."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         first = target.value.get("failed_first", now)
         value = _closed(target.value, now, OutboxState.DEAD, error=error, failed_first=first)
         if await self._settle(target, value, now, background=background) is None:
             return False
-        e.metrics.outbox_dead += 1
+        self._metrics.outbox_dead += 1
         key = value["key"]
-        await e.emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
+        await self._emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
         return True
 
     async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
-        e = self._e
-        taken = e.leases.claimed(entry.value, now, self._lease)
+        taken = self._leases.claimed(entry.value, now, self._lease)
         value = _closed(taken, now, OutboxState.UNKNOWN, error=error, ambiguous=ambiguous or None)
         if await self._settle(entry, value, now, background=True) is None:
             return 0
@@ -272,49 +304,46 @@ class Delivery:
         return 1
 
     async def _ambiguous(self, value: Json, *, resent: bool) -> None:
-        e = self._e
-        e.metrics.outbox_ambiguous += 1
+        self._metrics.outbox_ambiguous += 1
         what = "sending it again" if resent else "marked unknown"
         log.warning("send %s is ambiguous after a crash: %s", value["key"], what)
-        await e.emit(AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent))
+        await self._emit(AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent))
 
     async def _settle(
         self, target: Held | Entry, value: Json, now: float, *, background: bool
     ) -> Receipt | None:
         """Write a settled state, then tell the world: the event, the receipt, the chat.
         ``None`` when someone else wrote the record first (an ``Entry`` target)."""
-        e = self._e
         state: OutboxState = value["state"]
         due: float | None = None
-        if e.publisher is not None:
+        if self._publisher is not None:
             value["published"] = False
             due = now + self._lease
-        purge = e.purge_at(now) if state == OutboxState.SENT else None
-        if not await e.leases.write(target, value, _SETTLE_LABEL[state], due=due, purge=purge):
+        purge = self._purge_at(now) if state == OutboxState.SENT else None
+        if not await self._leases.write(target, value, _SETTLE_LABEL[state], due=due, purge=purge):
             return None
         if isinstance(target, Held):
-            e.leases.held.pop(target.key, None)
-        e.outbox.unblock(value)
+            self._leases.held.pop(target.key, None)
+        self._order.unblock(value)
         receipt = records.receipt_of(value, now)
         if state == OutboxState.SENT:
-            await e.emit(SentEvent(receipt, background))
-        if e.publisher is not None:
-            await e.publisher.publish(receipt, value=value)
+            await self._emit(SentEvent(receipt, background))
+        if self._publisher is not None:
+            await self._publisher.publish(receipt, value=value)
         return receipt
 
     async def bypass(
         self, message: Outbound, key: str, inbound_id: str | None, part: int
     ) -> Receipt:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
-        e = self._e
-        if e.leader is not None:  # it cannot be journaled, so it cannot wait for the leader
-            await e.leader.ensure()
-        e.metrics.outbox_bypassed += 1
-        now = e.clock.now()
-        receipt = await send_direct(e.provider, message, key, inbound_id, part=part, now=now)
-        await e.emit(SentEvent(receipt, False))
-        if e.publisher is not None:
-            await e.publisher.publish(receipt, journaled=False)
+        if self._leader is not None:  # it cannot be journaled, so it cannot wait for the leader
+            await self._leader.ensure()
+        self._metrics.outbox_bypassed += 1
+        now = self._clock.now()
+        receipt = await send_direct(self._provider, message, key, inbound_id, part=part, now=now)
+        await self._emit(SentEvent(receipt, False))
+        if self._publisher is not None:
+            await self._publisher.publish(receipt, journaled=False)
         return receipt
 
     # -- background (the sweeper) -----------------------------------------------------------
@@ -322,20 +351,19 @@ class Delivery:
     async def due(self, entry: Entry, now: float) -> int:
         """A pending or failed send whose time came: wait its turn, resolve an ambiguous
         send, or deliver it. Returns how many records it acted on."""
-        e = self._e
         value = entry.value
-        ls = e.leases.state(value, now)
+        ls = self._leases.state(value, now)
         if ls == "live" or not (ls == "orphan" or entry.due is None or entry.due <= now):
             return 0
-        if e.leader is not None and not e.leader.may_send(now):
+        if self._leader is not None and not self._leader.may_send(now):
             return 0  # a standby: left to the leader, nothing written
         gated = await self._gate(entry, now)
         if gated is not None:
             return gated
         if value.get("inflight") and ls in ("expired", "orphan"):
-            if isinstance(e.provider, AmbiguityResolver):
+            if isinstance(self._provider, AmbiguityResolver):
                 return await self._deliver(entry, now, resend=True, ask=True)
-            if e.config.outbox.on_ambiguous == "skip":
+            if self._on_ambiguous == "skip":
                 return await self._unknown(entry, now, _AMBIGUOUS, ambiguous=True)
             return await self._deliver(entry, now, resend=True)
         return await self._deliver(entry, now, resend=False)
@@ -343,11 +371,10 @@ class Delivery:
     async def _gate(self, entry: Entry, now: float) -> int | None:
         """``None`` when the send may go now; else what was done (it waits, or shares the
         fate of its earlier part)."""
-        e = self._e
         value = entry.value
         previous = value.get("previous_part")
         if previous is not None:
-            prev = await e.kv.get(e.out_prefix + previous)
+            prev = await self._kv.get(self._prefix + previous)
             state = prev.value.get("state") if prev is not None else None
             if state == OutboxState.DEAD:
                 error = _fate_of(previous, OutboxState.DEAD)
@@ -360,7 +387,7 @@ class Delivery:
                 return 0
         after = value.get("after")
         if after is not None:
-            prev = await e.kv.get(e.out_prefix + after)
+            prev = await self._kv.get(self._prefix + after)
             if prev is not None and prev.value.get("state") not in SETTLED:
                 await self._wait(entry, prev, now)
                 return 0
@@ -369,10 +396,9 @@ class Delivery:
     async def parked_due(self, entry: Entry, now: float) -> int:
         """A parked send whose retry tier brought it back: as :meth:`due`, without waiting
         for the journal's ``due`` (the sweeper's backstop, later)."""
-        e = self._e
-        if e.leases.state(entry.value, now) == "live":
+        if self._leases.state(entry.value, now) == "live":
             return 0
-        if e.leader is not None and not e.leader.may_send(now):
+        if self._leader is not None and not self._leader.may_send(now):
             return 0
         gated = await self._gate(entry, now)
         if gated is not None:
@@ -382,18 +408,17 @@ class Delivery:
     async def _wait(self, entry: Entry, prev: Entry, now: float) -> None:
         """Look again when the earlier send is due (not an attempt)."""
         expected = prev.value.get("retry_at", prev.due or 0.0)
-        later = max(min(prev.due or 0.0, expected), now + max(self._e.config.poll, 0.001))
+        later = max(min(prev.due or 0.0, expected), now + max(self._poll, 0.001))
         value = revise(entry.value, now, lease=None)
-        await self._e.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
+        await self._leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
     async def _deliver(self, entry: Entry, now: float, *, resend: bool, ask: bool = False) -> int:
         """Claim and send. ``resend``: its last attempt's outcome was lost; ``ask``: the
         channel is asked whether it went out before anything is sent (``_resolve``)."""
-        e = self._e
         claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:
-            versions = await e.kv.commit(
+            versions = await self._kv.commit(
                 [handover(entry.key, claimed, expect=entry.version, due=due), *extra],
                 label=Write.OUTBOX_CLAIM,
             )
@@ -402,20 +427,22 @@ class Delivery:
         if resend and not ask:
             await self._ambiguous(claimed, resent=True)
         elif claimed["attempts"] > 1:
-            e.metrics.outbox_retried += 1
+            self._metrics.outbox_retried += 1
         held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
-        e.leases.held[entry.key] = held
+        self._leases.held[entry.key] = held
         message = records.decode_outbound(claimed["payload"])
         try:
-            async with e.outbox.chat_lock(message.chat_id):
+            async with self._order.chat_lock(message.chat_id):
                 try:
-                    if e.leader is not None:
-                        await e.leader.ensure()
+                    if self._leader is not None:
+                        await self._leader.ensure()
                     result = await self._resolve(held, message) if ask else None
                     if result is None:
-                        if e.leader is not None and ask:
-                            await e.leader.ensure()
-                        result = await timed_send(e.provider, message, claimed["key"], e.timings)
+                        if self._leader is not None and ask:
+                            await self._leader.ensure()
+                        result = await timed_send(
+                            self._provider, message, claimed["key"], self._timings
+                        )
                 except _Skipped:
                     return 1
                 except ProviderNotLeaderError:
@@ -427,16 +454,15 @@ class Delivery:
                 await self.sent(held, result.message_id, background=True)
                 return 1
         finally:
-            e.leases.held.pop(entry.key, None)
+            self._leases.held.pop(entry.key, None)
 
     async def hand_back(self, held: Held, *, inflight: bool) -> Receipt:
         """A claimed send this replica may not deliver (``ProviderNotLeaderError``): back to
         pending, its attempt not charged, due now, for the leader. A send that was in flight
         before the claim (``inflight``: its outcome lost in a crash) stays so, with an
         expired lease, so the leader resolves it by the ambiguity policy."""
-        e = self._e
-        now = e.clock.now()
-        lease = {**e.leases.lease(now, 0.0)} if inflight else None
+        now = self._clock.now()
+        lease = {**self._leases.lease(now, 0.0)} if inflight else None
         value = revise(
             held.value,
             now,
@@ -446,11 +472,11 @@ class Delivery:
             attempts=max(int(held.value.get("attempts", 1)) - 1, 0),
         )
         try:
-            await e.leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
+            await self._leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
         except FencedError:
             pass
         finally:
-            e.leases.held.pop(held.key, None)
+            self._leases.held.pop(held.key, None)
         log.info("send %s left to the provider leader", value["key"])
         return records.receipt_of(value, now)
 
@@ -459,8 +485,7 @@ class Delivery:
         ``None`` when it did not (the caller sends it now). When the channel cannot tell,
         the ``outbox.on_ambiguous`` policy decides: ``resend`` gives ``None``, ``skip``
         marks the send unknown and raises ``_Skipped``."""
-        e = self._e
-        provider = e.provider
+        provider = self._provider
         assert isinstance(provider, AmbiguityResolver)
         value = held.value
         key = value["key"]
@@ -469,8 +494,8 @@ class Delivery:
             found = await provider.resolve_ambiguous(message, key, since)
         except Exception as exc:
             log.warning("send %s is ambiguous and %s cannot tell: %s", key, provider.name, exc)
-            if e.config.outbox.on_ambiguous == "skip":
-                now = e.clock.now()
+            if self._on_ambiguous == "skip":
+                now = self._clock.now()
                 unknown = _closed(value, now, OutboxState.UNKNOWN, error=_AMBIGUOUS, ambiguous=True)
                 await self._settle(held, unknown, now, background=True)
                 await self._ambiguous(unknown, resent=False)
@@ -479,11 +504,11 @@ class Delivery:
             await self._ambiguous(value, resent=True)
             return None
         if found is None:
-            e.metrics.outbox_resolved_unsent += 1
+            self._metrics.outbox_resolved_unsent += 1
             value["resolved"] = "unsent"
             log.info("ambiguous send %s: %s says it never arrived; sending it", key, provider.name)
             return None
-        e.metrics.outbox_resolved_sent += 1
+        self._metrics.outbox_resolved_sent += 1
         value["resolved"] = "sent"
         log.info("ambiguous send %s: %s says it went out; not sending again", key, provider.name)
         return found
@@ -493,16 +518,15 @@ class Delivery:
     ) -> tuple[Json, list[Put]]:
         """The claimed record, and the later parts to journal when its text is over the
         channel's limit (an older record, or one journaled under a larger limit)."""
-        e = self._e
         value = entry.value
-        claimed = e.leases.claimed(value, now, self._lease)
+        claimed = self._leases.claimed(value, now, self._lease)
         claimed.update(
             state=OutboxState.PENDING, inflight=True, attempts=int(value.get("attempts", 0)) + 1
         )
         if resend:
             claimed["ambiguous"] = True
         text = value["payload"].get("text")
-        limit = e.provider.text_limit
+        limit = self._provider.text_limit
         if not (
             isinstance(text, str)
             and limit
@@ -526,10 +550,10 @@ class Delivery:
             after=None,
         )
         rest[0]["previous_part"] = value["key"]
-        existing = await e.kv.get_many([e.out_prefix + v["key"] for v in rest])
+        existing = await self._kv.get_many([self._prefix + v["key"] for v in rest])
         extra = [
-            handover(e.out_prefix + v["key"], v, expect=0, due=now)
+            handover(self._prefix + v["key"], v, expect=0, due=now)
             for v in rest
-            if e.out_prefix + v["key"] not in existing
+            if self._prefix + v["key"] not in existing
         ]
         return claimed, extra

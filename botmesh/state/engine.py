@@ -1,18 +1,24 @@
 """``Engine``: one bot's durability engine over one journal, put together from its parts.
 
-=============  ====================================================================
-``inbox``      journal an inbound, run its handlers, mark it done (``botmesh.state.inbox``)
-``outbox``     journal a send, inline or enqueued; per-chat order (``botmesh.state.outbox``)
-``delivery``   provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
-``leases``     leases, fencing tokens, heartbeats (``botmesh.state.lease``)
-``sweeper``    the pass over due records (``botmesh.state.scheduler``)
-``publisher``  receipts to the runtime's sink, at least once (``botmesh.state.receipts``)
-``retention``  purge of finished records (``botmesh.state.retention``)
-``operations`` list, replay, retry, discard, metrics (``botmesh.state.operations``)
-``leader``     the provider session's lease, ``provider_session="leader"``
-(``botmesh.state.leader``)
-``turns``      a chat's handlers on one replica at a time (``botmesh.state.turns``)
-=============  ====================================================================
+===============  ================================================================================
+``leases``       leases, fencing tokens, heartbeats (``botmesh.state.lease``)
+``retention``    purge of finished records (``botmesh.state.retention``)
+``order``        per-chat order of sends: chat locks, tails (``botmesh.state.outbox``)
+``leader``       the provider session's lease, ``provider_session="leader"``
+                 (``botmesh.state.leader``)
+``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
+``publisher``    receipts to the runtime's sink, at least once (``botmesh.state.receipts``)
+``delivery``     provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
+``outbox``       journal a send, inline or enqueued (``botmesh.state.outbox``)
+``inbox``        journal an inbound, run its handlers, mark it done (``botmesh.state.inbox``)
+``checkpoints``  flow checkpoints, alone or riding on an inbound's done (``botmesh.state.flows``)
+``sweeper``      the pass over due records (``botmesh.state.scheduler``)
+``scheduler``    the timer of the sweeper and of the heartbeats (``botmesh.state.scheduler``)
+``operations``   list, replay, retry, discard, metrics (``botmesh.state.operations``)
+===============  ================================================================================
+
+Each part gets the collaborators it uses, never the engine; this is the one place that
+wires them, in the order of the table (a part comes after the parts it calls).
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
 does. ``open()`` recovers what an earlier run of this instance left (leases reclaimed at
@@ -27,21 +33,22 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from botmesh.state.clock import Clock, SystemClock
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.delivery import Delivery
-from botmesh.state.events import Event
-from botmesh.state.inbox import Inbox
-from botmesh.state.kv import DurableKv, Entry, Op, Partitioned, anywhere, unpartitioned
+from botmesh.state.events import Emit
+from botmesh.state.flows import Checkpoints
+from botmesh.state.inbox import Dispatch, Inbox
+from botmesh.state.keys import ScopeKeys
+from botmesh.state.kv import DurableKv, Entry, Partitioned, anywhere, unpartitioned
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
-from botmesh.state.messages import Inbound
 from botmesh.state.metrics import Metrics, Timings
 from botmesh.state.operations import Operations
-from botmesh.state.outbox import Outbox
+from botmesh.state.outbox import ChatOrder, Outbox
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher, ReceiptSink
 from botmesh.state.retention import Retention
@@ -60,9 +67,9 @@ class EngineHooks:
     #: Run the handlers of one inbound (handler errors are the bot's to report). It may
     #: return journal writes that must land with the inbound's ``done`` (a flow checkpoint):
     #: the inbox commits them in the same ``inbox.mark_done`` write, or not at all.
-    dispatch: Callable[[Inbound], Awaitable[Sequence[Op] | None]]
+    dispatch: Dispatch
     #: Deliver an event to the bot's listeners (never raises).
-    emit: Callable[[Event], Awaitable[None]]
+    emit: Emit
     #: A flow checkpoint (``<scope>/flow/<chat>``) whose ``due`` time came: its pending ask
     #: timed out, or an operator restarted it. Returns how many it acted on (0 or 1).
     flow_due: Callable[[Entry, float], Awaitable[int]] | None = None
@@ -106,25 +113,26 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.boot = uuid.uuid4().hex[:12]
-        self.prefix = f"{scope}/"
-        self.in_prefix = f"{scope}/in/"
-        self.out_prefix = f"{scope}/out/"
-        self.flow_prefix = f"{scope}/flow/"
+        self.keys = keys = ScopeKeys.of(scope)
+        self.in_prefix = keys.inbox
+        self.out_prefix = keys.outbox
         self.metrics = Metrics()
         self.wake = asyncio.Event()
-        self.leases = Leases(self)
+        self.leases = self._new_leases()
+        self.retention = Retention(kv, prefix=keys.all, retention=config.retention)
+        self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
         #: The provider session's lease (``provider_session="leader"``), else ``None``.
-        self.leader = Leadership.of(self)
+        self.leader = self._new_leader()
         #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
-        self.turns = Turns.of(self)
-        self.publisher = Publisher(self, receipts) if receipts is not None else None
-        self.outbox = Outbox(self)
-        self.delivery = Delivery(self)
-        self.inbox = Inbox(self)
-        self.retention = Retention(self)
-        self.sweeper = Sweeper(self)
-        self.scheduler = Scheduler(self)
-        self.operations = Operations(self)
+        self.turns = self._new_turns()
+        self.publisher = self._new_publisher(receipts)
+        self.delivery = self._new_delivery()
+        self.outbox = self._new_outbox()
+        self.inbox = self._new_inbox()
+        self.checkpoints = Checkpoints(kv, prefix=keys.flow, purge_at=self.retention.purge_at)
+        self.sweeper = self._new_sweeper()
+        self.scheduler = self._new_scheduler()
+        self.operations = self._new_operations()
         # The runtime's entry points, bound once (no pass-through call on the hot path):
         #: Journal an inbound, run its handlers, mark it done -> ``Outcome`` (``Inbox.handle``).
         self.handle = self.inbox.handle
@@ -132,6 +140,165 @@ class Engine:
         self.submit = self.outbox.submit
         #: Deliver an event to the bot's listeners (never raises).
         self.emit = hooks.emit
+
+    # -- the wiring: each part from the collaborators it uses ------------------------------
+
+    def _new_leases(self) -> Leases:
+        return Leases(
+            self.kv,
+            keys=self.keys,
+            instance_id=self.instance_id,
+            boot=self.boot,
+            exclusive=self.exclusive,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+
+    def _new_leader(self) -> Leadership | None:
+        if not Leadership.wanted(self.config, exclusive=self.exclusive):
+            return None
+        return Leadership(
+            self.kv,
+            key=self.keys.leader,
+            lease=self.config.leader.lease,
+            instance_id=self.instance_id,
+            boot=self.boot,
+            provider=self.provider,
+            rebuild_tails=self.order.rebuild_tails,
+            wake=self.wake,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+
+    def _new_turns(self) -> Turns | None:
+        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.exclusive):
+            return None
+        return Turns(
+            self.kv,
+            prefix=self.keys.turn,
+            config=self.config.inbox,
+            poll=self.config.poll,
+            leases=self.leases,
+            purge_at=self.retention.purge_at,
+            wake=self.wake,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+
+    def _new_publisher(self, sink: ReceiptSink | None) -> Publisher | None:
+        if sink is None:
+            return None
+        return Publisher(
+            sink,
+            kv=self.kv,
+            keys=self.keys,
+            across_partitions=self.across_partitions,
+            clock=self.clock,
+        )
+
+    def _new_delivery(self) -> Delivery:
+        return Delivery(
+            self.kv,
+            prefix=self.keys.outbox,
+            config=self.config.outbox,
+            poll=self.config.poll,
+            provider=self.provider,
+            order=self.order,
+            leases=self.leases,
+            leader=self.leader,
+            publisher=self.publisher,
+            purge_at=self.retention.purge_at,
+            emit=self.hooks.emit,
+            wake=self.wake,
+            clock=self.clock,
+            rng=self.rng,
+            metrics=self.metrics,
+            timings=self.timings,
+        )
+
+    def _new_outbox(self) -> Outbox:
+        return Outbox(
+            self.kv,
+            prefix=self.keys.outbox,
+            config=self.config.outbox,
+            fail_open=self.config.fail_open,
+            provider=self.provider,
+            order=self.order,
+            leases=self.leases,
+            leader=self.leader,
+            delivery=self.delivery,
+            publisher=self.publisher,
+            wake=self.wake,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+
+    def _new_inbox(self) -> Inbox:
+        return Inbox(
+            self.kv,
+            prefix=self.keys.inbox,
+            config=self.config.inbox,
+            fail_open=self.config.fail_open,
+            provider=self.provider,
+            leases=self.leases,
+            turns=self.turns,
+            publisher=self.publisher,
+            dispatch=self.hooks.dispatch,
+            purge_at=self.retention.purge_at,
+            emit=self.hooks.emit,
+            wake=self.wake,
+            clock=self.clock,
+            rng=self.rng,
+            metrics=self.metrics,
+            timings=self.timings,
+        )
+
+    def _new_sweeper(self) -> Sweeper:
+        return Sweeper(
+            self.kv,
+            keys=self.keys,
+            backoff=self.config.inbox.backoff,
+            leases=self.leases,
+            leader=self.leader,
+            inbox=self.inbox,
+            delivery=self.delivery,
+            publisher=self.publisher,
+            retention=self.retention,
+            flow_due=self.hooks.flow_due,
+            sweep=self.hooks.sweep,
+            near=self.near,
+            emit=self.hooks.emit,
+            clock=self.clock,
+            rng=self.rng,
+        )
+
+    def _new_scheduler(self) -> Scheduler:
+        return Scheduler(
+            self.config,
+            leases=self.leases,
+            leader=self.leader,
+            sweeper=self.sweeper,
+            publisher=self.publisher,
+            wake=self.wake,
+            clock=self.clock,
+        )
+
+    def _new_operations(self) -> Operations:
+        return Operations(
+            self.kv,
+            keys=self.keys,
+            instance_id=self.instance_id,
+            leases=self.leases,
+            delivery=self.delivery,
+            sweeper=self.sweeper,
+            checkpoints=self.checkpoints,
+            recover=self.recover,  # a callback: the recovery pass is the engine's own
+            near=self.near,
+            emit=self.hooks.emit,
+            wake=self.wake,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
 
     async def open(self) -> None:
         """Recover (the journal is open already), then start the background scheduler."""
@@ -145,7 +312,7 @@ class Engine:
         also for each partition it is given): per-chat order rebuilt, leases of this
         instance's earlier boots reclaimed, inbounds replayed, sends in flight resolved,
         receipts published again. Returns how many records it acted on."""
-        await self.outbox.rebuild_tails()
+        await self.order.rebuild_tails()
         return await self.sweeper.sweep_once(recovering=True)
 
     async def close(self) -> None:
@@ -159,6 +326,3 @@ class Engine:
                 await self.publisher.flush()
             except Exception as exc:  # they stay unpublished; the next start publishes them
                 log.warning("receipts not recorded as published at stop: %s", exc)
-
-    def purge_at(self, now: float) -> float | None:
-        return now + self.config.retention if self.config.retention > 0 else None

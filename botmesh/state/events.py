@@ -6,8 +6,9 @@ an instance of that class. ``name`` keeps the reference's event name for logs an
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeAlias
 
 from botmesh.state.errors import Reason
 from botmesh.state.messages import Receipt
@@ -15,6 +16,7 @@ from botmesh.state.messages import Receipt
 __all__ = [
     "AmbiguousEvent",
     "DeadEvent",
+    "Emit",
     "ErrorEvent",
     "Event",
     "FlowEndedEvent",
@@ -87,3 +89,6 @@ class FlowEndedEvent:
 
 
 Event = SentEvent | DeadEvent | AmbiguousEvent | ErrorEvent | FlowEndedEvent
+
+#: Delivers an event to the bot's listeners (never raises): the engine's ``hooks.emit``.
+Emit: TypeAlias = Callable[[Event], Awaitable[None]]

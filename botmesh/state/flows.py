@@ -19,6 +19,10 @@ its pending ask's ``deadline`` (or now, for a ``restart`` the sweeper runs), so 
 sweeper finds it. An ended record is kept until
 retention (its ``state`` is ``done``), so a redelivered last answer is recognised.
 
+``Checkpoints`` reads and writes them: alone (``flow.checkpoint``: a start outside a handler,
+a timeout fired by the sweeper, an operator's restart or drop), or as the write a turn fed by
+an inbound returns, which lands in that inbound's ``inbox.mark_done`` commit.
+
 Sends of a flow are keyed by the segment they belong to: the sends made before the first
 step under ``origin`` (``<inbound id>:<n>``, continuing the starting handler's sequence, or
 ``flow:<run>:0:<n>``), those made after step ``k`` under that step's ``src``:
@@ -32,9 +36,20 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from botmesh.state.errors import VersionConflictError
+from botmesh.state.kv import DurableKv, Entry, Put, handover
 from botmesh.state.records import Json
+from botmesh.state.retention import PurgeAt
+from botmesh.state.writes import Write
 
-__all__ = ["ACTIVE", "FlowRecord", "ended_record", "fresh_record", "question_fp"]
+__all__ = [
+    "ACTIVE",
+    "Checkpoints",
+    "FlowRecord",
+    "ended_record",
+    "fresh_record",
+    "question_fp",
+]
 
 #: The ``status`` of a flow waiting for an answer.
 ACTIVE = "active"
@@ -84,6 +99,57 @@ def ended_record(value: Json, status: str, now: float, result: Any = None) -> Js
 def question_fp(text: str | None) -> str:
     """The fingerprint of a question (its text; ``""`` for an ask that sends nothing)."""
     return hashlib.sha256((text or "").encode()).hexdigest()[:16]
+
+
+def _due(record: Json, now: float) -> float | None:
+    """When the sweeper looks at an active checkpoint: now for a restart, else its pending
+    ask's deadline (``None``: it has none)."""
+    if record.get("restart"):
+        return now
+    deadline = record.get("deadline")
+    return float(deadline) if deadline is not None else None
+
+
+class Checkpoints:
+    """The flow checkpoints of one scope in the journal, under ``<scope>/flow/``."""
+
+    def __init__(self, kv: DurableKv, *, prefix: str, purge_at: PurgeAt) -> None:
+        self._kv = kv
+        self._prefix = prefix
+        self._purge_at = purge_at
+
+    def key(self, chat_id: str) -> str:
+        """The key of the chat's checkpoint."""
+        return self._prefix + chat_id
+
+    async def get(self, key: str) -> Entry | None:
+        return await self._kv.get(key)
+
+    def op(self, key: str, record: Json, *, expect: int | None, now: float) -> Put:
+        """The write of ``record`` as the checkpoint under ``key``, a compare-and-set on
+        version ``expect`` (``None``: over whatever is there). An active record is due as
+        ``_due`` says (never while parked); an ended one is purged with retention."""
+        active = record["status"] == ACTIVE
+        due = _due(record, now) if active and not record.get("parked") else None
+        purge = None if active else self._purge_at(now)
+        return handover(key, record, expect=expect, due=due, purge=purge)
+
+    async def write(self, key: str, record: Json, *, expect: int | None, now: float) -> int:
+        """``op`` committed alone (``flow.checkpoint``); returns the record's version.
+        ``VersionConflictError`` when the record is not at version ``expect``."""
+        [version] = await self._kv.commit(
+            [self.op(key, record, expect=expect, now=now)], label=Write.FLOW_CHECKPOINT
+        )
+        return version
+
+    async def write_over(self, entry: Entry, record: Json, now: float) -> bool:
+        """``record`` over the checkpoint ``entry`` read; False when a message (or another
+        replica) moved the flow first."""
+        try:
+            await self.write(entry.key, record, expect=entry.version, now=now)
+        except VersionConflictError:
+            return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)

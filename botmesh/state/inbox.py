@@ -19,14 +19,18 @@ again (``_mark_done_with``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TypeAlias
 
 from botmesh.state.backoff import GiveUp
+from botmesh.state.clock import Clock
+from botmesh.state.config import InboxConfig
 from botmesh.state.errors import (
     BadRecord,
     FencedError,
@@ -34,11 +38,14 @@ from botmesh.state.errors import (
     Reason,
     VersionConflictError,
 )
-from botmesh.state.events import DeadEvent, ErrorEvent
-from botmesh.state.kv import Entry, Op, handover
-from botmesh.state.lease import Held
+from botmesh.state.events import DeadEvent, Emit, ErrorEvent
+from botmesh.state.kv import DurableKv, Entry, Op, handover
+from botmesh.state.lease import Held, Leases
 from botmesh.state.media import journaled, rehydrated
 from botmesh.state.messages import Inbound
+from botmesh.state.metrics import Metrics, Timings
+from botmesh.state.ports import Provider
+from botmesh.state.receipts import Publisher
 from botmesh.state.records import (
     InboxState,
     Json,
@@ -48,17 +55,21 @@ from botmesh.state.records import (
     error_of,
     revise,
 )
+from botmesh.state.retention import PurgeAt
+from botmesh.state.turns import Turns
 from botmesh.state.writes import Write
 
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
-
-__all__ = ["Inbox", "Outcome", "rerunning"]
+__all__ = ["Dispatch", "Inbox", "Outcome", "rerunning"]
 
 log = logging.getLogger("botmesh.inbox")
 
 #: True while the dispatch hook runs for a done inbound delivered again (``Inbox._rerun``).
 _RERUN: ContextVar[bool] = ContextVar("botmesh_inbox_rerun", default=False)
+
+
+#: Runs the handlers of one inbound; may return journal writes that must land with its
+#: ``done`` (a flow checkpoint): the engine's ``hooks.dispatch``.
+Dispatch: TypeAlias = Callable[[Inbound], Awaitable[Sequence[Op] | None]]
 
 
 def rerunning() -> bool:
@@ -123,16 +134,50 @@ def replay_value(value: Json, now: float) -> Json:
 
 
 class Inbox:
-    """Journals inbounds, runs their handlers through the engine hooks, marks them done."""
+    """Journals inbounds, runs their handlers (``dispatch``), marks them done."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        prefix: str,
+        config: InboxConfig,
+        fail_open: bool,
+        provider: Provider,
+        leases: Leases,
+        turns: Turns | None,
+        publisher: Publisher | None,
+        dispatch: Dispatch,
+        purge_at: PurgeAt,
+        emit: Emit,
+        wake: asyncio.Event,
+        clock: Clock,
+        rng: random.Random,
+        metrics: Metrics,
+        timings: Timings | None,
+    ) -> None:
+        self._kv = kv
+        self._prefix = prefix
+        self._media_refs = config.media_refs
+        self._max_attempts = config.max_attempts
+        self._fail_open = fail_open
+        self._provider = provider
+        self._leases = leases
+        self._turns = turns
+        self._publisher = publisher
+        self._dispatch = dispatch
+        self._purge_at = purge_at
+        self._emit = emit
+        self._wake = wake
+        self._clock = clock
+        self._rng = rng
+        self._metrics = metrics
+        self._timings = timings
         self._inflight: set[str] = set()
         #: Records whose handlers ran but whose ``done`` did not land (retried on redelivery).
         self._undone: dict[str, Held] = {}
-        cfg = engine.config.inbox
-        self._lease = cfg.lease
-        self._retries = cfg.retry_policy()
+        self._lease = config.lease
+        self._retries = config.retry_policy()
 
     async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
         """Journal ``message`` (fail closed), run the handlers, mark it done.
@@ -151,7 +196,7 @@ class Inbox:
                 "id): Inbound(id=..., chat_id=..., ...)",
             )
         if mid in self._inflight:
-            self._e.metrics.inbound_duplicates += 1
+            self._metrics.inbound_duplicates += 1
             return Outcome.DUPLICATE
         self._inflight.add(mid)
         try:
@@ -160,19 +205,18 @@ class Inbox:
             self._inflight.discard(mid)
 
     async def _handle(self, message: Inbound, source: str | None) -> Outcome:
-        e = self._e
-        key = e.in_prefix + message.id
+        key = self._prefix + message.id
         if key in self._undone:
             return await self._mark_done(self._undone[key], message.id)
-        now = e.clock.now()
+        now = self._clock.now()
         try:
-            kept = journaled(message, e.provider, media_refs=e.config.inbox.media_refs)
+            kept = journaled(message, self._provider, media_refs=self._media_refs)
             encoded = encode_inbound(kept)
         except (TypeError, ValueError) as exc:
             raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
-        value = new_value(encoded, now, e.leases.lease(now, self._lease), source)
+        value = new_value(encoded, now, self._leases.lease(now, self._lease), source)
         try:
-            [version] = await e.kv.commit(
+            [version] = await self._kv.commit(
                 [handover(key, value, expect=0, due=now + self._lease)],
                 label=Write.INBOX_JOURNAL,
             )
@@ -180,16 +224,16 @@ class Inbox:
             return await self._redelivered(key, message, source)
         except Exception as exc:
             return await self._not_journaled(message, exc)
-        e.metrics.inbound_journaled += 1
+        self._metrics.inbound_journaled += 1
         return await self.run(Held(key, 1, version, value, self._lease, now + self._lease), message)
 
     async def _not_journaled(self, message: Inbound, exc: Exception) -> Outcome:
-        if self._e.config.fail_open:
+        if self._fail_open:
             log.warning(
                 "inbound %s not journaled (%s); dispatched anyway (fail_open)", message.id, exc
             )
-            await self._e.emit(ErrorEvent(exc, "inbox.journal", message.id))
-            await self._e.hooks.dispatch(message)
+            await self._emit(ErrorEvent(exc, "inbox.journal", message.id))
+            await self._dispatch(message)
             return Outcome.UNJOURNALED
         log.error("inbound %s not journaled, not dispatched (fail closed): %s", message.id, exc)
         if isinstance(exc, JournalUnavailableError):
@@ -197,12 +241,12 @@ class Inbox:
         raise JournalUnavailableError(f"inbound {message.id!r} not journaled: {exc}") from exc
 
     async def _redelivered(self, key: str, message: Inbound, source: str | None) -> Outcome:
-        e = self._e
-        entry = await e.kv.get(key)
+        entry = await self._kv.get(key)
         state = entry.value.get("state") if entry is not None else InboxState.DONE
-        if entry is not None and state == InboxState.PENDING and key not in e.leases.held:
-            now = e.clock.now()
-            if e.leases.state(entry.value, now) != "live" or e.leases.this_boot(entry.value):
+        leases = self._leases
+        if entry is not None and state == InboxState.PENDING and key not in leases.held:
+            now = self._clock.now()
+            if leases.state(entry.value, now) != "live" or leases.this_boot(entry.value):
                 return await self.replay(entry, now)
         if (
             entry is not None
@@ -218,18 +262,17 @@ class Inbox:
             and entry.value.get("source") not in (None, source)
         ):
             return await self._redrive(entry, source)
-        e.metrics.inbound_duplicates += 1
+        self._metrics.inbound_duplicates += 1
         return Outcome.DEAD if state == InboxState.DEAD else Outcome.DUPLICATE
 
     async def _redrive(self, entry: Entry, source: str) -> Outcome:
         """A dead inbound produced again to its transport from elsewhere (an operator
         re-producing its dead letter to the inbound topic): replayed with a fresh attempt
         budget, as ``replay_inbound`` would, and journaled under its new source."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         value = {**replay_value(entry.value, now), "source": source}
         try:
-            [version] = await e.kv.commit(
+            [version] = await self._kv.commit(
                 [handover(entry.key, value, expect=entry.version, due=now)],
                 label=Write.INBOX_REPLAY,
             )
@@ -244,16 +287,15 @@ class Inbox:
         outbox, so nothing is written unless a handler took another path). They get the
         input of the run that completed the record: the journaled message when that run
         was a replay (its media rebuilt from the reference), so they take the same path."""
-        e = self._e
-        e.metrics.inbound_replayed += 1
+        self._metrics.inbound_replayed += 1
         if entry.value.get("replayed"):
             try:
-                message = rehydrated(decode_inbound(entry.value["message"]), e.provider)
+                message = rehydrated(decode_inbound(entry.value["message"]), self._provider)
             except Exception as exc:  # as the replay that completed it would have failed
                 log.warning("inbound %s: journaled message unreadable: %s", message.id, exc)
         token = _RERUN.set(True)
         try:
-            await e.hooks.dispatch(message)
+            await self._dispatch(message)
         finally:
             _RERUN.reset(token)
         return Outcome.REPLAYED
@@ -263,53 +305,51 @@ class Inbox:
         chat's turn is taken first (waited for when ``wait``) and released with the
         mark-done; a turn that stays held elsewhere leaves the record pending
         (``Outcome.DEFERRED``)."""
-        e = self._e
-        e.leases.held[held.key] = held
+        self._leases.held[held.key] = held
         turn: Held | None = None
         try:
             # -- chat turns (botmesh.state.turns) --------------------------------------------------
-            if e.turns is not None:
-                turn = await e.turns.take(message.chat_id, message.id, wait=wait)
+            if self._turns is not None:
+                turn = await self._turns.take(message.chat_id, message.id, wait=wait)
                 if turn is None:
-                    e.leases.held.pop(held.key, None)
-                    stepped = await e.turns.step_aside(held)
+                    self._leases.held.pop(held.key, None)
+                    stepped = await self._turns.step_aside(held)
                     return Outcome.DEFERRED if stepped else Outcome.FENCED
-                e.leases.held[turn.key] = turn
+                self._leases.held[turn.key] = turn
             # ---------------------------------------------------------------------------------
-            timings = e.timings
+            timings = self._timings
             if timings is None:
-                riders = await e.hooks.dispatch(message)
+                riders = await self._dispatch(message)
             else:
                 started = time.perf_counter()
                 try:
-                    riders = await e.hooks.dispatch(message)
+                    riders = await self._dispatch(message)
                 finally:
                     timings.handler(time.perf_counter() - started)
         except BaseException as exc:
-            if turn is not None and e.turns is not None:  # a crash leaves it to expire
-                await e.turns.give_back(turn, written=isinstance(exc, Exception))
+            if turn is not None and self._turns is not None:  # a crash leaves it to expire
+                await self._turns.give_back(turn, written=isinstance(exc, Exception))
             raise
         finally:
-            e.leases.held.pop(held.key, None)
+            self._leases.held.pop(held.key, None)
             if turn is not None:
-                e.leases.held.pop(turn.key, None)
+                self._leases.held.pop(turn.key, None)
         if riders:  # a flow turn: its checkpoint lands with done, or the turn runs again
             return await self._mark_done_with(held, message.id, riders, turn)
         return await self._mark_done(held, message.id, turn)
 
     async def _mark_done(self, held: Held, inbound_id: str, turn: Held | None = None) -> Outcome:
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
             await self._write_done(held, done, now, turn)
         except FencedError as exc:
             self._undone.pop(held.key, None)
-            await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            await self._emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
-            if turn is not None and e.turns is not None:
-                e.turns.released(turn)  # the retry marks it done alone; the turn lapses
+            if turn is not None and self._turns is not None:
+                self._turns.released(turn)  # the retry marks it done alone; the turn lapses
             self._undone[held.key] = held
             log.warning("inbound %s handled but not marked done: %s", inbound_id, exc)
             raise JournalUnavailableError(
@@ -324,23 +364,22 @@ class Inbox:
     ) -> None:
         """Mark done, with ``riders`` (a flow checkpoint) in the same commit; with a chat
         turn, release it in that commit too (``botmesh.state.turns``)."""
-        e = self._e
-        purge = e.purge_at(now)
-        if turn is None or e.turns is None:
-            await e.leases.write(held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders)
+        purge = self._purge_at(now)
+        if turn is None or self._turns is None:
+            await self._leases.write(held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders)
             return
         for _ in range(4):
-            release = e.turns.release_op(turn, now)
+            release = self._turns.release_op(turn, now)
             try:
-                await e.leases.write(
+                await self._leases.write(
                     held, done, Write.INBOX_MARK_DONE, purge=purge, extra=[*riders, release]
                 )
             except VersionConflictError as exc:
                 if exc.key != turn.key:
                     raise
-                await e.turns.recheck(turn)  # our heartbeat landed first, or FencedError
+                await self._turns.recheck(turn)  # our heartbeat landed first, or FencedError
                 continue
-            e.turns.released(turn)
+            self._turns.released(turn)
             return
         raise JournalUnavailableError(f"{turn.key}: too many concurrent writes by this holder")
 
@@ -355,17 +394,16 @@ class Inbox:
         journal), nothing of it landed: the inbound is released, not done, and its turn
         runs again from the checkpoint (its sends answered from the outbox). It is never
         parked as "handlers ran, only done missing": a flow turn must run again."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
             await self._write_done(held, done, now, turn, riders)
         except FencedError as exc:
-            await e.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            await self._emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
-            if turn is not None and e.turns is not None:
-                await e.turns.give_back(turn, written=True)
+            if turn is not None and self._turns is not None:
+                await self._turns.give_back(turn, written=True)
             return await self._release(held, inbound_id, exc)
         self._undone.pop(held.key, None)
         return Outcome.HANDLED
@@ -374,14 +412,13 @@ class Inbox:
         """A flow turn whose checkpoint did not land: give the record up (pending, no
         lease, due now) so it is replayed, then raise: the transport must not acknowledge
         it. If even the release fails, the lease expires and the sweeper replays it."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         retry = revise(held.value, now, state=InboxState.PENDING, lease=None)
         try:
-            await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
+            await self._leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
         except Exception as release_exc:
             log.warning("inbound %s not released (%s); its lease expires", inbound_id, release_exc)
-        e.wake.set()
+        self._wake.set()
         log.warning("inbound %s: flow checkpoint not written (%s); released", inbound_id, exc)
         raise JournalUnavailableError(
             f"inbound {inbound_id!r}: its flow checkpoint could not be written ({exc}); the "
@@ -391,18 +428,17 @@ class Inbox:
     async def replay(self, entry: Entry, now: float) -> Outcome:
         """Take a pending record (restart, expired lease, operator) and run it again, or
         dead-letter it once ``inbox.max_attempts`` runs were charged."""
-        e = self._e
         value = entry.value
         attempts = int(value.get("attempts", 0))
         # -- chat turns (botmesh.state.turns): a chat whose turn is held runs nothing now --------
         chat = (value.get("message") or {}).get("chat_id")
-        if e.turns is not None and isinstance(chat, str) and await e.turns.busy(chat):
+        if self._turns is not None and isinstance(chat, str) and await self._turns.busy(chat):
             return Outcome.DUPLICATE
-        if attempts >= e.config.inbox.max_attempts:
+        if attempts >= self._max_attempts:
             error = encode_error(
                 "AttemptsExhausted",
                 f"{attempts} runs were charged without completing "
-                f"(inbox.max_attempts={e.config.inbox.max_attempts})",
+                f"(inbox.max_attempts={self._max_attempts})",
                 retryable=False,
                 reason=Reason.ATTEMPTS_EXHAUSTED,
             )
@@ -410,33 +446,32 @@ class Inbox:
                 error["last"] = value["error"]
             await self._dead(entry, error)
             return Outcome.DEAD
-        claimed = e.leases.claimed(value, now, self._lease)
+        claimed = self._leases.claimed(value, now, self._lease)
         # replayed: the run that completes it gets the journaled message (see _rerun)
         claimed.update(attempts=attempts + 1, state=InboxState.PENDING, replayed=True)
         try:
-            [version] = await e.kv.commit(
+            [version] = await self._kv.commit(
                 [handover(entry.key, claimed, expect=entry.version, due=now + self._lease)],
                 label=Write.INBOX_CLAIM,
             )
         except VersionConflictError:
             return Outcome.DUPLICATE
         held = Held(entry.key, claimed["token"], version, claimed, self._lease, now + self._lease)
-        e.metrics.inbound_replayed += 1
+        self._metrics.inbound_replayed += 1
         try:
-            message = rehydrated(decode_inbound(claimed["message"]), e.provider)
+            message = rehydrated(decode_inbound(claimed["message"]), self._provider)
         except Exception as exc:
             await self._failed_before_handlers(held, exc)
             return Outcome.DEAD if held.value["state"] == InboxState.DEAD else Outcome.DUPLICATE
         return await self.run(held, message, wait=False)
 
     async def _failed_before_handlers(self, held: Held, exc: Exception) -> None:
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         attempts = int(held.value.get("attempts", 0))
         log.warning(
             "inbound %s failed before its handlers (attempt %d): %s", held.key, attempts, exc
         )
-        decision = self._retries.decide(exc, attempts, e.rng)
+        decision = self._retries.decide(exc, attempts, self._rng)
         if isinstance(decision, GiveUp):
             await self._dead(held, error_of(exc, decision.reason))
             return
@@ -445,26 +480,25 @@ class Inbox:
         retry = revise(
             held.value, now, state=InboxState.PENDING, lease=None, error=error, failed_first=first
         )
-        await e.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
+        await self._leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
 
     async def _dead(self, target: Held | Entry, error: Json) -> None:
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         first = target.value.get("failed_first", now)
         dead = revise(
             target.value, now, state=InboxState.DEAD, lease=None, error=error, failed_first=first
         )
-        copied = e.publisher is not None and e.publisher.dead_letters
+        copied = self._publisher is not None and self._publisher.dead_letters
         due = None
         if copied:  # its dead letter goes out; the sweeper copies it again until acked
             dead["published"] = False
             due = now + self._lease
-        if not await e.leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due):
+        if not await self._leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due):
             return
         if isinstance(target, Held):
             target.value = dead
-        e.metrics.inbound_dead += 1
+        self._metrics.inbound_dead += 1
         log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
-        if copied and e.publisher is not None:
-            await e.publisher.publish_inbound(dead)
-        await e.emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))
+        if copied and self._publisher is not None:
+            await self._publisher.publish_inbound(dead)
+        await self._emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))

@@ -1,8 +1,10 @@
 """Journal keys and idempotency keys.
 
 A bot's records live under its scope (``tenant:environment:bot:connection``, each part
-percent-encoded): ``<scope>/in/<inbound id>`` and ``<scope>/out/<idempotency key>``. So two
-bots on one backend never see each other's records, and explicit keys are per bot.
+percent-encoded): ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key>``,
+``<scope>/flow/<chat id>``, ``<scope>/turn/<chat id>`` and ``<scope>/leader``
+(``ScopeKeys``). So two bots on one backend never see each other's records, and explicit
+keys are per bot.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from botmesh.state.errors import InvalidKeyError
 from botmesh.state.messages import Outbound
 
 __all__ = [
+    "ScopeKeys",
     "check_explicit",
     "derived_key",
     "diverged_key",
@@ -30,6 +34,37 @@ __all__ = [
 def scope_id(tenant_id: str, environment_id: str, bot_id: str, connection_id: str) -> str:
     """The bot's namespace in a shared backend (``durability.scope``)."""
     return ":".join(quote(p, safe="") for p in (tenant_id, environment_id, bot_id, connection_id))
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeKeys:
+    """Where the records of one scope live in the journal."""
+
+    scope: str
+    #: Every record of the scope (``<scope>/``).
+    all: str
+    #: Inbounds, by id (``<scope>/in/``).
+    inbox: str
+    #: Sends, by idempotency key (``<scope>/out/``).
+    outbox: str
+    #: Flow checkpoints, by chat id (``<scope>/flow/``).
+    flow: str
+    #: Chat turns, by chat id (``<scope>/turn/``).
+    turn: str
+    #: The provider session's leadership lease (``<scope>/leader``: one record).
+    leader: str
+
+    @classmethod
+    def of(cls, scope: str) -> ScopeKeys:
+        return cls(
+            scope,
+            f"{scope}/",
+            f"{scope}/in/",
+            f"{scope}/out/",
+            f"{scope}/flow/",
+            f"{scope}/turn/",
+            f"{scope}/leader",
+        )
 
 
 def derived_key(inbound_id: str, n: int) -> str:

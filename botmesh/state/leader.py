@@ -24,17 +24,18 @@ lease.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
+from botmesh.state.clock import Clock
+from botmesh.state.config import DurabilityConfig
 from botmesh.state.errors import ConfigError, ProviderNotLeaderError, VersionConflictError
-from botmesh.state.kv import Entry, handover
-from botmesh.state.ports import SessionHooks
+from botmesh.state.kv import DurableKv, Entry, handover
+from botmesh.state.metrics import Metrics
+from botmesh.state.ports import Provider, SessionHooks
 from botmesh.state.records import Json
 from botmesh.state.writes import Write
-
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
 
 __all__ = ["Leadership"]
 
@@ -49,10 +50,32 @@ RENEW_AFTER = 1 / 3
 class Leadership:
     """The leadership lease of one engine (``provider_session="leader"``)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-        self.key = f"{engine.scope}/leader"
-        self.lease = engine.config.leader.lease
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        key: str,
+        lease: float,
+        instance_id: str,
+        boot: str,
+        provider: Provider,
+        rebuild_tails: Callable[[], Awaitable[None]],
+        wake: asyncio.Event,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self._kv = kv
+        self.key = key
+        self.lease = lease
+        self._instance_id = instance_id
+        self._boot = boot
+        self._provider = provider
+        #: Rebuilds the outbox's per-chat order when this replica takes the session
+        #: (``ChatOrder.rebuild_tails``: the standby's chains are the journal's now).
+        self._rebuild_tails = rebuild_tails
+        self._wake = wake
+        self._clock = clock
+        self._metrics = metrics
         #: The version of the record this engine last wrote as the leader (0: not leader).
         self._version = 0
         self._token = 0
@@ -63,13 +86,13 @@ class Leadership:
         self._holder_until: float | None = None
         self._session_open = False
 
-    @classmethod
-    def of(cls, engine: Engine) -> Leadership | None:
-        """The engine's leadership lease, ``None`` unless ``provider_session="leader"``;
-        refused on a partitioned journal."""
-        if engine.config.provider_session != "leader":
-            return None
-        if engine.exclusive:
+    @staticmethod
+    def wanted(config: DurabilityConfig, *, exclusive: bool) -> bool:
+        """Whether the engine has a leadership lease: ``provider_session="leader"``;
+        refused on a partitioned journal (``exclusive``)."""
+        if config.provider_session != "leader":
+            return False
+        if exclusive:
             raise ConfigError(
                 "provider_session",
                 "'leader' needs one journal shared by every replica (sqlite, postgres, "
@@ -77,7 +100,7 @@ class Leadership:
                 "has no single home there. Run the bot with `botmesh run` on a shared "
                 "SQL or Redis journal, or run one worker",
             )
-        return cls(engine)
+        return True
 
     @property
     def is_leader(self) -> bool:
@@ -92,9 +115,9 @@ class Leadership:
         """Raise ``ProviderNotLeaderError`` unless ``may_send(now)``; counted."""
         if self.may_send(now):
             return
-        self._e.metrics.provider_not_leader += 1
+        self._metrics.provider_not_leader += 1
         if self._version > 0:  # ours, but too close to its end: renewals were missed
-            raise ProviderNotLeaderError(self._e.instance_id, self._until)
+            raise ProviderNotLeaderError(self._instance_id, self._until)
         raise ProviderNotLeaderError(self._holder, self._holder_until)
 
     async def ensure(self) -> None:
@@ -102,13 +125,12 @@ class Leadership:
         must not starve the renewals), then ``check``."""
         if self._version > 0:
             await self.tick()
-        self.check(self._e.clock.now())
+        self.check(self._clock.now())
 
     async def tick(self, now: float | None = None) -> bool:
         """Take, renew or watch the lease; returns whether this engine leads now. A journal
         error leaves the state as it was (a leader then stops at its margin)."""
-        e = self._e
-        now = e.clock.now() if now is None else now
+        now = self._clock.now() if now is None else now
         if self._version > 0 and now < self._until - self.lease * (1 - RENEW_AFTER):
             return True  # held, not a third through
         try:
@@ -118,10 +140,9 @@ class Leadership:
         return self._version > 0
 
     async def _tick(self, now: float) -> None:
-        e = self._e
-        entry = await e.kv.get(self.key)
+        entry = await self._kv.get(self.key)
         value = entry.value if entry is not None else {}
-        mine = value.get("owner") == e.instance_id and value.get("boot") == e.boot
+        mine = value.get("owner") == self._instance_id and value.get("boot") == self._boot
         if self._version > 0 and not (mine and value.get("token") == self._token):
             await self._lost(value)
         if (mine and self._version > 0) or self._free(value, now):
@@ -133,25 +154,24 @@ class Leadership:
     def _free(self, value: Json, now: float) -> bool:
         if not value:
             return True
-        if value.get("owner") == self._e.instance_id and value.get("boot") != self._e.boot:
+        if value.get("owner") == self._instance_id and value.get("boot") != self._boot:
             return True  # this instance's earlier boot: taken at once
         return float(value.get("until", 0.0)) <= now
 
     async def _take(self, entry: Entry | None, now: float) -> None:
-        e = self._e
         renew = self._version > 0
         token = self._token if renew else int((entry.value if entry else {}).get("token", 0)) + 1
         until = now + self.lease
         value: Json = {
-            "owner": e.instance_id,
-            "boot": e.boot,
+            "owner": self._instance_id,
+            "boot": self._boot,
             "token": token,
             "until": until,
             "updated": now,
         }
         expect = entry.version if entry is not None else 0
         try:
-            [version] = await e.kv.commit(
+            [version] = await self._kv.commit(
                 [handover(self.key, value, expect=expect)], label=Write.LEADER_LEASE
             )
         except VersionConflictError:
@@ -159,42 +179,42 @@ class Leadership:
                 await self._lost(None)
             return  # another replica took it first; read again at the next tick
         self._version, self._token, self._until = version, token, until
-        self._holder, self._holder_until = e.instance_id, until
+        self._holder, self._holder_until = self._instance_id, until
         if not renew:
-            log.info("%s took the provider session (token %d)", e.instance_id, token)
+            log.info("%s took the provider session (token %d)", self._instance_id, token)
             await self._open_session()
-            await e.outbox.rebuild_tails()  # the standby's chains are the journal's now
-            e.wake.set()  # deliver what the standbys left
+            await self._rebuild_tails()  # the standby's chains are the journal's now
+            self._wake.set()  # deliver what the standbys left
 
     async def _lost(self, value: Json | None) -> None:
-        e = self._e
         self._version, self._until = 0, 0.0
         holder = value.get("owner") if value else None
-        log.warning("%s lost the provider session to %s", e.instance_id, holder)
+        log.warning("%s lost the provider session to %s", self._instance_id, holder)
         await self._close_session()
 
     async def release(self) -> None:
         """At a clean stop: end the lease now, so a standby takes the session at once."""
-        e = self._e
         if self._version == 0:
             return
-        now = e.clock.now()
+        now = self._clock.now()
         value = {
-            "owner": e.instance_id,
-            "boot": e.boot,
+            "owner": self._instance_id,
+            "boot": self._boot,
             "token": self._token,
             "until": 0.0,
             "updated": now,
         }
         version, self._version, self._until = self._version, 0, 0.0
         try:
-            await e.kv.commit([handover(self.key, value, expect=version)], label=Write.LEADER_LEASE)
+            await self._kv.commit(
+                [handover(self.key, value, expect=version)], label=Write.LEADER_LEASE
+            )
         except Exception as exc:  # it lapses on its own
             log.warning("provider session not released (it ends with its lease): %s", exc)
         await self._close_session()
 
     async def _open_session(self) -> None:
-        provider = self._e.provider
+        provider = self._provider
         if isinstance(provider, SessionHooks) and not self._session_open:
             self._session_open = True
             try:
@@ -203,7 +223,7 @@ class Leadership:
                 log.warning("%s: open_session() failed: %s", provider.name, exc)
 
     async def _close_session(self) -> None:
-        provider = self._e.provider
+        provider = self._provider
         if isinstance(provider, SessionHooks) and self._session_open:
             self._session_open = False
             try:

@@ -3,19 +3,23 @@ discard one, list, restart or drop a chat's flow, read the counters (``app.durab
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 
+from botmesh.state.clock import Clock
+from botmesh.state.delivery import Delivery
 from botmesh.state.errors import Reason, RecordStateError
-from botmesh.state.events import FlowEndedEvent
-from botmesh.state.flows import ACTIVE, FlowRecord, ended_record, fresh_record
+from botmesh.state.events import Emit, FlowEndedEvent
+from botmesh.state.flows import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
 from botmesh.state.inbox import replay_value
-from botmesh.state.keys import part_base, part_key
-from botmesh.state.kv import Delete, Entry, handover
+from botmesh.state.keys import ScopeKeys, part_base, part_key
+from botmesh.state.kv import Delete, DurableKv, Entry, handover
+from botmesh.state.lease import Leases
+from botmesh.state.metrics import Metrics
 from botmesh.state.records import InboxRecord, InboxState, Json, OutboxRecord, OutboxState, revise
+from botmesh.state.scheduler import Sweeper
 from botmesh.state.writes import Write
-
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
 
 __all__ = ["InboxView", "Operations", "OutboxView"]
 
@@ -27,12 +31,13 @@ _CASCADED = frozenset({Reason.PREVIOUS_PART_DEAD, Reason.PREVIOUS_PART_UNKNOWN})
 class InboxView:
     """``app.durability.inbox``: the inbound journal of this bot's scope."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
+    def __init__(self, kv: DurableKv, *, prefix: str) -> None:
+        self._kv = kv
+        self._prefix = prefix
 
     async def list(self, state: InboxState | str | None = None) -> list[InboxRecord]:
         """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
-        entries = await self._e.kv.scan(self._e.in_prefix)
+        entries = await self._kv.scan(self._prefix)
         return [
             InboxRecord.from_value(e.value, e.version)
             for e in entries
@@ -40,19 +45,20 @@ class InboxView:
         ]
 
     async def get(self, inbound_id: str) -> InboxRecord | None:
-        entry = await self._e.kv.get(self._e.in_prefix + inbound_id)
+        entry = await self._kv.get(self._prefix + inbound_id)
         return InboxRecord.from_value(entry.value, entry.version) if entry else None
 
 
 class OutboxView:
     """``app.durability.outbox``: the outbound journal of this bot's scope."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
+    def __init__(self, kv: DurableKv, *, prefix: str) -> None:
+        self._kv = kv
+        self._prefix = prefix
 
     async def list(self, state: OutboxState | str | None = None) -> list[OutboxRecord]:
         """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
-        entries = await self._e.kv.scan(self._e.out_prefix)
+        entries = await self._kv.scan(self._prefix)
         return [
             OutboxRecord.from_value(e.value, e.version)
             for e in entries
@@ -60,102 +66,126 @@ class OutboxView:
         ]
 
     async def get(self, key: str) -> OutboxRecord | None:
-        entry = await self._e.kv.get(self._e.out_prefix + key)
+        entry = await self._kv.get(self._prefix + key)
         return OutboxRecord.from_value(entry.value, entry.version) if entry else None
 
     async def discard(self, key: str) -> None:
         """Forget the send ``key`` (any state). A later send under that key goes out again."""
-        entry = await self._e.kv.get(self._e.out_prefix + key)
+        entry = await self._kv.get(self._prefix + key)
         if entry is None:
             raise RecordStateError(key, None, "no outbox record under this key in this scope")
-        await self._e.kv.commit(
-            [Delete(entry.key, expect=entry.version)], label=Write.OUTBOX_DISCARD
-        )
+        await self._kv.commit([Delete(entry.key, expect=entry.version)], label=Write.OUTBOX_DISCARD)
 
 
 class Operations:
     """The operator's handle on one running bot's journal (``app.durability``)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-        self.inbox = InboxView(engine)
-        self.outbox = OutboxView(engine)
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        keys: ScopeKeys,
+        instance_id: str,
+        leases: Leases,
+        delivery: Delivery,
+        sweeper: Sweeper,
+        checkpoints: Checkpoints,
+        recover: Callable[[], Awaitable[int]],
+        near: Callable[[str], contextlib.AbstractContextManager[None]],
+        emit: Emit,
+        wake: asyncio.Event,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self._kv = kv
+        self._keys = keys
+        self._instance_id = instance_id
+        self._leases = leases
+        self._delivery = delivery
+        self._sweeper = sweeper
+        self._checkpoints = checkpoints
+        #: The engine's recovery pass (``Engine.recover``), a callback: the engine owns it.
+        self._recover = recover
+        self._near = near
+        self._emit = emit
+        self._wake = wake
+        self._clock = clock
+        self._metrics = metrics
+        self.inbox = InboxView(kv, prefix=keys.inbox)
+        self.outbox = OutboxView(kv, prefix=keys.outbox)
 
     @property
     def scope(self) -> str:
-        return self._e.scope
+        return self._keys.scope
 
     @property
     def instance_id(self) -> str:
-        return self._e.instance_id
+        return self._instance_id
 
     def metrics(self) -> dict[str, int]:
         """The counters: the reference's thirteen, under its names, then our three."""
-        return self._e.metrics.as_dict()
+        return self._metrics.as_dict()
 
     async def sweep_once(self, now: float | None = None) -> int:
         """Run one sweeper pass now (with ``poll=0`` nothing else runs it)."""
-        return await self._e.sweeper.sweep_once(now)
+        return await self._sweeper.sweep_once(now)
 
     async def drain(self, max_passes: int = 100) -> int:
         """Sweep until a pass acts on nothing."""
-        return await self._e.sweeper.drain(max_passes)
+        return await self._sweeper.drain(max_passes)
 
     async def recover(self) -> int:
         """Run the recovery pass now, over what the journal holds (``Engine.recover``): the
         Kafka worker runs it for each journal partition it is given."""
-        return await self._e.recover()
+        return await self._recover()
 
     async def replay_inbound(self, inbound_id: str) -> None:
         """Process inbound ``inbound_id`` again (dead or done), with a fresh attempt budget;
         its sends that already went out are answered from the outbox."""
-        e = self._e
-        key = e.in_prefix + inbound_id
-        entry = await e.kv.get(key)
+        key = self._keys.inbox + inbound_id
+        entry = await self._kv.get(key)
         if entry is None:
             raise RecordStateError(inbound_id, None, "no inbox record under this id in this scope")
-        now = e.clock.now()
+        now = self._clock.now()
         state = entry.value.get("state")
-        if state == InboxState.PENDING and e.leases.state(entry.value, now) == "live":
+        if state == InboxState.PENDING and self._leases.state(entry.value, now) == "live":
             raise RecordStateError(inbound_id, state, "it is being processed now; try again later")
-        await e.kv.commit(
+        await self._kv.commit(
             [handover(key, replay_value(entry.value, now), expect=entry.version, due=now)],
             label=Write.INBOX_REPLAY,
         )
-        e.wake.set()
+        self._wake.set()
 
     async def retry_send(self, key: str) -> None:
         """Send ``key`` again (dead, failed or unknown) with a fresh retry budget; the later
         parts of its text that died or became unknown because of it come back with it."""
-        e = self._e
-        entry = await e.kv.get(e.out_prefix + key)
+        entry = await self._kv.get(self._keys.outbox + key)
         if entry is None:
             raise RecordStateError(key, None, "no outbox record under this key in this scope")
         state = entry.value.get("state")
         if state not in _RETRYABLE:
             raise RecordStateError(key, state, "only dead, failed or unknown sends can be retried")
-        now = e.clock.now()
+        now = self._clock.now()
         revived = [entry, *await self._cascaded_parts(entry.value)]
         ops = [
             handover(r.key, _retry_value(r.value, now), expect=r.version, due=now) for r in revived
         ]
-        await e.kv.commit(ops, label=Write.OUTBOX_RETRY)
-        e.wake.set()
+        await self._kv.commit(ops, label=Write.OUTBOX_RETRY)
+        self._wake.set()
 
     async def retry_parked(self, key: str, attempts: int) -> str:
         """A send parked for its retry came back from its tier: attempt it now when the
         journal still holds it ``failed`` after ``attempts`` attempts (``"delivered"``, or
         ``"waiting"`` behind an earlier send or part of its chat); else nothing
         (``"stale"``: it was sent, retried by an operator, discarded or retried already)."""
-        e = self._e
-        entry = await e.kv.get(e.out_prefix + key)
+        entry = await self._kv.get(self._keys.outbox + key)
         if (
             entry is None
             or entry.value.get("state") != OutboxState.FAILED
             or int(entry.value.get("attempts", 0)) != attempts
         ):
             return "stale"
-        acted = await e.delivery.parked_due(entry, e.clock.now())
+        acted = await self._delivery.parked_due(entry, self._clock.now())
         return "delivered" if acted else "waiting"
 
     # -- flows (persistent ones: those in the journal) -----------------------------------
@@ -163,51 +193,42 @@ class Operations:
     async def flows(self, chat_id: str | None = None) -> list[FlowRecord]:
         """The flow checkpoints of this scope (active, parked or ended and not purged yet),
         or the one of ``chat_id``. Non-persistent flows live in memory and are not listed."""
-        e = self._e
         if chat_id is not None:
-            entry = await e.kv.get(e.flow_prefix + chat_id)
+            entry = await self._checkpoints.get(self._checkpoints.key(chat_id))
             return [] if entry is None else [FlowRecord.from_value(entry.value, entry.version)]
-        return [FlowRecord.from_value(x.value, x.version) for x in await e.kv.scan(e.flow_prefix)]
+        found = await self._kv.scan(self._keys.flow)
+        return [FlowRecord.from_value(x.value, x.version) for x in found]
 
     async def restart_flow(self, chat_id: str) -> FlowRecord:
         """Start the chat's flow again from its beginning (same flow, same args, a new
         run): what to do with a checkpoint refused by new code (``FlowVersionError``). The
         sweeper runs the start: its first question goes out keyed from the new run."""
-        e = self._e
         entry = await self._flow_entry(chat_id)
-        now = e.clock.now()
+        now = self._clock.now()
         old = entry.value
         new = fresh_record(old["flow"], int(old.get("version", 1)), chat_id, old["args"], now)
         new["restart"] = True
-        with e.near(entry.key):
-            [version] = await e.kv.commit(
-                [handover(entry.key, new, expect=entry.version, due=now)],
-                label=Write.FLOW_CHECKPOINT,
-            )
-        e.wake.set()
+        with self._near(entry.key):
+            version = await self._checkpoints.write(entry.key, new, expect=entry.version, now=now)
+        self._wake.set()
         return FlowRecord.from_value(new, version)
 
     async def drop_flow(self, chat_id: str) -> FlowRecord:
         """End the chat's flow now (``dropped``): its next message goes to the handlers."""
-        e = self._e
         entry = await self._flow_entry(chat_id)
-        now = e.clock.now()
+        now = self._clock.now()
         if entry.value.get("status") != ACTIVE:
             raise RecordStateError(chat_id, entry.value.get("status"), "this flow ended already")
         ended = ended_record(entry.value, "dropped", now)
-        with e.near(entry.key):
-            [version] = await e.kv.commit(
-                [handover(entry.key, ended, expect=entry.version, purge=e.purge_at(now))],
-                label=Write.FLOW_CHECKPOINT,
-            )
-        await e.emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
+        with self._near(entry.key):
+            version = await self._checkpoints.write(entry.key, ended, expect=entry.version, now=now)
+        await self._emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
         return FlowRecord.from_value(ended, version)
 
     async def _flow_entry(self, chat_id: str) -> Entry:
-        e = self._e
-        key = e.flow_prefix + chat_id
-        with e.near(key):
-            entry = await e.kv.get(key)
+        key = self._checkpoints.key(chat_id)
+        with self._near(key):
+            entry = await self._checkpoints.get(key)
         if entry is None:
             raise RecordStateError(chat_id, None, "no flow checkpoint for this chat in this scope")
         return entry
@@ -217,8 +238,8 @@ class Operations:
         if part >= parts:
             return []
         base = part_base(value["key"], part)
-        keys = [self._e.out_prefix + part_key(base, n) for n in range(part + 1, parts + 1)]
-        found = await self._e.kv.get_many(keys)
+        keys = [self._keys.outbox + part_key(base, n) for n in range(part + 1, parts + 1)]
+        found = await self._kv.get_many(keys)
         return [
             entry
             for k in keys

@@ -28,23 +28,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
+from botmesh.state.clock import Clock
+from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import DurabilityError, JournalUnavailableError, VersionConflictError
 from botmesh.state.keys import diverged_key, part_base, part_key
-from botmesh.state.kv import handover
-from botmesh.state.lease import Held
+from botmesh.state.kv import DurableKv, handover
+from botmesh.state.leader import Leadership
+from botmesh.state.lease import Held, Leases
 from botmesh.state.messages import Outbound, OutboxState, Receipt
+from botmesh.state.metrics import Metrics
+from botmesh.state.ports import Provider
+from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
 from botmesh.state.splitter import split_text
 from botmesh.state.writes import Write
 
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
-
-__all__ = ["Outbox", "Plan", "new_values", "part_payloads"]
+__all__ = ["ChatOrder", "Deliveries", "Outbox", "Plan", "new_values", "part_payloads"]
 
 log = logging.getLogger("botmesh.outbox")
 
@@ -120,27 +123,57 @@ class Plan:
     total: int = 1
 
 
+class Deliveries(Protocol):
+    """What the outbox hands its journaled and unjournaled parts to
+    (``botmesh.state.delivery.Delivery``)."""
+
+    async def deliver_inline(
+        self, helds: list[Held], outs: list[Outbound], started: float
+    ) -> Receipt: ...
+
+    async def bypass(
+        self, message: Outbound, key: str, inbound_id: str | None, part: int
+    ) -> Receipt: ...
+
+
 class Outbox:
     """Journals sends; answers a recorded key from the outbox; keeps per-chat order."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-        self._locks: dict[str, _ChatLock] = {}
-        #: Chat id -> the key of the last part of the last send that later sends to the chat
-        #: must wait behind (while a send of the chat waits for a retry).
-        self.tails: dict[str, str] = {}
-        self._lease = engine.config.outbox.lease
-        self._keep_order = engine.config.outbox.keep_chat_order
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        prefix: str,
+        config: OutboxConfig,
+        fail_open: bool,
+        provider: Provider,
+        order: ChatOrder,
+        leases: Leases,
+        leader: Leadership | None,
+        delivery: Deliveries,
+        publisher: Publisher | None,
+        wake: asyncio.Event,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self._kv = kv
+        self._prefix = prefix
+        self._config = config
+        self._fail_open = fail_open
+        self._provider = provider
+        self._order = order
+        self._leases = leases
+        self._leader = leader
+        self._delivery = delivery
+        self._publisher = publisher
+        self._wake = wake
+        self._clock = clock
+        self._metrics = metrics
+        self._lease = config.lease
+        self._keep_order = config.keep_chat_order
         #: Texts shorter than this fit ``max_payload_bytes`` whatever they hold (6 bytes a
         #: character at most in JSON, plus the envelope).
-        self._small_text = (engine.config.outbox.max_payload_bytes - 256) // 6
-
-    def chat_lock(self, chat_id: str) -> _ChatLock:
-        """Serializes the deliveries of one chat (inline retries, the sweeper)."""
-        lock = self._locks.get(chat_id)
-        if lock is None:
-            lock = self._locks[chat_id] = _ChatLock(self._locks, chat_id)
-        return lock
+        self._small_text = (config.max_payload_bytes - 256) // 6
 
     # -- the one path ------------------------------------------------------------------
 
@@ -169,22 +202,22 @@ class Outbox:
             queued = await self._journal(plan, key, derived, fp, inbound_id, inline=False)
             assert isinstance(queued, Receipt)
             return queued
-        async with self.chat_lock(message.chat_id):
+        async with self._order.chat_lock(message.chat_id):
             first = await self._bypass(plan, key, inbound_id) if plan.bypass else None
             if not plan.parts:
                 assert first is not None
                 return first
-            now = self._e.clock.now()
+            now = self._clock.now()
             try:
                 result = await self._journal(plan, key, derived, fp, inbound_id, inline=inline)
             except JournalUnavailableError:
-                if not (inline and self._e.config.fail_open):
+                if not (inline and self._fail_open):
                     raise
                 log.warning("send %r not journaled; sent anyway (fail_open)", key)
                 parts, start = plan.parts, plan.first_part
                 return first or await self._send_unjournaled(parts, key, start, inbound_id)
             if not isinstance(result, Receipt):
-                result = await self._e.delivery.deliver_inline(result, plan.parts, now)
+                result = await self._delivery.deliver_inline(result, plan.parts, now)
             return first or result
 
     async def _journal(
@@ -200,13 +233,13 @@ class Outbox:
         """Journal the parts: the records journaled in flight (to deliver now), or a
         receipt: of the send already recorded under ``key``, or of the send left to the
         sweeper (``pending``: enqueued, or waiting behind a send of its chat)."""
-        e = self._e
+        tails = self._order.tails
         for _ in range(4):
-            now = e.clock.now()
-            after = self.tails.get(plan.chat_id) if self._keep_order else None
-            standby = inline and e.leader is not None and not e.leader.may_send(now)
+            now = self._clock.now()
+            after = tails.get(plan.chat_id) if self._keep_order else None
+            standby = inline and self._leader is not None and not self._leader.may_send(now)
             live = inline and after is None and not standby
-            lease = e.leases.lease(now, self._lease) if live else None
+            lease = self._leases.lease(now, self._lease) if live else None
             values = new_values(
                 key,
                 plan.payloads,
@@ -219,9 +252,9 @@ class Outbox:
                 after=after,
             )
             due = now + self._lease if live else now
-            ops = [handover(e.out_prefix + v["key"], v, expect=0, due=due) for v in values]
+            ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
             try:
-                versions = await e.kv.commit(
+                versions = await self._kv.commit(
                     ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
                 )
             except VersionConflictError:
@@ -230,15 +263,15 @@ class Outbox:
                     return answer
                 key = answer
                 continue
-            e.metrics.outbox_journaled += 1
+            self._metrics.outbox_journaled += 1
             if after is not None or (standby and self._keep_order):
-                self.tails[plan.chat_id] = values[-1]["key"]
+                tails[plan.chat_id] = values[-1]["key"]
             if not live:
-                e.wake.set()
+                self._wake.set()
                 if standby:  # handed to the leader
-                    e.metrics.provider_not_leader += 1
+                    self._metrics.provider_not_leader += 1
                 elif inline:  # its chat waits for a retry: it goes after that send
-                    e.metrics.outbox_deferred += 1
+                    self._metrics.outbox_deferred += 1
                 return receipt_of(values[0], now)
             return [
                 Held(op.key, v["token"], ver, v, self._lease, due)
@@ -247,27 +280,26 @@ class Outbox:
         raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
 
     async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:
-        e = self._e
-        entry = await e.kv.get(e.out_prefix + key)
+        entry = await self._kv.get(self._prefix + key)
         if entry is None:
             return key  # discarded or purged meanwhile: journal again
         value = entry.value
         recorded = value.get("fp")
         if derived and fp is not None and recorded is not None and recorded != fp:
-            e.metrics.outbox_diverged += 1
+            self._metrics.outbox_diverged += 1
             log.warning(
                 "replay produced other content under key %r (on_diverged=%s)",
                 key,
-                e.config.outbox.on_diverged,
+                self._config.on_diverged,
             )
-            if e.config.outbox.on_diverged == "send":
+            if self._config.on_diverged == "send":
                 return diverged_key(key, fp)
-        e.metrics.outbox_deduped += 1
-        receipt = receipt_of(value, e.clock.now())
-        if e.publisher is not None and receipt.state in SETTLED:
+        self._metrics.outbox_deduped += 1
+        receipt = receipt_of(value, self._clock.now())
+        if self._publisher is not None and receipt.state in SETTLED:
             # a replay asks again: its receipt goes out again (at least once); the record's
             # own ``published`` mark is the sweeper's business, not this copy's
-            await e.publisher.publish(receipt, journaled=False)
+            await self._publisher.publish(receipt, journaled=False)
         return receipt
 
     # -- planning and bypass -------------------------------------------------------------
@@ -276,7 +308,7 @@ class Outbox:
         """Split the text to the channel's limit, then decide what the journal can hold."""
         text = message.text
         if text is not None and message.media is None and not message.options:
-            limit = self._e.provider.text_limit
+            limit = self._provider.text_limit
             if (limit is None or len(text) <= limit) and len(text) < self._small_text:
                 # the common case: one short text part, no media, no options
                 payload = {"chat_id": message.chat_id, "text": text}
@@ -285,7 +317,7 @@ class Outbox:
         texts: list[str | None] = (
             [message.text]
             if message.text is None
-            else list(split_text(message.text, self._e.provider.text_limit))
+            else list(split_text(message.text, self._provider.text_limit))
         )
         outs = _part_messages(message, texts)
         plan.total = len(outs)
@@ -306,7 +338,7 @@ class Outbox:
         return plan
 
     def _fits(self, payload: Json, message: Outbound) -> bool:
-        limit = self._e.config.outbox.max_payload_bytes
+        limit = self._config.max_payload_bytes
         if (
             message.media is None
             and not message.options
@@ -335,12 +367,31 @@ class Outbox:
     ) -> Receipt:
         first: Receipt | None = None
         for i, message in enumerate(messages, start=first_part):
-            receipt = await self._e.delivery.bypass(message, part_key(key, i), inbound_id, i)
+            receipt = await self._delivery.bypass(message, part_key(key, i), inbound_id, i)
             first = first or receipt
         assert first is not None
         return first
 
-    # -- per-chat order --------------------------------------------------------------------
+
+class ChatOrder:
+    """Per-chat order: one delivery of a chat at a time (``chat_lock``), and, with
+    ``outbox.keep_chat_order``, the send that later sends to a chat wait behind."""
+
+    def __init__(self, kv: DurableKv, *, prefix: str, config: OutboxConfig) -> None:
+        self._kv = kv
+        self._prefix = prefix
+        self._keep_order = config.keep_chat_order
+        self._locks: dict[str, _ChatLock] = {}
+        #: Chat id -> the key of the last part of the last send that later sends to the chat
+        #: must wait behind (while a send of the chat waits for a retry).
+        self.tails: dict[str, str] = {}
+
+    def chat_lock(self, chat_id: str) -> _ChatLock:
+        """Serializes the deliveries of one chat (inline retries, the sweeper)."""
+        lock = self._locks.get(chat_id)
+        if lock is None:
+            lock = self._locks[chat_id] = _ChatLock(self._locks, chat_id)
+        return lock
 
     def block(self, value: Json) -> None:
         """A send of this chat now waits for a retry: later sends to the chat queue behind
@@ -365,9 +416,8 @@ class Outbox:
         self.tails.clear()
         if not self._keep_order:
             return
-        e = self._e
-        keys = await e.kv.range("due", e.out_prefix, float("inf"), limit=1_000_000)
-        entries = await e.kv.get_many(keys)
+        keys = await self._kv.range("due", self._prefix, float("inf"), limit=1_000_000)
+        entries = await self._kv.get_many(keys)
         waiting = [
             entry.value
             for entry in entries.values()

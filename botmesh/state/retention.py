@@ -4,28 +4,35 @@ published yet is kept until it is."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TypeAlias
 
 from botmesh.state.errors import VersionConflictError
-from botmesh.state.kv import Delete
+from botmesh.state.kv import Delete, DurableKv
 from botmesh.state.writes import Write
 
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
-
-__all__ = ["Retention"]
+__all__ = ["PurgeAt", "Retention"]
 
 _PURGEABLE = frozenset({"done", "sent"})
 
+#: The purge time of a record finished at ``now`` (``None``: kept): ``Retention.purge_at``.
+PurgeAt: TypeAlias = Callable[[float], float | None]
+
 
 class Retention:
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
+    def __init__(self, kv: DurableKv, *, prefix: str, retention: float) -> None:
+        self._kv = kv
+        self._prefix = prefix
+        self._retention = retention
+
+    def purge_at(self, now: float) -> float | None:
+        """When a record finished at ``now`` is purged; ``None`` when it is kept."""
+        return now + self._retention if self._retention > 0 else None
 
     async def purge(self, now: float) -> int:
         """Delete up to 500 records past their purge time; returns how many."""
-        kv = self._e.kv
-        keys = await kv.range("purge", self._e.prefix, now, limit=500)
+        kv = self._kv
+        keys = await kv.range("purge", self._prefix, now, limit=500)
         if not keys:
             return 0
         entries = await kv.get_many(keys)

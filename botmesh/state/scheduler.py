@@ -20,15 +20,22 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
-from botmesh.state.events import ErrorEvent
-from botmesh.state.kv import Entry
+from botmesh.state.clock import Clock
+from botmesh.state.config import BackoffConfig, DurabilityConfig
+from botmesh.state.delivery import Delivery
+from botmesh.state.events import Emit, ErrorEvent
+from botmesh.state.inbox import Inbox
+from botmesh.state.keys import ScopeKeys
+from botmesh.state.kv import DurableKv, Entry
+from botmesh.state.leader import Leadership
+from botmesh.state.lease import Leases
+from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, InboxState, OutboxState
-
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
+from botmesh.state.retention import Retention
 
 __all__ = ["Scheduler", "Sweeper"]
 
@@ -43,52 +50,84 @@ _COPIED = frozenset({*SETTLED, InboxState.DEAD})
 class Sweeper:
     """The sweeper's pass over due records."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        keys: ScopeKeys,
+        backoff: BackoffConfig,
+        leases: Leases,
+        leader: Leadership | None,
+        inbox: Inbox,
+        delivery: Delivery,
+        publisher: Publisher | None,
+        retention: Retention,
+        flow_due: Callable[[Entry, float], Awaitable[int]] | None,
+        sweep: Callable[[float], Awaitable[int]] | None,
+        near: Callable[[str], contextlib.AbstractContextManager[None]],
+        emit: Emit,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        self._kv = kv
+        self._keys = keys
+        self._leases = leases
+        self._leader = leader
+        self._inbox = inbox
+        self._delivery = delivery
+        self._publisher = publisher
+        self._retention = retention
+        #: The bot's hooks: a due flow checkpoint; due work it keeps in memory.
+        self._flow_due = flow_due
+        self._sweep = sweep
+        #: The context of the work on one record found by a scan (``Partitioned.near``).
+        self._near = near
+        self._emit = emit
+        self._clock = clock
+        self._rng = rng
         self._fail_counts: dict[str, int] = {}
         self._not_before: dict[str, float] = {}
-        self._backoff = engine.config.inbox.backoff.backoff()
+        self._backoff = backoff.backoff()
 
     async def sweep_once(self, now: float | None = None, *, recovering: bool = False) -> int:
         """One pass; returns how many records it acted on. ``recovering`` (the first pass
         after start) also takes this instance's leases of earlier boots, whatever their
         expiry, and publishes every receipt left unpublished."""
-        e = self._e
-        now = e.clock.now() if now is None else now
-        if e.leader is not None:
-            await e.leader.tick(now)
+        now = self._clock.now() if now is None else now
+        if self._leader is not None:
+            await self._leader.tick(now)
         until = math.inf if recovering else now
-        keys = await e.kv.range("due", e.prefix, until, limit=1_000_000 if recovering else 500)
+        scope = self._keys
+        keys = await self._kv.range("due", scope.all, until, limit=1_000_000 if recovering else 500)
         # Sends first: a replayed handler must find its earlier sends settled (sent,
         # unknown or resent), so that a later reply never overtakes them in the chat.
-        keys.sort(key=lambda k: k.startswith(e.in_prefix))
+        keys.sort(key=lambda k: k.startswith(scope.inbox))
         acted = 0
         for key in keys:
             acted += await self._visit(key, now, recovering)
-        if e.hooks.sweep is not None:
-            acted += await e.hooks.sweep(now)
-        acted += await e.retention.purge(now)
-        if e.publisher is not None:
-            await e.publisher.flush(wait=False)
+        if self._sweep is not None:
+            acted += await self._sweep(now)
+        acted += await self._retention.purge(now)
+        if self._publisher is not None:
+            await self._publisher.flush(wait=False)
         return acted
 
     async def _visit(self, key: str, now: float, recovering: bool) -> int:
-        e = self._e
-        if key in e.leases.held:
+        if key in self._leases.held:
             return 0
         nb = self._not_before.get(key)
         if nb is not None and nb > now:
             return 0
         try:
-            with e.near(key):
-                entry = await e.kv.get(key)
+            with self._near(key):
+                entry = await self._kv.get(key)
                 acted = 0 if entry is None else await self._route(entry, now, recovering)
         except Exception as exc:
             count = self._fail_counts.get(key, 0) + 1
             self._fail_counts[key] = count
-            self._not_before[key] = now + self._backoff.delay(count, e.rng)
+            self._not_before[key] = now + self._backoff.delay(count, self._rng)
             log.warning("sweeper: %s failed (%d in a row): %s", key, count, exc)
-            await e.emit(ErrorEvent(exc, "sweeper"))
+            await self._emit(ErrorEvent(exc, "sweeper"))
             return 0
         if self._fail_counts:
             self._fail_counts.pop(key, None)
@@ -96,27 +135,26 @@ class Sweeper:
         return acted
 
     async def _route(self, entry: Entry, now: float, recovering: bool) -> int:
-        e = self._e
         value = entry.value
         state = value.get("state")
         unpublished = state in _COPIED and value.get("published") is False
-        if unpublished and e.publisher is not None and (recovering or _due_by(entry, now)):
-            return await e.publisher.republish(entry)
-        if entry.key.startswith(e.flow_prefix):
-            if e.hooks.flow_due is None or not _due_by(entry, now):
+        if unpublished and self._publisher is not None and (recovering or _due_by(entry, now)):
+            return await self._publisher.republish(entry)
+        if entry.key.startswith(self._keys.flow):
+            if self._flow_due is None or not _due_by(entry, now):
                 return 0
-            return await e.hooks.flow_due(entry, now)
-        if entry.key.startswith(e.in_prefix):
+            return await self._flow_due(entry, now)
+        if entry.key.startswith(self._keys.inbox):
             if state != InboxState.PENDING or not self._due(entry, now):
                 return 0
-            outcome = await e.inbox.replay(entry, now)
+            outcome = await self._inbox.replay(entry, now)
             return int(outcome != "duplicate")
         if state in _DELIVERABLE:
-            return await e.delivery.due(entry, now)
+            return await self._delivery.due(entry, now)
         return 0
 
     def _due(self, entry: Entry, now: float) -> bool:
-        ls = self._e.leases.state(entry.value, now)
+        ls = self._leases.state(entry.value, now)
         if ls == "live":
             return False
         return ls == "orphan" or entry.due is None or entry.due <= now
@@ -140,14 +178,28 @@ class Scheduler:
     """Runs a sweep every ``poll`` seconds (or when woken), and heartbeats every third of
     the shortest lease."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-        cfg = engine.config
-        self.poll = cfg.poll
-        self.tick = min(cfg.poll, cfg.inbox.lease / 3, cfg.outbox.lease / 3)
-        if engine.leader is not None:
-            self.tick = min(self.tick, cfg.leader.lease / 6)
-        self.grace = cfg.outbox.lease
+    def __init__(
+        self,
+        config: DurabilityConfig,
+        *,
+        leases: Leases,
+        leader: Leadership | None,
+        sweeper: Sweeper,
+        publisher: Publisher | None,
+        wake: asyncio.Event,
+        clock: Clock,
+    ) -> None:
+        self._leases = leases
+        self._leader = leader
+        self._sweeper = sweeper
+        self._publisher = publisher
+        self._wake = wake
+        self._clock = clock
+        self.poll = config.poll
+        self.tick = min(config.poll, config.inbox.lease / 3, config.outbox.lease / 3)
+        if leader is not None:
+            self.tick = min(self.tick, config.leader.lease / 6)
+        self.grace = config.outbox.lease
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -162,7 +214,7 @@ class Scheduler:
         if task is None:
             return
         self._stopping = True
-        self._e.wake.set()
+        self._wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(task), self.grace)
         except TimeoutError:
@@ -172,24 +224,23 @@ class Scheduler:
                 await task
 
     async def _run(self) -> None:
-        e = self._e
         last = 0.0
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(e.wake.wait(), self.tick)
+                await asyncio.wait_for(self._wake.wait(), self.tick)
             if self._stopping:
                 return
-            woken = e.wake.is_set()
-            e.wake.clear()
+            woken = self._wake.is_set()
+            self._wake.clear()
             try:
-                if e.leader is not None:
-                    await e.leader.tick()
-                await e.leases.heartbeat_once(e.clock.now())
+                if self._leader is not None:
+                    await self._leader.tick()
+                await self._leases.heartbeat_once(self._clock.now())
                 mono = time.monotonic()
                 if woken or mono - last >= self.poll:
                     last = mono
-                    await e.sweeper.sweep_once()
-                elif e.publisher is not None:
-                    await e.publisher.flush(wait=False)
+                    await self._sweeper.sweep_once()
+                elif self._publisher is not None:
+                    await self._publisher.flush(wait=False)
             except Exception:
                 log.exception("sweeper pass failed; next pass in %ss", self.tick)

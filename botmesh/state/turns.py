@@ -31,16 +31,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from botmesh.state.clock import Clock
+from botmesh.state.config import InboxConfig
 from botmesh.state.errors import FencedError, VersionConflictError
-from botmesh.state.kv import Put, handover
-from botmesh.state.lease import Held
+from botmesh.state.kv import DurableKv, Put, handover
+from botmesh.state.lease import Held, Leases
+from botmesh.state.metrics import Metrics
 from botmesh.state.records import Json, revise
+from botmesh.state.retention import PurgeAt
 from botmesh.state.writes import Write
-
-if TYPE_CHECKING:
-    from botmesh.state.engine import Engine
 
 __all__ = ["Turns"]
 
@@ -54,25 +54,43 @@ LONGEST_PAUSE = 0.25
 class Turns:
     """The chat turns one engine holds and takes."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-        self.prefix = f"{engine.scope}/turn/"
-        self._lease = engine.config.inbox.lease
-        self._wait = engine.config.inbox.turn_wait
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        prefix: str,
+        config: InboxConfig,
+        poll: float,
+        leases: Leases,
+        purge_at: PurgeAt,
+        wake: asyncio.Event,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self._kv = kv
+        self.prefix = prefix
+        self._lease = config.lease
+        self._wait = config.turn_wait
+        self._poll = poll
+        self._leases = leases
+        self._purge_at = purge_at
+        self._wake = wake
+        self._clock = clock
+        self._metrics = metrics
         #: Chat id -> the turn this engine holds (one inbound of the chat at a time).
         self._mine: dict[str, Held] = {}
         #: Chats whose turn this engine is taking now (set before the first await).
         self._taking: set[str] = set()
 
-    @classmethod
-    def of(cls, engine: Engine) -> Turns | None:
-        """The engine's turns, or ``None`` when they are off (see the module docstring)."""
-        if engine.exclusive:
-            return None
-        on = engine.config.inbox.chat_turns
+    @staticmethod
+    def wanted(config: InboxConfig, kv: DurableKv, *, exclusive: bool) -> bool:
+        """Whether the engine takes chat turns (see the module docstring)."""
+        if exclusive:
+            return False
+        on = config.chat_turns
         if on is None:
-            on = bool(getattr(engine.kv, "shared", False))
-        return cls(engine) if on else None
+            on = bool(getattr(kv, "shared", False))
+        return on
 
     async def take(self, chat_id: str, inbound_id: str, *, wait: bool) -> Held | None:
         """Take the chat's turn for ``inbound_id``; ``None`` when it stays held elsewhere
@@ -94,12 +112,12 @@ class Turns:
         sweeper then leaves the chat's pending inbound for a later pass)."""
         if chat_id in self._mine or chat_id in self._taking:
             return True
-        entry = await self._e.kv.get(self.prefix + chat_id)
+        entry = await self._kv.get(self.prefix + chat_id)
         if entry is None:
             return False
-        e = self._e
-        now = e.clock.now()
-        return e.leases.state(entry.value, now) == "live" and not e.leases.this_boot(entry.value)
+        leases = self._leases
+        now = self._clock.now()
+        return leases.state(entry.value, now) == "live" and not leases.this_boot(entry.value)
 
     async def _try(self, chat_id: str, inbound_id: str) -> Held | None:
         if chat_id in self._mine or chat_id in self._taking:
@@ -111,19 +129,18 @@ class Turns:
             self._taking.discard(chat_id)
 
     async def _take(self, chat_id: str, inbound_id: str) -> Held | None:
-        e = self._e
         key = self.prefix + chat_id
-        entry = await e.kv.get(key)
-        now = e.clock.now()
+        entry = await self._kv.get(key)
+        now = self._clock.now()
         value: Json = entry.value if entry is not None else {"chat_id": chat_id, "token": 0}
-        live = entry is not None and e.leases.state(value, now) == "live"
-        if live and not e.leases.this_boot(value):
+        live = entry is not None and self._leases.state(value, now) == "live"
+        if live and not self._leases.this_boot(value):
             return None  # another live instance runs this chat's handlers
         # (ours, of this boot, yet not held here: a release that did not land; taken again)
-        taken = e.leases.claimed(value, now, self._lease)
+        taken = self._leases.claimed(value, now, self._lease)
         taken.update(inbound=inbound_id, state="held")
         try:
-            [version] = await e.kv.commit(
+            [version] = await self._kv.commit(
                 [handover(key, taken, expect=entry.version if entry is not None else 0)],
                 label=Write.TURN_TAKE,
             )
@@ -136,7 +153,7 @@ class Turns:
     def release_op(self, turn: Held, now: float) -> Put:
         """The write that releases ``turn``, joined to the inbound's mark-done commit."""
         value = revise(turn.value, now, lease=None, inbound=None, state="done")
-        return handover(turn.key, value, expect=turn.version, purge=self._e.purge_at(now))
+        return handover(turn.key, value, expect=turn.version, purge=self._purge_at(now))
 
     def released(self, turn: Held) -> None:
         """The release landed (or the turn is given up): the chat is free here."""
@@ -151,8 +168,8 @@ class Turns:
         if not written:
             return
         try:
-            await self._e.kv.commit(
-                [self.release_op(turn, self._e.clock.now())], label=Write.TURN_RELEASE
+            await self._kv.commit(
+                [self.release_op(turn, self._clock.now())], label=Write.TURN_RELEASE
             )
         except Exception as exc:
             log.warning("turn %s not released (its lease lapses): %s", turn.key, exc)
@@ -160,12 +177,11 @@ class Turns:
     async def recheck(self, turn: Held) -> None:
         """The release's compare-and-set failed: our own heartbeat landed first (the
         version moves on, retry), or another instance took the turn (``FencedError``)."""
-        e = self._e
-        entry = await e.kv.get(turn.key)
+        entry = await self._kv.get(turn.key)
         current = entry.value.get("token") if entry is not None else None
         if entry is None or current != turn.token:
             self.released(turn)
-            e.metrics.stale_leases += 1
+            self._metrics.stale_leases += 1
             log.warning(
                 "turn %s was taken over (token %s, now %s): this run stops",
                 turn.key,
@@ -180,15 +196,14 @@ class Turns:
         """The chat's turn stays held elsewhere: the inbound ``held`` goes back to pending,
         its attempt not charged, due again after a short pause (the sweeper takes it).
         False when it was taken over meanwhile."""
-        e = self._e
-        now = e.clock.now()
+        now = self._clock.now()
         attempts = max(int(held.value.get("attempts", 1)) - 1, 0)
         value = revise(held.value, now, lease=None, attempts=attempts)
-        due = now + max(e.config.poll, 0.05)
+        due = now + max(self._poll, 0.05)
         try:
-            await e.leases.write(held, value, Write.INBOX_TURN_WAIT, due=due)
+            await self._leases.write(held, value, Write.INBOX_TURN_WAIT, due=due)
         except FencedError:
             return False
         log.info("inbound %s waits for its chat's turn (left to the sweeper)", held.key)
-        e.wake.set()
+        self._wake.set()
         return True
