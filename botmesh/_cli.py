@@ -24,6 +24,8 @@
     botmesh gateway --channel NAME [--channel NAME ...] [--host H] [--port N]
                     [--public-url URL] [--bootstrap H:P] [--prefix P]
                                                           the channels' webhooks → inbound
+    botmesh console [--host H] [--port 8470] [--token-file F] [--read-only] [--show-texts]
+                                                          the ops console, a web page
 
 The command tree, its options and shell completion are in ``botmesh._commands`` (Click);
 this module holds what each command does. Exit statuses (``botmesh._exit``): 0 ok, 1
@@ -499,6 +501,50 @@ def _cmd_gateway(args: Args) -> int:
     return _gateway.run_gateway(_gateway.Gateway(webhooks, config), args.host, args.port)
 
 
+def _console_tokens(token_file: str | None) -> Any:
+    """The console's tokens: ``--token-file``, else ``BOTMESH_CONSOLE_TOKEN`` (the
+    ``_FILE`` form is read into it at start), else none (read-only)."""
+    from botmesh.console import Tokens
+
+    env = os.environ.get("BOTMESH_CONSOLE_TOKEN", "")
+    if token_file is not None and env.strip():
+        raise ValueError(
+            "--token-file and BOTMESH_CONSOLE_TOKEN (or BOTMESH_CONSOLE_TOKEN_FILE) are both "
+            "set: keep one"
+        )
+    if token_file is not None:
+        return Tokens.from_file(token_file)
+    if env.strip():
+        return Tokens.parse(env, "BOTMESH_CONSOLE_TOKEN")
+    return Tokens()
+
+
+def _cmd_console(args: Args) -> int:
+    from botmesh import logs
+    from botmesh.console import ConsoleConfig, serve
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: must be 0-65535")
+    for option, value in (("--timeout", args.timeout), ("--wait", args.wait)):
+        if value <= 0:
+            raise ValueError(f"{option} {value:g}: must be a positive number of seconds")
+    if not args.host.strip():
+        raise ValueError("--host: must not be empty (127.0.0.1 serves this host only)")
+    config = ConsoleConfig(
+        bootstrap=_bootstrap(args),
+        prefix=_catalog(args).prefix,
+        host=args.host.strip(),
+        port=args.port,
+        tokens=_console_tokens(args.token_file),
+        read_only=args.read_only,
+        show_texts=args.show_texts,
+        timeout=args.timeout,
+        wait=args.wait,
+    )
+    logs.setup_logging(args.loglevel, logs.log_format(args.log_format))
+    return serve(config)
+
+
 COMMANDS: dict[str, Callable[[Any], int]] = {
     "run": _cmd_run,
     "worker": _cmd_worker,
@@ -512,6 +558,7 @@ COMMANDS: dict[str, Callable[[Any], int]] = {
     "status": _cmd_operator,
     "metrics": _cmd_operator,
     "gateway": _cmd_gateway,
+    "console": _cmd_console,
 }
 
 

@@ -472,6 +472,57 @@ def gateway() -> None:
 
 
 @cli.command(context_settings=_CONTEXT)
+@_connection
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    envvar="BOTMESH_CONSOLE_HOST",
+    show_envvar=True,
+    help="address to listen on (another than this host's: anyone who reaches it reads the "
+    "group and the dead letters)",
+)
+@click.option(
+    "--port",
+    type=int,
+    default=8470,
+    envvar="BOTMESH_CONSOLE_PORT",
+    show_envvar=True,
+    help="port to listen on (0: any free port, printed)",
+)
+@click.option(
+    "--token-file",
+    metavar="FILE",
+    help="the operators' tokens, one a line (NAME:TOKEN or TOKEN): one of them is needed to "
+    "retry, replay or discard; without a token the console is read-only  "
+    "[env var: BOTMESH_CONSOLE_TOKEN or BOTMESH_CONSOLE_TOKEN_FILE]",
+)
+@click.option("--read-only", is_flag=True, help="no retry, replay or discard, whatever the token")
+@click.option("--show-texts", is_flag=True, help="show message texts (else: hidden (N chars))")
+@click.option(
+    "--timeout",
+    type=float,
+    default=10.0,
+    help="seconds each request to the broker may take (then the page says so)",
+)
+@click.option(
+    "--wait",
+    type=float,
+    default=30.0,
+    help="seconds an action waits for the chats' owners to answer (then: no answer)",
+)
+@click.option("--loglevel", default="info", help="log level")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="log lines: text, or one JSON object a line  [env var: BOTMESH_LOG_FORMAT; default: text]",
+)
+@_invoke("console")
+def console() -> None:
+    """Serve the ops console, a web page: the group, its lag, a chat's timeline, the dead
+    letters (retry, replay, discard through their owners), a replay's plan."""
+
+
+@cli.command(context_settings=_CONTEXT)
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
     """Print the shell completion script: eval "$(botmesh completion bash)"."""

@@ -42,26 +42,6 @@ EXIT_UNREACHABLE = Exit.UNREACHABLE
 EXIT_NO_ANSWER = Exit.NO_ANSWER
 
 
-def _when(value: str | None, option: str) -> float | None:
-    """Unix seconds, or an ISO 8601 time (UTC unless it says otherwise)."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(
-            f"{option} {value!r} is not a time: give Unix seconds or ISO 8601 "
-            "(2026-12-03T10:00:00Z)"
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
-
-
 @contextmanager
 def _progress(label: str, quiet: bool) -> Iterator[Callable[[int, int], None]]:
     """A rich progress bar on stderr (none with --json or when stderr is not a terminal)."""
@@ -124,8 +104,8 @@ def _run(args: Args, cat: Catalog, bootstrap: str) -> int:
             chat=args.chat_id,
             key=args.key,
             reason=args.reason,
-            since=_when(args.since, "--since"),
-            until=_when(args.until, "--until"),
+            since=dlq.parse_when(args.since, "--since"),
+            until=dlq.parse_when(args.until, "--until"),
         )
     with _progress("reading dead letters", args.json) as progress:
         letters = asyncio.run(dlq.read_dead_letters(bootstrap, topics, flt, progress=progress))
@@ -170,73 +150,24 @@ def _show(args: Args, letters: list[DeadLetter]) -> int:
 def _act(args: Args, cat: Catalog, bootstrap: str, letters: list[DeadLetter]) -> int:
     from botmesh.streams.ops import dlq
 
-    action = {"retry": "retry_send", "replay": "replay_inbound", "discard": "discard"}[args.action]
-    ident: Callable[[DeadLetter], str | None]
-    ident = (lambda d: d.send_key) if args.action != "replay" else (lambda d: d.inbound_id)
-    picked = dlq.unique(letters, ident)
-    undecodable = [d for d in picked if d.reason in dlq.DECODE_REASONS]
-    picked = [d for d in picked if d.reason not in dlq.DECODE_REASONS]
-    report: list[dict[str, Any]] = [
-        {
-            "target": ident(d),
-            "chat_id": d.chat_id,
-            "outcome": "refused",
-            "detail": f"it could not be decoded ({d.reason}): fix it and produce it again",
-        }
-        for d in undecodable
-    ]
-    if not picked and not undecodable:
-        _say(args, [], f"no {_kinds(args)[0]} dead letters match")
-        return EXIT_REFUSED
-    if args.dry_run:
-        for d in picked:
-            report.append(
-                {"target": ident(d), "chat_id": d.chat_id, "outcome": "would " + args.action}
-            )
-        _say(args, report, f"dry run: {len(picked)} to {args.action}, nothing done")
-        return EXIT_OK
-    requests = dlq.control_requests(picked, action, ident)
     with _progress(f"waiting for the owners ({args.action})", args.json) as progress:
-        answers = asyncio.run(
-            dlq.ask_owners(bootstrap, cat, requests, wait_s=args.wait, progress=progress)
+        report = asyncio.run(
+            dlq.act(
+                bootstrap,
+                cat,
+                args.action,
+                letters,
+                dry_run=args.dry_run,
+                wait_s=args.wait,
+                progress=progress,
+            )
         )
-    by_target = {r.target: r for r in requests}
-    missing_record = []
-    for d in picked:
-        target = ident(d) or ""
-        answer = answers.get(by_target[target].id) if target in by_target else None
-        if answer is None:
-            report.append({"target": target, "chat_id": d.chat_id, "outcome": "no answer"})
-            continue
-        if action == "replay_inbound" and answer.outcome == "refused" and answer.state is None:
-            missing_record.append(d)  # never journaled: produced again to the inbound topic
-            continue
-        report.append(
-            {
-                "target": target,
-                "chat_id": d.chat_id,
-                "outcome": answer.outcome,
-                "state": answer.state,
-                "detail": answer.detail,
-                "worker": answer.instance,
-            }
-        )
-    if missing_record:
-        asyncio.run(dlq.reproduce(bootstrap, cat.inbound, missing_record))
-        report += [
-            {
-                "target": ident(d),
-                "chat_id": d.chat_id,
-                "outcome": "produced again",
-                "detail": f"never journaled: produced again to {cat.inbound}",
-            }
-            for d in missing_record
-        ]
-    done = sum(r["outcome"] in ("done", "produced again") for r in report)
-    _say(args, report, f"{args.action}: {done} of {len(report)} done")
-    if any(r["outcome"] == "no answer" for r in report):
+    _say(args, report.results, report.summary)
+    if report.nothing:
+        return EXIT_REFUSED
+    if report.unanswered:
         return EXIT_NO_ANSWER
-    return EXIT_OK if done == len(report) else EXIT_REFUSED
+    return EXIT_OK if report.complete else EXIT_REFUSED
 
 
 def _say(args: Args, report: list[dict[str, Any]], summary: str) -> None:

@@ -188,6 +188,13 @@ def _print_status(s: op.Status) -> None:
     for d in s.dead_letters:
         dead.add_row(d.topic, "missing" if d.records is None else str(d.records))
     out.print(dead)
+    if s.parked:
+        parked = Table(title="sends parked on the retry tiers", title_justify="left")
+        parked.add_column("topic", overflow="fold")
+        parked.add_column("parked", justify="right")
+        for t in s.parked:
+            parked.add_row(t.topic, "missing" if t.parked is None else str(t.parked))
+        out.print(parked)
     j = s.journal
     if j is None:
         out.print("journal: not read (--no-journal, or no changelog topic yet)")

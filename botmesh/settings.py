@@ -186,6 +186,21 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "the URL the channels call, without the channel path (Twilio signs it)",
     ),
+    # -- the ops console (botmesh console)
+    _s(
+        "BOTMESH_CONSOLE_HOST",
+        "127.0.0.1",
+        "the ops console's address (`botmesh console`); another than this host's: give a token",
+    ),
+    _s("BOTMESH_CONSOLE_PORT", "8470", "the ops console's port"),
+    _s(
+        "BOTMESH_CONSOLE_TOKEN",
+        "",
+        "the operators' tokens, one a line, `NAME:TOKEN` or `TOKEN` (16 characters or more): "
+        "needed to retry, replay or discard in the console; unset (and no `--token-file`): "
+        "the console is read-only",
+        secret=True,
+    ),
     # -- traces, with the otel extra (botmesh.tracing; the SDK reads its other OTEL_* itself)
     _s(
         "OTEL_TRACES_EXPORTER",

@@ -1,7 +1,7 @@
 """Imports point down. ``RULES`` below is the one statement of which of our packages may
 import which (a package here is an area of the one installed ``botmesh``: its subpackages
 ``botmesh.state``, ``botmesh.providers``, ``botmesh.topics``, ``botmesh.observability``,
-``botmesh.streams``, and the
+``botmesh.streams``, ``botmesh.console`` (the ops console, on ``streams``), and the
 front door, ``botmesh``'s own modules; ``botmesh/__init__`` itself loads nothing, so
 importing any area loads only that area and what it may import); ``NO_KAFKA`` and
 ``LAZY`` say who never loads a Kafka client and what a module must not load when it is
@@ -52,7 +52,8 @@ RULES: dict[str, frozenset[str]] = {
     "topics": frozenset({"state"}),
     "observability": frozenset({"state"}),
     "streams": frozenset({"state", "topics", "observability"}),
-    "botmesh": frozenset({"state", "providers", "topics", "observability", "streams"}),
+    "console": frozenset({"state", "topics", "observability", "streams"}),
+    "botmesh": frozenset({"state", "providers", "topics", "observability", "streams", "console"}),
 }
 #: The Kafka and Faust client libraries.
 KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})

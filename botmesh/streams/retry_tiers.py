@@ -132,7 +132,7 @@ class RetryTiers:
 
     @property
     def group(self) -> str:
-        return f"{self._cat.group}.retry"
+        return self._cat.retry_group
 
     def start(self) -> None:
         self._stopping.clear()

@@ -213,6 +213,12 @@ class Catalog:
     def group(self) -> str:
         return self.app_id
 
+    @property
+    def retry_group(self) -> str:
+        """The consumer group of the retry tiers' consumers (``<prefix>.worker.retry``): its
+        committed offsets on a tier say which parked sends were attempted."""
+        return f"{self.app_id}.retry"
+
     def retry(self, tier: str) -> str:
         """The retry topic of one tier (``"1s"``, ``"5s"``, ``"30s"``, ``"1m"``, ``"5m"``
         or ``"10m"``)."""

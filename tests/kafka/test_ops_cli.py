@@ -25,8 +25,8 @@ from botmesh.state.kv import Entry
 from botmesh.state.metrics import Metric
 from botmesh.streams.membership import WORKER_COUNTERS
 from botmesh.streams.ops.operator import (
-    _is_ambiguous_send,
     decode_metrics,
+    is_ambiguous_send,
     metrics_record,
     parse_time,
     status,
@@ -137,13 +137,23 @@ def test_time_formats_and_the_metrics_record() -> None:
         12.5,
         {"inboundJournaled": 3},
     )
+    assert got.ready is None  # a record without readiness (an earlier worker's)
+    key, value = metrics_record(
+        "w-1", {}, 13.0, ready=False, why="restoring 2 journal partitions", restoring=2
+    )
+    got = decode_metrics(key, value)
+    assert got is not None and (got.ready, got.why, got.restoring) == (
+        False,
+        "restoring 2 journal partitions",
+        2,
+    )
     assert decode_metrics(b"w-1", None) is None
     assert decode_metrics(b"w-1", b"{not json") is None
     scope = "t:e:kafka-test:c"
-    assert _is_ambiguous_send(f"{scope}/out/m1:1", {"state": "unknown", "ambiguous": True})
-    assert not _is_ambiguous_send(f"{scope}/out/m1:1", {"state": "unknown"})
-    assert not _is_ambiguous_send(f"{scope}/out/m1:1", {"state": "sent", "ambiguous": True})
-    assert not _is_ambiguous_send(f"{scope}/in/m1", {"state": "unknown", "ambiguous": True})
+    assert is_ambiguous_send(f"{scope}/out/m1:1", {"state": "unknown", "ambiguous": True})
+    assert not is_ambiguous_send(f"{scope}/out/m1:1", {"state": "unknown"})
+    assert not is_ambiguous_send(f"{scope}/out/m1:1", {"state": "sent", "ambiguous": True})
+    assert not is_ambiguous_send(f"{scope}/in/m1", {"state": "unknown", "ambiguous": True})
 
 
 # -- status ------------------------------------------------------------------------------------

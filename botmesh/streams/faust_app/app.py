@@ -356,7 +356,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
             config.http_host, config.http_port, wiring.readiness, telemetry.scrape
         )
     app.agent(inbound, name=f"{cat.app_id}.inbound", concurrency=1)(wiring.process)
-    _publish_metrics(app, runtime, cat.metrics, config)
+    _publish_metrics(app, runtime, cat.metrics, config, wiring)
     app.botmesh_about = (
         f"bot {bot.bot_id} on {cat.inbound}, {cat.requests} and {cat.control}, "
         f"journal {redact(config.journal_url)}"
@@ -653,9 +653,12 @@ class Wiring:
             await self.pipeline.submit(events)
 
 
-def _publish_metrics(app: Any, runtime: RuntimeLike, topic: str, config: WorkerConfig) -> None:
+def _publish_metrics(
+    app: Any, runtime: RuntimeLike, topic: str, config: WorkerConfig, wiring: Wiring
+) -> None:
     """Every ``config.metrics_interval`` seconds, and once at a clean stop, produce the
-    engine's counters to ``topic`` (``<prefix>.metrics``, keyed by the instance id)."""
+    engine's counters to ``topic`` (``<prefix>.metrics``, keyed by the instance id), with
+    the worker's readiness (``/readyz``) and the journal partitions it is restoring."""
     instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
 
     async def publish(*_: Any) -> None:  # Faust passes the app to a timer that takes one
@@ -666,7 +669,15 @@ def _publish_metrics(app: Any, runtime: RuntimeLike, topic: str, config: WorkerC
         watch = app.botmesh_watch
         if watch is not None:
             counters["forcedRebalances"] = watch.forced
-        key, value = metrics_record(instance, counters, time.time())
+        readiness = wiring.readiness()
+        key, value = metrics_record(
+            instance,
+            counters,
+            time.time(),
+            ready=readiness.ready,
+            why=readiness.why,
+            restoring=wiring.restoring(),
+        )
 
         async def send() -> None:
             await app.producer.maybe_start()

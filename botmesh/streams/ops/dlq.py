@@ -5,7 +5,9 @@ Reading needs no consumer group (nothing is committed): each topic is read from 
 to the end offsets taken when the read began. Acting never touches a journal from here: each
 action is a ``botmesh.topics.control.ControlRequest`` produced to ``<prefix>.control`` keyed by the
 chat id, carried out by the worker that owns the chat, which answers on
-``<prefix>.control.results``; :func:`ask_owners` waits for those answers.
+``<prefix>.control.results``; :func:`ask_owners` waits for those answers. :func:`act` is
+one command from the dead letters picked to the owners' answers, for ``botmesh dlq`` and
+``botmesh console`` alike.
 
 =============  ==================  ====================================================
 command        dead letters of     what the owner does
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -38,11 +42,18 @@ from botmesh.topics.dead_letters import DeadLetter, read_dead_letter
 from botmesh.topics.records import chat_key
 
 __all__ = [
+    "COMMANDS",
     "DECODE_REASONS",
     "KINDS",
+    "ActionReport",
     "Filter",
+    "act",
     "ask_owners",
+    "command_kind",
+    "command_target",
+    "control_requests",
     "dlq_topic",
+    "parse_when",
     "read_dead_letters",
     "reproduce",
     "unique",
@@ -59,6 +70,49 @@ DECODE_REASONS = frozenset(
 
 #: ``progress(done, total)`` after each step of a long read or wait.
 Progress = Callable[[int, int], None]
+
+#: The commands that act on dead letters, and the control action each asks the owner for.
+COMMANDS: dict[str, str] = {
+    "retry": "retry_send",
+    "replay": "replay_inbound",
+    "discard": "discard",
+}
+
+
+def command_kind(command: str) -> str:
+    """The dead letters ``command`` acts on: ``inbound`` (replay) or ``outbox``."""
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}: use one of {', '.join(COMMANDS)}")
+    return "inbound" if command == "replay" else "outbox"
+
+
+def command_target(command: str) -> Callable[[DeadLetter], str | None]:
+    """What names a dead letter's record for ``command``: the inbound id (replay), else the
+    send's idempotency key."""
+    if command_kind(command) == "inbound":
+        return lambda d: d.inbound_id
+    return lambda d: d.send_key
+
+
+def parse_when(value: str | None, option: str) -> float | None:
+    """``--since`` / ``--until``: Unix seconds, or an ISO 8601 time (UTC unless it says
+    otherwise); ``ValueError`` naming ``option`` and the forms it takes."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{option} {value!r} is not a time: give Unix seconds or ISO 8601 "
+            "(2026-12-03T10:00:00Z)"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
 
 
 def dlq_topic(cat: Catalog, kind: str) -> str:
@@ -170,9 +224,15 @@ def unique(
 
 
 def control_requests(
-    letters: Iterable[DeadLetter], action: str, target: Callable[[DeadLetter], str | None]
+    letters: Iterable[DeadLetter],
+    action: str,
+    target: Callable[[DeadLetter], str | None],
+    *,
+    by: str | None = None,
 ) -> list[ControlRequest]:
-    by = f"botmesh-cli@{uuid.uuid4().hex[:8]}"
+    """One control request per dead letter with a target and a chat; ``by`` (who asks, for
+    the worker's log) defaults to ``botmesh-cli@<random>``."""
+    by = by if by is not None else f"botmesh-cli@{uuid.uuid4().hex[:8]}"
     out = []
     for letter in letters:
         t, chat = target(letter), letter.chat_id
@@ -272,3 +332,116 @@ async def reproduce(bootstrap: Brokers, topic: str, letters: Sequence[DeadLetter
     finally:
         await producer.stop()
     return len(letters)
+
+
+@dataclass(slots=True)
+class ActionReport:
+    """What one command did to the dead letters it was given: a row per record (``target``,
+    ``chat_id``, ``outcome`` and, when the owner answered, ``state``, ``detail``,
+    ``worker``), and a one-line summary."""
+
+    command: str
+    dry_run: bool
+    results: list[dict[str, Any]] = field(default_factory=list)
+    summary: str = ""
+    #: no dead letter of the command's kind matched: nothing was asked
+    nothing: bool = False
+
+    @property
+    def done(self) -> int:
+        return sum(r["outcome"] in ("done", "produced again") for r in self.results)
+
+    @property
+    def unanswered(self) -> bool:
+        """Some owner did not answer within the wait (no worker running?)."""
+        return any(r["outcome"] == "no answer" for r in self.results)
+
+    @property
+    def complete(self) -> bool:
+        """Every record was acted on (a dry run: every one would be)."""
+        if self.nothing:
+            return False
+        if self.dry_run:
+            return True
+        return self.done == len(self.results)
+
+
+async def act(
+    bootstrap: Brokers,
+    cat: Catalog,
+    command: str,
+    letters: Sequence[DeadLetter],
+    *,
+    dry_run: bool = False,
+    wait_s: float = 30.0,
+    by: str | None = None,
+    progress: Progress | None = None,
+) -> ActionReport:
+    """``command`` (``retry``, ``replay`` or ``discard``) on ``letters`` (dead letters of its
+    kind, as read from their topic): one record per target (the latest copy); a record
+    that could not be decoded is refused (fix it and produce it again); with ``dry_run``
+    say what would be done. Else ask each chat's owner through ``<prefix>.control`` and wait
+    up to ``wait_s`` for the answers; a dead inbound the journal never held (it died before
+    it was journaled) is produced again to ``<prefix>.inbound`` instead."""
+    action = COMMANDS[command]
+    ident = command_target(command)
+    report = ActionReport(command, dry_run)
+    picked = unique(letters, ident)
+    undecodable = [d for d in picked if d.reason in DECODE_REASONS]
+    picked = [d for d in picked if d.reason not in DECODE_REASONS]
+    report.results = [
+        {
+            "target": ident(d),
+            "chat_id": d.chat_id,
+            "outcome": "refused",
+            "detail": f"it could not be decoded ({d.reason}): fix it and produce it again",
+        }
+        for d in undecodable
+    ]
+    if not picked and not undecodable:
+        report.nothing = True
+        report.summary = f"no {command_kind(command)} dead letters match"
+        return report
+    if dry_run:
+        report.results += [
+            {"target": ident(d), "chat_id": d.chat_id, "outcome": "would " + command}
+            for d in picked
+        ]
+        report.summary = f"dry run: {len(picked)} to {command}, nothing done"
+        return report
+    requests = control_requests(picked, action, ident, by=by)
+    answers = await ask_owners(bootstrap, cat, requests, wait_s=wait_s, progress=progress)
+    by_target = {r.target: r for r in requests}
+    missing_record = []
+    for d in picked:
+        target = ident(d) or ""
+        answer = answers.get(by_target[target].id) if target in by_target else None
+        if answer is None:
+            report.results.append({"target": target, "chat_id": d.chat_id, "outcome": "no answer"})
+            continue
+        if action == "replay_inbound" and answer.outcome == "refused" and answer.state is None:
+            missing_record.append(d)  # never journaled: produced again to the inbound topic
+            continue
+        report.results.append(
+            {
+                "target": target,
+                "chat_id": d.chat_id,
+                "outcome": answer.outcome,
+                "state": answer.state,
+                "detail": answer.detail,
+                "worker": answer.instance,
+            }
+        )
+    if missing_record:
+        await reproduce(bootstrap, cat.inbound, missing_record)
+        report.results += [
+            {
+                "target": ident(d),
+                "chat_id": d.chat_id,
+                "outcome": "produced again",
+                "detail": f"never journaled: produced again to {cat.inbound}",
+            }
+            for d in missing_record
+        ]
+    report.summary = f"{command}: {report.done} of {len(report.results)} done"
+    return report

@@ -13,7 +13,7 @@
   and commits over the reset).
 - :func:`status`: the group's state and members, the lag of every inbound and requests
   partition, the journal's changelog (read to its end, last value of each key wins), the
-  dead letters of each DLQ topic.
+  dead letters of each DLQ topic, the sends parked on each retry tier.
 - :func:`read_metrics`: the last counters each worker published on ``<prefix>.metrics``
   (:func:`metrics_record` is the record the worker produces).
 
@@ -61,7 +61,7 @@ from botmesh.streams.groups import (
     unreachable,
 )
 from botmesh.streams.table_kv import TABLE_NAME, decode_entry
-from botmesh.topics.catalog import Catalog
+from botmesh.topics.catalog import RETRY_TIERS, Catalog
 from botmesh.topics.metrics import (
     METRICS_VERSION,
     WorkerMetrics,
@@ -79,13 +79,16 @@ __all__ = [
     "Refused",
     "ReplayResult",
     "Status",
+    "TierCount",
     "TopicCount",
     "TopicMissing",
     "WorkerMetrics",
     "decode_metrics",
     "describe_group",
+    "is_ambiguous_send",
     "metrics_record",
     "parse_time",
+    "partition_offsets",
     "read_metrics",
     "remove_members",
     "replay",
@@ -181,6 +184,21 @@ def _offsets(
         if pending:
             time.sleep(0.1)
     return found
+
+
+def partition_offsets(
+    admin: Any,
+    tps: Iterable[tuple[str, int]],
+    which: str,
+    bootstrap: Brokers,
+    timeout: float,
+) -> dict[tuple[str, int], int]:
+    """``(topic, partition) -> offset``: the ``earliest`` retained, or the ``latest`` (under
+    read_committed: the last stable offset), in one request per broker."""
+    specs = {"earliest": _EARLIEST, "latest": _LATEST}
+    if which not in specs:
+        raise ValueError(f"which {which!r}: earliest or latest")
+    return _offsets(admin, tps, specs[which], bootstrap, timeout)
 
 
 _LEADERLESS = {
@@ -535,12 +553,24 @@ class JournalSummary:
     ambiguous: int
 
 
+@dataclass(frozen=True, slots=True)
+class TierCount:
+    """The sends parked on one retry tier and not attempted yet: the records of
+    ``<prefix>.outbox.retry.<tier>`` past the retry group's committed offsets (nothing
+    committed: from the partition's start); ``None``: no such topic."""
+
+    tier: str
+    topic: str
+    parked: int | None
+
+
 @dataclass(slots=True)
 class Status:
     group: GroupInfo
     lags: list[Lag]
     dead_letters: list[TopicCount]
     journal: JournalSummary | None
+    parked: list[TierCount] = field(default_factory=list)
 
     @property
     def total_lag(self) -> int:
@@ -555,10 +585,13 @@ class Status:
             "total_lag": self.total_lag,
             "dead_letters": [asdict(d) for d in self.dead_letters],
             "journal": asdict(self.journal) if self.journal is not None else None,
+            "parked": [asdict(t) for t in self.parked],
         }
 
 
-def _is_ambiguous_send(key: str, value: Mapping[str, Any]) -> bool:
+def is_ambiguous_send(key: str, value: Mapping[str, Any]) -> bool:
+    """An outbox record (``<scope>/out/<key>``) whose send a crash left in flight and
+    ``on_ambiguous="skip"`` gave up: state ``unknown``, ``ambiguous`` true."""
     parts = key.split("/", 2)  # <scope>/out/<idempotency key>; the scope has no '/'
     return (
         len(parts) == 3
@@ -576,8 +609,9 @@ def status(
     progress: Progress | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> Status:
-    """The group, the lag of its inbound and requests partitions, the dead letters and
-    (``journal``) a read of the journal's changelog to its end."""
+    """The group, the lag of its inbound and requests partitions, the dead letters, the
+    sends parked on the retry tiers and (``journal``) a read of the journal's changelog to
+    its end."""
     admin = admin_client(bootstrap, timeout)
     have = _topics(admin, bootstrap, timeout)
     _require(have, cat.inbound, cat)
@@ -641,9 +675,25 @@ def status(
             if entry is None:
                 continue
             keys += 1
-            ambiguous += _is_ambiguous_send(entry.key, entry.value)
+            ambiguous += is_ambiguous_send(entry.key, entry.value)
         summary = JournalSummary(changelog, span, read, size, keys, ambiguous)
-    return Status(info, lags, dead, summary)
+    return Status(info, lags, dead, summary, _parked(admin, have, cat, bootstrap, timeout))
+
+
+def _parked(
+    admin: Any, have: Mapping[str, int], cat: Catalog, bootstrap: Brokers, timeout: float
+) -> list[TierCount]:
+    tiers = [(name, cat.retry(name)) for name, _ in RETRY_TIERS]
+    tps = [(t, p) for _, t in tiers if t in have for p in range(have[t])]
+    committed = _committed(admin, cat.retry_group, bootstrap, timeout)
+    starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
+    ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
+    out = []
+    for name, topic in tiers:
+        mine = [tp for tp in tps if tp[0] == topic]
+        left = sum(ends[tp] - max(committed.get(tp, starts[tp]), starts[tp]) for tp in mine)
+        out.append(TierCount(name, topic, left if topic in have else None))
+    return out
 
 
 # -- metrics -----------------------------------------------------------------------------------

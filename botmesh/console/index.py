@@ -1,0 +1,431 @@
+"""What the console knows from following its topics: each chat's journal records, receipts
+and dead letters, the dead letters of every kind, the ambiguous sends, and the counters the
+workers published, over time.
+
+:class:`Index` is fed batches of records (``botmesh.streams.ops.tail.Follower`` calls
+:meth:`Index.apply` from its thread) and answers lookups under one lock, so a chat's
+timeline is a dictionary read plus the sort of that chat's own records. Every record is
+decoded with the project's own decoders: the journal's changelog values with
+``decode_entry`` (the last value of a key wins, a tombstone removes it), receipts with
+``decode_receipt``, dead letters with ``read_dead_letter``, counters with
+``decode_metrics``. A record that cannot be decoded is counted (``undecodable``) and
+skipped.
+
+The journal keys are ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key>`` and
+``<scope>/flow/<chat id>`` (the others, a chat's turn and the provider's leader lease, are
+not shown); the chat of a record is read from its value (``message.chat_id``,
+``payload.chat_id``, ``chat_id``).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from botmesh.streams.journal_db import decode_entry
+from botmesh.streams.ops.operator import is_ambiguous_send
+from botmesh.streams.ops.tail import Record
+from botmesh.streams.table_kv import TABLE_NAME
+from botmesh.topics.catalog import Catalog
+from botmesh.topics.dead_letters import DeadLetter, read_dead_letter
+from botmesh.topics.metrics import WorkerMetrics, decode_metrics
+from botmesh.topics.records import decode_receipt
+
+__all__ = [
+    "FlowView",
+    "InboundView",
+    "Index",
+    "ReceiptSeen",
+    "SendView",
+    "Timeline",
+]
+
+Json = dict[str, Any]
+
+#: Points of the counters' history kept (every worker's records together).
+HISTORY = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptSeen:
+    """A receipt of a send as read from ``<prefix>.sent`` (copies dropped)."""
+
+    state: str
+    message_id: str | None
+    ts: float
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendView:
+    """One send (one part of a split text) as the journal holds it."""
+
+    key: str
+    part: int
+    parts: int
+    state: str
+    attempts: int
+    message_id: str | None
+    text: str | None
+    media: bool
+    inbound_id: str | None
+    created: float
+    updated: float
+    ambiguous: bool
+    #: why it is dead (the journaled error's reason, else its dead letter's)
+    dead_reason: str | None
+    error: str | None
+    receipts: tuple[ReceiptSeen, ...]
+    dead_letter: DeadLetter | None
+
+
+@dataclass(frozen=True, slots=True)
+class InboundView:
+    """One inbound message as the journal holds it, with the sends its handlers made."""
+
+    id: str
+    state: str
+    attempts: int
+    text: str | None
+    created: float
+    updated: float
+    source: str | None
+    error: str | None
+    sends: tuple[SendView, ...]
+    dead_letter: DeadLetter | None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowView:
+    """The chat's flow checkpoint."""
+
+    flow: str
+    status: str
+    run: str
+    steps: tuple[Mapping[str, Any], ...]
+    deadline: float | None
+    parked: str | None
+    updated: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """A chat's records in time order: each item is an :class:`InboundView` (with its
+    sends), a :class:`SendView` made outside a handler (a request, a flow's timeout), the
+    :class:`FlowView`, or a :class:`~botmesh.topics.dead_letters.DeadLetter` the journal no
+    longer holds a record for. ``orphans``: receipts of sends the journal no longer holds."""
+
+    chat_id: str
+    items: tuple[tuple[float, InboundView | SendView | FlowView | DeadLetter], ...]
+    orphans: tuple[tuple[str, ReceiptSeen], ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.items and not self.orphans
+
+
+@dataclass(slots=True)
+class _Chat:
+    """A chat's records; the journal's as their changelog values (decoded again when the
+    chat is looked up: a few hundred bytes a record, not a few kilobytes of objects)."""
+
+    inbound: dict[str, bytes] = field(default_factory=dict)
+    sends: dict[str, bytes] = field(default_factory=dict)
+    flow: bytes | None = None
+    receipts: dict[str, dict[tuple[str, str | None], ReceiptSeen]] = field(default_factory=dict)
+    dead: dict[tuple[str, int, int], DeadLetter] = field(default_factory=dict)
+
+
+def _chat_of(kind: str, value: Mapping[str, Any]) -> str | None:
+    if kind == "in":
+        found = (value.get("message") or {}).get("chat_id")
+    elif kind == "out":
+        found = (value.get("payload") or {}).get("chat_id")
+    else:
+        found = value.get("chat_id")
+    return str(found) if found not in (None, "") else None
+
+
+def _error_text(value: Mapping[str, Any]) -> str | None:
+    error = value.get("error")
+    if not isinstance(error, Mapping):
+        return None
+    return " ".join(str(x) for x in (error.get("type"), error.get("message")) if x) or None
+
+
+class Index:
+    """The console's index of one prefix's topics (see the module docstring)."""
+
+    def __init__(self, cat: Catalog) -> None:
+        self.cat = cat
+        self.changelog = cat.changelog(TABLE_NAME)
+        self.dlq_kinds = {
+            cat.inbound_dlq: "inbound",
+            cat.outbox_dlq: "outbox",
+            cat.requests_dlq: "requests",
+        }
+        self._lock = threading.Lock()
+        self._chats: dict[str, _Chat] = {}
+        #: journal key -> (chat, kind, id): where a tombstone removes from
+        self._where: dict[str, tuple[str, str, str]] = {}
+        self._ambiguous: set[str] = set()
+        self._letters: dict[tuple[str, int, int], DeadLetter] = {}
+        self._workers: dict[str, WorkerMetrics] = {}
+        self._history: collections.deque[WorkerMetrics] = collections.deque(maxlen=HISTORY)
+        #: records read per topic, and those that could not be decoded
+        self.read: collections.Counter[str] = collections.Counter()
+        self.undecodable: collections.Counter[str] = collections.Counter()
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics the index is built from, in the order it reads them."""
+        return [self.changelog, self.cat.sent, *self.dlq_kinds, self.cat.metrics]
+
+    # -- feeding it ------------------------------------------------------------------------
+
+    def apply(self, records: Iterable[Record]) -> None:
+        with self._lock:
+            for r in records:
+                self.read[r.topic] += 1
+                try:
+                    if r.topic == self.changelog:
+                        self._journal(r)
+                    elif r.topic == self.cat.sent:
+                        self._receipt(r)
+                    elif r.topic in self.dlq_kinds:
+                        self._dead_letter(r)
+                    elif r.topic == self.cat.metrics:
+                        self._metrics(r)
+                except Exception:  # a record of another shape: counted, never fatal
+                    self.undecodable[r.topic] += 1
+
+    def _chat(self, chat: str) -> _Chat:
+        found = self._chats.get(chat)
+        if found is None:
+            found = self._chats[chat] = _Chat()
+        return found
+
+    def _journal(self, r: Record) -> None:
+        if r.key is None:
+            return
+        entry = decode_entry(r.key, r.value)
+        key = r.key.decode()
+        if entry is None:
+            self._forget(key)
+            return
+        parts = key.split("/", 2)
+        if len(parts) != 3 or parts[1] not in ("in", "out", "flow"):
+            return
+        kind, ident = parts[1], parts[2]
+        chat = _chat_of(kind, entry.value)
+        if chat is None:
+            self.undecodable[r.topic] += 1
+            return
+        where = self._where.get(key)
+        if where is not None and where[0] != chat:
+            self._forget(key)
+        self._where[key] = (chat, kind, ident)
+        records = self._chat(chat)
+        raw = r.value or b""
+        if kind == "in":
+            records.inbound[ident] = raw
+        elif kind == "out":
+            records.sends[ident] = raw
+            if is_ambiguous_send(key, entry.value):
+                self._ambiguous.add(key)
+            else:
+                self._ambiguous.discard(key)
+        else:
+            records.flow = raw
+
+    def _forget(self, key: str) -> None:
+        where = self._where.pop(key, None)
+        self._ambiguous.discard(key)
+        if where is None:
+            return
+        chat, kind, ident = where
+        records = self._chats.get(chat)
+        if records is None:
+            return
+        if kind == "in":
+            records.inbound.pop(ident, None)
+        elif kind == "out":
+            records.sends.pop(ident, None)
+        else:
+            records.flow = None
+
+    def _receipt(self, r: Record) -> None:
+        receipt = decode_receipt(r.value)
+        seen = ReceiptSeen(str(receipt.state), receipt.message_id, receipt.ts, r.offset)
+        by_key = self._chat(receipt.chat_id).receipts.setdefault(receipt.key, {})
+        by_key.setdefault((seen.state, seen.message_id), seen)
+
+    def _dead_letter(self, r: Record) -> None:
+        letter = read_dead_letter(
+            r.topic, r.partition, r.offset, int(r.timestamp * 1000), r.key, r.value, r.headers
+        )
+        where = (r.topic, r.partition, r.offset)
+        self._letters[where] = letter
+        if letter.chat_id:
+            self._chat(letter.chat_id).dead[where] = letter
+
+    def _metrics(self, r: Record) -> None:
+        instance = (r.key or b"").decode(errors="replace")
+        found = decode_metrics(r.key or b"", r.value)
+        if found is None:
+            self._workers.pop(instance, None)
+            return
+        self._workers[instance] = found
+        self._history.append(found)
+
+    # -- reading it ------------------------------------------------------------------------
+
+    @property
+    def chats(self) -> int:
+        with self._lock:
+            return len(self._chats)
+
+    def ambiguous(self) -> int:
+        with self._lock:
+            return len(self._ambiguous)
+
+    def workers(self) -> dict[str, WorkerMetrics]:
+        """The last counters (and readiness) each worker published, by instance id."""
+        with self._lock:
+            return dict(self._workers)
+
+    def history(self) -> list[WorkerMetrics]:
+        """Every record of the counters read (up to ``HISTORY``), oldest first."""
+        with self._lock:
+            return list(self._history)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter read, in topic, partition and offset order."""
+        with self._lock:
+            letters = list(self._letters.values())
+        order = list(self.dlq_kinds)
+        letters.sort(key=lambda d: (order.index(d.topic), d.partition, d.offset))
+        return letters
+
+    def dead_counts(self) -> dict[tuple[str, str], int]:
+        """Dead letters by (kind, reason)."""
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        for d in self.dead_letters():
+            counts[(self.dlq_kinds[d.topic], d.reason or "-")] += 1
+        return dict(sorted(counts.items()))
+
+    def timeline(self, chat_id: str) -> Timeline:
+        """The chat's records in time order (see :class:`Timeline`)."""
+        with self._lock:
+            records = self._chats.get(chat_id)
+            if records is None:
+                return Timeline(chat_id, (), ())
+            inbound = _values(records.inbound)
+            sends = _values(records.sends)
+            flow = _value(records.flow) if records.flow is not None else None
+            receipts = {k: tuple(v.values()) for k, v in records.receipts.items()}
+            dead = list(records.dead.values())
+        return _timeline(
+            chat_id, inbound=inbound, sends=sends, flow=flow, receipts=receipts, dead=dead
+        )
+
+
+def _value(raw: bytes) -> Json:
+    entry = decode_entry(b"", raw)
+    assert entry is not None
+    return entry.value
+
+
+def _values(raws: Mapping[str, bytes]) -> dict[str, Json]:
+    return {k: _value(v) for k, v in raws.items()}
+
+
+def _send_view(
+    key: str,
+    value: Mapping[str, Any],
+    receipts: Mapping[str, tuple[ReceiptSeen, ...]],
+    letter: DeadLetter | None,
+) -> SendView:
+    payload = value.get("payload") or {}
+    error = value.get("error") or {}
+    state = str(value.get("state", ""))
+    reason = error.get("reason") if state == "dead" else None
+    return SendView(
+        key=key,
+        part=int(value.get("part", 1)),
+        parts=int(value.get("parts", 1)),
+        state=state,
+        attempts=int(value.get("attempts", 0)),
+        message_id=value.get("message_id"),
+        text=payload.get("text"),
+        media=payload.get("media") is not None,
+        inbound_id=value.get("inbound_id"),
+        created=float(value.get("created", 0.0)),
+        updated=float(value.get("updated", 0.0)),
+        ambiguous=bool(value.get("ambiguous")),
+        dead_reason=reason or (letter.reason if letter is not None else None),
+        error=_error_text(value),
+        receipts=tuple(sorted(receipts.get(key, ()), key=lambda s: s.offset)),
+        dead_letter=letter,
+    )
+
+
+def _timeline(
+    chat_id: str,
+    *,
+    inbound: Mapping[str, Json],
+    sends: Mapping[str, Json],
+    flow: Json | None,
+    receipts: Mapping[str, tuple[ReceiptSeen, ...]],
+    dead: list[DeadLetter],
+) -> Timeline:
+    dead_sends = {d.send_key: d for d in dead if d.send_key}
+    dead_inbound = {d.inbound_id: d for d in dead if not d.send_key and d.inbound_id}
+    views = [_send_view(k, v, receipts, dead_sends.get(k)) for k, v in sends.items()]
+    by_inbound: dict[str, list[SendView]] = collections.defaultdict(list)
+    items: list[tuple[float, InboundView | SendView | FlowView | DeadLetter]] = []
+    for view in views:
+        if view.inbound_id is not None and view.inbound_id in inbound:
+            by_inbound[view.inbound_id].append(view)
+        else:
+            items.append((view.created, view))
+    for ident, value in inbound.items():
+        message = value.get("message") or {}
+        created = float(value.get("created", message.get("ts") or 0.0))
+        mine = sorted(by_inbound.get(ident, ()), key=lambda s: (s.created, s.key))
+        seen = InboundView(
+            id=ident,
+            state=str(value.get("state", "")),
+            attempts=int(value.get("attempts", 0)),
+            text=message.get("text"),
+            created=created,
+            updated=float(value.get("updated", created)),
+            source=value.get("source"),
+            error=_error_text(value),
+            sends=tuple(mine),
+            dead_letter=dead_inbound.get(ident),
+        )
+        items.append((created, seen))
+    if flow is not None:
+        flow_view = FlowView(
+            flow=str(flow.get("flow", "")),
+            status=str(flow.get("status", "")),
+            run=str(flow.get("run", "")),
+            steps=tuple(s for s in flow.get("steps", ()) if isinstance(s, Mapping)),
+            deadline=flow.get("deadline"),
+            parked=flow.get("parked"),
+            updated=float(flow.get("updated", 0.0)),
+        )
+        items.append((flow_view.updated, flow_view))
+    for d in dead:  # dead letters of records the journal does not hold (any more)
+        if (d.send_key and d.send_key in sends) or (
+            not d.send_key and d.inbound_id and d.inbound_id in inbound
+        ):
+            continue
+        items.append((d.dead_ts, d))
+    orphans = [(k, r) for k, rs in receipts.items() if k not in sends for r in rs]
+    items.sort(key=lambda pair: pair[0])
+    return Timeline(chat_id, tuple(items), tuple(sorted(orphans, key=lambda o: o[1].ts)))
