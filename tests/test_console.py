@@ -263,6 +263,9 @@ async def test_the_pages_say_a_bad_input_and_carry_the_safety_headers(
     assert "--from-offset &#x27;-3&#x27;: give a whole number" in await plan.text()
     assert "default-src 'none'" in plan.headers["Content-Security-Policy"]
     assert plan.headers["X-Frame-Options"] == "DENY"
+    # a browser posts the page's own forms with its real Origin (under no-referrer: "null",
+    # refused as another site's; tests/kafka/test_console_browser.py signs in for real)
+    assert plan.headers["Referrer-Policy"] == "same-origin"
     empty = await client.get("/timeline", params={"chat_id": EVIL})
     text = await empty.text()
     assert 'data-testid="timeline-empty"' in text and "<script>" not in text

@@ -470,7 +470,9 @@ async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("X-Frame-Options", "DENY")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    # not "no-referrer": under it a browser sends `Origin: null` with the page's own form
+    # posts, which _same_origin refuses as another site's
+    response.headers.setdefault("Referrer-Policy", "same-origin")
     response.headers.setdefault("Cache-Control", "no-store")
     return response
 
