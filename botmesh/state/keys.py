@@ -2,8 +2,8 @@
 
 A bot's records live under its scope (``tenant:environment:bot:connection``, each part
 percent-encoded): ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key>``,
-``<scope>/flow/<chat id>``, ``<scope>/turn/<chat id>`` and ``<scope>/leader``
-(``ScopeKeys``). So two bots on one backend never see each other's records, and explicit
+``<scope>/flow/<chat id>``, ``<scope>/turn/<chat id>``, ``<scope>/log/<chat>/…`` (the
+message log, chat id percent-encoded) and ``<scope>/leader`` (``ScopeKeys``). So two bots on one backend never see each other's records, and explicit
 keys are per bot.
 """
 
@@ -53,6 +53,8 @@ class ScopeKeys:
     turn: str
     #: The provider session's leadership lease (``<scope>/leader``: one record).
     leader: str
+    #: The message log: what was sent, per chat (``<scope>/log/``; see ``log_of``).
+    log: str
 
     @classmethod
     def of(cls, scope: str) -> ScopeKeys:
@@ -64,7 +66,13 @@ class ScopeKeys:
             f"{scope}/flow/",
             f"{scope}/turn/",
             f"{scope}/leader",
+            f"{scope}/log/",
         )
+
+    def log_of(self, chat_id: str) -> str:
+        """The message log of one chat (``<scope>/log/<chat id, percent-encoded>/``): the
+        encoding keeps a ``/`` in a chat id from reaching into another chat's log."""
+        return f"{self.log}{quote(chat_id, safe='')}/"
 
 
 def derived_key(inbound_id: str, n: int) -> str:
