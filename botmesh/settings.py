@@ -105,6 +105,12 @@ SETTINGS: tuple[Setting, ...] = (
         "the provider: `console`, `mock`, a channel (`telegram`, `whatsapp`...) or "
         "`module:attribute`",
     ),
+    _s(
+        "BOTMESH_FALLBACK_PROVIDERS",
+        "",
+        "the channels a send's `Fallback` may go out through: provider specs as for "
+        "`BOTMESH_PROVIDER`, comma-separated, each `name=spec` or a channel name",
+    ),
     _s("BOTMESH_CONSOLE_QUIET", "", "`1`: the console provider counts sends without printing"),
     _s("BOTMESH_LOG_LEVEL", "info", "the worker's log level"),
     _s(
@@ -233,6 +239,29 @@ SETTINGS: tuple[Setting, ...] = (
     _s("TWILIO_ACCOUNT_SID", "", "Twilio: the account"),
     _s("TWILIO_AUTH_TOKEN", "", "Twilio: the auth token (sends and webhooks)", secret=True),
     _s("TWILIO_FROM", "", "Twilio: the sender, `+1...` or `whatsapp:+1...`"),
+    _s("GUPSHUP_API_KEY", "", "Gupshup: the account's API key", secret=True),
+    _s("GUPSHUP_SOURCE", "", "Gupshup: the app's registered number, `917834811114`"),
+    _s("GUPSHUP_APP_NAME", "", "Gupshup: the app's name (`src.name`)"),
+    _s(
+        "GUPSHUP_WEBHOOK_SECRET",
+        "",
+        "Gupshup: the `?token=` of the app's callback URL (16+ characters)",
+        secret=True,
+    ),
+    _s("GOHIGHLEVEL_TOKEN", "", "GoHighLevel: the location's token", secret=True),
+    _s(
+        "GOHIGHLEVEL_MESSAGE_TYPE",
+        "SMS",
+        "GoHighLevel: the sends' `type` (`SMS`, `WhatsApp`, `FB`, `IG`, `GMB`, `Live_Chat`...)",
+    ),
+    _s(
+        "GOHIGHLEVEL_WEBHOOK_PUBLIC_KEY",
+        "",
+        "GoHighLevel: HighLevel's webhook public key (Ed25519, PEM)",
+    ),
+    _s("TIKTOK_ACCESS_TOKEN", "", "TikTok: the Business Account's access token", secret=True),
+    _s("TIKTOK_BUSINESS_ID", "", "TikTok: the Business Account's `open_id`"),
+    _s("TIKTOK_APP_SECRET", "", "TikTok: the developer app's secret (webhooks)", secret=True),
     _s(
         "EMAIL_SMTP_URL",
         "",
@@ -240,8 +269,67 @@ SETTINGS: tuple[Setting, ...] = (
         secret=True,
     ),
     _s("EMAIL_FROM", "", "email: the sender address"),
+    _s(
+        "EMAIL_IMAP_URL",
+        "",
+        "email: the sent folder that resolves ambiguous sends, "
+        "`imaps://user:pass@host:993/Sent` (options `also`, `append=1`, `grace`: "
+        "docs/channels.md); unset: the `outbox.on_ambiguous` policy alone",
+        secret=True,
+    ),
     _s("EMAIL_WEBHOOK_SECRET", "", "email: the inbound webhook's secret", secret=True),
     _s("SLACK_SIGNING_SECRET", "", "Slack: the signing secret (webhooks)", secret=True),
+    _s("BAILEYS_API_URL", "", "Baileys: the HTTP bridge's URL (`https://...`)"),
+    _s(
+        "BAILEYS_ALLOW_PLAIN_HTTP",
+        "",
+        "Baileys: `1` accepts an `http://` URL to a bridge on a private network (the "
+        "credential travels in clear on it)",
+    ),
+    _s("BAILEYS_API_KEY", "", "Baileys: the bridge's API key (`x-api-key`)", secret=True),
+    _s("BAILEYS_PHONE_NUMBER", "", "Baileys: the bridge connection's number, `+5511...`"),
+    _s("BAILEYS_MEDIA_VIEW_ONCE", "0", "Baileys: `1` journals view-once media too"),
+    _s(
+        "BAILEYS_WEBHOOK_VERIFY_TOKEN",
+        "",
+        "Baileys: the connection's `webhookVerifyToken` (webhooks)",
+        secret=True,
+    ),
+    _s("EVOLUTION_API_URL", "", "Evolution API: the server's URL (`https://...`)"),
+    _s(
+        "EVOLUTION_ALLOW_PLAIN_HTTP",
+        "",
+        "Evolution API: `1` accepts an `http://` URL to a bridge on a private network (the "
+        "credential travels in clear on it)",
+    ),
+    _s(
+        "EVOLUTION_API_KEY",
+        "",
+        "Evolution API: the instance's token or the global key (`apikey`)",
+        secret=True,
+    ),
+    _s("EVOLUTION_INSTANCE", "", "Evolution API: the instance to send through"),
+    _s(
+        "EVOLUTION_WEBHOOK_SECRET",
+        "",
+        "Evolution API: the webhook's `jwt_key` (webhooks; else the body's `apikey`)",
+        secret=True,
+    ),
+    _s("WPPCONNECT_API_URL", "", "WPPConnect: the server's URL (`https://...`)"),
+    _s(
+        "WPPCONNECT_ALLOW_PLAIN_HTTP",
+        "",
+        "WPPConnect: `1` accepts an `http://` URL to a bridge on a private network (the "
+        "credential travels in clear on it)",
+    ),
+    _s("WPPCONNECT_TOKEN", "", "WPPConnect: the session's bearer token", secret=True),
+    _s("WPPCONNECT_SESSION", "", "WPPConnect: the session to send through"),
+    _s(
+        "WPPCONNECT_WEBHOOK_SECRET",
+        "",
+        "WPPConnect: the `secret` parameter of the webhook URL (webhooks)",
+        secret=True,
+    ),
 )
 
 _BY_ENV = {s.env: s for s in SETTINGS}

@@ -25,13 +25,14 @@ __all__ = ["LOOPBACK", "ChannelProvider", "check_api_url"]
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def check_api_url(url: str, field: str, default: str) -> str:
+def check_api_url(url: str, field: str, default: str, *, plain_http: bool = False) -> str:
     """``url`` without its trailing ``/`` when it may carry a credential: https, or http on
-    the loopback (a local fake); else a ``ConfigError`` on ``field``."""
+    the loopback (a local fake), or http anywhere when the operator said so (``plain_http``:
+    a self-hosted API on a private network); else a ``ConfigError`` on ``field``."""
     parts = urlsplit(url)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ConfigError(field, f"{url!r} is not an http(s) URL; unset it to use {default}")
-    if parts.scheme == "http" and parts.hostname not in LOOPBACK:
+    if parts.scheme == "http" and parts.hostname not in LOOPBACK and not plain_http:
         raise ConfigError(
             field,
             f"{url!r} is plain http to a remote host: the credentials would travel in clear; "

@@ -74,7 +74,37 @@ CHANNELS: Mapping[str, Channel] = {
         Channel(
             "email", "botmesh.providers.email:EmailProvider", "botmesh.providers.email:EmailWebhook"
         ),
+        Channel(
+            "gupshup",
+            "botmesh.providers.gupshup:GupshupProvider",
+            "botmesh.providers.gupshup:GupshupWebhook",
+        ),
+        Channel(
+            "gohighlevel",
+            "botmesh.providers.gohighlevel:GoHighLevelProvider",
+            "botmesh.providers.gohighlevel:GoHighLevelWebhook",
+        ),
+        Channel(
+            "tiktok",
+            "botmesh.providers.tiktok:TikTokProvider",
+            "botmesh.providers.tiktok:TikTokWebhook",
+        ),
         Channel("slack", None, "botmesh.providers.slack:SlackWebhook"),
+        Channel(
+            "baileys",
+            "botmesh.providers.baileys:BaileysProvider",
+            "botmesh.providers.baileys:BaileysWebhook",
+        ),
+        Channel(
+            "evolution",
+            "botmesh.providers.evolution:EvolutionProvider",
+            "botmesh.providers.evolution:EvolutionWebhook",
+        ),
+        Channel(
+            "wppconnect",
+            "botmesh.providers.wppconnect:WppConnectProvider",
+            "botmesh.providers.wppconnect:WppConnectWebhook",
+        ),
     )
 }
 

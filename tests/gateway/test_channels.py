@@ -17,7 +17,22 @@ from botmesh.providers.slack import SlackWebhook
 from botmesh.state.errors import AppLoadError, ConfigError
 from botmesh.state.messages import Outbound, SendResult
 
-NAMES = ["discord", "email", "instagram", "messenger", "slack", "telegram", "twilio", "whatsapp"]
+NAMES = [
+    "baileys",
+    "discord",
+    "email",
+    "evolution",
+    "gohighlevel",
+    "gupshup",
+    "instagram",
+    "messenger",
+    "slack",
+    "telegram",
+    "tiktok",
+    "twilio",
+    "whatsapp",
+    "wppconnect",
+]
 
 
 class FakeChannelProvider:
@@ -62,7 +77,7 @@ def test_an_unknown_channel_lists_the_known_ones() -> None:
         webhook_from_env("icq", {})
     assert caught.value.field == "channel"
     assert all(name in str(caught.value) for name in NAMES)
-    with pytest.raises(ConfigError, match="known channels: discord, email"):
+    with pytest.raises(ConfigError, match="known channels: baileys, discord, email"):
         provider_from_env("icq", {})
 
 

@@ -18,7 +18,11 @@ command with an attachment option, a button, a modal), Twilio (a form signed wit
 ``X-Twilio-Signature`` over the gateway's public URL, ``MediaUrl0`` on the API) and email
 (the raw message signed with ``x-botmesh-signature``, the reply by SMTP). Email has no IMAP:
 the attachment's bytes travel in the live record only, the journal keeps its Message-ID,
-index and digest, so the replay cannot download it again (``rehydrate-failed``).
+index and digest, so the replay cannot download it again (``rehydrate-failed``). The
+WhatsApp Web bridges: Baileys (the bridge inlines the photo for the live run; the replay
+finds the bridge without it and decrypts it from the CDN with the journaled media key),
+Evolution (a webhook signed with its ``jwt_key`` JWT; the replay asks for the media by its
+key) and WPPConnect (the secret in the webhook URL; the media by its message id).
 """
 
 from __future__ import annotations
@@ -53,11 +57,17 @@ from botmesh.topics import Catalog
 from tests.kafka.channel_bot import bot
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_all, read_journal
 from tests.kill import Child, python
+from tests.providers.fakes.baileys import FakeBaileys
+from tests.providers.fakes.baileys import message as baileys_message
+from tests.providers.fakes.baileys import upsert as baileys_upsert
 from tests.providers.fakes.discord import FakeDiscord
+from tests.providers.fakes.evolution import FakeEvolution, jwt_for, received
+from tests.providers.fakes.evolution import upsert as evolution_upsert
 from tests.providers.fakes.graph import GraphFake
 from tests.providers.fakes.smtp import FakeSmtp
 from tests.providers.fakes.telegram import FakeTelegram
 from tests.providers.fakes.twilio import FakeTwilio
+from tests.providers.fakes.wppconnect import FakeWppConnect, onmessage
 from tests.providers.serve import Background
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
@@ -96,6 +106,8 @@ class Case:
     media_after_replay: str = DIGEST
     #: Further checks of what the fake recorded, after the run.
     check: Callable[[], None] = lambda: None
+    #: The query of the webhook URL (a channel that puts its secret there).
+    query: str = ""
 
     def expected(self) -> list[str]:
         first, second, third = self.texts
@@ -607,6 +619,148 @@ def email() -> Case:
     )
 
 
+# -- the WhatsApp Web bridges: Baileys, Evolution, WPPConnect -----------------------------------
+
+WA_JID = "5511999990001@s.whatsapp.net"
+WA_SECRET = "e2e-bridge-webhook-secret"
+
+
+def baileys() -> Case:
+    """The bridge's ``messages.upsert``, its ``webhookVerifyToken`` in the body. Message 1 is a
+    photo on the fake CDN, its bytes inlined for the live run (``includeMedia``); the bridge
+    has no file of it, so the replay decrypts it from the CDN with the journaled key."""
+    fake = FakeBaileys()
+    ids = [f"3EB0E2E{n}0000" for n in (1, 2, 3)]
+    holder: dict[str, Any] = {}
+
+    def webhook(
+        n: int, chat: str, text: str, media: bool, url: str
+    ) -> tuple[dict[str, str], bytes]:
+        if media:
+            part = fake.add_cdn_media(holder["url"], PHOTO, "image/jpeg", "image")
+            holder["part"] = part
+            content: dict[str, Any] = {"imageMessage": {**part, "caption": text}}
+        else:
+            content = {"conversation": text}
+        inline = {ids[n - 1]: PHOTO} if media else None
+        msg = baileys_message(ids[n - 1], chat, content)
+        body = baileys_upsert([msg], WA_SECRET, inline=inline)
+        return {"Content-Type": "application/json"}, body
+
+    def ref() -> dict[str, Any]:
+        part = holder["part"]
+        buffers = ("mediaKey", "fileSha256", "fileEncSha256")
+        media: dict[str, Any] = {
+            k: base64.b64encode(bytes(part[k]["data"])).decode() for k in buffers
+        }
+        media.update(url=part["url"], directPath=part["directPath"], mimetype="image/jpeg")
+        media["fileLength"] = len(PHOTO)
+        key = {"remoteJid": WA_JID, "id": ids[0], "fromMe": False}
+        return {"media": media, "key": key, "type": "image"}
+
+    def env(url: str) -> dict[str, str]:
+        holder["url"] = url
+        return {
+            "BAILEYS_API_URL": url,
+            "BAILEYS_API_KEY": fake.api_key,
+            "BAILEYS_PHONE_NUMBER": fake.phone,
+            "BAILEYS_ALLOW_PRIVATE_MEDIA": "1",
+            "BAILEYS_MEDIA_REF_HOSTS": "127.0.0.1",
+        }
+
+    def check() -> None:
+        # a rebuilt run asked the bridge, which had no file, and decrypted the CDN's copy
+        assert f"GET /media/{ids[0]}" in fake.calls and fake.cdn_downloads, fake.calls
+
+    return Case(
+        name="baileys",
+        fake=_served(fake),
+        worker_env=env,
+        gateway_env={"BAILEYS_WEBHOOK_VERIFY_TOKEN": WA_SECRET},
+        webhook=webhook,
+        replies=fake.texts,
+        chat=WA_JID,
+        ids=ids,
+        ref=ref,
+        check=check,
+    )
+
+
+def evolution() -> Case:
+    """Evolution's ``messages.upsert``, with the ``Authorization`` JWT of its ``jwt_key``;
+    both runs of message 1 download the photo with ``getBase64FromMediaMessage``."""
+    fake = FakeEvolution()
+    ids = [f"BAE5E2E{n}" for n in (1, 2, 3)]
+    fake.media[ids[0]] = (PHOTO, "image/jpeg")
+
+    def webhook(
+        n: int, chat: str, text: str, media: bool, url: str
+    ) -> tuple[dict[str, str], bytes]:
+        if media:
+            part = {"url": "https://mmg.whatsapp.net/x.enc", "mimetype": "image/jpeg"}
+            message: dict[str, Any] = {"imageMessage": {**part, "caption": text}}
+        else:
+            message = {"conversation": text}
+        body = evolution_upsert(fake.instance, received(ids[n - 1], chat, message))
+        headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {jwt_for(WA_SECRET)}",
+        }
+        return headers, body
+
+    return Case(
+        name="evolution",
+        fake=_served(fake),
+        worker_env=lambda url: {
+            "EVOLUTION_API_URL": url,
+            "EVOLUTION_API_KEY": fake.token,
+            "EVOLUTION_INSTANCE": fake.instance,
+        },
+        gateway_env={"EVOLUTION_WEBHOOK_SECRET": WA_SECRET, "EVOLUTION_INSTANCE": fake.instance},
+        webhook=webhook,
+        replies=fake.texts,
+        chat=WA_JID,
+        ids=ids,
+        ref=lambda: {"key": {"remoteJid": WA_JID, "id": ids[0], "fromMe": False}},
+    )
+
+
+def wppconnect() -> Case:
+    """WPPConnect's ``onmessage``, the secret in the webhook URL; both runs of message 1
+    download the photo with ``get-media-by-message``."""
+    fake = FakeWppConnect()
+    chat = "5511999990001@c.us"
+    ids = [f"false_{chat}_3EB0E2E{n}" for n in (1, 2, 3)]
+    fake.media[ids[0]] = (PHOTO, "image/jpeg")
+
+    def webhook(
+        n: int, chat: str, text: str, media: bool, url: str
+    ) -> tuple[dict[str, str], bytes]:
+        if media:
+            more: dict[str, Any] = {"caption": text, "mimetype": "image/jpeg", "isMedia": True}
+            body = onmessage(ids[n - 1], chat, "image", session=fake.session, **more)
+        else:
+            body = onmessage(ids[n - 1], chat, "chat", session=fake.session, body=text)
+        return {"Content-Type": "application/json"}, body
+
+    return Case(
+        name="wppconnect",
+        fake=_served(fake),
+        worker_env=lambda url: {
+            "WPPCONNECT_API_URL": url,
+            "WPPCONNECT_TOKEN": fake.token,
+            "WPPCONNECT_SESSION": fake.session,
+        },
+        gateway_env={"WPPCONNECT_WEBHOOK_SECRET": WA_SECRET},
+        webhook=webhook,
+        replies=fake.texts,
+        chat=chat,
+        ids=ids,
+        ref=lambda: {"message_id": ids[0]},
+        query=f"?secret={WA_SECRET}",
+    )
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "telegram": telegram,
     "whatsapp": whatsapp,
@@ -615,6 +769,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "discord": discord,
     "twilio": twilio,
     "email": email,
+    "baileys": baileys,
+    "evolution": evolution,
+    "wppconnect": wppconnect,
 }
 
 
@@ -736,7 +893,7 @@ async def test_a_webhook_in_a_reply_out_and_a_sigkill_replay_sends_nothing_twice
         worker.start()
         try:
             gw = await asyncio.to_thread(gateway_for, case)
-            path = f"/{channel}"
+            path = f"/{channel}{case.query}"
             first, second, third = case.texts
             for n, text, media in [(1, first, True), (2, second, False)]:
                 # each kills the worker once; restart it

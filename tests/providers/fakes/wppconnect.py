@@ -1,0 +1,174 @@
+"""A fake of WPPConnect server, the routes the adapter uses.
+
+- ``POST /api/{session}/send-message`` (``{"phone", "isGroup", "isLid", "message",
+  "options"?}``), ``/send-file`` (``"path"``: a URL WPPConnect fetches) and
+  ``/send-file-base64`` (``"base64": "data:<mime>;base64,…"``): 201 ``{"status": "success",
+  "response": [message], "mapper": "return"}``, the message's ``id`` ``true_<jid>_<hex>``.
+- ``GET /api/{session}/get-media-by-message/{messageId}``: 200 ``{"base64", "mimetype"}`` for a
+  message whose media the fake holds (``media``), else 400 ``Message not found``.
+
+``verifyToken`` first: no ``Authorization`` 401 ``Token is not present…``, another token
+401 ``Check that the Session and Token are correct``. Then ``statusConnection``: a session
+that is not running (``connected = False``) 404 ``{"status": "Disconnected"}``; a number
+without WhatsApp 400 ``{"status": "Connected", "message": "O número … não existe."}``. A
+file that is neither a URL nor a data URI 500 ``Erro ao enviar a mensagem.``, as the
+controller's catch answers.
+
+``onmessage`` writes the webhook body WPPConnect posts for a wa-js message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import secrets
+from typing import Any
+
+from aiohttp import web
+
+from tests.providers.fakes.wa_bridges import BridgeFake, Sent, digits
+
+ME = "5511999990000@c.us"
+
+
+def _status(status: int, state: str, message: str) -> web.Response:
+    return web.json_response({"response": None, "status": state, "message": message}, status=status)
+
+
+def _send_error(error: str) -> web.Response:
+    return web.json_response(
+        {"status": "Error", "message": "Erro ao enviar a mensagem.", "error": {"message": error}},
+        status=500,
+    )
+
+
+class FakeWppConnect(BridgeFake):
+    """A WPPConnect server with one session, ``session``, and its bearer ``token``."""
+
+    def __init__(self, session: str = "support") -> None:
+        super().__init__()
+        self.session = session
+        self.token = "$2b$10$" + secrets.token_urlsafe(40).replace("-", "x")
+
+    # -- the app --------------------------------------------------------------------------
+
+    def routes(self, router: web.UrlDispatcher) -> None:
+        for route in ("send-message", "send-file", "send-file-base64"):
+            router.add_post(f"/api/{{session}}/{route}", self._send)
+        router.add_get("/api/{session}/get-media-by-message/{message_id}", self._media_of)
+
+    def _auth(self, request: web.Request) -> web.Response | None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme != "Bearer" or not token:
+            return web.json_response(
+                {"message": "Token is not present. Check your header and try again"}, status=401
+            )
+        if request.match_info["session"] != self.session or token != self.token:
+            return web.json_response(
+                {"error": "Check that the Session and Token are correct"}, status=401
+            )
+        return None
+
+    def _chat(self, body: dict[str, Any]) -> str | web.Response:
+        """``statusConnection``: the JID of ``phone``, or the error it answers."""
+        if not self.connected:
+            return _status(404, "Disconnected", "A sessão do WhatsApp não está ativa.")
+        phone = body.get("phone")
+        if not isinstance(phone, str) or not phone or "," in phone or ";" in phone:
+            return _send_error("one phone per call in this fake")
+        if body.get("isGroup"):
+            return f"{phone.split('@', 1)[0]}@g.us"
+        number = digits(phone)
+        if number not in self.numbers:
+            return _status(400, "Connected", f"O número {number} não existe.")
+        return f"{number}@{'lid' if body.get('isLid') else 'c.us'}"
+
+    async def _send(self, request: web.Request) -> web.StreamResponse:
+        refused = self._auth(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+        except ValueError:
+            return _send_error("body is not JSON")
+        chat = self._chat(body)
+        if isinstance(chat, web.Response):
+            return chat
+        mid = f"true_{chat}_{self.message_id()}"
+        route = request.path.rsplit("/", 1)[-1]
+        sent = Sent(mid, chat, body=body)
+        if route == "send-message":
+            sent.text = body.get("message")
+            result: dict[str, Any] = {"id": mid, "ack": 0, "body": sent.text, "type": "chat"}
+        else:
+            problem = self._file(sent, route, body)
+            if problem is not None:
+                return _send_error(problem)
+            result = {"ack": 0, "id": mid, "sendMsgResult": {"messageSendResult": "OK"}}
+        self.sent.append(sent)
+        answer = {"status": "success", "response": [{**result, "from": ME, "to": chat}]}
+        return web.json_response({**answer, "mapper": "return"}, status=201)
+
+    def _file(self, sent: Sent, route: str, body: dict[str, Any]) -> str | None:
+        """Fill ``sent`` with the file of a send-file call; what is wrong, if anything."""
+        sent.caption, sent.name = body.get("caption"), body.get("filename")
+        if route == "send-file":
+            path = body.get("path")
+            if not isinstance(path, str) or not path.startswith(("http://", "https://")):
+                return "ENOENT: no such file or directory"
+            sent.media = path
+            return None
+        raw = body.get("base64")
+        head, _, data = raw.partition(",") if isinstance(raw, str) else ("", "", "")
+        if not (head.startswith("data:") and head.endswith(";base64")):
+            return "Invalid base64 (expected a data URI)"
+        try:
+            sent.media = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            return "Invalid base64"
+        sent.mime = head[5:].removesuffix(";base64")
+        return None
+
+    async def _media_of(self, request: web.Request) -> web.StreamResponse:
+        refused = self._auth(request)
+        if refused is not None:
+            return refused
+        mid = request.match_info["message_id"]
+        if mid not in self.media:
+            return web.json_response(
+                {"status": "error", "message": "Message not found"}, status=400
+            )
+        data, mime = self.media[mid]
+        return web.json_response({"base64": base64.b64encode(data).decode(), "mimetype": mime})
+
+
+# -- webhook bodies -------------------------------------------------------------------------
+
+
+def onmessage(mid: str, chat: str, kind: str, *, session: str = "support", **more: Any) -> bytes:
+    """The webhook body WPPConnect posts for an incoming wa-js message."""
+    return json.dumps(
+        {
+            "event": "onmessage",
+            "session": session,
+            "id": mid,
+            "viewed": False,
+            "body": "",
+            "type": kind,
+            "t": 1767225600,
+            "notifyName": "Ana",
+            "from": chat,
+            "to": ME,
+            "self": "in",
+            "ack": 1,
+            "isNewMsg": True,
+            "star": False,
+            "fromMe": False,
+            "isGroupMsg": chat.endswith("@g.us"),
+            "sender": {"id": chat, "pushname": "Ana", "isMe": False},
+            "chatId": chat,
+            "mediaData": {},
+            **more,
+        }
+    ).encode()
