@@ -37,11 +37,19 @@ any other 5xx                               final ``SendError``
 The password (and its base64 forms, as AUTH PLAIN and LOGIN send it) is redacted from
 every message and log line.
 
-No ``resolve_ambiguous``: SMTP cannot be asked whether a message went through (there is no
-listing of what a relay accepted), so a lost outcome falls to the ``outbox.on_ambiguous``
-policy; with ``"resend"`` the copy carries the same Message-ID.
+Lost outcomes. SMTP cannot be asked whether a message went through (there is no listing of
+what a relay accepted), so ``EmailProvider`` has no ``resolve_ambiguous``: a lost outcome
+falls to the ``outbox.on_ambiguous`` policy; with ``"resend"`` the copy carries the same
+Message-ID. ``EmailImapProvider`` (what ``from_env`` builds when ``EMAIL_IMAP_URL`` is set)
+asks the mailbox instead: it looks the send's Message-ID up in the sent folder over IMAP
+(``botmesh.providers.email_imap``): a sent copy → the send is recorded ``sent`` and not
+made again; no copy → ``None`` (the engine sends it once); the server unreachable, the login
+refused, the folder missing or only a draft copy → it raises and the policy applies. "No
+copy" means "not sent" only when every mail the bot sends is filed there: by the server
+(Gmail, Microsoft 365, iCloud, Fastmail do), by a BCC the relay adds, or by the adapter
+itself (``append=1``: a draft copy before the SMTP send, marked sent after it).
 
-Inbound mail: no IMAP poller is built (there is no local IMAP server to test it against).
+Inbound mail: no IMAP poller is built.
 A relay (Postfix with a pipe script, a mail service's inbound webhook) posts the raw RFC 5322
 message (``content-type: message/rfc822``) with ``x-botmesh-signature: sha256=<hex
 HMAC-SHA256(secret, body)>``; ``EmailWebhook`` checks it and parses the message.
@@ -69,6 +77,7 @@ from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from botmesh.providers.base import ChannelProvider
+from botmesh.providers.email_imap import ImapSentFolder
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
@@ -80,13 +89,14 @@ from botmesh.providers.webhooks import (
 from botmesh.state.errors import (
     ConfigError,
     PayloadTooLargeError,
+    ProviderError,
     RecipientUnreachableError,
     SendError,
     UnsupportedContentError,
 )
 from botmesh.state.messages import Inbound, Media, Outbound, SendResult
 
-__all__ = ["EmailProvider", "EmailWebhook", "message_id_for"]
+__all__ = ["EmailImapProvider", "EmailProvider", "EmailWebhook", "ImapSentFolder", "message_id_for"]
 
 log = logging.getLogger("botmesh.providers")
 
@@ -175,11 +185,14 @@ class EmailProvider(ChannelProvider):
         )
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
+    def from_env(cls, env: Mapping[str, str]) -> EmailProvider:
         """``EMAIL_SMTP_URL`` (``smtp://user:pass@host:587?starttls=1``, or ``smtps://`` for
         TLS from the start; user and password percent-encoded) and ``EMAIL_FROM``; optional
         ``EMAIL_DOMAIN`` (of the Message-IDs) and ``EMAIL_SUBJECT``. The SMTP URL plays the
-        part other channels' ``<CHANNEL>_API_URL`` plays (tests point it at a local server)."""
+        part other channels' ``<CHANNEL>_API_URL`` plays (tests point it at a local server).
+        With ``EMAIL_IMAP_URL`` (``imaps://user:pass@host:993/Sent``, see
+        ``ImapSentFolder.from_url``) it is an ``EmailImapProvider``, which resolves
+        ambiguous sends from the sent folder."""
         raw = env.get("EMAIL_SMTP_URL", "").strip()
         if not raw:
             raise ConfigError(
@@ -202,18 +215,21 @@ class EmailProvider(ChannelProvider):
         sender = env.get("EMAIL_FROM", "").strip()
         if not sender:
             raise ConfigError("EMAIL_FROM", "is not set; set it to the sender, bot@example.com")
+        imap_url = env.get("EMAIL_IMAP_URL", "").strip()
+        sent_folder = ImapSentFolder.from_url(imap_url) if imap_url else None
+        host, port = parts.hostname, port or (465 if ssl else 587 if starttls else 25)
+        options: dict[str, Any] = {
+            "username": unquote(parts.username) if parts.username else None,
+            "password": unquote(parts.password) if parts.password else None,
+            "starttls": starttls,
+            "ssl": ssl,
+            "domain": env.get("EMAIL_DOMAIN", "").strip() or None,
+            "subject": env.get("EMAIL_SUBJECT", "").strip() or "Message",
+        }
         try:
-            return cls(
-                parts.hostname,
-                port or (465 if ssl else 587 if starttls else 25),
-                sender,
-                username=unquote(parts.username) if parts.username else None,
-                password=unquote(parts.password) if parts.password else None,
-                starttls=starttls,
-                ssl=ssl,
-                domain=env.get("EMAIL_DOMAIN", "").strip() or None,
-                subject=env.get("EMAIL_SUBJECT", "").strip() or "Message",
-            )
+            if sent_folder is not None:
+                return EmailImapProvider(host, port, sender, sent_folder=sent_folder, **options)
+            return cls(host, port, sender, **options)
         except ConfigError as exc:
             field = {"email.from_addr": "EMAIL_FROM"}.get(exc.field, "EMAIL_SMTP_URL")
             raise ConfigError(field, exc.message) from None
@@ -296,11 +312,15 @@ class EmailProvider(ChannelProvider):
         try:
             await asyncio.to_thread(self._deliver, mail, rcpt)
         except (smtplib.SMTPException, OSError) as exc:
-            error = self._error(exc, rcpt)
-            log.debug("email: send %s to %s failed: %s", message_id, rcpt, error)
-            raise error from None
+            raise self._failed(exc, rcpt, message_id) from None
         log.debug("email: sent %s to %s", message_id, rcpt)
         return SendResult(message_id)
+
+    def _failed(self, exc: BaseException, rcpt: str, message_id: str) -> SendError:
+        """The ``SendError`` of a failed SMTP session (logged)."""
+        error = self._error(exc, rcpt)
+        log.debug("email: send %s to %s failed: %s", message_id, rcpt, error)
+        return error
 
     def _deliver(self, mail: EmailMessage, rcpt: str) -> None:
         context = self.tls_context or ssl_module.create_default_context()
@@ -384,6 +404,97 @@ class EmailProvider(ChannelProvider):
         if code in (550, 551, 553) and not status.startswith("5.7."):
             return RecipientUnreachableError(f"{what} (no such mailbox)")
         return SendError(what, retryable=False)
+
+
+class EmailImapProvider(EmailProvider):
+    """``EmailProvider`` that can tell whether a send lost in a crash went out
+    (``botmesh.state.ports.AmbiguityResolver``): it looks the send's Message-ID up in the
+    mailbox's sent folder over IMAP (``sent_folder``, ``botmesh.providers.email_imap``).
+    With ``sent_folder.append`` it files every mail there itself, as a draft before the SMTP
+    send and as sent after it. Other keywords are ``EmailProvider``'s."""
+
+    def __init__(
+        self, host: str, port: int, from_addr: str, *, sent_folder: ImapSentFolder, **kwargs: Any
+    ) -> None:
+        super().__init__(host, port, from_addr, **kwargs)
+        self.sent_folder = sent_folder
+        # HttpChannel.redact covers the IMAP password too (the SMTP one is there already).
+        self._secrets = sorted({*self._secrets, *sent_folder.secrets}, key=len, reverse=True)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, sent_folder={self.sent_folder!r})".replace(
+            "EmailProvider(", "EmailImapProvider(", 1
+        )
+
+    async def resolve_ambiguous(
+        self, message: Outbound, key: str, since: float
+    ) -> SendResult | None:
+        """The send ``key``'s result when its Message-ID has a sent copy; ``None`` when no
+        folder has one (looked for again ``grace`` after ``since`` when the server files the
+        copies); raises ``ProviderError`` when it cannot tell: IMAP down, login refused,
+        folder missing, or only a draft copy (``append`` mode, the process stopped between
+        filing it and the SMTP send's answer)."""
+        del message
+        mid = message_id_for(key, self.domain)
+        folder = self.sent_folder
+        found = await folder.lookup(mid, since)
+        wait = since + folder.grace - time.time()
+        if found is None and not folder.append and wait > 0:
+            log.info(
+                "email: no copy of %s in the sent folder yet; looking again in %.1f s", mid, wait
+            )
+            await asyncio.sleep(wait)
+            found = await folder.lookup(mid, since)
+        if found == "sent":
+            return SendResult(mid)
+        if found == "draft":
+            raise ProviderError(
+                f"email: cannot tell whether {mid} went out: its copy in {folder.folder!r} is "
+                "still a draft (filed before the SMTP send, whose answer was never recorded); "
+                "the outbox.on_ambiguous policy applies"
+            )
+        log.info("email: %s has no copy in %s: it was not sent", mid, ", ".join(folder.folders))
+        return None
+
+    async def _send(self, message: Outbound, message_id: str) -> SendResult:
+        folder = self.sent_folder
+        if not folder.append:
+            return await super()._send(message, message_id)
+        mail = await self.build(message, message_id)
+        rcpt = _address(message.chat_id) or message.chat_id
+        when = time.time()
+        try:
+            await folder.file_draft(mail.as_bytes(), message_id, when)
+        except ProviderError as exc:
+            raise SendError(
+                self.redact(f"{exc} (filing the copy before sending; nothing was sent; retried)"),
+                retryable=True,
+            ) from None
+        try:
+            await asyncio.to_thread(self._deliver, mail, rcpt)
+        except (smtplib.SMTPException, OSError) as exc:
+            error = self._failed(exc, rcpt, message_id)
+            if isinstance(exc, smtplib.SMTPResponseException | smtplib.SMTPRecipientsRefused):
+                # The server said no: the mail is not queued, so its copy goes.
+                await self._settle(message_id, when, sent=False)
+            raise error from None
+        log.debug("email: sent %s to %s", message_id, rcpt)
+        await self._settle(message_id, when, sent=True)
+        return SendResult(message_id)
+
+    async def _settle(self, message_id: str, when: float, *, sent: bool) -> None:
+        """Mark the copy sent (or deleted); a failure is logged, never raised: the SMTP
+        outcome is known, and a copy left as a draft only makes a later lookup "cannot
+        tell"."""
+        try:
+            await self.sent_folder.settle(message_id, when, sent=sent)
+        except ProviderError as exc:
+            log.warning(
+                "email: %s: could not mark its copy %s: %s",
+                message_id,
+                "sent" if sent else "deleted",
+                self.redact(str(exc)),
+            )
 
 
 def _text_of(raw: bytes | str) -> str:

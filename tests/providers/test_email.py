@@ -62,7 +62,8 @@ async def test_send_keyed_delivers_a_plain_text_mail(
     smtp: FakeSmtp, provider: EmailProvider
 ) -> None:
     assert isinstance(provider, Provider) and isinstance(provider, KeyedSends)
-    assert not isinstance(provider, AmbiguityResolver)  # SMTP cannot be asked
+    assert not isinstance(provider, AmbiguityResolver)  # SMTP cannot be asked (IMAP: see
+    # tests/providers/test_email_imap.py)
     assert (provider.name, provider.media_channel, provider.text_limit) == ("email", "email", None)
     result = await provider.send_keyed(Outbound(RCPT, "Hello Ana", options={"subject": "Hi"}), "k1")
     [got] = smtp.messages

@@ -13,6 +13,10 @@ it accepted (``messages``). It behaves like a relay:
 - ``data_size_limit`` refuses larger messages with aiosmtpd's own ``552 Error: Too much
   mail data`` (and advertises ``SIZE``).
 
+- ``on_message`` is called with each accepted message (``Received``): a test files it in
+  a fake IMAP folder there, as Gmail or Microsoft 365 put what their submission accepted
+  in Sent;
+
 - ``tls="starttls"`` offers (and requires) STARTTLS, ``tls="implicit"`` speaks TLS from the
   first byte (as port 465 does), both with ``tls_context``; ``self_signed(dir)`` makes a
   certificate for 127.0.0.1 and the contexts of both ends.
@@ -29,6 +33,7 @@ import email
 import email.policy
 import ipaddress
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
@@ -88,8 +93,10 @@ class FakeSmtp:
         tls: Literal["starttls", "implicit"] | None = None,
         tls_context: ssl.SSLContext | None = None,
         echo_auth: bool = False,
+        on_message: Callable[[Received], None] | None = None,
     ) -> None:
         self.username = username
+        self.on_message = on_message
         self.echo_auth = echo_auth
         self.password = password
         self.messages: list[Received] = []
@@ -197,16 +204,17 @@ class FakeSmtp:
         assert isinstance(content, bytes)
         auth = session.auth_data
         login = auth.login.decode() if isinstance(auth, LoginPassword) else None
-        self.messages.append(
-            Received(
-                str(envelope.mail_from),
-                tuple(envelope.rcpt_tos),
-                content,
-                login,
-                tls=server.transport is not None
-                and server.transport.get_extra_info("ssl_object") is not None,
-            )
+        received = Received(
+            str(envelope.mail_from),
+            tuple(envelope.rcpt_tos),
+            content,
+            login,
+            tls=server.transport is not None
+            and server.transport.get_extra_info("ssl_object") is not None,
         )
+        self.messages.append(received)
+        if self.on_message is not None:
+            self.on_message(received)
         return "250 2.0.0 Message accepted for delivery"
 
 
