@@ -387,10 +387,11 @@ class FlowRunner:
         if record["status"] != ACTIVE:
             return False
         if rerunning():
-            # a done message delivered again (an offset replay after a crash) that is not
+            # a message run again (a done one delivered again by an offset replay after a
+            # crash, or an operator's replay_inbound or redrive of an old one) that is not
             # one of the flow's steps: the handlers had it the first time (the message that
-            # started this flow among them: ``start`` finds the flow started already), so
-            # they have it again; it is not an answer
+            # started this flow among them: ``start`` finds the flow started already), or
+            # it never ran (dead), so the handlers have it now; it is not an answer
             return False
         flow = self._flows.get(record["flow"])
         problem = _refusal(flow, record)

@@ -61,7 +61,8 @@ class GiveUp:
 class Retries:
     """The one retry decision: after failed attempt ``attempts`` with ``error``, retry (and
     when) or give up (and why). An error whose ``retryable`` is False gives up at once;
-    a ``RateLimitedError`` waits at least its ``retry_after``."""
+    a ``RateLimitedError`` waits at least its ``retry_after`` (at most one day, see
+    ``RateLimitedError.floor_of``: ``None``, NaN or a negative value is no floor)."""
 
     max_attempts: int
     backoff: Backoff
@@ -77,7 +78,9 @@ class Retries:
             return GiveUp(self.refused)
         if attempts >= self.max_attempts:
             return GiveUp(self.exhausted)
-        floor = error.retry_after if isinstance(error, RateLimitedError) else 0.0
+        floor = 0.0
+        if isinstance(error, RateLimitedError):  # sane even when set after construction
+            floor = RateLimitedError.floor_of(getattr(error, "retry_after", None))
         return Retry(self.backoff.delay(attempts, rng, floor))
 
 

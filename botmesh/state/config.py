@@ -7,12 +7,17 @@ instance_id=...)``, ``botmesh worker --journal ... --instance-id ...``), not opt
 
 Build it from a plain mapping (``DurabilityConfig.from_mapping({...})``, which is what
 ``Bot(durability={...})`` does) or directly. Durations are parsed once, here; every error
-names the field (``outbox.lease``) and says what is accepted.
+names the field (``outbox.lease``) and says what is accepted. Built directly, every object
+(``DurabilityConfig``, ``InboxConfig``, ``OutboxConfig``, ``BackoffConfig``, ``LeaderConfig``)
+runs the same checks in ``__post_init__``, with the same errors; a duration field takes
+seconds (a number) or a duration (``"15s"``, a ``timedelta``), stored as seconds. A
+``BackoffConfig`` built alone names its fields ``backoff.base``… (it does not know whose it is).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,7 +26,14 @@ from botmesh.state.backoff import Backoff, Retries
 from botmesh.state.durations import parse_duration
 from botmesh.state.errors import ConfigError, Reason
 
-__all__ = ["BackoffConfig", "DurabilityConfig", "InboxConfig", "LeaderConfig", "OutboxConfig"]
+__all__ = [
+    "BackoffConfig",
+    "DurabilityConfig",
+    "InboxConfig",
+    "LeaderConfig",
+    "MessageLogConfig",
+    "OutboxConfig",
+]
 
 OnAmbiguous = Literal["skip", "resend"]
 OnDiverged = Literal["send", "skip"]
@@ -42,6 +54,12 @@ class BackoffConfig:
     #: Random spread, a fraction of the delay in [0, 1] (default 0.2).
     jitter: float = 0.2
 
+    def __post_init__(self) -> None:
+        base = _seconds(self, "base", "backoff.base")
+        cap = _seconds(self, "cap", "backoff.cap")
+        _check_backoff(base, cap, self.jitter, "backoff")
+        object.__setattr__(self, "jitter", float(self.jitter))
+
     def backoff(self) -> Backoff:
         return Backoff(self.base, self.cap, self.jitter)
 
@@ -59,14 +77,7 @@ class BackoffConfig:
         base = parse_duration(raw.get("base", "1s"), f"{field}.base")
         cap = parse_duration(raw.get("cap", "60s"), f"{field}.cap")
         jitter = raw.get("jitter", 0.2)
-        if isinstance(jitter, bool) or not isinstance(jitter, int | float):
-            raise ConfigError(f"{field}.jitter", f"expected a number in [0, 1], got {jitter!r}")
-        if base <= 0:
-            raise ConfigError(f"{field}.base", "must be above 0 (for example '1s')")
-        if cap < base:
-            raise ConfigError(f"{field}.cap", f"must be at least base ({base}s), got {cap}s")
-        if not 0.0 <= float(jitter) <= 1.0:
-            raise ConfigError(f"{field}.jitter", f"must be in [0, 1], got {jitter!r}")
+        _check_backoff(base, cap, jitter, field)
         return cls(base, cap, float(jitter))
 
 
@@ -91,6 +102,17 @@ class InboxConfig:
     #: How long an inbound waits for its chat's turn held by another replica before it is
     #: left journaled for the sweeper, seconds (default 10 s).
     turn_wait: float = 10.0
+
+    def __post_init__(self) -> None:
+        if _seconds(self, "lease", "inbox.lease") <= 0:
+            raise ConfigError("inbox.lease", "must be above 0 (for example '60s')")
+        if _int(self.max_attempts, "inbox.max_attempts") < 1:
+            raise ConfigError("inbox.max_attempts", "must be at least 1")
+        _nested(self.backoff, BackoffConfig, "inbox.backoff")
+        _bool(self.media_refs, "inbox.media_refs")
+        if self.chat_turns is not None:
+            _bool(self.chat_turns, "inbox.chat_turns")
+        _seconds(self, "turn_wait", "inbox.turn_wait")
 
     def retry_policy(self) -> Retries:
         """The decision for failures before the handlers (a journal outage, say)."""
@@ -143,6 +165,26 @@ class OutboxConfig:
     #: ``False`` lets later sends overtake a deferred one.
     keep_chat_order: bool = True
 
+    def __post_init__(self) -> None:
+        if _int(self.retries, "outbox.retries") < 0:
+            raise ConfigError("outbox.retries", "must be 0 or more")
+        _nested(self.backoff, BackoffConfig, "outbox.backoff")
+        _seconds(self, "inline_max", "outbox.inline_max")
+        if self.on_ambiguous not in ("skip", "resend"):
+            raise ConfigError(
+                "outbox.on_ambiguous", f"must be 'skip' or 'resend', got {self.on_ambiguous!r}"
+            )
+        if self.on_diverged not in ("send", "skip"):
+            raise ConfigError(
+                "outbox.on_diverged", f"must be 'send' or 'skip', got {self.on_diverged!r}"
+            )
+        if _int(self.max_payload_bytes, "outbox.max_payload_bytes") < 1:
+            raise ConfigError("outbox.max_payload_bytes", "must be at least 1")
+        lease = _seconds(self, "lease", "outbox.lease")
+        if lease < MIN_OUTBOX_LEASE:
+            raise ConfigError("outbox.lease", f"must be at least 20ms, got {lease * 1000:g}ms")
+        _bool(self.keep_chat_order, "outbox.keep_chat_order")
+
     def retry_policy(self) -> Retries:
         """The one retry decision of a send, inline and in the background."""
         return self.backoff.retries(self.retries + 1, Reason.RETRIES_EXHAUSTED)
@@ -178,6 +220,11 @@ class LeaderConfig:
     #: standby takes the session once it ended (a dead leader: one lease at most).
     lease: float = 10.0
 
+    def __post_init__(self) -> None:
+        lease = _seconds(self, "lease", "leader.lease")
+        if lease < MIN_OUTBOX_LEASE * 5:
+            raise ConfigError("leader.lease", f"must be at least 100ms, got {lease * 1000:g}ms")
+
     @classmethod
     def from_value(cls, value: object) -> LeaderConfig:
         if isinstance(value, LeaderConfig):
@@ -185,6 +232,42 @@ class LeaderConfig:
         raw = _mapping(value, "leader")
         _known(raw, "leader", ("lease",))
         return cls(lease=parse_duration(raw.get("lease", "10s"), "leader.lease"))
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLogConfig:
+    """The message log: what was sent, per chat (``botmesh.state.message_log``)."""
+
+    #: Log every part the channel accepted, in the commit that records it sent (default
+    #: True). ``False`` logs nothing new (what is logged stays until its retention).
+    enabled: bool = True
+    #: How long an entry is kept, seconds; ``None`` (the default) follows the journal's
+    #: ``retention``; 0 keeps entries for good.
+    retention: float | None = None
+    #: Keep the text of each message (default True); ``False`` keeps only the rest (chat,
+    #: time, channel, message id, media summary).
+    texts: bool = True
+
+    def __post_init__(self) -> None:
+        _bool(self.enabled, "message_log.enabled")
+        _bool(self.texts, "message_log.texts")
+        if self.retention is not None:
+            _seconds(self, "retention", "message_log.retention")
+
+    @classmethod
+    def from_value(cls, value: object) -> MessageLogConfig:
+        if isinstance(value, MessageLogConfig):
+            return value
+        raw = _mapping(value, "message_log")
+        _known(raw, "message_log", ("enabled", "retention", "texts"))
+        retention = raw.get("retention")
+        return cls(
+            enabled=_bool(raw.get("enabled", True), "message_log.enabled"),
+            retention=(
+                None if retention is None else parse_duration(retention, "message_log.retention")
+            ),
+            texts=_bool(raw.get("texts", True), "message_log.texts"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,40 +291,30 @@ class DurabilityConfig:
     provider_session: ProviderSession = "any"
     #: The leadership lease (``provider_session="leader"`` only).
     leader: LeaderConfig = field(default_factory=LeaderConfig)
+    #: The message log (``botmesh.state.message_log``): on, retention, texts.
+    message_log: MessageLogConfig = field(default_factory=MessageLogConfig)
+
+    @property
+    def message_log_retention(self) -> float:
+        """How long message log entries are kept, seconds (0: for good): the log's own
+        ``retention``, else the journal's."""
+        own = self.message_log.retention
+        return self.retention if own is None else own
 
     def __post_init__(self) -> None:
-        if self.outbox.lease < MIN_OUTBOX_LEASE:
-            raise ConfigError(
-                "outbox.lease", f"must be at least 20ms, got {self.outbox.lease * 1000:g}ms"
-            )
-        if self.inbox.lease <= 0:
-            raise ConfigError("inbox.lease", "must be above 0 (for example '60s')")
-        if self.inbox.max_attempts < 1:
-            raise ConfigError("inbox.max_attempts", "must be at least 1")
-        if self.outbox.retries < 0:
-            raise ConfigError("outbox.retries", "must be 0 or more")
-        if self.outbox.on_ambiguous not in ("skip", "resend"):
-            raise ConfigError(
-                "outbox.on_ambiguous",
-                f"must be 'skip' or 'resend', got {self.outbox.on_ambiguous!r}",
-            )
-        if self.outbox.on_diverged not in ("send", "skip"):
-            raise ConfigError(
-                "outbox.on_diverged", f"must be 'send' or 'skip', got {self.outbox.on_diverged!r}"
-            )
-        if self.outbox.max_payload_bytes < 1:
-            raise ConfigError("outbox.max_payload_bytes", "must be at least 1")
-        if self.inbox.turn_wait < 0:
-            raise ConfigError("inbox.turn_wait", "must be 0 or more (for example '10s')")
+        # the nested objects checked their own fields when they were built
+        _bool(self.fail_open, "fail_open")
+        _nested(self.inbox, InboxConfig, "inbox")
+        _nested(self.outbox, OutboxConfig, "outbox")
+        _nested(self.leader, LeaderConfig, "leader")
+        _seconds(self, "poll", "poll")
+        _seconds(self, "retention", "retention")
         if self.provider_session not in ("any", "leader"):
             raise ConfigError(
                 "provider_session",
                 f"must be 'any' or 'leader', got {self.provider_session!r}",
             )
-        if self.leader.lease < MIN_OUTBOX_LEASE * 5:
-            raise ConfigError(
-                "leader.lease", f"must be at least 100ms, got {self.leader.lease * 1000:g}ms"
-            )
+        _nested(self.message_log, MessageLogConfig, "message_log")
 
     def replace(self, **changes: Any) -> DurabilityConfig:
         return dataclasses.replace(self, **changes)
@@ -263,7 +336,16 @@ class DurabilityConfig:
         _known(
             raw,
             "",
-            ("fail_open", "inbox", "outbox", "poll", "retention", "provider_session", "leader"),
+            (
+                "fail_open",
+                "inbox",
+                "outbox",
+                "poll",
+                "retention",
+                "provider_session",
+                "leader",
+                "message_log",
+            ),
         )
         inbox = InboxConfig.from_mapping(_mapping(raw.get("inbox", {}), "inbox"))
         outbox = OutboxConfig.from_mapping(_mapping(raw.get("outbox", {}), "outbox"), inbox.backoff)
@@ -275,6 +357,7 @@ class DurabilityConfig:
             retention=parse_duration(raw.get("retention", "7d"), "retention"),
             provider_session=raw.get("provider_session", "any"),
             leader=LeaderConfig.from_value(raw.get("leader", {})),
+            message_log=MessageLogConfig.from_value(raw.get("message_log", {})),
         )
 
     @classmethod
@@ -289,6 +372,42 @@ class DurabilityConfig:
         raise ConfigError(
             "durability",
             f"expected a mapping of options or a DurabilityConfig, got {type(value).__name__}",
+        )
+
+
+def _seconds(owner: object, name: str, field: str) -> float:
+    """The duration field ``name`` of a config object being built, in seconds, stored back
+    as such: seconds given as a number, or a duration (``"15s"``, a ``timedelta``)."""
+    value = getattr(owner, name)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ConfigError(field, f"must be a finite duration >= 0, got {value!r}")
+    else:
+        seconds = parse_duration(value, field)
+    if value is not seconds:
+        object.__setattr__(owner, name, seconds)  # frozen: set once, while being built
+    return seconds
+
+
+def _check_backoff(base: float, cap: float, jitter: object, field: str) -> None:
+    """The checks of a backoff, built directly or read from a mapping (``field``: its name)."""
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float):
+        raise ConfigError(f"{field}.jitter", f"expected a number in [0, 1], got {jitter!r}")
+    if base <= 0:
+        raise ConfigError(f"{field}.base", "must be above 0 (for example '1s')")
+    if cap < base:
+        raise ConfigError(f"{field}.cap", f"must be at least base ({base}s), got {cap}s")
+    if not 0.0 <= float(jitter) <= 1.0:
+        raise ConfigError(f"{field}.jitter", f"must be in [0, 1], got {jitter!r}")
+
+
+def _nested(value: object, kind: type, field: str) -> None:
+    if not isinstance(value, kind):
+        raise ConfigError(
+            field,
+            f"expected a {kind.__name__}, got {type(value).__name__} (a mapping of options "
+            "goes through DurabilityConfig.from_mapping, or Bot(durability={...}))",
         )
 
 

@@ -10,7 +10,7 @@ does next. ``args`` stay meaningful so that every error pickles.
     ├── ConfigError                      bad option; names the field
     ├── InvalidKeyError                  an idempotency key botmesh cannot keep apart (``#``)
     ├── AppLoadError                     ``--app`` / ``--provider`` does not name what it should
-    ├── BadRecord                        an inbound record that cannot be decoded (``reason``)
+    ├── BadRecord                        a record that cannot be decoded or built (``reason``)
     ├── FlowError                        about one chat's flow (``flow``, ``chat_id``)
     │   └── FlowInterrupt                raised inside a flow at its pending ``conv.ask``
     │       ├── FlowTimeout              no answer came within the ask's ``timeout``
@@ -40,8 +40,9 @@ does next. ``args`` stay meaningful so that every error pickles.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 __all__ = [
     "AppLoadError",
@@ -113,6 +114,8 @@ class Reason(StrEnum):
     PREVIOUS_PART_UNKNOWN = "previous-part-unknown"
     #: The process stopped between calling the provider and recording the result.
     AMBIGUOUS = "ambiguous"
+    #: The first part of the same text went out as its fallback, which replaces the text.
+    SUPERSEDED_BY_FALLBACK = "superseded-by-fallback"
 
 
 class BotmeshError(Exception):
@@ -137,13 +140,16 @@ class AppLoadError(BotmeshError):
 
 
 class BadRecord(BotmeshError, ValueError):
-    """An inbound record that cannot be decoded: ``reason`` is a stable code (the DLQ
-    ``reason`` header), ``detail`` says what is wrong and how to fix the producer."""
+    """A record that cannot be decoded or built: an inbound off the wire, or an ``Inbound``,
+    ``Outbound`` or ``Media`` built in code with a bad field. ``reason`` is a stable code (the
+    DLQ ``reason`` header), ``detail`` says what is wrong and how to fix the producer,
+    ``field`` names the refused field when one is to blame (``chat_id``, ``media.url``)."""
 
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(reason, detail)
+    def __init__(self, reason: Reason, detail: str, field: str | None = None) -> None:
+        super().__init__(reason, detail, field)
         self.reason = reason
         self.detail = detail
+        self.field = field
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.detail}"
@@ -325,14 +331,38 @@ class SendError(ProviderError):
 
 
 class RateLimitedError(SendError):
-    """The channel asked us to slow down; the next attempt waits at least ``retry_after`` s."""
+    """The channel asked us to slow down; the next attempt waits at least ``retry_after`` s.
+
+    ``retry_after`` is made sane when the error is built (``floor_of``), so that no value
+    a channel or an adapter gives can break the retry decision or park a send forever:
+    ``None``, NaN, a negative number or a non-number asks for no wait (the normal backoff
+    applies); a wait longer than ``MAX_RETRY_AFTER`` (one day), infinity included, is cut
+    to ``MAX_RETRY_AFTER``. The retry decision applies the same rule to the attribute.
+    """
 
     retryable = True
+    #: The longest wait a channel's ``retry_after`` imposes, seconds (one day).
+    MAX_RETRY_AFTER: ClassVar[float] = 86400.0
 
-    def __init__(self, message: str = "rate limited", *, retry_after: float = 0.0) -> None:
+    def __init__(self, message: str = "rate limited", *, retry_after: float | None = 0.0) -> None:
         super().__init__(message)
         self.args = (message,)
-        self.retry_after = retry_after
+        self.retry_after = self.floor_of(retry_after)
+
+    @classmethod
+    def floor_of(cls, value: object) -> float:
+        """``value`` as a wait in seconds by the rule above (never raises)."""
+        if isinstance(value, bool) or value is None:
+            return 0.0
+        try:
+            seconds = float(value)  # type: ignore[arg-type]  # any object: refused below
+        except OverflowError:  # an integer too large for a float: longer than any cap
+            return cls.MAX_RETRY_AFTER
+        except (TypeError, ValueError):
+            return 0.0
+        if math.isnan(seconds) or seconds <= 0.0:
+            return 0.0
+        return min(seconds, cls.MAX_RETRY_AFTER)
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild_rate_limited, (str(self), self.retry_after))

@@ -73,9 +73,10 @@ Dispatch: TypeAlias = Callable[[Inbound], Awaitable[Sequence[Op] | None]]
 
 
 def rerunning() -> bool:
-    """Whether the inbound being dispatched now is done already and runs again (an offset
-    replay): it must take the path it took the first time, not a new one (a chat's flow
-    must not take it as an answer when the handlers had it)."""
+    """Whether the inbound being dispatched now ran before and runs again (an offset
+    replay of a done message, or an operator's ``replay_inbound`` or redrive): it must take
+    the path it took the first time, not a new one (a chat's flow must not take it as an
+    answer when the handlers had it)."""
     return _RERUN.get()
 
 
@@ -120,7 +121,9 @@ def new_value(message: Json, now: float, lease: Json, source: str | None = None)
 
 
 def replay_value(value: Json, now: float) -> Json:
-    """An operator's replay: pending again with a fresh attempt budget."""
+    """An operator's replay: pending again with a fresh attempt budget, marked
+    ``operator_replay`` so that its run, after a crash too, is a rerun (``rerunning``): a
+    chat's flow does not take this old message as the answer to its pending ask."""
     return revise(
         value,
         now,
@@ -130,6 +133,7 @@ def replay_value(value: Json, now: float) -> Json:
         attempts=0,
         published=None,
         failed_first=None,
+        operator_replay=True,
     )
 
 
@@ -188,6 +192,13 @@ class Inbox:
         reset, or redelivered after a crash): its handlers run again and its sends are
         answered from the outbox (``Outcome.REPLAYED``). The same message from another place
         (produced twice, a webhook retried) stays a duplicate and runs nothing."""
+        if not isinstance(message, Inbound):
+            raise BadRecord(
+                Reason.WRONG_TYPE,
+                f"handle() takes a botmesh.Inbound, got {type(message).__name__}: build one "
+                "with Inbound(id=..., chat_id=..., ...)",
+                "message",
+            )
         mid = message.id
         if not mid:
             raise BadRecord(
@@ -463,7 +474,13 @@ class Inbox:
         except Exception as exc:
             await self._failed_before_handlers(held, exc)
             return Outcome.DEAD if held.value["state"] == InboxState.DEAD else Outcome.DUPLICATE
-        return await self.run(held, message, wait=False)
+        if not value.get("operator_replay"):
+            return await self.run(held, message, wait=False)
+        token = _RERUN.set(True)  # an old message run again: never a flow's new answer
+        try:
+            return await self.run(held, message, wait=False)
+        finally:
+            _RERUN.reset(token)
 
     async def _failed_before_handlers(self, held: Held, exc: Exception) -> None:
         now = self._clock.now()

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from botmesh.state.errors import MediaUnavailableReason
+from botmesh.state.errors import BadRecord, MediaUnavailableReason, Reason
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -33,6 +33,63 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+# -- checks on construction --------------------------------------------------------------
+# msgspec checks types when it decodes, not in ``__init__``: a record built in code
+# (``Inbound(chat_id=None)``, ``Outbound("c", media="https://…")``) would be journaled as it
+# is, handled now, and refused only when a replay decodes it. Each struct below checks its
+# fields in ``__post_init__`` (run on construction, on ``msgspec.structs.replace`` and on
+# decoding), with the rules of its annotations, and raises ``BadRecord`` naming the field:
+# nothing is journaled. Decoding wraps it in ``msgspec.ValidationError`` (its cause).
+
+_MEDIA_REASONS = ("not-durable", "provider-mismatch", "rehydrate-failed")
+
+
+def _got(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _refuse(what: str, field: str, expected: str, value: object) -> BadRecord:
+    return BadRecord(
+        Reason.WRONG_TYPE, f"{what} field '{field}' must be {expected}, got {_got(value)}", field
+    )
+
+
+def _chat_id(what: str, value: object) -> None:
+    if isinstance(value, str) and value:
+        return
+    reason = Reason.MISSING_CHAT_ID if value is None or value == "" else Reason.WRONG_TYPE
+    raise BadRecord(
+        reason,
+        f"{what} field 'chat_id' must be a non-empty string (the chat's id; write an integer "
+        f"id as its decimal string), got {_got(value)}",
+        "chat_id",
+    )
+
+
+def _optional_str(what: str, owner: object, *names: str, prefix: str = "") -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value is not None and not isinstance(value, str):
+            raise _refuse(what, prefix + name, "a string or None", value)
+
+
+def _mapping(what: str, field: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        expected = "a dict with string keys" + (" or None" if optional else "")
+        raise _refuse(what, field, expected, value)
+
+
+def _media(what: str, value: object, field: str = "media") -> None:
+    if value is not None and not isinstance(value, Media):
+        raise _refuse(
+            what,
+            field,
+            "a botmesh.Media or None (Media(url=...), Media(path=...), Media(data=...))",
+            value,
+        )
 
 
 class OutboxState(StrEnum):
@@ -77,6 +134,17 @@ class Media(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: Set on a replayed inbound whose media could not be rebuilt.
     unavailable: MediaUnavailableReason | None = None
 
+    def __post_init__(self) -> None:
+        _optional_str("Media", self, "url", "path", "mime", "id", "provider", "name")
+        if self.data is not None and not isinstance(self.data, bytes | bytearray | memoryview):
+            raise _refuse("Media", "data", "bytes or None", self.data)
+        _mapping("Media", "extra", self.extra)
+        _mapping("Media", "ref", self.ref, optional=True)
+        if self.unavailable is not None and self.unavailable not in _MEDIA_REASONS:
+            raise _refuse(
+                "Media", "unavailable", f"one of {_MEDIA_REASONS} or None", self.unavailable
+            )
+
 
 class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="v", tag=1):
     """One inbound message or interaction.
@@ -96,6 +164,24 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag
     media: Media | None = None
     data: dict[str, Any] = {}
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str):
+            raise _refuse(
+                "Inbound",
+                "id",
+                "a string (the channel's message id, stable across redeliveries)",
+                self.id,
+            )
+        _chat_id("Inbound", self.chat_id)
+        _optional_str("Inbound", self, "text", "sender", "channel")
+        if self.kind not in ("message", "interaction"):
+            raise _refuse("Inbound", "kind", "'message' or 'interaction'", self.kind)
+        ts = self.ts
+        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int | float)):
+            raise _refuse("Inbound", "ts", "a number (Unix seconds) or None", ts)
+        _media("Inbound", self.media)
+        _mapping("Inbound", "data", self.data)
+
 
 class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
     """One send as the provider receives it (the idempotency key is never in it)."""
@@ -104,6 +190,12 @@ class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
     text: str | None = None
     media: Media | None = None
     options: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        _chat_id("a send's", self.chat_id)
+        _optional_str("a send's", self, "text")
+        _media("a send's", self.media)
+        _mapping("a send's", "options", self.options)
 
 
 class SendResult(msgspec.Struct, frozen=True):
@@ -126,3 +218,6 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
     inbound_id: str | None = None
     part: Annotated[int, msgspec.Meta(ge=1)] = 1
     ts: float = 0.0
+    #: Set when the send's fallback went out instead of it: the key it went out under
+    #: (``<key>~fallback``); absent when the send itself went out.
+    fallback_key: str | None = None

@@ -1,5 +1,6 @@
 """Operating a running bot's journal: list records, replay an inbound, retry a send,
-discard one, list, restart or drop a chat's flow, read the counters (``app.durability``)."""
+discard one, list, restart or drop a chat's flow, erase a chat, read the counters
+(``app.durability``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from botmesh.state.clock import Clock
 from botmesh.state.delivery import Delivery
+from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.errors import Reason, RecordStateError
 from botmesh.state.events import Emit, FlowEndedEvent
 from botmesh.state.flows import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
@@ -52,9 +54,19 @@ class InboxView:
 class OutboxView:
     """``app.durability.outbox``: the outbound journal of this bot's scope."""
 
-    def __init__(self, kv: DurableKv, *, prefix: str) -> None:
+    def __init__(
+        self,
+        kv: DurableKv,
+        *,
+        prefix: str,
+        leases: Leases | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self._kv = kv
         self._prefix = prefix
+        #: Who holds what: a send a live holder is delivering is not discarded.
+        self._leases = leases
+        self._clock = clock
 
     async def list(self, state: OutboxState | str | None = None) -> list[OutboxRecord]:
         """Records of this scope, optionally only those in ``state`` (``"dead"``: the DLQ)."""
@@ -70,10 +82,29 @@ class OutboxView:
         return OutboxRecord.from_value(entry.value, entry.version) if entry else None
 
     async def discard(self, key: str) -> None:
-        """Forget the send ``key`` (any state). A later send under that key goes out again."""
+        """Forget the send ``key`` (any settled or waiting state). A later send under that
+        key goes out again. A send in flight (leased by a live holder, its provider call
+        under way or about to be) is refused with ``RecordStateError``: forgotten now, it
+        would go out twice (once from the call under way, once from the next send under
+        its key). Wait until it settles, then discard it."""
         entry = await self._kv.get(self._prefix + key)
         if entry is None:
             raise RecordStateError(key, None, "no outbox record under this key in this scope")
+        value = entry.value
+        if (
+            self._leases is not None
+            and self._clock is not None
+            and value.get("state") == OutboxState.PENDING
+            and self._leases.state(value, self._clock.now()) == "live"
+        ):
+            owner = (value.get("lease") or {}).get("owner")
+            raise RecordStateError(
+                key,
+                str(value.get("state")),
+                f"it is in flight (held by {owner!r}, the provider call may be under way): "
+                "discarding it now could send it twice; wait until it settles (sent, failed, "
+                "dead or unknown), then discard it",
+            )
         await self._kv.commit([Delete(entry.key, expect=entry.version)], label=Write.OUTBOX_DISCARD)
 
 
@@ -90,6 +121,7 @@ class Operations:
         delivery: Delivery,
         sweeper: Sweeper,
         checkpoints: Checkpoints,
+        erasure: Erasure,
         recover: Callable[[], Awaitable[int]],
         near: Callable[[str], contextlib.AbstractContextManager[None]],
         emit: Emit,
@@ -104,6 +136,7 @@ class Operations:
         self._delivery = delivery
         self._sweeper = sweeper
         self._checkpoints = checkpoints
+        self._erasure = erasure
         #: The engine's recovery pass (``Engine.recover``), a callback: the engine owns it.
         self._recover = recover
         self._near = near
@@ -112,7 +145,7 @@ class Operations:
         self._clock = clock
         self._metrics = metrics
         self.inbox = InboxView(kv, prefix=keys.inbox)
-        self.outbox = OutboxView(kv, prefix=keys.outbox)
+        self.outbox = OutboxView(kv, prefix=keys.outbox, leases=leases, clock=clock)
 
     @property
     def scope(self) -> str:
@@ -187,6 +220,17 @@ class Operations:
             return "stale"
         acted = await self._delivery.parked_due(entry, self._clock.now())
         return "delivered" if acted else "waiting"
+
+    async def erase_chat(
+        self, chat_id: str, *, note: str = "", dry_run: bool = False, wait: float = 60.0
+    ) -> ErasureReceipt:
+        """Delete every journal record of ``chat_id`` (inbounds, sends in any state, flow
+        checkpoint, turn, message log) once its sends in flight settled; the receipt says
+        what went, which sends were discarded unsent and the chat's dead records
+        (``botmesh.state.erasure``). ``note`` (who asked, a ticket) goes in the receipt;
+        ``dry_run`` deletes nothing. ``RecordStateError`` when a record stays in flight for
+        ``wait`` seconds. Erasing again is harmless."""
+        return await self._erasure.erase(chat_id, note=note, dry_run=dry_run, wait=wait)
 
     # -- flows (persistent ones: those in the journal) -----------------------------------
 

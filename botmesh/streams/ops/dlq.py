@@ -18,7 +18,9 @@ command        dead letters of     what the owner does
                                    journal never held (it died before it was journaled)
                                    is produced again to ``<prefix>.inbound`` instead,
                                    where its id makes it one message
-``discard``    ``outbox.dlq``      ``discard``: the journal forgets the send
+``discard``    ``outbox.dlq``      ``discard``: the journal forgets the send; one in
+                                   flight (retried meanwhile, its provider call under
+                                   way) is refused: wait until it settles, then again
 =============  ==================  ====================================================
 """
 
