@@ -11,20 +11,25 @@ decoded with the project's own decoders: the journal's changelog values with
 ``decode_metrics``. A record that cannot be decoded is counted (``undecodable``) and
 skipped.
 
-The journal keys are ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key>`` and
-``<scope>/flow/<chat id>`` (the others, a chat's turn and the provider's leader lease, are
-not shown); the chat of a record is read from its value (``message.chat_id``,
+The journal keys are ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key>``,
+``<scope>/flow/<chat id>`` and ``<scope>/log/<chat>/<position>`` (the message log:
+``botmesh.state.message_log``; the others, a chat's turn and the provider's leader lease,
+are not shown); the chat of a record is read from its value (``message.chat_id``,
 ``payload.chat_id``, ``chat_id``).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from botmesh.state.message_log import LoggedMessage
 from botmesh.streams.journal_db import decode_entry
 from botmesh.streams.ops.operator import is_ambiguous_send
 from botmesh.streams.ops.tail import Record
@@ -121,10 +126,13 @@ class Timeline:
     chat_id: str
     items: tuple[tuple[float, InboundView | SendView | FlowView | DeadLetter], ...]
     orphans: tuple[tuple[str, ReceiptSeen], ...]
+    #: The chat's message log (what was sent, one entry per part), oldest first: it may
+    #: reach further back than the sends above (``message_log.retention``).
+    messages: tuple[LoggedMessage, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not self.items and not self.orphans
+        return not self.items and not self.orphans and not self.messages
 
 
 @dataclass(slots=True)
@@ -135,6 +143,8 @@ class _Chat:
     inbound: dict[str, bytes] = field(default_factory=dict)
     sends: dict[str, bytes] = field(default_factory=dict)
     flow: bytes | None = None
+    #: message log entries by their key after ``<scope>/log/`` (``<chat>/<position>``)
+    logged: dict[str, bytes] = field(default_factory=dict)
     receipts: dict[str, dict[tuple[str, str | None], ReceiptSeen]] = field(default_factory=dict)
     dead: dict[tuple[str, int, int], DeadLetter] = field(default_factory=dict)
 
@@ -217,7 +227,7 @@ class Index:
             self._forget(key)
             return
         parts = key.split("/", 2)
-        if len(parts) != 3 or parts[1] not in ("in", "out", "flow"):
+        if len(parts) != 3 or parts[1] not in ("in", "out", "flow", "log"):
             return
         kind, ident = parts[1], parts[2]
         chat = _chat_of(kind, entry.value)
@@ -238,6 +248,8 @@ class Index:
                 self._ambiguous.add(key)
             else:
                 self._ambiguous.discard(key)
+        elif kind == "log":
+            records.logged[ident] = raw
         else:
             records.flow = raw
 
@@ -254,6 +266,8 @@ class Index:
             records.inbound.pop(ident, None)
         elif kind == "out":
             records.sends.pop(ident, None)
+        elif kind == "log":
+            records.logged.pop(ident, None)
         else:
             records.flow = None
 
@@ -328,15 +342,26 @@ class Index:
             flow = _value(records.flow) if records.flow is not None else None
             receipts = {k: tuple(v.values()) for k, v in records.receipts.items()}
             dead = list(records.dead.values())
-        return _timeline(
+            logged = [records.logged[k] for k in sorted(records.logged)]
+        found = _timeline(
             chat_id, inbound=inbound, sends=sends, flow=flow, receipts=receipts, dead=dead
         )
+        messages = tuple(m for raw in logged if (m := _logged(raw)) is not None)
+        return dataclasses.replace(found, messages=messages)
 
 
 def _value(raw: bytes) -> Json:
     entry = decode_entry(b"", raw)
     assert entry is not None
     return entry.value
+
+
+def _logged(raw: bytes) -> LoggedMessage | None:
+    """A message log entry; ``None`` for one of another shape (another version's)."""
+    try:
+        return msgspec.convert(_value(raw), LoggedMessage)
+    except msgspec.ValidationError:
+        return None
 
 
 def _values(raws: Mapping[str, bytes]) -> dict[str, Json]:

@@ -24,6 +24,7 @@ from botmesh.console.render import (
     text_of,
     when,
 )
+from botmesh.state.message_log import LoggedMessage
 from botmesh.streams.config import group_instance_id
 from botmesh.streams.ops.dlq import COMMANDS, command_kind
 from botmesh.streams.ops.operator import ReplayResult, Status
@@ -342,11 +343,34 @@ def timeline(view: View, chat_id: str | None, found: Timeline | None) -> str:
             f"(the journal holds the send no more): {_receipt(r)}</div>"
             for k, r in found.orphans
         ]
-        body = "".join(entries)
+        body = "".join(entries) + _message_log(view, found.messages)
     return frame(
         view,
         f"Chat {chat_id}",
         ask + f'<div data-testid="timeline" data-chat="{e(chat_id)}">{body}</div>',
+    )
+
+
+def _message_log(view: View, messages: Sequence[LoggedMessage]) -> str:
+    """The chat's message log (``botmesh.state.message_log``), newest first."""
+    if not messages:
+        return ""
+    rows: list[Row] = []
+    for m in reversed(messages):
+        media = f" + {m.media.kind} {m.media.name or m.media.mime or ''}" if m.media else ""
+        part = f" part {m.part}/{m.parts}" if m.parts > 1 else ""
+        cells = [
+            e(when(m.sent_at)),
+            f"<code>{e(m.key)}</code>{e(part)}",
+            e(m.channel or "-"),
+            f'<code data-testid="logged-message-id">{e(m.message_id or "-")}</code>',
+            text_of(m.text, view.show_texts) + e(media),
+        ]
+        rows.append((cells, {"data-testid": "logged-message", "data-key": m.key}))
+    return (
+        f'<h2>Message log</h2><p class="hidden">{len(messages)} message(s) sent, one per '
+        "part the channel accepted</p>"
+        + table(("sent", "key", "channel", "message id", "text"), rows, testid="message-log")
     )
 
 

@@ -3,8 +3,8 @@
 A bot's records live under its scope (``tenant:environment:bot:connection``, each part
 percent-encoded): ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key>``,
 ``<scope>/flow/<chat id>``, ``<scope>/turn/<chat id>``, ``<scope>/log/<chat>/…`` (the
-message log, chat id percent-encoded) and ``<scope>/leader`` (``ScopeKeys``). So two bots on one backend never see each other's records, and explicit
-keys are per bot.
+message log, chat id percent-encoded) and ``<scope>/leader`` (``ScopeKeys``). So two bots
+on one backend never see each other's records, and explicit keys are per bot.
 """
 
 from __future__ import annotations

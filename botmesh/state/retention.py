@@ -1,6 +1,8 @@
 """Retention: ``done`` and ``sent`` records are deleted once their ``purge`` time passed
 (``retention``, default 7 days; 0 keeps them). A sent record whose receipt is not
-published yet is kept until it is."""
+published yet is kept until it is. Message log entries (under ``logged``, the scope's
+``<scope>/log/``) are deleted once their own ``purge`` time passed
+(``message_log.retention``: ``botmesh.state.message_log``)."""
 
 from __future__ import annotations
 
@@ -20,29 +22,37 @@ PurgeAt: TypeAlias = Callable[[float], float | None]
 
 
 class Retention:
-    def __init__(self, kv: DurableKv, *, prefix: str, retention: float) -> None:
+    def __init__(
+        self, kv: DurableKv, *, prefix: str, retention: float, logged: str | None = None
+    ) -> None:
         self._kv = kv
         self._prefix = prefix
         self._retention = retention
+        #: The message log's prefix: its entries have no state; their purge time decides.
+        self._logged = logged
 
     def purge_at(self, now: float) -> float | None:
         """When a record finished at ``now`` is purged; ``None`` when it is kept."""
         return now + self._retention if self._retention > 0 else None
 
     async def purge(self, now: float) -> int:
-        """Delete up to 500 records past their purge time; returns how many."""
+        """Delete up to 500 records (and message log entries) past their purge time;
+        returns how many records (log entries not counted)."""
         kv = self._kv
         keys = await kv.range("purge", self._prefix, now, limit=500)
         if not keys:
             return 0
         entries = await kv.get_many(keys)
+        logged = self._logged
         ops = [
             Delete(e.key, expect=e.version)
             for e in entries.values()
             if e.purge is not None
             and e.purge <= now
-            and e.value.get("state") in _PURGEABLE
-            and e.value.get("published") is not False
+            and (
+                (logged is not None and e.key.startswith(logged))
+                or (e.value.get("state") in _PURGEABLE and e.value.get("published") is not False)
+            )
         ]
         if not ops:
             return 0
@@ -50,4 +60,8 @@ class Retention:
             await kv.commit(ops, label=Write.RETENTION_PURGE)
         except VersionConflictError:
             return 0
-        return len(ops)
+        if logged is None:
+            return len(ops)
+        # records acted on: the message log's entries are an index of what was sent, not
+        # records of the engine's (deleted all the same)
+        return sum(not op.key.startswith(logged) for op in ops)
