@@ -224,6 +224,26 @@ def _provider_of(args: Args) -> Provider:
     return load_provider(spec, "BOTMESH_PROVIDER") if spec else load_provider("console")
 
 
+def fallbacks_of_env() -> dict[str, Provider]:
+    """The channels a send's ``Fallback`` may name (``BOTMESH_FALLBACK_PROVIDERS``): a comma
+    list of provider specs as ``--provider`` takes them, each ``name=spec`` or a bare
+    channel (named by itself): ``twilio,backup=mychannel:provider``."""
+    option = "BOTMESH_FALLBACK_PROVIDERS"
+    found: dict[str, Provider] = {}
+    for item in os.environ.get(option, "").split(","):
+        if not item.strip():
+            continue
+        name, eq, spec = item.partition("=")
+        name = name.strip()
+        spec = spec.strip() if eq else name
+        if not name or not spec:
+            raise AppLoadError(f"{option} {item.strip()!r}: expected name=spec or a channel name")
+        if name in found:
+            raise AppLoadError(f"{option}: the fallback channel {name!r} is named twice")
+        found[name] = load_provider(spec, option)
+    return found
+
+
 def _cmd_run(args: Args) -> int:
     from botmesh._bot import Bot
     from botmesh._console import run_console
@@ -248,6 +268,7 @@ def _cmd_run(args: Args) -> int:
             chat=args.chat_id,
             json_lines=args.records,
             instance_id=args.instance_id,
+            fallbacks=fallbacks_of_env(),
         )
     )
 
@@ -262,6 +283,7 @@ def _cmd_worker(args: Args) -> int:
     stop_on_sigterm_until_started()  # done already when started as python -m botmesh
     bot = load_app(args.app)
     provider = _provider_of(args)
+    fallbacks = fallbacks_of_env()
     if args.instance_id is not None and not args.instance_id.strip():
         raise ValueError("--instance-id: must not be empty; leave it out for the default")
     config = WorkerConfig.from_env(
@@ -290,6 +312,7 @@ def _cmd_worker(args: Args) -> int:
         # the record's log context and span: nothing reads them under text lines untraced
         record_scope=logs.record_scope if log_format == "json" or tracing.ENABLED else None,
         journal_written=tracing.journal_write if tracing.ENABLED else None,
+        fallbacks=fallbacks,
     )
     return 0
 
@@ -454,6 +477,12 @@ def _cmd_flows(args: Args) -> int:
     return run_flows(args, _catalog(args), _bootstrap(args))
 
 
+def _cmd_erase(args: Args) -> int:
+    from botmesh._erase_cli import run_erase
+
+    return run_erase(args, _catalog(args), _bootstrap(args))
+
+
 def _cmd_operator(args: Args) -> int:
     from botmesh import _ops
 
@@ -554,6 +583,7 @@ COMMANDS: dict[str, Callable[[Any], int]] = {
     "receipts": _cmd_receipts,
     "dlq": _cmd_dlq,
     "flows": _cmd_flows,
+    "erase": _cmd_erase,
     "replay": _cmd_operator,
     "status": _cmd_operator,
     "metrics": _cmd_operator,

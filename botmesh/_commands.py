@@ -357,6 +357,21 @@ _flows_action(
 _flows_action("drop", "End the chat's flow (dropped): its next message goes to the handlers.")
 
 
+@cli.command(context_settings=_CONTEXT)
+@_connection
+@_json
+@click.option("--chat-id", required=True, help="the chat to erase")
+@click.option("--yes", is_flag=True, help="erase it (without --yes: a dry run)")
+@click.option("--dry-run", is_flag=True, help="say what would be erased; erase nothing")
+@click.option("--note", help="who asks, a ticket: goes in the receipt  [default: botmesh-cli]")
+@_wait
+@_invoke("erase")
+def erase() -> None:
+    """Erase a chat's journal records (inbounds, sends, flow checkpoint, message log)
+    through the worker that owns it, once its sends in flight finished; print the receipt
+    (JSON) with the chat's dead letters to handle. A dry run unless --yes."""
+
+
 # -- operating -------------------------------------------------------------------------------
 
 

@@ -86,10 +86,11 @@ records of one topic and is redriven to it.
 **Operator actions** (records of ``control_topic``, ``<prefix>.control``:
 ``botmesh.topics.control.ControlRequest``, keyed by chat id) are settled in their chat's sequence
 too:
-``retry_send``, ``replay_inbound``, ``discard``, ``restart_flow`` or ``drop_flow`` through
-``runtime.durability`` in the chat's journal partition; a record in a state the action
-does not apply to (a send already sent, an unknown key, a chat without a flow) is refused,
-not retried. Each answers with a ``ControlResult`` on
+``retry_send``, ``replay_inbound``, ``discard``, ``restart_flow``, ``drop_flow`` or
+``erase_chat`` through ``runtime.durability`` in the chat's journal partition; a record in
+a state the action does not apply to (a send already sent, an unknown key, a chat without
+a flow) is refused, not retried. An erasure's result carries its receipt. Each answers
+with a ``ControlResult`` on
 ``<prefix>.control.results`` (role ``"control-results"``, keyed by the request id), acked
 before the batch is; an undecodable one goes to ``<prefix>.requests.dlq`` (its
 ``source.topic`` says where it came from).
@@ -149,6 +150,7 @@ from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, R
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from botmesh.state.backoff import GiveUp, Retries
+from botmesh.state.erasure import ErasureReceipt
 from botmesh.state.errors import (
     BadRecord,
     DurabilityError,
@@ -245,6 +247,8 @@ class RuntimeLike(Protocol):
 
     async def flush_receipts(self) -> int: ...
 
+    async def quiesce(self) -> int: ...
+
     async def send(
         self,
         chat_id: str,
@@ -277,6 +281,7 @@ class BotDefinition(Protocol):
         instance_id: str | None = None,
         receipts: ReceiptSink | None = None,
         timings: Timings | None = None,
+        fallbacks: Mapping[str, Provider] | None = None,
     ) -> RuntimeLike: ...
 
 
@@ -728,6 +733,7 @@ class InboundRunner:
         ops = self.runtime.durability
         outcome: Literal["done", "refused"] = "done"
         detail = ""
+        erasure: ErasureReceipt | None = None
         if ops is None:
             outcome, detail = "refused", "this worker runs without a journal"
             state = None
@@ -741,6 +747,11 @@ class InboundRunner:
                     await ops.restart_flow(request.target)
                 elif request.action == "drop_flow":
                     await ops.drop_flow(request.target)
+                elif request.action == "erase_chat":
+                    erasure = await ops.erase_chat(
+                        request.target, note=request.by, dry_run=request.dry_run
+                    )
+                    detail = _erased(erasure)
                 else:
                     await ops.outbox.discard(request.target)
             except RecordStateError as exc:
@@ -756,6 +767,7 @@ class InboundRunner:
             detail=detail,
             instance=self.instance,
             ts=time.time(),
+            erasure=erasure,
         )
 
     async def _send(self, request: SendRequest) -> str:
@@ -1008,8 +1020,21 @@ class InboundRunner:
                 await self._produce_letter(smaller)
 
 
+def _erased(receipt: ErasureReceipt) -> str:
+    """An erasure's result in a line (the receipt has the rest)."""
+    d = receipt.deleted
+    what = "would delete" if receipt.dry_run else "deleted"
+    return (
+        f"{what} {d.total} records (inbox {d.inbox}, outbox {d.outbox}, flow {d.flow}, "
+        f"turn {d.turn}, log {d.log}); {len(receipt.discarded)} sends discarded unsent, "
+        f"{len(receipt.dead)} dead in the journal"
+    )
+
+
 async def _state_of(ops: Operations, request: ControlRequest) -> str | None:
     """The state of the record an action was about, after it (``None``: no record)."""
+    if request.action == "erase_chat":
+        return None if request.dry_run else "erased"
     if request.action == "replay_inbound":
         inbound = await ops.inbox.get(request.target)
         return str(inbound.state) if inbound is not None else None

@@ -22,6 +22,11 @@ in the chat's order, through the journal (``botmesh.state.operations``). It answ
                      another version); refused when the chat has no flow checkpoint
 ``drop_flow``        ends the chat's active flow (``dropped``): its next message goes
                      to the handlers; refused when the flow ended already
+``erase_chat``       deletes every journal record of the chat (``target``: the chat
+                     id) once its sends in flight settled: tombstones on the
+                     journal's changelog (``botmesh.state.erasure``); with
+                     ``dry_run`` deletes nothing and says what would go. The result
+                     carries the erasure's receipt (``erasure``); ``by`` is its note
 ===================  ===========================================================
 
 A result's ``outcome`` is ``done``, ``refused`` (the record is not in a state the action
@@ -35,6 +40,7 @@ from typing import Literal
 
 import msgspec
 
+from botmesh.state.erasure import ErasureReceipt
 from botmesh.state.errors import BadRecord, Reason
 
 __all__ = [
@@ -47,8 +53,17 @@ __all__ = [
     "encode_result",
 ]
 
-Action = Literal["retry_send", "replay_inbound", "discard", "restart_flow", "drop_flow"]
-ACTIONS: tuple[str, ...] = ("retry_send", "replay_inbound", "discard", "restart_flow", "drop_flow")
+Action = Literal[
+    "retry_send", "replay_inbound", "discard", "restart_flow", "drop_flow", "erase_chat"
+]
+ACTIONS: tuple[str, ...] = (
+    "retry_send",
+    "replay_inbound",
+    "discard",
+    "restart_flow",
+    "drop_flow",
+    "erase_chat",
+)
 
 
 class ControlRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
@@ -60,6 +75,8 @@ class ControlRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", t
     target: str
     #: Who asked (free text: a user name, ``botmesh-cli``), for the worker's log.
     by: str = ""
+    #: ``erase_chat`` only: say what would be erased, erase nothing.
+    dry_run: bool = False
 
 
 class ControlResult(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
@@ -75,6 +92,9 @@ class ControlResult(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", ta
     detail: str = ""
     instance: str = ""
     ts: float = 0.0
+    #: ``erase_chat``: the receipt of the erasure (no message text; the chat's dead records
+    #: the journal held are listed in it, their copies on the dead-letter topics are not).
+    erasure: ErasureReceipt | None = None
 
 
 _requests = msgspec.json.Decoder(ControlRequest)
@@ -97,7 +117,7 @@ def decode_control(raw: bytes | None) -> ControlRequest:
             Reason.WRONG_TYPE,
             f"not a control request ({exc}); expected "
             '{"v": 1, "id", "chat_id", "action": "retry_send"|"replay_inbound"|"discard"|'
-            '"restart_flow"|"drop_flow", "target"}',
+            '"restart_flow"|"drop_flow"|"erase_chat", "target"}',
         ) from exc
     if not request.id or not request.chat_id or not request.target:
         raise BadRecord(Reason.WRONG_TYPE, "a control request needs id, chat_id and target")
