@@ -56,7 +56,8 @@ def make_bot(mode: str, policy: str) -> Bot:
 async def main(backend: str, path: str, log: str, mode: str, policy: str) -> None:
     kv = await BACKENDS[backend].open(Path(path))
     provider = LoggingProvider(Path(log), mode == "hang-after-send")
-    async with make_bot(mode, policy).bind(provider, kv, instance_id="k1") as app:
+    bot = make_bot(mode, policy)
+    async with bot.bind(provider, kv, instance_id="k1") as app:
         # start() recovered what the killed process left; now the channel redelivers
         await app.handle(Inbound(id="m1", chat_id="chat", text="hi"))
         d = app.durability
@@ -66,6 +67,9 @@ async def main(backend: str, path: str, log: str, mode: str, policy: str) -> Non
             "metrics": d.metrics(),
             "outbox": {r.key: r.state for r in await d.outbox.list()},
             "inbox": {r.id: [r.state, r.attempts] for r in await d.inbox.list()},
+            "message_ids": {r.key: r.message_id for r in await d.outbox.list()},
+            # the message log, newest first: [key, message id]
+            "log": [[m.key, m.message_id] for m in await bot.messages("chat")],
         }
     await kv.close()
     print(json.dumps(summary), flush=True)

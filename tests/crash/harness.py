@@ -23,6 +23,7 @@ import botmesh
 from botmesh import Bot, Context, Inbound, Receipt
 from botmesh.errors import SendError, UnsupportedContentError
 from botmesh.state.kv import DurableKv
+from botmesh.state.message_log import LoggedMessage
 from botmesh.state.messages import Outbound, SendResult
 from botmesh.state.splitter import split_text
 from botmesh.testing import FaultyKv, ManualClock, SimulatedCrash, crashable
@@ -166,6 +167,10 @@ class Outcome:
     labels_a: list[str] = field(default_factory=list)
     final_metrics: dict[str, int] = field(default_factory=dict)
     unpublished: set[str] = field(default_factory=set)
+    #: The message ids the journal recorded, by send key (``None``: not sent).
+    message_ids: dict[str, str | None] = field(default_factory=dict)
+    #: The message log of every chat of the scenario, after recovery.
+    logged: list[LoggedMessage] = field(default_factory=list)
 
 
 def _arm(kv: FaultyKv, point: Point | None) -> None:
@@ -227,10 +232,13 @@ async def run_case(
         out.final_metrics = d.metrics()
         for r in await d.outbox.list():
             out.states[r.key] = r.state
+            out.message_ids[r.key] = r.message_id
             if r.ambiguous:
                 out.ambiguous_keys.add(r.key)
         out.inbox = {r.id: r.state for r in await d.inbox.list()}
         out.unpublished = {r.key for r in await d.outbox.list() if not r.published}
+        for chat in sorted({m.chat_id for m in INBOUNDS}):
+            out.logged += await final.bot.messages(chat, limit=1000)
         await final.stop()
     finally:
         await handle.close()
@@ -284,3 +292,19 @@ def check(out: Outcome, policy: str) -> None:
     assert out.unpublished == set(), out.unpublished
     if policy == "skip":
         assert all(n <= 1 for n in out.log.accepted.values()), out.log.accepted
+    check_log(out)
+
+
+def check_log(out: Outcome) -> None:
+    """The message log: every send the journal recorded ``sent`` is logged exactly once,
+    with the message id the journal recorded (one the channel gave); nothing else is."""
+    logged = Counter(m.key for m in out.logged)
+    sent = {k for k, state in out.states.items() if state == "sent"}
+    assert set(logged) == sent, (sorted(set(logged) ^ sent), out.crashes)
+    assert all(n == 1 for n in logged.values()), (logged, out.crashes)
+    given = {
+        f"id-{text}-{n}" for text, count in out.log.accepted.items() for n in range(1, count + 1)
+    }
+    for m in out.logged:
+        assert m.message_id == out.message_ids[m.key] and m.message_id in given, (m, given)
+        assert m.text == expected_texts()[m.key] and m.channel == "scenario", m
