@@ -22,7 +22,10 @@ _WHERE = {
     "Conversation": "botmesh._flows",
     "DeadEvent": "botmesh.state.events",
     "DurabilityConfig": "botmesh.state.config",
+    "ErasedEvent": "botmesh.state.events",
     "ErrorEvent": "botmesh.state.events",
+    "Fallback": "botmesh.state.fallback",
+    "FallbackEvent": "botmesh.state.events",
     "FlowCancelled": "botmesh.state.errors",
     "FlowEndedEvent": "botmesh.state.events",
     "FlowTimeout": "botmesh.state.errors",
@@ -50,10 +53,13 @@ if _typing.TYPE_CHECKING:
     from botmesh.state.events import (
         AmbiguousEvent,
         DeadEvent,
+        ErasedEvent,
         ErrorEvent,
+        FallbackEvent,
         FlowEndedEvent,
         SentEvent,
     )
+    from botmesh.state.fallback import Fallback
     from botmesh.state.inbox import Outcome
     from botmesh.state.messages import Inbound, Media, Outbound, Receipt, SendResult
     from botmesh.state.ports import Provider
@@ -80,7 +86,10 @@ __all__ = [
     "Conversation",
     "DeadEvent",
     "DurabilityConfig",
+    "ErasedEvent",
     "ErrorEvent",
+    "Fallback",
+    "FallbackEvent",
     "FlowCancelled",
     "FlowEndedEvent",
     "FlowTimeout",

@@ -15,9 +15,19 @@ from botmesh._flows import Flow, FlowFn, Incompatible, check_flow_options
 from botmesh._runtime import Runtime
 from botmesh.state.clock import Clock
 from botmesh.state.config import DurabilityConfig
-from botmesh.state.events import AmbiguousEvent, DeadEvent, ErrorEvent, FlowEndedEvent, SentEvent
+from botmesh.state.errors import DurabilityError
+from botmesh.state.events import (
+    AmbiguousEvent,
+    DeadEvent,
+    ErasedEvent,
+    ErrorEvent,
+    FallbackEvent,
+    FlowEndedEvent,
+    SentEvent,
+)
 from botmesh.state.keys import scope_id
 from botmesh.state.kv import DurableKv
+from botmesh.state.message_log import LoggedMessage
 from botmesh.state.messages import Inbound, Outbound, Receipt
 from botmesh.state.metrics import Timings
 from botmesh.state.ports import Provider
@@ -28,9 +38,26 @@ if TYPE_CHECKING:
 
 __all__ = ["AfterSend", "BeforeSend", "Bot", "Handler", "Listener"]
 
-E = TypeVar("E", SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent, FlowEndedEvent)
+E = TypeVar(
+    "E",
+    SentEvent,
+    DeadEvent,
+    AmbiguousEvent,
+    FallbackEvent,
+    ErrorEvent,
+    FlowEndedEvent,
+    ErasedEvent,
+)
 R = TypeVar("R")
-_EVENTS = (SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent, FlowEndedEvent)
+_EVENTS = (
+    SentEvent,
+    DeadEvent,
+    AmbiguousEvent,
+    FallbackEvent,
+    ErrorEvent,
+    FlowEndedEvent,
+    ErasedEvent,
+)
 
 #: A message handler: ``async def handler(ctx: Context) -> None``.
 Handler = Callable[["Context"], Awaitable[None]]
@@ -73,6 +100,8 @@ class Bot:
         self._before_send: list[BeforeSend] = []
         self._after_send: list[AfterSend] = []
         self._flows: dict[str, Flow[Any]] = {}
+        #: The runtime this bot was last bound to (``bind``): what ``messages`` reads.
+        self._bound: Runtime | None = None
 
     @property
     def scope(self) -> str:
@@ -105,13 +134,11 @@ class Bot:
         self, event: type[E], listener: Listener[E] | None = None
     ) -> Listener[E] | Callable[[Listener[E]], Listener[E]]:
         """Listen to ``event`` (``SentEvent``, ``DeadEvent``, ``AmbiguousEvent``,
-        ``ErrorEvent``, ``FlowEndedEvent``): ``bot.on(DeadEvent, alert)`` or
-        ``@bot.on(DeadEvent)``."""
+        ``FallbackEvent``, ``ErrorEvent``, ``FlowEndedEvent``, ``ErasedEvent``):
+        ``bot.on(DeadEvent, alert)`` or ``@bot.on(DeadEvent)``."""
         if event not in _EVENTS:
-            raise TypeError(
-                f"bot.on({event!r}): listen to SentEvent, DeadEvent, AmbiguousEvent, "
-                "ErrorEvent or FlowEndedEvent"
-            )
+            names = [e.__name__ for e in _EVENTS]
+            raise TypeError(f"bot.on({event!r}): listen to {', '.join(names[:-1])} or {names[-1]}")
 
         def register(fn: Listener[E]) -> Listener[E]:
             self._listeners.setdefault(event, []).append(fn)
@@ -183,11 +210,12 @@ class Bot:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         timings: Timings | None = None,
+        fallbacks: Mapping[str, Provider] | None = None,
     ) -> Runtime:
         """This bot on ``provider`` and ``journal``: what ``botmesh.run`` returns, and what
         the Kafka worker runs (it also gives a ``receipts`` sink, and ``timings``: its
         Prometheus histograms). See ``botmesh.run``."""
-        return Runtime(
+        runtime = self._bound = Runtime(
             self,
             provider,
             journal,
@@ -196,4 +224,28 @@ class Bot:
             clock=clock,
             rng=rng,
             timings=timings,
+            fallbacks=fallbacks,
         )
+        return runtime
+
+    # -- what it sent -----------------------------------------------------------------------
+
+    async def messages(
+        self,
+        chat_id: str,
+        *,
+        limit: int = 50,
+        before: LoggedMessage | float | None = None,
+    ) -> list[LoggedMessage]:
+        """What this bot sent to ``chat_id`` (the message log: one entry per part the channel
+        accepted), newest first: up to ``limit``, older than ``before`` (the last message
+        of the page before, or a time in seconds since the epoch). Read from the journal of
+        the runtime this bot was last bound to (``botmesh.run``; on the Kafka worker, the
+        partitions it owns: a handler reads its own chat's log). See docs/message-log.md."""
+        runtime = self._bound
+        if runtime is None or runtime.journal is None:
+            raise DurabilityError(
+                "no message log: the bot is not running on a journal; use `async with "
+                "botmesh.run(bot, provider, journal=...) as app` first"
+            )
+        return await runtime._started().messages.history(chat_id, limit=limit, before=before)

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import sys
 import time
+from collections.abc import Mapping
 from typing import TextIO
 
 import msgspec
@@ -54,13 +55,14 @@ async def run_console(
     instance_id: str | None = None,
     stdin: TextIO | None = None,
     stderr: TextIO | None = None,
+    fallbacks: Mapping[str, Provider] | None = None,
 ) -> int:
     """Feed ``stdin`` to ``bot`` line by line; returns the exit status."""
     source = stdin if stdin is not None else sys.stdin
     err = stderr if stderr is not None else sys.stderr
     status = 0
     typed = source.isatty()
-    async with bot.bind(provider, journal, instance_id=instance_id) as app:
+    async with bot.bind(provider, journal, instance_id=instance_id, fallbacks=fallbacks) as app:
         n = 0
         while line := await asyncio.to_thread(source.readline):
             text = line.rstrip("\n")

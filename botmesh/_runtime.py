@@ -28,6 +28,7 @@ from botmesh.state.delivery import send_direct
 from botmesh.state.engine import Engine, EngineHooks
 from botmesh.state.errors import ConfigError, DurabilityError, JournalUnavailableError, find_cause
 from botmesh.state.events import ErrorEvent, Event, SentEvent
+from botmesh.state.fallback import Fallback
 from botmesh.state.inbox import Outcome
 from botmesh.state.keys import check_explicit, derived_key, fingerprint, random_key
 from botmesh.state.kv import DurableKv, Entry, Op
@@ -122,7 +123,9 @@ class Context:
     ) -> Receipt:
         key, derived = self._key(opts.get("idempotency_key"))
         message = _outbound(chat_id, text, opts)
-        return await self._runtime._submit(message, key, derived, self.message.id, inline=inline)
+        return await self._runtime._submit(
+            message, key, derived, self.message.id, inline=inline, fallback=opts.get("fallback")
+        )
 
 
 class SendOptions(TypedDict, total=False):
@@ -135,6 +138,9 @@ class SendOptions(TypedDict, total=False):
     idempotency_key: str | None
     #: Channel options passed to the provider as they are (``parse_mode``, ``reply_to``…).
     options: Mapping[str, Any] | None
+    #: What goes out instead, once, when the channel refuses the send with an error it
+    #: names (by default outside WhatsApp's 24-hour window): ``botmesh.Fallback``.
+    fallback: Fallback | None
 
 
 def _outbound(chat_id: str, text: str | None, opts: SendOptions) -> Outbound:
@@ -168,8 +174,15 @@ class Runtime:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         timings: Timings | None = None,
+        fallbacks: Mapping[str, Provider] | None = None,
     ) -> None:
         _check_provider(provider)
+        for name, channel in (fallbacks or {}).items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(
+                    "fallbacks", f"a fallback channel's name must be a string, got {name!r}"
+                )
+            _check_provider(channel)
         if isinstance(journal, str):
             check_url(journal)
         elif journal is not None and not isinstance(journal, DurableKv):
@@ -188,6 +201,8 @@ class Runtime:
         self._clock = clock
         self._rng = rng
         self._timings = timings
+        #: The channels a send's ``Fallback`` may name, by name.
+        self.fallbacks: dict[str, Provider] = dict(fallbacks or {})
         self._kv: DurableKv | None = None
         self._engine: Engine | None = None
         self._running = False
@@ -221,6 +236,7 @@ class Runtime:
                 clock=self._clock,
                 rng=self._rng,
                 timings=self._timings,
+                fallbacks=self.fallbacks,
             )
             self._engine = engine
             self._running = True  # recovery replays inbounds: their handlers send
@@ -278,6 +294,18 @@ class Runtime:
         if self._instance_id is None:
             self._instance_id = _default_instance_id(self.bot, self.journal)
         return self._instance_id
+
+    async def quiesce(self) -> int:
+        """Stop the background work (the sweeper and the heartbeats, letting a pass finish)
+        and record the receipts published so far, while the journal still takes writes;
+        ``stop()`` still follows. The Kafka worker calls it before it gives its partitions
+        up, so that nothing settles a send or publishes a receipt on a partition it no
+        longer owns. Returns how many receipts it recorded published."""
+        engine = self._engine
+        if not self._running or engine is None:
+            return 0
+        await engine.scheduler.stop()
+        return await self.flush_receipts()
 
     async def flush_receipts(self) -> int:
         """Wait for every receipt handed to the receipts sink so far, and record the
@@ -349,7 +377,10 @@ class Runtime:
     ) -> Receipt:
         given = opts.get("idempotency_key")
         key = check_explicit(given) if given is not None else random_key()
-        return await self._submit(_outbound(chat_id, text, opts), key, False, None, inline=inline)
+        message = _outbound(chat_id, text, opts)
+        return await self._submit(
+            message, key, False, None, inline=inline, fallback=opts.get("fallback")
+        )
 
     # -- the engine's hooks and the send path ----------------------------------------------
 
@@ -433,14 +464,23 @@ class Runtime:
         inbound_id: str | None,
         *,
         inline: bool,
+        fallback: Fallback | None = None,
     ) -> Receipt:
+        if fallback is not None and not isinstance(fallback, Fallback):
+            raise TypeError(f"fallback must be a botmesh.Fallback, got {type(fallback).__name__}")
         fp = fingerprint(message) if derived else None
         if self.bot._before_send:
             message = await self._before(message)
         if self.journal is None:  # no journal: every send goes out now, enqueued or not
             return await self._send_plain(message, key, inbound_id)
         return await self._started().submit(
-            message, key, inline=inline, derived=derived, fp=fp, inbound_id=inbound_id
+            message,
+            key,
+            inline=inline,
+            derived=derived,
+            fp=fp,
+            inbound_id=inbound_id,
+            fallback=fallback.to_json() if fallback is not None else None,
         )
 
     async def _send_plain(self, message: Outbound, key: str, inbound_id: str | None) -> Receipt:
@@ -485,6 +525,7 @@ def run(
     instance_id: str | None = None,
     clock: Clock | None = None,
     rng: random.Random | None = None,
+    fallbacks: Mapping[str, Provider] | None = None,
 ) -> Runtime:
     """Run ``bot`` in this process::
 
@@ -494,6 +535,10 @@ def run(
     ``journal`` defaults to ``"memory://"`` (retries, dedupe and dead letters within this
     process; nothing survives it). Use ``file:///path`` to survive a crash on one host.
     ``journal=None`` runs without any journal: an explicit opt-out. A bad URL or option is
-    refused here, naming it. ``clock`` and ``rng`` are for tests.
+    refused here, naming it. ``fallbacks`` names the other channels a send's ``Fallback``
+    may go out through (``{"sms": TwilioProvider(...)}``). ``clock`` and ``rng`` are for
+    tests.
     """
-    return bot.bind(provider, journal, instance_id=instance_id, clock=clock, rng=rng)
+    return bot.bind(
+        provider, journal, instance_id=instance_id, clock=clock, rng=rng, fallbacks=fallbacks
+    )

@@ -39,8 +39,9 @@ def test_all_is_every_public_name(name: str) -> None:
 
 def test_the_front_door_stays_small() -> None:
     # 20 before flows; flows add Conversation, FlowEndedEvent, FlowTimeout, FlowCancelled
-    # (a flow author catches the last two at conv.ask)
-    assert 15 <= len(botmesh.__all__) <= 24, botmesh.__all__
+    # (a flow author catches the last two at conv.ask); a send's fallback adds Fallback and
+    # FallbackEvent, the erasure of a chat ErasedEvent (every event a listener takes is here)
+    assert 15 <= len(botmesh.__all__) <= 27, botmesh.__all__
 
 
 def test_every_error_is_in_the_one_tree() -> None:

@@ -9,7 +9,9 @@ media goes by ``id`` (``media.id``: an uploaded or received media id), by ``link
 ``POST /{phone_number_id}/media`` (multipart) and sent by the id it gives. The text of a
 send with media is its caption (images, videos, documents; audio and stickers take none).
 ``options``: ``reply_to`` (a wamid to quote), ``preview_url`` (bool), ``media_type``
-(``image|video|audio|document|sticker``, else guessed from the mime type).
+(``image|video|audio|document|sticker``, else guessed from the mime type), ``template``
+(``{"name", "language", "components"}``: an approved message template, sent instead of the
+text; what a ``Fallback.template`` sends outside the 24-hour window).
 
 Inbound media is a media id: ``GET /{media_id}`` gives a short-lived URL on
 ``lookaside.fbsbx.com`` that is downloaded with the same Bearer token (added at download
@@ -63,6 +65,30 @@ def _media_type(media: Media, options: Mapping[str, Any]) -> str:
         if mime.startswith(prefix + "/"):
             return prefix
     return "document"
+
+
+def _template(value: object) -> dict[str, Any]:
+    """``options["template"]``: a message template approved in WhatsApp Manager, the only
+    message that may open a conversation outside the 24-hour window (``name``,
+    ``language`` as a code or ``{"code": ...}``, optional ``components``)."""
+    if not isinstance(value, Mapping):
+        raise UnsupportedContentError("whatsapp: options['template'] must be a mapping")
+    name, language = value.get("name"), value.get("language")
+    if not isinstance(name, str) or not name:
+        raise UnsupportedContentError("whatsapp: the template has no name")
+    if isinstance(language, str) and language:
+        language = {"code": language}
+    if not (isinstance(language, Mapping) and isinstance(language.get("code"), str)):
+        raise UnsupportedContentError(
+            f"whatsapp: template {name!r} needs a language code (for example 'en_US')"
+        )
+    template: dict[str, Any] = {"name": name, "language": dict(language)}
+    components = value.get("components")
+    if components:
+        if not isinstance(components, list):
+            raise UnsupportedContentError(f"whatsapp: template {name!r}: components must be a list")
+        template["components"] = components
+    return template
 
 
 def _graph_id(value: str, what: str) -> str:
@@ -129,7 +155,9 @@ class WhatsAppProvider(GraphProvider):
             "to": message.chat_id,
         }
         options = message.options
-        if message.media is not None:
+        if options.get("template") is not None:
+            body.update(type="template", template=_template(options["template"]))
+        elif message.media is not None:
             kind = _media_type(message.media, options)
             item = await self._media_item(message.media)
             if message.text:

@@ -19,8 +19,10 @@ was before the claim (``hand_back``: the attempt not charged, due now) for the l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from botmesh.state import records
@@ -32,12 +34,15 @@ from botmesh.state.errors import (
     ProviderNotLeaderError,
     Reason,
     SendDeferredError,
+    SendError,
     VersionConflictError,
 )
-from botmesh.state.events import AmbiguousEvent, DeadEvent, Emit, SentEvent
-from botmesh.state.kv import DurableKv, Entry, Put, handover
+from botmesh.state.events import AmbiguousEvent, DeadEvent, Emit, FallbackEvent, SentEvent
+from botmesh.state.fallback import Route, fallback_key, fallback_payload, routed, switches
+from botmesh.state.kv import DurableKv, Entry, Put, anywhere, handover
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Held, Leases
+from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
 from botmesh.state.metrics import Metrics, Timings
 from botmesh.state.outbox import ChatOrder, new_values, part_payloads
@@ -45,7 +50,7 @@ from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_se
 from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, revise
 from botmesh.state.retention import PurgeAt
-from botmesh.state.splitter import split_text
+from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.writes import Write
 
 __all__ = ["Delivery", "send_direct"]
@@ -88,6 +93,20 @@ async def send_direct(
     )
 
 
+_SUPERSEDED = records.encode_error(
+    "SupersededByFallback",
+    "the first part of this text went out as its fallback, which replaces the whole text",
+    retryable=False,
+    reason=Reason.SUPERSEDED_BY_FALLBACK,
+)
+
+
+def _fell_back(value: Json) -> bool:
+    """Whether a send's record switched to its fallback."""
+    spec = value.get("fallback")
+    return isinstance(spec, dict) and bool(spec.get("used"))
+
+
 def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
     """The error of a part that shares the fate of an earlier part, dead or unknown."""
     dead = state == OutboxState.DEAD
@@ -106,6 +125,28 @@ _AMBIGUOUS = records.encode_error(
     retryable=True,
     reason=Reason.AMBIGUOUS,
 )
+
+
+def _undeliverable(value: Json) -> Json | None:
+    """The error of a journaled send whose payload is no send (journaled by code that did
+    not check sends when they were built: no chat id, media given as a string…), else
+    ``None``. Such a send can never go out: it is dead-lettered at once, never retried."""
+    payload = value.get("payload")
+    try:
+        if not isinstance(payload, dict):
+            raise TypeError(f"the payload is {type(payload).__name__}, not an object")
+        records.decode_outbound(payload)
+    except Exception as exc:
+        chat = payload.get("chat_id") if isinstance(payload, dict) else None
+        missing = chat is None or chat == ""
+        return records.encode_error(
+            "BadRecord",
+            f"the journaled send is invalid ({exc}); it was never sent. Operator action: "
+            "send it again with a valid chat id and content, then discard this record",
+            retryable=False,
+            reason=Reason.MISSING_CHAT_ID if missing else Reason.WRONG_TYPE,
+        )
+    return None
 
 
 class _Skipped(Exception):
@@ -134,8 +175,18 @@ class Delivery:
         rng: random.Random,
         metrics: Metrics,
         timings: Timings | None,
+        fallbacks: Mapping[str, Provider] | None = None,
+        message_log: MessageLog | None = None,
+        near: Callable[[str], contextlib.AbstractContextManager[None]] = anywhere,
     ) -> None:
         self._kv = kv
+        #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``).
+        self._message_log = message_log
+        #: The partition of a record's follow-up writes (``Partitioned.near``): a new log
+        #: entry goes where its send's record is.
+        self._near = near
+        #: The channels a send's fallback may name, by name (``Fallback.channel``).
+        self._fallbacks = dict(fallbacks or {})
         self._prefix = prefix
         self._on_ambiguous = config.on_ambiguous
         self._poll = poll
@@ -166,6 +217,11 @@ class Delivery:
         first: Receipt | None = None
         try:
             for i, held in enumerate(helds):
+                if i > 0 and _fell_back(helds[i - 1].value):  # the fallback replaced the text
+                    for rest in helds[i:]:
+                        with contextlib.suppress(FencedError):
+                            await self.dead(rest, _SUPERSEDED, background=False)
+                    break
                 if i > 0:
                     await self._leases.reclaim(held, self._lease)
                 try:
@@ -197,11 +253,13 @@ class Delivery:
             if self._leader is not None:
                 await self._leader.ensure()
             try:
-                result = await timed_send(self._provider, message, held.value["key"], self._timings)
+                result = await self._call(routed(held.value, message))
             except ProviderNotLeaderError:
                 raise
             except Exception as exc:
                 delay = await self._failed(held, exc, started)
+                if _fell_back(held.value):  # it switched to its fallback: send that now
+                    message = records.decode_outbound(held.value["payload"])
                 if delay is None:
                     if held.value.get("state") == OutboxState.DEAD:
                         raise
@@ -219,6 +277,8 @@ class Delivery:
         now = self._clock.now()
         attempts = int(held.value.get("attempts", 1))
         decision = self._retries.decide(exc, attempts, self._rng)
+        if isinstance(decision, GiveUp) and switches(held.value, exc) is not None:
+            return await self._fall_back(held, exc, started)
         if isinstance(decision, GiveUp):
             log.error("send %s dead-lettered: %s", held.value["key"], exc)
             await self.dead(
@@ -251,6 +311,56 @@ class Delivery:
             await self._publisher.park(failed, retry_at)
         self._wake.set()
         return None
+
+    async def _fall_back(self, held: Held, exc: Exception, started: float | None) -> float | None:
+        """Switch a send to its fallback, once, in one journal write: from now on every
+        attempt (inline now, or the sweeper's, also after a crash) sends the fallback
+        under its own key. Returns 0 (retry inline at once) or ``None`` (the sweeper)."""
+        fallback = switches(held.value, exc)
+        assert fallback is not None
+        now = self._clock.now()
+        key = held.value["key"]
+        spec = {**held.value["fallback"], "used": True, "key": fallback_key(key)}
+        inline = started is not None
+        switched = revise(
+            held.value,
+            now,
+            state=OutboxState.PENDING,
+            inflight=None,
+            attempts=0,
+            lease=self._leases.lease(now, self._lease) if inline else None,
+            payload=fallback_payload(held.value["payload"], fallback),
+            fallback=spec,
+            error=records.error_of(exc, None),
+        )
+        await self._leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now)
+        log.info(
+            "send %s refused (%s): sending its fallback %s", key, type(exc).__name__, spec["key"]
+        )
+        await self._emit(FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel))
+        if inline:
+            return 0.0  # the caller takes a new attempt on it at once
+        self._leases.held.pop(held.key, None)
+        self._wake.set()
+        return None
+
+    async def _call(self, route: Route) -> SendResult:
+        """One provider call: the send's own channel, or its fallback's."""
+        return await timed_send(self._channel(route), route.message, route.key, self._timings)
+
+    def _channel(self, route: Route) -> Provider:
+        if route.channel is None:
+            return self._provider
+        provider = self._fallbacks.get(route.channel)
+        if provider is None:
+            raise SendError(
+                f"the fallback names the channel {route.channel!r}, which this runtime was "
+                f"not given (fallback channels: {', '.join(sorted(self._fallbacks)) or 'none'}"
+                "); give it with botmesh.run(..., fallbacks={name: provider}) or the "
+                "worker's BOTMESH_FALLBACK_PROVIDERS",
+                retryable=False,
+            )
+        return provider
 
     async def _release(self, helds: list[Held]) -> None:
         """Later parts of a deferred send: drop our lease, leave them to the sweeper."""
@@ -320,7 +430,20 @@ class Delivery:
             value["published"] = False
             due = now + self._lease
         purge = self._purge_at(now) if state == OutboxState.SENT else None
-        if not await self._leases.write(target, value, _SETTLE_LABEL[state], due=due, purge=purge):
+        label = _SETTLE_LABEL[state]
+        # a send is recorded sent by its holder only (a Held): its log entry rides in that
+        # very commit, so a crash leaves both or neither (botmesh.state.message_log)
+        logged = (
+            self._message_log.entry_ops(value, now)
+            if self._message_log is not None
+            and state == OutboxState.SENT
+            and isinstance(target, Held)
+            else ()
+        )
+        if logged:
+            with self._near(target.key):
+                await self._leases.write(target, value, label, due=due, purge=purge, extra=logged)
+        elif not await self._leases.write(target, value, label, due=due, purge=purge):
             return None
         if isinstance(target, Held):
             self._leases.held.pop(target.key, None)
@@ -361,7 +484,7 @@ class Delivery:
         if gated is not None:
             return gated
         if value.get("inflight") and ls in ("expired", "orphan"):
-            if isinstance(self._provider, AmbiguityResolver):
+            if isinstance(self._resolver_of(value), AmbiguityResolver):
                 return await self._deliver(entry, now, resend=True, ask=True)
             if self._on_ambiguous == "skip":
                 return await self._unknown(entry, now, _AMBIGUOUS, ambiguous=True)
@@ -382,6 +505,8 @@ class Delivery:
             if state == OutboxState.UNKNOWN:
                 error = _fate_of(previous, OutboxState.UNKNOWN)
                 return await self._unknown(entry, now, error, ambiguous=False)
+            if state == OutboxState.SENT and prev is not None and _fell_back(prev.value):
+                return int(await self.dead(entry, _SUPERSEDED, background=True))
             if prev is not None and state != OutboxState.SENT:
                 await self._wait(entry, prev, now)
                 return 0
@@ -415,6 +540,10 @@ class Delivery:
     async def _deliver(self, entry: Entry, now: float, *, resend: bool, ask: bool = False) -> int:
         """Claim and send. ``resend``: its last attempt's outcome was lost; ``ask``: the
         channel is asked whether it went out before anything is sent (``_resolve``)."""
+        invalid = _undeliverable(entry.value)
+        if invalid is not None:  # never deliverable: dead now, not pending forever
+            log.error("send %s dead-lettered: %s", entry.value.get("key"), invalid["message"])
+            return int(await self.dead(entry, invalid, background=True))
         claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:
@@ -440,9 +569,7 @@ class Delivery:
                     if result is None:
                         if self._leader is not None and ask:
                             await self._leader.ensure()
-                        result = await timed_send(
-                            self._provider, message, claimed["key"], self._timings
-                        )
+                        result = await self._call(routed(claimed, message))
                 except _Skipped:
                     return 1
                 except ProviderNotLeaderError:
@@ -485,13 +612,14 @@ class Delivery:
         ``None`` when it did not (the caller sends it now). When the channel cannot tell,
         the ``outbox.on_ambiguous`` policy decides: ``resend`` gives ``None``, ``skip``
         marks the send unknown and raises ``_Skipped``."""
-        provider = self._provider
+        provider = self._resolver_of(held.value)
         assert isinstance(provider, AmbiguityResolver)
         value = held.value
         key = value["key"]
+        route = routed(value, message)
         since = float(value.get("created") or value.get("updated") or 0.0)
         try:
-            found = await provider.resolve_ambiguous(message, key, since)
+            found = await provider.resolve_ambiguous(route.message, route.key, since)
         except Exception as exc:
             log.warning("send %s is ambiguous and %s cannot tell: %s", key, provider.name, exc)
             if self._on_ambiguous == "skip":
@@ -513,6 +641,15 @@ class Delivery:
         log.info("ambiguous send %s: %s says it went out; not sending again", key, provider.name)
         return found
 
+    def _resolver_of(self, value: Json) -> Provider | None:
+        """The channel an ambiguous attempt of ``value`` went through (its fallback's once
+        it switched); an unknown fallback channel resolves nothing."""
+        spec = value.get("fallback")
+        if not _fell_back(value):
+            return self._provider
+        channel = spec.get("channel") if isinstance(spec, dict) else None
+        return self._provider if channel is None else self._fallbacks.get(channel)
+
     async def _claim_value(
         self, entry: Entry, now: float, *, resend: bool
     ) -> tuple[Json, list[Put]]:
@@ -529,13 +666,14 @@ class Delivery:
         limit = self._provider.text_limit
         if not (
             isinstance(text, str)
+            and not _fell_back(value)
             and limit
-            and len(text) > limit
+            and text_length(text, unit_of(self._provider)) > limit
             and value.get("parts", 1) == 1
             and value.get("previous_part") is None
         ):
             return claimed, []
-        texts: list[str | None] = list(split_text(text, limit))
+        texts: list[str | None] = list(split_text(text, limit, unit_of(self._provider)))
         payloads = part_payloads(value["payload"], texts)
         claimed.update(payload=payloads[0], parts=len(texts))
         rest = new_values(

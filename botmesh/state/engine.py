@@ -8,13 +8,16 @@
                  (``botmesh.state.leader``)
 ``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
 ``publisher``    receipts to the runtime's sink, at least once (``botmesh.state.receipts``)
+``messages``     the message log: each part sent, logged in the commit that records it
+                 sent; a chat's history (``botmesh.state.message_log``)
 ``delivery``     provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
 ``outbox``       journal a send, inline or enqueued (``botmesh.state.outbox``)
 ``inbox``        journal an inbound, run its handlers, mark it done (``botmesh.state.inbox``)
 ``checkpoints``  flow checkpoints, alone or riding on an inbound's done (``botmesh.state.flows``)
 ``sweeper``      the pass over due records (``botmesh.state.scheduler``)
 ``scheduler``    the timer of the sweeper and of the heartbeats (``botmesh.state.scheduler``)
-``operations``   list, replay, retry, discard, metrics (``botmesh.state.operations``)
+``erasure``      a chat's records deleted, with a receipt (``botmesh.state.erasure``)
+``operations``   list, replay, retry, discard, erase, metrics (``botmesh.state.operations``)
 ===============  ================================================================================
 
 Each part gets the collaborators it uses, never the engine; this is the one place that
@@ -33,19 +36,21 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from botmesh.state.clock import Clock, SystemClock
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.delivery import Delivery
-from botmesh.state.events import Emit
+from botmesh.state.erasure import Erasure, ErasureReceipt
+from botmesh.state.events import Emit, ErasedEvent
 from botmesh.state.flows import Checkpoints
 from botmesh.state.inbox import Dispatch, Inbox
 from botmesh.state.keys import ScopeKeys
 from botmesh.state.kv import DurableKv, Entry, Partitioned, anywhere, unpartitioned
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
+from botmesh.state.message_log import JournalMessageLog
 from botmesh.state.metrics import Metrics, Timings
 from botmesh.state.operations import Operations
 from botmesh.state.outbox import ChatOrder, Outbox
@@ -93,8 +98,11 @@ class Engine:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         timings: Timings | None = None,
+        fallbacks: Mapping[str, Provider] | None = None,
     ) -> None:
         self.kv = kv
+        #: The channels a send's fallback may name (``botmesh.state.fallback``), by name.
+        self.fallbacks = dict(fallbacks or {})
         #: What the engine times (handlers, provider calls), when anything does.
         self.timings = timings
         #: The context of the work on one record found by a scan (``Partitioned.near``).
@@ -118,21 +126,7 @@ class Engine:
         self.out_prefix = keys.outbox
         self.metrics = Metrics()
         self.wake = asyncio.Event()
-        self.leases = self._new_leases()
-        self.retention = Retention(kv, prefix=keys.all, retention=config.retention)
-        self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
-        #: The provider session's lease (``provider_session="leader"``), else ``None``.
-        self.leader = self._new_leader()
-        #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
-        self.turns = self._new_turns()
-        self.publisher = self._new_publisher(receipts)
-        self.delivery = self._new_delivery()
-        self.outbox = self._new_outbox()
-        self.inbox = self._new_inbox()
-        self.checkpoints = Checkpoints(kv, prefix=keys.flow, purge_at=self.retention.purge_at)
-        self.sweeper = self._new_sweeper()
-        self.scheduler = self._new_scheduler()
-        self.operations = self._new_operations()
+        self._wire(receipts)
         # The runtime's entry points, bound once (no pass-through call on the hot path):
         #: Journal an inbound, run its handlers, mark it done -> ``Outcome`` (``Inbox.handle``).
         self.handle = self.inbox.handle
@@ -142,6 +136,26 @@ class Engine:
         self.emit = hooks.emit
 
     # -- the wiring: each part from the collaborators it uses ------------------------------
+
+    def _wire(self, receipts: ReceiptSink | None) -> None:
+        """Every part, in the order of the table (a part after the parts it calls)."""
+        kv, keys, config = self.kv, self.keys, self.config
+        self.leases = self._new_leases()
+        self.retention = Retention(kv, prefix=keys.all, retention=config.retention, logged=keys.log)
+        self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
+        #: The provider session's lease (``provider_session="leader"``), else ``None``.
+        self.leader = self._new_leader()
+        #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
+        self.turns = self._new_turns()
+        self.publisher = self._new_publisher(receipts)
+        self.messages = self._new_messages()
+        self.delivery = self._new_delivery()
+        self.outbox = self._new_outbox()
+        self.inbox = self._new_inbox()
+        self.checkpoints = Checkpoints(kv, prefix=keys.flow, purge_at=self.retention.purge_at)
+        self.sweeper = self._new_sweeper()
+        self.scheduler = self._new_scheduler()
+        self.operations = self._new_operations()
 
     def _new_leases(self) -> Leases:
         return Leases(
@@ -196,6 +210,17 @@ class Engine:
             clock=self.clock,
         )
 
+    def _new_messages(self) -> JournalMessageLog:
+        """The message log: what was sent, per chat (``history``)."""
+        return JournalMessageLog(
+            self.kv,
+            keys=self.keys,
+            channel=self.provider.name,
+            retention=self.config.message_log_retention,
+            enabled=self.config.message_log.enabled,
+            texts=self.config.message_log.texts,
+        )
+
     def _new_delivery(self) -> Delivery:
         return Delivery(
             self.kv,
@@ -214,6 +239,9 @@ class Engine:
             rng=self.rng,
             metrics=self.metrics,
             timings=self.timings,
+            fallbacks=self.fallbacks,
+            message_log=self.messages,
+            near=self.near,
         )
 
     def _new_outbox(self) -> Outbox:
@@ -283,6 +311,24 @@ class Engine:
             clock=self.clock,
         )
 
+    def _new_erasure(self) -> Erasure:
+        emit = self.hooks.emit
+
+        async def erased(receipt: ErasureReceipt) -> None:
+            await emit(ErasedEvent(receipt.chat_id, receipt))
+
+        return Erasure(
+            self.kv,
+            keys=self.keys,
+            instance_id=self.instance_id,
+            order=self.order,
+            leases=self.leases,
+            publisher=self.publisher,
+            near=self.near,
+            erased=erased,
+            clock=self.clock,
+        )
+
     def _new_operations(self) -> Operations:
         return Operations(
             self.kv,
@@ -292,6 +338,7 @@ class Engine:
             delivery=self.delivery,
             sweeper=self.sweeper,
             checkpoints=self.checkpoints,
+            erasure=self._new_erasure(),  # the operator's alone: no other part calls it
             recover=self.recover,  # a callback: the recovery pass is the engine's own
             near=self.near,
             emit=self.hooks.emit,

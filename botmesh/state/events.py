@@ -8,17 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 from botmesh.state.errors import Reason
 from botmesh.state.messages import Receipt
+
+if TYPE_CHECKING:  # erasure.py emits these events: only the type is needed here
+    from botmesh.state.erasure import ErasureReceipt
 
 __all__ = [
     "AmbiguousEvent",
     "DeadEvent",
     "Emit",
+    "ErasedEvent",
     "ErrorEvent",
     "Event",
+    "FallbackEvent",
     "FlowEndedEvent",
     "FlowStatus",
     "SentEvent",
@@ -62,6 +67,29 @@ class AmbiguousEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class FallbackEvent:
+    """The channel refused send ``key`` with ``error`` (an error name its fallback lists):
+    its fallback goes out instead, under ``fallback_key``, through ``channel`` (``None``:
+    the bot's own). Emitted once per send: the switch is one journal write."""
+
+    name: ClassVar[str] = "durability:fallback"
+    key: str
+    fallback_key: str
+    error: str
+    channel: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErasedEvent:
+    """The journal records of ``chat_id`` were erased (``app.durability.erase_chat``, or the
+    ``erase_chat`` control action on Kafka); ``receipt`` says what went (no message text)."""
+
+    name: ClassVar[str] = "durability:erased"
+    chat_id: str
+    receipt: ErasureReceipt
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorEvent:
     """Something failed that the bot reports rather than raises: a handler, a listener, a
     journal write the engine retries later. ``inbound_id`` names the message when there is
@@ -88,7 +116,15 @@ class FlowEndedEvent:
     error: BaseException | None = None
 
 
-Event = SentEvent | DeadEvent | AmbiguousEvent | ErrorEvent | FlowEndedEvent
+Event = (
+    SentEvent
+    | DeadEvent
+    | AmbiguousEvent
+    | FallbackEvent
+    | ErasedEvent
+    | ErrorEvent
+    | FlowEndedEvent
+)
 
 #: Delivers an event to the bot's listeners (never raises): the engine's ``hooks.emit``.
 Emit: TypeAlias = Callable[[Event], Awaitable[None]]

@@ -44,7 +44,7 @@ from botmesh.state.metrics import Metrics
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
-from botmesh.state.splitter import split_text
+from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.writes import Write
 
 __all__ = ["ChatOrder", "Deliveries", "Outbox", "Plan", "new_values", "part_payloads"]
@@ -72,8 +72,10 @@ def new_values(
     now: float,
     lease: Json | None,
     after: str | None,
+    fallback: Json | None = None,
 ) -> list[Json]:
-    """One record per part; the first one leased and in flight when ``lease`` (inline)."""
+    """One record per part; the first one leased and in flight when ``lease`` (inline);
+    ``fallback`` rides on the first part (``botmesh.state.fallback``)."""
     values: list[Json] = []
     previous: str | None = None
     for i, payload in enumerate(payloads, start=first_part):
@@ -101,6 +103,8 @@ def new_values(
                 value["fp"] = fp
             if after is not None:
                 value["after"] = after
+            if fallback is not None:
+                value["fallback"] = fallback
         if inbound_id is not None:
             value["inbound_id"] = inbound_id
         values.append(value)
@@ -186,6 +190,7 @@ class Outbox:
         derived: bool = False,
         fp: str | None = None,
         inbound_id: str | None = None,
+        fallback: Json | None = None,
     ) -> Receipt:
         """Journal a send under ``key``; the one path of ``ctx.reply`` / ``send`` (``inline``:
         delivered now) and ``enqueue`` (left to the sweeper). Returns the receipt of its
@@ -193,13 +198,18 @@ class Outbox:
         enqueued send, or an inline one that must wait behind a send of its chat that waits
         for a retry (``keep_chat_order``); else ``sent``.
 
+        ``fallback`` (a ``Fallback.to_json()``) is journaled on the first part: what goes
+        out instead when the channel refuses the send (``botmesh.state.fallback``).
+
         Inline, it retries up to ``outbox.inline_max`` then raises ``SendDeferredError``;
         raises the error of a final failure (the record is dead); ``FencedError`` when the
         lease was taken over.
         """
         plan = self.plan(message)
         if not inline and not plan.bypass:  # enqueue returns at once: no chat lock
-            queued = await self._journal(plan, key, derived, fp, inbound_id, inline=False)
+            queued = await self._journal(
+                plan, key, derived, fp, inbound_id, inline=False, fallback=fallback
+            )
             assert isinstance(queued, Receipt)
             return queued
         async with self._order.chat_lock(message.chat_id):
@@ -209,7 +219,9 @@ class Outbox:
                 return first
             now = self._clock.now()
             try:
-                result = await self._journal(plan, key, derived, fp, inbound_id, inline=inline)
+                result = await self._journal(
+                    plan, key, derived, fp, inbound_id, inline=inline, fallback=fallback
+                )
             except JournalUnavailableError:
                 if not (inline and self._fail_open):
                     raise
@@ -229,6 +241,7 @@ class Outbox:
         inbound_id: str | None,
         *,
         inline: bool,
+        fallback: Json | None = None,
     ) -> list[Held] | Receipt:
         """Journal the parts: the records journaled in flight (to deliver now), or a
         receipt: of the send already recorded under ``key``, or of the send left to the
@@ -250,6 +263,7 @@ class Outbox:
                 now=now,
                 lease=lease,
                 after=after,
+                fallback=fallback,
             )
             due = now + self._lease if live else now
             ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
@@ -309,7 +323,8 @@ class Outbox:
         text = message.text
         if text is not None and message.media is None and not message.options:
             limit = self._provider.text_limit
-            if (limit is None or len(text) <= limit) and len(text) < self._small_text:
+            one = limit is None or text_length(text, unit_of(self._provider)) <= limit
+            if one and len(text) < self._small_text:
                 # the common case: one short text part, no media, no options
                 payload = {"chat_id": message.chat_id, "text": text}
                 return Plan(message.chat_id, parts=[message], payloads=[payload])
@@ -317,7 +332,7 @@ class Outbox:
         texts: list[str | None] = (
             [message.text]
             if message.text is None
-            else list(split_text(message.text, self._provider.text_limit))
+            else list(split_text(message.text, self._provider.text_limit, unit_of(self._provider)))
         )
         outs = _part_messages(message, texts)
         plan.total = len(outs)

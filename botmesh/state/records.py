@@ -144,7 +144,15 @@ def receipt_of(value: Json, now: float) -> Receipt:
         inbound_id=value.get("inbound_id"),
         part=value.get("part", 1),
         ts=now,
+        fallback_key=_fallback_key(value),
     )
+
+
+def _fallback_key(value: Json) -> str | None:
+    spec = value.get("fallback")
+    if isinstance(spec, dict) and spec.get("used"):
+        return str(spec.get("key"))
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

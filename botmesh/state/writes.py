@@ -66,6 +66,10 @@ class Write(StrEnum):
     LEADER_LEASE = "leader.lease"
     #: A send journaled on a standby handed back to the leader (not charged).
     OUTBOX_NOT_LEADER = "outbox.not_leader"
+    #: A send refused by its channel switched to its fallback (``botmesh.state.fallback``).
+    OUTBOX_FALLBACK = "outbox.fallback"
+    #: An operator's erasure of a chat: its records deleted (``botmesh.state.erasure``).
+    CHAT_ERASE = "chat.erase"
     #: A chat's turn taken (``botmesh.state.turns``), before the inbound's handlers run.
     TURN_TAKE = "turn.take"
     #: A chat's turn extended while the handlers run.

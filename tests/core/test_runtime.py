@@ -136,7 +136,7 @@ async def test_typed_listeners() -> None:
 @pytest.mark.parametrize("event", ["sent", "durability:dead", Exception, Receipt])
 def test_listening_to_anything_but_an_event_class_is_refused(event: object) -> None:
     with pytest.raises(
-        TypeError, match="SentEvent, DeadEvent, AmbiguousEvent, ErrorEvent or FlowEndedEvent"
+        TypeError, match="SentEvent, DeadEvent, AmbiguousEvent, FallbackEvent, ErrorEvent, Fl"
     ):
         Bot("b").on(event, print)  # type: ignore[call-overload]
 
@@ -230,6 +230,24 @@ async def test_flush_receipts_records_what_the_sink_acknowledged() -> None:
     async with plain:
         assert await plain.flush_receipts() == 0  # no journal, no sink: nothing to record
     await app.stop()
+
+
+async def test_quiesce_stops_the_sweeper_and_records_the_receipts_first() -> None:
+    """What the Kafka worker does before it hands its partitions over: no background pass
+    after it, and the receipts acknowledged so far recorded published."""
+    from tests.kit import ListSink
+
+    sink = ListSink(hold=True)
+    app = await make_app(reply="hello", receipts=sink, poll="50ms")
+    await app.runtime.handle(Inbound(id="m", chat_id="c"))
+    assert app.engine.scheduler._task is not None  # the sweeper runs
+    for ack in sink.acks:
+        ack.set_result(None)
+    assert await app.runtime.quiesce() == 1
+    assert app.engine.scheduler._task is None
+    [record] = await app.ops.outbox.list()
+    assert record.published
+    await app.stop()  # still stops cleanly after it
 
 
 def test_a_fenced_holder_is_never_retried() -> None:

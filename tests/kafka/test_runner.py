@@ -314,6 +314,9 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
         async def flush_receipts(self) -> int:
             return 0
 
+        async def quiesce(self) -> int:
+            return 0
+
         async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
             raise AssertionError("no request in this batch")
 
@@ -354,6 +357,9 @@ async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revo
             return Outcome.HANDLED
 
         async def flush_receipts(self) -> int:
+            return 0
+
+        async def quiesce(self) -> int:
             return 0
 
         async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
@@ -426,6 +432,9 @@ async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -
                 raise JournalUnavailableError("inbound not journaled") from exc
 
         async def flush_receipts(self) -> int:
+            return 0
+
+        async def quiesce(self) -> int:
             return 0
 
         async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
@@ -838,6 +847,9 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
                 raise JournalUnavailableError(f"journal write of {message.id} failed") from exc
 
         async def flush_receipts(self) -> int:
+            return 0
+
+        async def quiesce(self) -> int:
             return 0
 
         async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:

@@ -250,6 +250,7 @@ def test_receipt_round_trip(state: OutboxState) -> None:
         "inbound_id",
         "part",
         "ts",
+        "fallback_key",
     ]
 
 

@@ -174,6 +174,14 @@ class _BotApp(faust.App):
             self.botmesh_runner.stopping.set()
         if self.botmesh_pipeline is not None:  # settled and acked while the consumer runs
             await self.botmesh_pipeline.join()
+        if self.botmesh_runtime is not None and self._runtime_started:
+            # the sweeper stopped and the receipts recorded published while the partitions
+            # are ours: the consumer's stop hands them over, and a write after that (a
+            # receipt's published mark, a send the sweeper settles) would be refused
+            try:
+                await self.botmesh_runtime.quiesce()
+            except Exception as exc:  # as a crash here would: the next start publishes them
+                log.warning("receipts not recorded as published before the stop: %s", exc)
         if self.botmesh_journal is not None:  # while the producer and RocksDB are still up
             try:
                 await self.botmesh_journal.flush(commit=True)
@@ -278,7 +286,13 @@ def _exit_hard(why: str, code: int) -> NoReturn:
     os._exit(code)
 
 
-def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> Any:
+def build_app(
+    bot: BotDefinition,
+    provider: Provider,
+    config: WorkerConfig,
+    *,
+    fallbacks: Mapping[str, Provider] | None = None,
+) -> Any:
     """The Faust app (untyped, hence ``Any``) running ``bot`` on ``config``'s topics; its
     ``botmesh_runtime`` and ``botmesh_runner`` attributes are the bound bot and the runner.
     What connects the app and the engine is a ``Wiring``'s named methods."""
@@ -309,6 +323,7 @@ def build_app(bot: BotDefinition, provider: Provider, config: WorkerConfig) -> A
         instance_id=config.instance_id,
         receipts=KafkaReceipts(wiring.produce, letters),
         timings=timed,
+        fallbacks=fallbacks,
     )
     instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
     kv = wiring.kv
@@ -759,8 +774,10 @@ def run_worker(
     logging_config: dict[str, Any] | None = None,
     record_scope: RecordScope | None = None,
     journal_written: Callable[[float], None] | None = None,
+    fallbacks: Mapping[str, Provider] | None = None,
 ) -> None:
     """Provision the topics (idempotent), then run the worker until SIGTERM / Ctrl-C.
+    ``fallbacks``: the other channels a send's ``Fallback`` may name, by name.
 
     What the command line brings (``botmesh.logs``, ``botmesh.tracing``: this package imports
     neither): ``logging_config``, the ``logging.config.dictConfig`` Faust's worker sets the
@@ -776,7 +793,7 @@ def run_worker(
         made = {s.name: s.partitions for s in specs if s.name in result.created}
         _check_copartitioned(config.catalog, {**have, **made})
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    app = build_app(bot, provider, config)
+    app = build_app(bot, provider, config, fallbacks=fallbacks)
     if record_scope is not None:
         app.botmesh_runner.scope = record_scope
     journal: TableKv | None = app.botmesh_journal

@@ -113,6 +113,10 @@ _FIELDS: Final[dict[str, dict[str, str]]] = {
             "seconds since the epoch, when the receipt was made: when the send settled, or "
             "when a receipt left unpublished by a crash was published again"
         ),
+        "fallback_key": (
+            "set when the send's fallback went out instead of it (the key it went out "
+            "under, <key>~fallback; docs/fallbacks.md); null when the send itself did"
+        ),
     },
     "SendRequest": {
         "v": "schema version",

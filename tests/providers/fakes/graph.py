@@ -69,6 +69,7 @@ ERRORS: dict[int, tuple[int, str, str]] = {
         "OAuthException",
         "(#131056) (Business Account, Consumer Account) pair rate limit hit",
     ),
+    132001: (404, "OAuthException", "(#132001) Template name does not exist in the translation"),
 }
 
 #: The longest text each channel takes.
@@ -106,6 +107,9 @@ class GraphFake:
     users: set[str] = field(default_factory=lambda: {"24000000000000001", "17841400000000001"})
     #: Chats whose customer-service window is closed (any channel).
     closed_windows: set[str] = field(default_factory=set)
+    #: WhatsApp message templates approved for the number: (name, language code). A
+    #: template goes out whatever the window; an unknown one is refused with 132001.
+    templates: set[tuple[str, str]] = field(default_factory=lambda: {("hello_world", "en_US")})
     #: Messenger / Instagram users who blocked the page (551).
     unavailable: set[str] = field(default_factory=set)
     #: Public files under ``/cdn/{name}``.
@@ -235,11 +239,19 @@ class GraphFake:
                 return _wa(131053, "Downloading media from weblink failed with http code 404")
             if "id" not in item and "link" not in item:
                 return _wa(100, f"Param {kind} must contain id or link")
+        elif kind == "template":
+            template = body.get("template") or {}
+            language = (template.get("language") or {}).get("code")
+            if (template.get("name"), language) not in self.templates:
+                return _wa(
+                    132001,
+                    f"template name ({template.get('name')}) does not exist in {language}",
+                )
         else:
             return _wa(131051, f"Message type {kind!r} is not currently supported")
         if to not in self.numbers:
             return _wa(131026, "Message Undeliverable.")
-        if to in self.closed_windows:
+        if to in self.closed_windows and kind != "template":
             return _wa(
                 131047,
                 "Message failed to send because more than 24 hours have passed since the "
