@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from botmesh.state.backends.file import open_file_kv
+from botmesh.state.backends.shared_file import open_shared_file_kv
 from botmesh.state.backends.sqlite import open_sqlite_kv
 from botmesh.state.kv import DurableKv, MemoryKv
 from tests import servers
@@ -94,6 +95,10 @@ BACKENDS: dict[str, BackendCase] = {
         "file-log", lambda p: open_file_kv(p, append_log=True), persistent=True
     ),
     "sqlite": BackendCase("sqlite", open_sqlite_kv, persistent=True),
+    "shared-file": BackendCase("shared-file", open_shared_file_kv, persistent=True),
+    "shared-file-log": BackendCase(
+        "shared-file-log", lambda p: open_shared_file_kv(p, append_log=True), persistent=True
+    ),
     "postgres": BackendCase("postgres", _postgres, persistent=True, server="postgres"),
     "redis": BackendCase("redis", _redis, persistent=True, server="redis"),
 }

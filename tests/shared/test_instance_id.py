@@ -17,6 +17,7 @@ from botmesh.testing import MockProvider
     "url",
     [
         "sqlite:///{tmp}/bot.db",
+        "shared-file:///{tmp}/bot.journal",
         "postgresql://u:p@127.0.0.1:1/db",
         "postgres://u:p@127.0.0.1:1/db",
         "redis://127.0.0.1:1/0",

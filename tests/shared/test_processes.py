@@ -11,7 +11,7 @@ import pytest
 from tests.backends import BACKENDS, BackendHandle
 from tests.kill import Child, python
 
-SHARED = ["sqlite", "postgres", "redis"]
+SHARED = ["sqlite", "shared-file", "shared-file-log", "postgres", "redis"]
 WORKERS = 3
 EACH = 60
 

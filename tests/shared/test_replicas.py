@@ -1,7 +1,7 @@
 """Several replicas on one journal: two and three worker processes (the in-process runtime,
-no Kafka) share an SQLite, a PostgreSQL and a Redis journal. The channel (a fake provider
-writing to a shared log) is the only thing faked; the processes, the servers and the
-signals are real.
+no Kafka) share an SQLite, a shared-file, a PostgreSQL and a Redis journal. The channel
+(a fake provider writing to a shared log) is the only thing faked; the processes, the
+servers and the signals are real.
 
 - Fed the same inbound stream, each message delivered to two replicas at once (a load
   balancer retrying): every message is handled once and every send made once.
@@ -35,7 +35,7 @@ from tests.kill import Child, python
 
 pytestmark = pytest.mark.crash
 
-SHARED = ["sqlite", "postgres", "redis"]
+SHARED = ["sqlite", "shared-file", "postgres", "redis"]
 MESSAGES = 40
 #: Figures of the runs, printed at the end of each test (``pytest -s`` shows them).
 FIGURES: dict[str, Any] = {}

@@ -51,6 +51,11 @@ _REGISTRY: dict[str, BackendSpec] = {
     "file": BackendSpec(
         "botmesh.state.backends.file:open_url", "botmesh.state.backends.file:from_url"
     ),
+    "shared-file": BackendSpec(
+        "botmesh.state.backends.shared_file:open_url",
+        "botmesh.state.backends.shared_file:from_url",
+        shared=True,
+    ),
     "sqlite": BackendSpec(
         "botmesh.state.backends.sqlite:open_url",
         "botmesh.state.backends.sqlite:from_url",

@@ -32,8 +32,9 @@ import contextlib
 import errno
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from botmesh.state.backends.file_format import (
@@ -53,7 +54,15 @@ from botmesh.state.errors import (
 )
 from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry, range_of
 
-__all__ = ["FileKv", "FileOptions", "from_url", "open_file_kv", "open_url"]
+__all__ = [
+    "FILE_URL_OPTIONS",
+    "FileKv",
+    "FileOptions",
+    "file_url_option",
+    "from_url",
+    "open_file_kv",
+    "open_url",
+]
 
 log = logging.getLogger("botmesh.state.file")
 
@@ -100,7 +109,11 @@ class FileOptions:
 class _Pending:
     ops: list[Op]
     label: str
-    future: asyncio.Future[list[int]]
+    #: The versions of a commit (or the result of ``read``).
+    future: asyncio.Future[Any]
+    #: A read served in the batch instead of a commit (the shared journal reads under
+    #: its mutex, in the same batch as the commits made at the same time).
+    read: Callable[[], object] | None = None
 
 
 @dataclass(slots=True)
@@ -324,10 +337,14 @@ class FileKv:
         pending = _Pending(list(ops), label, asyncio.get_running_loop().create_future())
         if not pending.ops:
             return []
+        self._enqueue(pending)
+        versions: list[int] = await pending.future
+        return versions
+
+    def _enqueue(self, pending: _Pending) -> None:
         self._pending.append(pending)
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_loop())
-        return await pending.future
 
     async def _write_loop(self) -> None:
         try:
@@ -577,23 +594,35 @@ def from_url(url: str, *, file_ops: FileOps | None = None) -> FileKv:
         )
     kwargs: dict[str, bool | int | None] = {}
     for name, raw in parse_qsl(parts.query, keep_blank_values=True):
-        field = f"journal ({name})"
-        if name in ("append_log", "fsync"):
-            if raw.lower() not in _TRUE | _FALSE:
-                raise ConfigError(field, f"must be true or false, got {raw!r}")
-            kwargs[name] = raw.lower() in _TRUE
-        elif name in ("compact_every", "compact_bytes"):
-            if not raw.isdigit():
-                raise ConfigError(field, f"must be a whole number, got {raw!r}")
-            kwargs[name] = int(raw)
-        else:
+        if not file_url_option(name, raw, kwargs):
             raise ConfigError(
-                field,
+                f"journal ({name})",
                 "unknown option; the file journal takes append_log, fsync, compact_every "
                 "and compact_bytes",
             )
     options = FileOptions(**kwargs)  # type: ignore[arg-type]  # each value checked above
     return FileKv(unquote(parts.path), options, file_ops=file_ops)
+
+
+#: The URL options of ``FileOptions`` (the shared-file journal takes them too).
+FILE_URL_OPTIONS = ("append_log", "fsync", "compact_every", "compact_bytes")
+
+
+def file_url_option(name: str, raw: str, into: dict[str, bool | int | None]) -> bool:
+    """Read the URL option ``name=raw`` of ``FileOptions`` into ``into``; False when
+    ``name`` is not one of them. A bad value raises ``ConfigError`` naming the option."""
+    field = f"journal ({name})"
+    if name in ("append_log", "fsync"):
+        if raw.lower() not in _TRUE | _FALSE:
+            raise ConfigError(field, f"must be true or false (or 1 or 0), got {raw!r}")
+        into[name] = raw.lower() in _TRUE
+    elif name in ("compact_every", "compact_bytes"):
+        if not raw.isdigit():
+            raise ConfigError(field, f"must be a whole number, got {raw!r}")
+        into[name] = int(raw)
+    else:
+        return False
+    return True
 
 
 async def open_url(url: str) -> FileKv:

@@ -221,13 +221,20 @@ def _decode_line(line: bytes) -> LogCommit:
     return LogCommit(seq, label, [_entry_of(p) for p in puts], deletes)
 
 
-def read_log(data: bytes, file: str, snapshot_seq: int) -> LogReplay:
+def read_log(
+    data: bytes, file: str, snapshot_seq: int, *, base_offset: int = 0, base_line: int = 0
+) -> LogReplay:
     """Check the log's bytes against the snapshot's ``seq``: the commits to replay (those
     after ``snapshot_seq``), or ``JournalCorruptError`` (``APPEND_LOG_CORRUPT``) for a bad
-    line with more after it. Never changes anything."""
+    line with more after it. Never changes anything.
+
+    ``data`` may be the tail of the log from byte ``base_offset`` (the start of line
+    ``base_line + 1``), read by a journal that already replayed what comes before it:
+    ``snapshot_seq`` is then the seq of the last line replayed. Offsets and line numbers,
+    in the result and in errors, count from the start of the file either way."""
     commits: list[LogCommit] = []
     offset = 0
-    line_no = 0
+    line_no = base_line
     prev_seq: int | None = None
     size = len(data)
     while offset < size:
@@ -260,12 +267,12 @@ def read_log(data: bytes, file: str, snapshot_seq: int) -> LogReplay:
                     file,
                     f"{why}, and more entries follow it; cutting the log here would drop them",
                     line=line_no,
-                    offset=offset,
+                    offset=base_offset + offset,
                 )
-            return LogReplay(commits, offset, size - offset, line_no)
+            return LogReplay(commits, base_offset + offset, size - offset, line_no)
         assert commit is not None
         prev_seq = commit.seq
         if commit.seq > snapshot_seq:
             commits.append(commit)
         offset = end + 1
-    return LogReplay(commits, size, 0, None)
+    return LogReplay(commits, base_offset + size, 0, None)
