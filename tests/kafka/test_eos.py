@@ -26,16 +26,23 @@ import pytest
 
 from botmesh.journal import OutboxState
 from botmesh.streams.ops.tools import (
-    Seen,
     demo_records,
     end_offsets,
     produce_inbound,
-    tail_receipts,
 )
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot, reply_text
-from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_journal
+from tests.kafka.worker import (
+    PARTITIONS,
+    WAIT_S,
+    Answers,
+    Worker,
+    collect,
+    kill_as_answers_come,
+    read_journal,
+    stream_slices,
+)
 from tests.soak import rounds, seed
 
 pytestmark = pytest.mark.kafka
@@ -115,42 +122,21 @@ async def test_exactly_once_worker_killed_again_and_again_loses_nothing_and_send
     ids = {r.id for r in records}
     rng = random.Random(seed(20261202))
     start = await end_offsets(kafka_bootstrap, cat.sent)
-    seen: list[Seen] = []
-    answered: set[str] = set()
-
-    async def watch() -> None:
-        async for s in tail_receipts(kafka_bootstrap, cat.sent, start=start):
-            seen.append(s)
-            answered.add(s.receipt.inbound_id or "")
-
-    async def stream() -> None:  # the traffic keeps coming while the worker dies
-        for i in range(0, MESSAGES, 25):
-            await produce_inbound(kafka_bootstrap, cat.inbound, records[i : i + 25])
-            await asyncio.sleep(0.1)
-
-    async def until(done: int) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while len(answered & ids) < done:
-            worker.check_alive()
-            assert time.monotonic() < deadline, f"{len(answered & ids)}/{done} answered"
-            await asyncio.sleep(0.02)
-
-    watcher = asyncio.ensure_future(watch())
-    producing = asyncio.ensure_future(stream())
-    worker.start()
-    try:
-        for k in range(KILLS):
-            await until((k + 1) * MESSAGES // (KILLS + 2))
-            await asyncio.sleep(rng.uniform(0.0, 0.3))  # a different moment each time
-            worker.kill()
-            worker.start()
-        await producing
-        await until(MESSAGES)
-        assert worker.stop() == 0
-    finally:
-        watcher.cancel()
-        producing.cancel()
-        worker.close()
+    async with Answers(worker, cat.sent, start) as got:
+        # the traffic keeps coming while the worker dies
+        producing = asyncio.ensure_future(
+            stream_slices(kafka_bootstrap, cat.inbound, records, 25, 0.1)
+        )
+        worker.start()
+        try:
+            await kill_as_answers_come(worker, got, ids, kills=KILLS, rng=rng, jitter=0.3)
+            await producing
+            await got.until(ids, MESSAGES)
+            assert worker.stop() == 0
+        finally:
+            producing.cancel()
+            worker.close()
+    seen = got.seen
 
     calls = worker.sends()
     journal = await read_journal(worker)  # the changelog, read_committed

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,20 @@ from botmesh.journal import OutboxState
 from botmesh.state.keys import ScopeKeys
 from botmesh.state.message_log import LoggedMessage
 from botmesh.streams.ops.tail import Record
-from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound, tail_receipts
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.streams.table_kv import TABLE_NAME
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot
-from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, read_all, read_journal
+from tests.kafka.worker import (
+    PARTITIONS,
+    Answers,
+    Worker,
+    kill_as_answers_come,
+    read_all,
+    read_journal,
+    stream_slices,
+)
 from tests.soak import seed
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
@@ -54,45 +61,21 @@ async def test_sigkill_mid_stream_logs_each_sent_message_exactly_once(
     ids = {r.id for r in records}
     rng = random.Random(seed(20261205))
     start = await end_offsets(kafka_bootstrap, cat.sent)
-    answered: set[str] = set()
-
-    async def watch() -> None:
-        async for s in tail_receipts(kafka_bootstrap, cat.sent, start=start):
-            answered.add(s.receipt.inbound_id or "")
-
-    async def stream() -> None:  # the traffic keeps coming while the worker dies
-        for i in range(0, MESSAGES - 1, 50):
-            await produce_inbound(
-                kafka_bootstrap, cat.inbound, records[i : min(i + 50, MESSAGES - 1)]
-            )
-            await asyncio.sleep(0.05)
-
-    async def until(done: int) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while len(answered & ids) < done:
-            worker.check_alive()
-            if watcher.done():
-                watcher.result()
-            assert time.monotonic() < deadline, f"{len(answered & ids)}/{done} answered"
-            await asyncio.sleep(0.02)
-
-    watcher = asyncio.ensure_future(watch())
-    producing = asyncio.ensure_future(stream())
-    worker.start()
-    try:
-        for k in range(KILLS):
-            await until((k + 1) * MESSAGES // (KILLS + 2))
-            await asyncio.sleep(rng.uniform(0.0, 0.2))  # a different moment each time
-            worker.kill()
-            worker.start()
-        await producing
-        await produce_inbound(kafka_bootstrap, cat.inbound, records[-1:])
-        await until(MESSAGES)  # every inbound answered (sent, or unknown after a kill)
-        assert worker.stop() == 0
-    finally:
-        watcher.cancel()
-        producing.cancel()
-        worker.close()
+    async with Answers(worker, cat.sent, start) as got:
+        # the traffic keeps coming while the worker dies; the last record is for the last run
+        producing = asyncio.ensure_future(
+            stream_slices(kafka_bootstrap, cat.inbound, records[:-1], 50, 0.05)
+        )
+        worker.start()
+        try:
+            await kill_as_answers_come(worker, got, ids, kills=KILLS, rng=rng, jitter=0.2)
+            await producing
+            await produce_inbound(kafka_bootstrap, cat.inbound, records[-1:])
+            await got.until(ids, MESSAGES)  # every inbound answered (sent, or unknown)
+            assert worker.stop() == 0
+        finally:
+            producing.cancel()
+            worker.close()
 
     # -- the evidence, read after the worker exited ------------------------------------------
     entries = await read_journal(worker)

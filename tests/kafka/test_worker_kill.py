@@ -33,23 +33,20 @@ import msgspec
 import pytest
 
 from botmesh.journal import OutboxState
-from botmesh.streams.ops.tools import (
-    Seen,
-    demo_records,
-    end_offsets,
-    produce_inbound,
-    tail_receipts,
-)
+from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog, decode_inbound, decode_receipt
 from tests.kafka.bot import bot
 from tests.kafka.worker import (
     PARTITIONS,
     WAIT_S,
+    Answers,
     Worker,
     journal_source,
+    kill_as_answers_come,
     read_all,
     read_journal,
+    stream_slices,
 )
 from tests.soak import rounds, seed
 
@@ -87,58 +84,30 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
     rng = random.Random(seed(20260207))
 
     start = await end_offsets(kafka_bootstrap, cat.sent)
-    seen: list[Seen] = []
-    answered: set[str] = set()
-
-    async def watch() -> None:
-        async for s in tail_receipts(kafka_bootstrap, cat.sent, start=start):
-            seen.append(s)
-            answered.add(s.receipt.inbound_id or "")
-
-    async def stream() -> None:  # the traffic keeps coming while the worker dies
-        for i in range(0, MESSAGES - 1, 100):  # the last one is for the last run
-            batch = records[i : min(i + 100, MESSAGES - 1)]
-            await produce_inbound(kafka_bootstrap, cat.inbound, batch)
-            await asyncio.sleep(0.05)
-
-    async def until(done: int) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while len(answered & ids) < done:
-            worker.check_alive()
-            if watcher.done():  # the receipts' reader failed: its error, not "0 answered"
-                watcher.result()
-            assert time.monotonic() < deadline, f"{len(answered & ids)}/{done} answered"
-            await asyncio.sleep(0.02)
-
-    watcher = asyncio.ensure_future(watch())
-    producing = asyncio.ensure_future(stream())
-    worker.start()
-    try:
-        for k in range(KILLS):
-            await until((k + 1) * MESSAGES // (KILLS + 2))
-            await asyncio.sleep(rng.uniform(0.0, 0.3))  # a different moment each time
-            worker.kill()
-            worker.start()
-        await producing
-        # the last run answers a message of its own: it has recovered its partitions (and
-        # republished what the killed runs left unpublished), so its stop is a clean one
-        await produce_inbound(kafka_bootstrap, cat.inbound, records[-1:])
-        deadline = time.monotonic() + WAIT_S
-        while records[-1].id not in answered:
-            worker.check_alive()
-            assert time.monotonic() < deadline, "the last run answered nothing"
-            await asyncio.sleep(0.02)
-        # the end: every inbound answered (sent or unknown), or dead-lettered
-        deadline = time.monotonic() + WAIT_S
-        while ids - answered - await dead_lettered(kafka_bootstrap, cat.inbound_dlq):
-            worker.check_alive()
-            assert time.monotonic() < deadline, f"unanswered: {sorted(ids - answered)[:5]}"
-            await asyncio.sleep(0.5)
-        assert worker.stop() == 0
-    finally:
-        watcher.cancel()
-        producing.cancel()
-        worker.close()
+    async with Answers(worker, cat.sent, start) as got:
+        # the traffic keeps coming while the worker dies; the last record is for the last run
+        producing = asyncio.ensure_future(
+            stream_slices(kafka_bootstrap, cat.inbound, records[:-1], 100, 0.05)
+        )
+        worker.start()
+        try:
+            await kill_as_answers_come(worker, got, ids, kills=KILLS, rng=rng, jitter=0.3)
+            await producing
+            # the last run answers a message of its own: it has recovered its partitions (and
+            # republished what the killed runs left unpublished), so its stop is a clean one
+            await produce_inbound(kafka_bootstrap, cat.inbound, records[-1:])
+            await got.until({records[-1].id}, 1)
+            # the end: every inbound answered (sent or unknown), or dead-lettered
+            deadline = time.monotonic() + WAIT_S
+            while ids - got.answered - await dead_lettered(kafka_bootstrap, cat.inbound_dlq):
+                got.check()
+                unanswered = sorted(ids - got.answered)[:5]
+                assert time.monotonic() < deadline, f"unanswered: {unanswered}"
+                await asyncio.sleep(0.5)
+            assert worker.stop() == 0
+        finally:
+            producing.cancel()
+            worker.close()
 
     # -- the evidence, read after the worker exited ----------------------------------------
     receipts = [decode_receipt(m.value) for m in await read_all(kafka_bootstrap, cat.sent)]

@@ -22,8 +22,9 @@ import collections
 import contextlib
 import importlib
 import json
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,21 +35,25 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from botmesh.examples.demo import worker_command
 from botmesh.state.backends import open_backend
 from botmesh.state.kv import Entry
+from botmesh.state.messages import Inbound
 from botmesh.streams.config import default_journal
 from botmesh.streams.connection import Brokers, KafkaSettings
-from botmesh.streams.ops.tools import Seen, end_offsets, tail_receipts
+from botmesh.streams.ops.tools import Seen, end_offsets, produce_inbound, tail_receipts
 from botmesh.topics import Catalog
 from tests.kafka.recorder import RECORDER_ENV
 from tests.kill import Child
 
 __all__ = [
     "WAIT_S",
+    "Answers",
     "Worker",
     "collect",
     "dead_letters",
     "journal_source",
+    "kill_as_answers_come",
     "read_all",
     "read_journal",
+    "stream_slices",
     "wait_line",
 ]
 
@@ -210,6 +215,77 @@ def wait_line(worker: Worker, *texts: str, timeout: float = WAIT_S) -> str:
         if time.monotonic() > deadline:
             pytest.fail(f"no line with {texts!r} from the worker:\n{child.tail(60)}")
         time.sleep(0.05)
+
+
+class Answers:
+    """The receipts on ``topic`` from ``start`` on, read in the background while a test
+    kills and restarts ``worker``: ``seen`` in the order read, ``answered`` the inbound ids
+    they answer. ``async with Answers(...) as got:`` starts and stops the reader."""
+
+    def __init__(self, worker: Worker, topic: str, start: dict[int, int]) -> None:
+        self.worker = worker
+        self.topic = topic
+        self.start = start
+        self.seen: list[Seen] = []
+        self.answered: set[str] = set()
+        self._reader: asyncio.Future[None] | None = None
+
+    async def _read(self) -> None:
+        async for s in tail_receipts(self.worker.brokers, self.topic, start=self.start):
+            self.seen.append(s)
+            self.answered.add(s.receipt.inbound_id or "")
+
+    async def __aenter__(self) -> Answers:
+        self._reader = asyncio.ensure_future(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+
+    def check(self) -> None:
+        """The worker is alive and the reader has not failed (its error, not "0 answered")."""
+        self.worker.check_alive()
+        if self._reader is not None and self._reader.done():
+            self._reader.result()
+
+    async def until(self, ids: set[str], done: int) -> None:
+        """Wait until ``done`` of ``ids`` were answered (a hang guard of ``WAIT_S``)."""
+        deadline = time.monotonic() + WAIT_S
+        while len(self.answered & ids) < done:
+            self.check()
+            assert time.monotonic() < deadline, f"{len(self.answered & ids)}/{done} answered"
+            await asyncio.sleep(0.02)
+
+
+async def stream_slices(
+    bootstrap: str, topic: str, records: Sequence[Inbound], size: int, pause: float
+) -> None:
+    """Produce ``records`` ``size`` at a time, ``pause`` s apart: the traffic keeps coming
+    while the worker dies."""
+    for i in range(0, len(records), size):
+        await produce_inbound(bootstrap, topic, list(records[i : i + size]))
+        await asyncio.sleep(pause)
+
+
+async def kill_as_answers_come(
+    worker: Worker,
+    got: Answers,
+    ids: set[str],
+    *,
+    kills: int,
+    rng: random.Random,
+    jitter: float,
+) -> None:
+    """SIGKILL and restart ``worker`` ``kills`` times, the k-th once (k+1)/(kills+2) of
+    ``ids`` were answered, then at a random moment up to ``jitter`` s later."""
+    for k in range(kills):
+        await got.until(ids, (k + 1) * len(ids) // (kills + 2))
+        await asyncio.sleep(rng.uniform(0.0, jitter))  # a different moment each time
+        worker.kill()
+        worker.start()
 
 
 async def collect(
