@@ -122,6 +122,10 @@ class TelegramProvider(ChannelProvider):
     name = "telegram"
     media_channel = "telegram"
     text_limit: int | None = TEXT_LIMIT
+    #: Telegram measures texts in UTF-16 code units (its entities' offsets and lengths are
+    #: UTF-16); a part counted so never exceeds 4096 however the server counts (an emoji
+    #: outside the BMP counts 2).
+    text_limit_unit = "utf-16"
 
     def __init__(
         self,

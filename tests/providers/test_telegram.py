@@ -81,6 +81,17 @@ def test_the_provider_has_the_channel_contract() -> None:
     assert not isinstance(tg, AmbiguityResolver)
 
 
+def test_long_texts_are_split_in_utf16_units_within_4096() -> None:
+    from botmesh.state.splitter import split_text, text_length, unit_of
+
+    tg = TelegramProvider(TOKEN)
+    assert unit_of(tg) == "utf-16"
+    text = "😀 " * 3000  # 9,000 UTF-16 units, 6,000 code points
+    parts = list(split_text(text, 4096, unit_of(tg)))
+    assert all(text_length(p, "utf-16") <= 4096 for p in parts)
+    assert "".join(parts).replace(" ", "") == text.replace(" ", "")
+
+
 def test_from_env_reads_the_token_and_the_api_url() -> None:
     tg = TelegramProvider.from_env(
         {
