@@ -68,6 +68,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from botmesh import tracing
+from botmesh.observability.http import serving_app
 from botmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from botmesh.observability.metrics import exposition, gateway_registry
 from botmesh.providers.webhooks import (
@@ -535,22 +536,13 @@ def _reply(reply: WebhookReply) -> web.Response:
 async def serving(gateway: Gateway, host: str, port: int) -> AsyncIterator[str]:
     """Run ``gateway`` on ``host:port`` (0: any free port) until the block ends; yields its
     base URL. On the way out: stop accepting, finish the requests in flight, flush, stop."""
-    runner = web.AppRunner(
-        gateway.app(),
-        access_log=None,
-        handle_signals=False,
-        shutdown_timeout=gateway.config.request_timeout + 5.0,
-    )
+    app = gateway.app()
     try:
         await gateway.start()
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
-        shown = f"[{host}]" if ":" in host else host
-        yield f"http://{shown}:{bound[1]}"
+        timeout = gateway.config.request_timeout + 5.0
+        async with serving_app(app, host, port, shutdown_timeout=timeout) as url:
+            yield url
     finally:
-        await runner.cleanup()
         await gateway.close()
 
 

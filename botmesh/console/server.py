@@ -34,6 +34,7 @@ from botmesh.console import pages
 from botmesh.console.auth import SESSION_COOKIE, SESSION_TTL, Session, Sessions, Tokens, csrf_ok
 from botmesh.console.index import Index
 from botmesh.console.render import CSP
+from botmesh.observability.http import serving_app
 from botmesh.streams.connection import Brokers, servers
 from botmesh.streams.ops import dlq
 from botmesh.streams.ops import operator as op
@@ -481,17 +482,12 @@ async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse
 async def serving(console: Console, host: str, port: int) -> AsyncIterator[str]:
     """Run ``console`` on ``host:port`` (0: any free port) until the block ends; yields its
     base URL."""
-    runner = web.AppRunner(console.app(), access_log=None, handle_signals=False)
+    app = console.app()
     console.start()
     try:
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
-        shown = f"[{host}]" if ":" in host else host
-        yield f"http://{shown}:{bound[1]}"
+        async with serving_app(app, host, port) as url:
+            yield url
     finally:
-        await runner.cleanup()
         await asyncio.to_thread(console.close)
 
 

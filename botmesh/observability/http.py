@@ -10,24 +10,48 @@
 
 The server runs in the worker's event loop and starts before the worker joins its group,
 so a probe sees every step of the start.
+
+``serving_app`` serves any aiohttp app for the length of a block (the gateway's, the ops
+console's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from botmesh.observability.metrics import CONTENT_TYPE
 
-__all__ = ["HealthServer", "Readiness"]
+__all__ = ["HealthServer", "Readiness", "serving_app"]
 
 log = logging.getLogger("botmesh.http")
 
 #: The longest the server's stop waits for requests in progress.
 STOP_S = 3.0
+
+
+@contextlib.asynccontextmanager
+async def serving_app(
+    app: web.Application, host: str, port: int, *, shutdown_timeout: float = 60.0
+) -> AsyncIterator[str]:
+    """Serve ``app`` on ``host:port`` (0: any free port) until the block ends; yields its
+    base URL (``http://host:port``, an IPv6 host in brackets). On the way out it stops
+    accepting and waits up to ``shutdown_timeout`` for the requests in flight."""
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout
+    )
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        bound = runner.addresses[0]
+        shown = f"[{host}]" if ":" in host else host
+        yield f"http://{shown}:{bound[1]}"
+    finally:
+        await runner.cleanup()
 
 
 @dataclass(frozen=True, slots=True)
