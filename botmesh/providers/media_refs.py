@@ -145,6 +145,9 @@ def _bool(value: Any, where: str) -> bool:
 
 #: A channel token safe as a URL path segment or query value: no ``/ ? # %``, no leading dot.
 _TOKEN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.:=-]{0,255}")
+#: TikTok conversation and message ids: tokens, ``+`` included (its conversation ids carry
+#: one); they travel as query parameters and JSON, never in a URL path.
+_TIKTOK_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.:=+-]{0,255}")
 #: Telegram file ids (URL-safe base64).
 _FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
 #: A WhatsApp JID: ``5511…@s.whatsapp.net``, ``…@g.us``, ``…@lid``, ``status@broadcast``.
@@ -639,8 +642,8 @@ class _TikTok(_Rules):
             return {"url": self.policy.check(d["url"], "data.url")}
         d = _fields(data, "data", ("conversation_id", "message_id"), self._OPTIONAL)
         extra: dict[str, Any] = {
-            "conversation_id": _text(d["conversation_id"], "data.conversation_id", _TOKEN),
-            "message_id": _text(d["message_id"], "data.message_id", _TOKEN),
+            "conversation_id": _text(d["conversation_id"], "data.conversation_id", _TIKTOK_ID),
+            "message_id": _text(d["message_id"], "data.message_id", _TIKTOK_ID),
         }
         if "index" in d:
             extra["index"] = _int(d["index"], "data.index", 0, 9999)

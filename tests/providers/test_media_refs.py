@@ -354,6 +354,17 @@ def test_tiktok_sticker_url() -> None:
     assert rules.rehydrate(stored, Media()).url == url
 
 
+def test_a_tiktok_conversation_id_with_a_plus_survives_a_replay() -> None:
+    rules = media_rules("tiktok")
+    extra = {"conversation_id": "0:1:Ab+Cd==", "message_id": "v2.m+1", "index": 0}
+    stored = journal(rules.serialize(Media(provider="tiktok", extra=extra)))
+    assert stored is not None and stored["data"]["conversation_id"] == "0:1:Ab+Cd=="
+    assert rules.rehydrate(stored, Media()).extra == extra
+    bad = {"v": 1, "data": {"conversation_id": "a/../b", "message_id": "m"}}
+    with pytest.raises(MediaRefInvalid):
+        rules.rehydrate(bad, Media())
+
+
 def test_baileys_takes_buffer_json_and_a_directpath_alone() -> None:
     rules = media_rules("baileys")
     media = Media(
