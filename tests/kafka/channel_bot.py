@@ -6,10 +6,12 @@ For each message it downloads the media, if any, through the channel
 (``load_media_of(ctx, throw_on_error=True)``) and replies ``echo <text> [<n> bytes <sha8>]``,
 so the reply proves the bytes came back intact, also on a replay rebuilt from the journal.
 A message whose text starts with ``crash-before`` makes the worker SIGKILL itself once, after
-the download and before the reply; ``crash-after``, once, after the reply went out and before
-the inbound was marked done. ``$BOTMESH_TEST_CRASH_MARKER`` (a file prefix) records that each
-happened. ``$BOTMESH_TEST_HANDLED`` gets one line per handler run: ``<inbound id> <media>``
-where ``<media>`` is ``live``, ``rebuilt`` (from the journal's reference) or ``none``.
+the download and before the reply (so does a message with media and no text: a channel whose
+media carries no caption, as TikTok's images, cannot say it); ``crash-after``, once, after the
+reply went out and before the inbound was marked done. ``$BOTMESH_TEST_CRASH_MARKER`` (a file
+prefix) records that each happened. ``$BOTMESH_TEST_HANDLED`` gets one line per handler run:
+``<inbound id> <media>`` where ``<media>`` is ``live``, ``rebuilt`` (from the journal's
+reference) or ``none``.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ async def echo(ctx: Context) -> None:
     if handled:
         _append(handled, f"{ctx.inbound_id} {how}")
     text = ctx.text or ""
-    if text.startswith("crash-before") and _once("before"):
+    crash_before = text.startswith("crash-before") or (media is not None and not text)
+    if crash_before and _once("before"):
         os.kill(os.getpid(), signal.SIGKILL)
     await ctx.reply(f"echo {text}{note}")
     if text.startswith("crash-after") and _once("after"):

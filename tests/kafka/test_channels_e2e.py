@@ -22,7 +22,11 @@ index and digest, so the replay cannot download it again (``rehydrate-failed``).
 WhatsApp Web bridges: Baileys (the bridge inlines the photo for the live run; the replay
 finds the bridge without it and decrypts it from the CDN with the journaled media key),
 Evolution (a webhook signed with its ``jwt_key`` JWT; the replay asks for the media by its
-key) and WPPConnect (the secret in the webhook URL; the media by its message id).
+key) and WPPConnect (the secret in the webhook URL; the media by its message id). Gupshup
+(an unsigned callback, the secret in its URL; the photo a URL on its file manager, fetched
+with the API key), GoHighLevel (Ed25519 ``X-GHL-Signature``; a public attachment URL) and
+TikTok (``TikTok-Signature`` HMAC; an image with no caption, found again on the replay by its
+conversation and message ids).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ from urllib.parse import urlencode
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from botmesh.providers.tiktok import tiktok_signature
 from botmesh.providers.twilio import twilio_signature
 from botmesh.providers.webhooks import hmac_hex
 from botmesh.streams.ops.tools import end_offsets
@@ -63,9 +69,13 @@ from tests.providers.fakes.baileys import upsert as baileys_upsert
 from tests.providers.fakes.discord import FakeDiscord
 from tests.providers.fakes.evolution import FakeEvolution, jwt_for, received
 from tests.providers.fakes.evolution import upsert as evolution_upsert
+from tests.providers.fakes.gohighlevel import FakeHighLevel
 from tests.providers.fakes.graph import GraphFake
+from tests.providers.fakes.gupshup import FakeGupshup
 from tests.providers.fakes.smtp import FakeSmtp
 from tests.providers.fakes.telegram import FakeTelegram
+from tests.providers.fakes.tiktok import BASE as TIKTOK_BASE
+from tests.providers.fakes.tiktok import FakeTikTok
 from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.fakes.wppconnect import FakeWppConnect, onmessage
 from tests.providers.serve import Background
@@ -761,6 +771,238 @@ def wppconnect() -> Case:
     )
 
 
+# -- Gupshup, GoHighLevel, TikTok -------------------------------------------------------------
+
+GS_SECRET = "e2e-gupshup-callback-token-0123"
+
+
+def gupshup() -> Case:
+    """A Gupshup app's callback (the Gupshup format, version 2), which Gupshup does not sign:
+    the secret is the ``token`` of the callback URL. Message 1 is an image whose ``url`` is
+    on the fake's file manager, served only with the ``apikey`` header: both runs download
+    it with the key, which is never journaled (the reference is the URL alone)."""
+    fake = FakeGupshup()
+    media_path = fake.add_media(PHOTO, "image/jpeg")
+    holder: dict[str, str] = {}
+    ids = [f"ABEGkYaYVSEEAhAL3SLAWwHKeKrE2E{n}" for n in (1, 2, 3)]
+
+    def webhook(
+        n: int, chat: str, text: str, media: bool, url: str
+    ) -> tuple[dict[str, str], bytes]:
+        if media:
+            part: dict[str, Any] = {
+                "caption": text,
+                "url": holder["url"] + media_path,
+                "contentType": "image/jpeg",
+                "urlExpiry": int(time.time() * 1000) + 86_400_000,
+            }
+            kind = "image"
+        else:
+            part, kind = {"text": text}, "text"
+        body = json.dumps(
+            {
+                "app": fake.app_name,
+                "timestamp": int(time.time() * 1000),
+                "version": 2,
+                "type": "message",
+                "payload": {
+                    "id": ids[n - 1],
+                    "source": chat,
+                    "type": kind,
+                    "payload": part,
+                    "sender": {
+                        "phone": chat,
+                        "name": "Ann",
+                        "country_code": "91",
+                        "dial_code": chat[2:],
+                    },
+                },
+            }
+        ).encode()
+        return {"Content-Type": "application/json"}, body
+
+    def replies() -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for m in fake.messages:
+            assert m["message"]["type"] == "text", m
+            out.setdefault(m["destination"], []).append(m["message"]["text"])
+        return out
+
+    def check() -> None:
+        # every download of the photo (live and rebuilt) carried the app's key
+        keys = fake.media_keys
+        assert len(keys) >= 2 and set(keys) == {fake.api_key}, keys
+
+    def env(url: str) -> dict[str, str]:
+        holder["url"] = url
+        return {
+            "GUPSHUP_API_KEY": fake.api_key,
+            "GUPSHUP_SOURCE": fake.source,
+            "GUPSHUP_APP_NAME": fake.app_name,
+            "GUPSHUP_API_URL": url,
+            "GUPSHUP_ALLOW_PRIVATE_MEDIA": "1",
+        }
+
+    return Case(
+        name="gupshup",
+        fake=_served(fake),
+        worker_env=env,
+        gateway_env={"GUPSHUP_WEBHOOK_SECRET": GS_SECRET},
+        webhook=webhook,
+        replies=replies,
+        chat="919876543210",
+        ids=ids,
+        ref=lambda: {"url": holder["url"] + media_path},
+        check=check,
+        query=f"?token={GS_SECRET}",
+    )
+
+
+def gohighlevel() -> Case:
+    """HighLevel's ``InboundMessage`` webhook signed with Ed25519 over the raw body
+    (``X-GHL-Signature``, base64) by a key pair made here, its public key given to the
+    gateway in PEM as HighLevel publishes it. Message 1 has an attachment URL on the fake's
+    storage, public as HighLevel's is; the bot answers by SMS (the default type)."""
+    fake = FakeHighLevel()
+    media_path = fake.add_media(PHOTO, "image/jpeg")
+    key = Ed25519PrivateKey.generate()
+    pem = key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    holder: dict[str, str] = {}
+    ids = [f"tGbLJuTNFN4IFJJE2E0{n}" for n in (1, 2, 3)]
+
+    def webhook(
+        n: int, chat: str, text: str, media: bool, url: str
+    ) -> tuple[dict[str, str], bytes]:
+        body = json.dumps(
+            {
+                "type": "InboundMessage",
+                "locationId": fake.location_id,
+                "attachments": [holder["url"] + media_path] if media else [],
+                "body": text,
+                "contactId": chat,
+                "contentType": "text/plain",
+                "conversationId": "fcanlLgpbQgQhderivVs",
+                "dateAdded": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "direction": "inbound",
+                "messageType": "SMS",
+                "messageId": ids[n - 1],
+                "status": "delivered",
+            }
+        ).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-GHL-Signature": base64.b64encode(key.sign(body)).decode(),
+        }
+        return headers, body
+
+    def replies() -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for m in fake.messages:
+            assert m["type"] == "SMS" and not m.get("attachments"), m
+            out.setdefault(m["contactId"], []).append(m["message"])
+        return out
+
+    def env(url: str) -> dict[str, str]:
+        holder["url"] = url
+        return {
+            "GOHIGHLEVEL_TOKEN": fake.token,
+            "GOHIGHLEVEL_API_URL": url,
+            "GOHIGHLEVEL_ALLOW_PRIVATE_MEDIA": "1",
+        }
+
+    [contact] = fake.contacts
+    return Case(
+        name="gohighlevel",
+        fake=_served(fake),
+        worker_env=env,
+        gateway_env={"GOHIGHLEVEL_WEBHOOK_PUBLIC_KEY": pem.decode()},
+        webhook=webhook,
+        replies=replies,
+        chat=contact,
+        ids=ids,
+        ref=lambda: {"url": holder["url"] + media_path},
+    )
+
+
+TT_SECRET = "e2e-tiktok-app-secret"
+
+
+def tiktok() -> Case:
+    """TikTok's ``im_receive_msg`` signed with ``TikTok-Signature`` (``t=<now>,s=<HMAC of
+    "<t>.<body>" under the app secret>``). Message 1 is an image the user sent in the
+    conversation: TikTok's images carry no caption, so the bot sees no text (and takes a
+    text-less media message as ``crash-before``). The live run downloads it by its
+    ``media_id``; the journal keeps its conversation and message ids only, so the replay
+    finds the ``media_id`` again in the conversation's latest messages; both downloads
+    carry the token in ``x-user``. The bot answers the conversation with a text."""
+    fake = FakeTikTok()
+    chat = fake.conversation()
+    image_id, media_id = fake.user_message(chat, "image", PHOTO)
+    ids = [image_id, "7310000000000000002", "7310000000000000003"]
+
+    def webhook(
+        n: int, chat: str, text: str, media: bool, url: str
+    ) -> tuple[dict[str, str], bytes]:
+        kind, part = ("image", {"media_id": media_id}) if media else ("text", {"body": text})
+        content = {
+            "conversation_id": chat,
+            "message_id": ids[n - 1],
+            "timestamp": int(time.time() * 1000),
+            "type": kind,
+            kind: part,
+            "from": "ann",
+            "from_user": {"id": fake.user_id, "role": "PERSONAL_ACCOUNT"},
+            "to": "business",
+            "to_user": {"id": fake.business_id, "role": "BUSINESS_ACCOUNT"},
+        }
+        body = json.dumps(
+            {
+                "client_key": "awe2e0tiktok0key",
+                "event": "im_receive_msg",
+                "create_time": int(time.time()),
+                "user_openid": fake.business_id,
+                "content": json.dumps(content),
+            }
+        ).encode()
+        stamp = str(int(time.time()))
+        headers = {
+            "Content-Type": "application/json",
+            "TikTok-Signature": f"t={stamp},s={tiktok_signature(TT_SECRET, stamp, body)}",
+        }
+        return headers, body
+
+    def replies() -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for m in fake.sent:
+            assert m["message_type"] == "TEXT", m
+            out.setdefault(m["recipient"], []).append(m["text"]["body"])
+        return out
+
+    def check() -> None:
+        # every download of the image (live and rebuilt) went to the fake's CDN with the token
+        users = fake.cdn_users
+        assert len(users) >= 2 and set(users) == {fake.token}, users
+
+    return Case(
+        name="tiktok",
+        fake=_served(fake),
+        worker_env=lambda url: {
+            "TIKTOK_ACCESS_TOKEN": fake.token,
+            "TIKTOK_BUSINESS_ID": fake.business_id,
+            "TIKTOK_API_URL": url + TIKTOK_BASE,
+            "TIKTOK_ALLOW_PRIVATE_MEDIA": "1",
+        },
+        gateway_env={"TIKTOK_APP_SECRET": TT_SECRET},
+        webhook=webhook,
+        replies=replies,
+        chat=chat,
+        ids=ids,
+        ref=lambda: {"conversation_id": chat, "message_id": image_id, "index": 0, "type": "image"},
+        texts=("", "crash-after 2", "plain 3"),
+        check=check,
+    )
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "telegram": telegram,
     "whatsapp": whatsapp,
@@ -772,6 +1014,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "baileys": baileys,
     "evolution": evolution,
     "wppconnect": wppconnect,
+    "gupshup": gupshup,
+    "gohighlevel": gohighlevel,
+    "tiktok": tiktok,
 }
 
 
