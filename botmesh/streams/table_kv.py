@@ -44,8 +44,11 @@ called, the inbound is not acked).
 send sent) return at once and go to the changelog later, each key's
 latest version once: with the chat's next awaited write, before it, or with ``flush``,
 which the worker awaits before it acks a batch. So a turn's writes that follow its send
-share one produce request and one acknowledgement. Receipts marked published are awaited
-(deferred, some were lost at a clean stop: published again after the restart).
+share one produce request and one acknowledgement. Receipts marked published are awaited.
+Whatever the order of the writes of a key, its last record in the changelog is its latest
+version: a value is read when it is handed to the producer, under its partition's lock, so
+a flush the producer holds up (a full batch buffer, a transaction's lock) cannot land an
+older version after a later write of the key (a restart would restore the older one).
 
 **Fenced by the group.** Under ``at_least_once`` nothing on the broker stops a worker that
 lost its partitions from producing to their changelog (under ``exactly_once`` the
@@ -232,10 +235,14 @@ LAZY_COMMIT_S = 1.0
 class _Part:
     """A partition this worker owns: its database, and what memory holds over it."""
 
-    __slots__ = ("db", "deferred", "overlay", "pending")
+    __slots__ = ("db", "deferred", "overlay", "pending", "producing")
 
     def __init__(self, db: JournalDb) -> None:
         self.db = db
+        #: Held while records of the partition are handed to the producer: each is read
+        #: from ``overlay`` in that turn, so a key's last record in the changelog is always
+        #: its latest write (``TableKv._produce_and_wait``).
+        self.producing = asyncio.Lock()
         #: The records written here and not yet in the database (deferred, produced and not
         #: acked, or not persisted yet), ``None`` for a delete: they hide the database's.
         self.overlay: dict[str, Entry | None] = {}
@@ -709,25 +716,33 @@ class TableKv:
         transaction, and a failure calls ``on_lost``."""
         # every record counted pending before the first await: an ack of an earlier version
         # that lands meanwhile must not drop the latest from the overlay (``persisted``)
-        records: list[tuple[int, str, bytes | None]] = []
+        todo: list[tuple[int, _Part, list[str]]] = []
         for p, keys in produce:
             part = self._parts[p]
             for key in keys:
-                entry = part.overlay[key]
-                records.append((p, key, encode_entry(entry) if entry is not None else None))
                 part.pending[key] = part.pending.get(key, 0) + 1
+            todo.append((p, part, keys))
         acks: list[tuple[int, Awaitable[Any]]] = []
-        for i, (p, key, value) in enumerate(records):
-            try:
-                ack = await self._port.produce(p, key.encode(), value)
-            except BaseException:
-                self._unproduced(records[i:])
-                raise
-            if isinstance(ack, asyncio.Future):
-                flying = self._inflight.setdefault(p, set())
-                flying.add(ack)
-                ack.add_done_callback(flying.discard)
-            acks.append((p, ack))
+        for n, (p, part, keys) in enumerate(todo):
+            # each value read as it is handed over, under the partition's lock: a value read
+            # before an await could reach the changelog after a later write of its key (a
+            # flush's ``sent`` after the receipt's published mark), and a restart would
+            # restore the older one
+            async with part.producing:
+                for i, key in enumerate(keys):
+                    entry = part.overlay[key]
+                    value = encode_entry(entry) if entry is not None else None
+                    try:
+                        ack = await self._port.produce(p, key.encode(), value)
+                    except BaseException:
+                        rest = [(p, k) for k in keys[i:]]
+                        self._unproduced(rest + [(q, k) for q, _, ks in todo[n + 1 :] for k in ks])
+                        raise
+                    if isinstance(ack, asyncio.Future):
+                        flying = self._inflight.setdefault(p, set())
+                        flying.add(ack)
+                        ack.add_done_callback(flying.discard)
+                    acks.append((p, ack))
         if not acks:
             return
         partitions = list(dict.fromkeys(p for p, _ in acks))
@@ -745,9 +760,9 @@ class TableKv:
                 await asyncio.gather(*(ack for _, ack in acks))
         self.acked += len(acks)
 
-    def _unproduced(self, records: list[tuple[int, str, bytes | None]]) -> None:
-        """Records counted pending that were never handed to the producer."""
-        for p, key, _ in records:
+    def _unproduced(self, records: list[tuple[int, str]]) -> None:
+        """Records (partition, key) counted pending that were never handed to the producer."""
+        for p, key in records:
             part = self._parts.get(p)
             n = None if part is None else part.pending.get(key)
             if part is None or n is None:
