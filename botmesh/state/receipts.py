@@ -183,14 +183,21 @@ class Publisher:
         done = {k: s for k, (s, ack) in self._pending.items() if ack.done()}
         if not done:
             return 0
-        acked: dict[str, str] = {}
-        for key, state in done.items():
-            _, ack = self._pending.pop(key)
+        acked: dict[str, tuple[str, asyncio.Future[Any]]] = {}
+        for key in done:
+            state, ack = self._pending.pop(key)
             if ack.exception() is not None:
                 log.warning("receipt of %s refused by the sink: %s", key, ack.exception())
             else:
-                acked[key] = state
-        return await self._mark(acked)
+                acked[key] = (state, ack)
+        try:
+            return await self._mark({key: state for key, (state, _) in acked.items()})
+        except BaseException:
+            # not recorded (the journal refused the write for a moment: a rebalance, the
+            # broker): kept for the next flush, not published again when they fall due
+            for key, held in acked.items():
+                self._pending.setdefault(key, held)
+            raise
 
     async def _mark(self, acked: dict[str, str]) -> int:
         if not acked:

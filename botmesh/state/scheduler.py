@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from botmesh.state.clock import Clock
 from botmesh.state.config import BackoffConfig, DurabilityConfig
 from botmesh.state.delivery import Delivery
+from botmesh.state.errors import JournalUnavailableError
 from botmesh.state.events import Emit, ErrorEvent
 from botmesh.state.inbox import Inbox
 from botmesh.state.keys import ScopeKeys
@@ -225,6 +226,7 @@ class Scheduler:
 
     async def _run(self) -> None:
         last = 0.0
+        unavailable = False
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.tick)
@@ -242,5 +244,11 @@ class Scheduler:
                     await self._sweeper.sweep_once()
                 elif self._publisher is not None:
                     await self._publisher.flush(wait=False)
+                unavailable = False
+            except JournalUnavailableError as exc:  # a moment: a rebalance, the broker
+                # said once per outage, without a traceback (it is tried again every tick)
+                level = logging.DEBUG if unavailable else logging.WARNING
+                unavailable = True
+                log.log(level, "sweeper pass stopped, the journal is unavailable: %s", exc)
             except Exception:
                 log.exception("sweeper pass failed; next pass in %ss", self.tick)
