@@ -524,7 +524,8 @@ async def test_a_later_write_of_a_key_is_its_last_record_even_when_a_flush_is_he
         mark = asyncio.ensure_future(
             kv.commit([Put("o/k", {"published": True}, expect=2)], label=Write.OUTBOX_PUBLISHED)
         )
-        await asyncio.sleep(0.1)  # a chosen moment: the mark is written while the flush waits
+        for _ in range(100):  # the loop turns over while the flush waits: the mark is written
+            await asyncio.sleep(0)
         gate.set()
         await asyncio.gather(flush, mark)
         entry = await kv.get("o/k")
