@@ -728,21 +728,23 @@ class TableKv:
             # before an await could reach the changelog after a later write of its key (a
             # flush's ``sent`` after the receipt's published mark), and a restart would
             # restore the older one
-            async with part.producing:
-                for i, key in enumerate(keys):
-                    entry = part.overlay[key]
-                    value = encode_entry(entry) if entry is not None else None
-                    try:
+            handed = 0
+            try:
+                async with part.producing:
+                    for key in keys:
+                        entry = part.overlay[key]
+                        value = encode_entry(entry) if entry is not None else None
                         ack = await self._port.produce(p, key.encode(), value)
-                    except BaseException:
-                        rest = [(p, k) for k in keys[i:]]
-                        self._unproduced(rest + [(q, k) for q, _, ks in todo[n + 1 :] for k in ks])
-                        raise
-                    if isinstance(ack, asyncio.Future):
-                        flying = self._inflight.setdefault(p, set())
-                        flying.add(ack)
-                        ack.add_done_callback(flying.discard)
-                    acks.append((p, ack))
+                        handed += 1
+                        if isinstance(ack, asyncio.Future):
+                            flying = self._inflight.setdefault(p, set())
+                            flying.add(ack)
+                            ack.add_done_callback(flying.discard)
+                        acks.append((p, ack))
+            except BaseException:  # a failed or cancelled hand-over: the rest never went
+                rest = [(p, k) for k in keys[handed:]]
+                self._unproduced(rest + [(q, k) for q, _, ks in todo[n + 1 :] for k in ks])
+                raise
         if not acks:
             return
         partitions = list(dict.fromkeys(p for p, _ in acks))
