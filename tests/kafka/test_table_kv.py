@@ -22,6 +22,7 @@ import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from botmesh import Bot, Context, Inbound, Outcome
+from botmesh.state.clock import ManualClock
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
 from botmesh.state.writes import Write
@@ -535,3 +536,48 @@ async def test_a_later_write_of_a_key_is_its_last_record_even_when_a_flush_is_he
     with in_partition(0):
         entry = await restored.kv.get("o/k")
     assert entry is not None and (entry.value, entry.version) == ({"published": True}, 3)
+
+
+async def test_a_published_mark_the_journal_refuses_is_recorded_by_the_next_flush(
+    backend: BackendHandle,
+) -> None:
+    """The real engine on the journal: a receipt acked while the worker's group membership
+    is unconfirmed cannot be recorded published (the journal refuses every write); it stays
+    with the publisher, so a sweeper pass after its record fell due does not publish it
+    again, and the first flush after the coordinator answered records it."""
+    kv, port = table_of(backend)
+    sink = HeldReceipts()
+    clock = ManualClock()
+    bot = Bot("refused")
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        await ctx.reply("hello")
+
+    async with bot.bind(MockProvider(), kv, instance_id="w1", receipts=sink, clock=clock) as rt:
+        ops = rt.durability
+        assert ops is not None
+        with in_partition(0):
+            assert await rt.handle(Inbound(id="m", chat_id="c", text="hi")) == Outcome.HANDLED
+            [ack] = sink.acks
+            ack.set_result(None)
+            port.stale = "membership last confirmed 20.0s ago"
+            with pytest.raises(JournalUnavailableError, match="membership last confirmed"):
+                await rt.flush_receipts()
+            clock.advance(61.0)  # past the record's due time (the 60 s lease)
+            refused: JournalUnavailableError | None = None
+            try:  # the pass tries the mark again, refused again
+                await ops.sweep_once()
+            except JournalUnavailableError as exc:
+                refused = exc
+            for copy in sink.acks[1:]:  # acked, so that a failing test still stops
+                copy.set_result(None)
+            assert len(sink.acks) == 1, "the receipt was published again"
+            assert refused is not None and "membership last confirmed" in str(refused)
+            port.stale = None  # the coordinator accepted a heartbeat again
+            assert await rt.flush_receipts() == 1
+    restored = await backend.reopen()  # from the changelog alone
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        [sent] = [e.value for e in await restored.kv.scan(f"{bot.scope}/out/")]
+    assert (sent["key"], sent["state"], sent["published"]) == ("m:1", "sent", True)
