@@ -68,7 +68,10 @@ class FaultyKv:
         self._at = (commit, when)
 
     def _die(self, when: When, label: str, ops: Sequence[Op]) -> None:
-        self.crashed = SimulatedCrash(when, label, self.commits, tuple(op.key for op in ops))
+        # the record it was about first: a blind write (a message log entry, which goes
+        # ahead of its send's record) never is that record
+        about = sorted(ops, key=lambda op: getattr(op, "expect", 0) is None)
+        self.crashed = SimulatedCrash(when, label, self.commits, tuple(op.key for op in about))
         raise self.crashed
 
     def _alive(self) -> None:

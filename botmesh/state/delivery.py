@@ -432,7 +432,9 @@ class Delivery:
         purge = self._purge_at(now) if state == OutboxState.SENT else None
         label = _SETTLE_LABEL[state]
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
-        # very commit, so a crash leaves both or neither (botmesh.state.message_log)
+        # very commit, ahead of the record (on Kafka two changelog records, in that order),
+        # so a crash leaves both, neither, or the entry alone, which proves the send went
+        # out (``_found_in_log``) (botmesh.state.message_log)
         logged = (
             self._message_log.entry_ops(value, now)
             if self._message_log is not None
@@ -442,7 +444,7 @@ class Delivery:
         )
         if logged:
             with self._near(target.key):
-                await self._leases.write(target, value, label, due=due, purge=purge, extra=logged)
+                await self._leases.write(target, value, label, due=due, purge=purge, before=logged)
         elif not await self._leases.write(target, value, label, due=due, purge=purge):
             return None
         if isinstance(target, Held):
@@ -484,12 +486,38 @@ class Delivery:
         if gated is not None:
             return gated
         if value.get("inflight") and ls in ("expired", "orphan"):
+            found = await self._found_in_log(entry, now)
+            if found is not None:
+                return found
             if isinstance(self._resolver_of(value), AmbiguityResolver):
                 return await self._deliver(entry, now, resend=True, ask=True)
             if self._on_ambiguous == "skip":
                 return await self._unknown(entry, now, _AMBIGUOUS, ambiguous=True)
             return await self._deliver(entry, now, resend=True)
         return await self._deliver(entry, now, resend=False)
+
+    async def _found_in_log(self, entry: Entry, now: float) -> int | None:
+        """A send left in flight whose log entry is in the journal: its ``sent`` commit was
+        cut after the entry (on Kafka a kill between two changelog records), and the entry
+        holds what the channel answered. Recorded ``sent`` from it, with its message id:
+        nothing is sent or logged again. ``None`` when no entry names the send."""
+        if self._message_log is None:
+            return None
+        value = entry.value
+        found = await self._message_log.find(value["payload"]["chat_id"], value["key"])
+        if found is None:
+            return None
+        taken = self._leases.claimed(value, now, self._lease)
+        sent = _closed(taken, now, OutboxState.SENT, message_id=found.message_id, error=None)
+        if await self._settle(entry, sent, now, background=True) is None:
+            return 0
+        log.warning(
+            "send %s was in flight at a crash and its log entry says the channel took it "
+            "(message id %s): recorded sent, not sent again",
+            value["key"],
+            found.message_id,
+        )
+        return 1
 
     async def _gate(self, entry: Entry, now: float) -> int | None:
         """``None`` when the send may go now; else what was done (it waits, or shares the

@@ -114,13 +114,15 @@ class Leases:
         purge: float | None = None,
         *,
         extra: Sequence[Op] = (),
+        before: Sequence[Op] = (),
     ) -> bool:
         """Write ``value`` over ``target``.
 
         A ``Held`` record is written as its holder: ``FencedError`` when it was taken over.
         An ``Entry`` is written with a compare-and-set on its version: ``False`` when
         someone wrote it first (the caller leaves it to them). ``extra`` operations join
-        the same commit (a ``Held`` only); a conflict on one of them raises
+        the same commit after the record, ``before`` ones ahead of it (a ``Held`` only; on
+        Kafka the changelog gets them in that order); a conflict on one of them raises
         ``VersionConflictError`` naming it, for the caller to settle.
         """
         if isinstance(target, Entry):
@@ -132,7 +134,7 @@ class Leases:
             except VersionConflictError:
                 return False
             return True
-        await self._write_held(target, value, label, due, purge, extra=extra)
+        await self._write_held(target, value, label, due, purge, extra=extra, before=before)
         return True
 
     async def _write_held(
@@ -144,14 +146,20 @@ class Leases:
         purge: float | None,
         *,
         extra: Sequence[Op] = (),
+        before: Sequence[Op] = (),
     ) -> None:
         kv = self._kv
         for _ in range(8):
             try:
-                [version, *_] = await kv.commit(
-                    [handover(held.key, value, expect=held.version, due=due, purge=purge), *extra],
+                versions = await kv.commit(
+                    [
+                        *before,
+                        handover(held.key, value, expect=held.version, due=due, purge=purge),
+                        *extra,
+                    ],
                     label=label,
                 )
+                version = versions[len(before)]
             except VersionConflictError as exc:
                 if exc.key != held.key:
                     raise

@@ -21,7 +21,10 @@ whole or not at all, so
 That holds on every journal that implements the SPI's atomic ``commit``: memory, file,
 sqlite, postgres, redis, and the Kafka worker's Faust table (whose changelog carries the
 entry and the ``sent`` mark in the same partition: one transaction under ``exactly_once``,
-consecutive records handed to the producer together under ``at_least_once``).
+consecutive records handed to the producer together under ``at_least_once``). There a
+producer batch can fill up between the two, so the entry goes first: a kill between them
+leaves the entry alone, and the recovery, finding the send in flight and its entry
+(``MessageLog.find``), records it ``sent`` from the entry (``Delivery._found_in_log``).
 
 **Keys.** ``<scope>/log/<chat, percent-encoded>/<sent µs, 17 digits>/<the send's key
 (part 1's), percent-encoded>/<part, 4 digits>`` (``ScopeKeys.log_of``): a chat's log is
@@ -46,14 +49,14 @@ import base64
 import bisect
 import logging
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import quote, urlsplit
 
 import msgspec
 
 from botmesh.state.keys import ScopeKeys, part_base
-from botmesh.state.kv import DurableKv, Op, handover
+from botmesh.state.kv import DurableKv, Entry, Op, handover
 
 __all__ = [
     "JournalMessageLog",
@@ -220,6 +223,11 @@ class MessageLog(Protocol):
         the ones sent earlier)."""
         ...
 
+    async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
+        """The entry of the send ``key`` in the chat's log, if any (read after a crash:
+        it reads the chat's whole log)."""
+        ...
+
 
 class JournalMessageLog:
     """The message log in the journal itself (see the module docstring)."""
@@ -281,13 +289,25 @@ class JournalMessageLog:
                     f"(seconds since the epoch), got {type(before).__name__}"
                 )
             entries = entries[: bisect.bisect_left([e.key for e in entries], bound)]
-        found: list[LoggedMessage] = []
-        for e in reversed(entries):
-            try:
-                found.append(msgspec.convert(e.value, LoggedMessage))
-            except msgspec.ValidationError as exc:  # written by another version: skipped
-                log.warning("message log entry %s unreadable, skipped: %s", e.key, exc)
-                continue
-            if len(found) == limit:
-                break
-        return found
+        return _messages(reversed(entries), limit)
+
+    async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
+        if not self.enabled:
+            return None
+        entries = await self._kv.scan(self._keys.log_of(chat_id))
+        found = _messages((e for e in entries if e.value.get("key") == key), 1)
+        return found[0] if found else None
+
+
+def _messages(entries: Iterable[Entry], limit: int) -> list[LoggedMessage]:
+    """Up to ``limit`` readable messages of ``entries``, in their order."""
+    found: list[LoggedMessage] = []
+    for e in entries:
+        try:
+            found.append(msgspec.convert(e.value, LoggedMessage))
+        except msgspec.ValidationError as exc:  # written by another version: skipped
+            log.warning("message log entry %s unreadable, skipped: %s", e.key, exc)
+            continue
+        if len(found) == limit:
+            break
+    return found

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from botmesh import Bot, Context, Inbound
 from botmesh.journal import MemoryKv, Write
+from botmesh.state.kv import Op
 from botmesh.state.messages import Outbound, SendResult
 from botmesh.testing import ManualClock, MockProvider, SimulatedCrash, crashable
 from tests.backends import BACKENDS
@@ -125,6 +127,58 @@ async def test_an_ambiguous_send_the_channel_found_is_logged_once_with_its_id() 
         ("m1:1", accepted.message_id, "only once")
     ]
     assert record.message_id == accepted.message_id
+
+
+class Torn(MemoryKv):
+    """A journal whose first ``sent`` commit is cut after its first operation, as a kill
+    between two changelog records cuts it on Kafka (the commit's records go one by one)."""
+
+    tear = True
+
+    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
+        if self.tear and label == Write.OUTBOX_MARK_SENT:
+            self.tear = False
+            await super().commit(list(ops[:1]), label=label)
+            raise SimulatedCrash("cut", label, 1, tuple(op.key for op in ops))
+        return await super().commit(ops, label=label)
+
+
+@pytest.mark.parametrize("policy", ["skip", "resend"])
+async def test_a_sent_commit_cut_after_its_log_entry_is_recorded_sent_from_the_entry(
+    policy: str,
+) -> None:
+    """The log entry goes first in the commit that records a send ``sent``; when only it
+    landed, the restart finds the send in flight and its entry, which holds the channel's
+    answer: the send is recorded ``sent`` with that message id, under either policy,
+    without calling the channel or logging it again."""
+    kv, clock, provider = Torn(), ManualClock(), MockProvider()
+
+    def bot() -> Bot:
+        b = Bot("torn", durability={"poll": 0, "outbox": {"on_ambiguous": policy}})
+
+        @b.on_message
+        async def handler(ctx: Context) -> None:
+            await ctx.reply("only once")
+
+        return b
+
+    first = bot().bind(provider, kv, instance_id="t1", clock=clock)
+    await first.start()
+    with pytest.raises(SimulatedCrash) as cut:
+        await first.handle(Inbound(id="m1", chat_id="c", text="hi"))
+    assert "/log/" in cut.value.keys[0]  # the entry went first, the record did not land
+    [accepted] = provider.calls
+    again_bot = bot()
+    async with again_bot.bind(provider, kv, instance_id="t1", clock=clock) as again:
+        ops = again.durability
+        assert ops is not None
+        await ops.drain()
+        record = await ops.outbox.get("m1:1")
+        logged = await again_bot.messages("c")
+    assert len(provider.calls) == 1  # not sent again
+    assert record is not None and record.state == "sent"
+    assert record.message_id == accepted.message_id
+    assert [(m.key, m.message_id) for m in logged] == [("m1:1", accepted.message_id)]
 
 
 # -- SIGKILL of a real process ----------------------------------------------------------------
