@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from botmesh._dlq_cli import run_dlq, run_flows
 from botmesh._exit import Exit, command_of, stop_on_sigterm_until_started
-from botmesh.state.errors import AppLoadError
+from botmesh.state.errors import AppLoadError, DurabilityError
 from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
 from botmesh.topics.catalog import Catalog, check_prefix, prefix_from_env
@@ -317,13 +317,32 @@ def _cmd_worker(args: Args) -> int:
     return 0
 
 
+def _count(value: int | None, option: str, env: str, default: int) -> int:
+    """A whole number >= 1 from its flag, else the environment (where a configuration file's
+    setting is too), else ``default``."""
+    if value is not None:
+        if value < 1:
+            raise ValueError(f"{option} {value}: must be a whole number >= 1")
+        return value
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{env}={raw!r}: must be a whole number >= 1; fix or unset it")
+    return int(raw)
+
+
 def _cmd_topics(args: Args) -> int:
     from botmesh.streams.provision import ensure_topics, existing_topics
+    from botmesh.topics.catalog import DEFAULT_PARTITIONS
 
     cat, bootstrap = _catalog(args), _bootstrap(args)
+    partitions = _count(args.partitions, "--partitions", "BOTMESH_PARTITIONS", DEFAULT_PARTITIONS)
     if args.action == "create":
-        specs = cat.specs_beside(existing_topics(bootstrap), args.partitions, args.replication)
+        replication = _count(args.replication, "--replication", "BOTMESH_REPLICATION", 1)
+        specs = cat.specs_beside(existing_topics(bootstrap), partitions, replication)
         result = ensure_topics(bootstrap, specs)
+        shape = {s.name: (s.partitions, s.replication) for s in specs}
         if args.json:
             print(
                 json.dumps(
@@ -334,12 +353,16 @@ def _cmd_topics(args: Args) -> int:
                             n: {"asked": want, "partitions": got}
                             for n, (want, got) in result.mismatched.items()
                         },
+                        "topics": {
+                            n: {"partitions": p, "replication": r} for n, (p, r) in shape.items()
+                        },
                     }
                 )
             )
             return 0
         for name in result.created:
-            print(f"created  {name}")
+            made = shape[name]
+            print(f"created  {name} ({made[0]} partitions, replication {made[1]})")
         for name in result.existing:
             print(f"exists   {name}")
         for name, (want, got) in result.mismatched.items():
@@ -354,11 +377,11 @@ def _cmd_topics(args: Args) -> int:
                 "cleanup_policy": spec.config.get("cleanup.policy", "delete"),
                 "partitions": have.get(spec.name),
             }
-            for spec in cat.specs(args.partitions)
+            for spec in cat.specs(partitions)
         ]
         print(json.dumps({"prefix": cat.prefix, "topics": rows}))
         return 0
-    for spec in cat.specs(args.partitions):
+    for spec in cat.specs(partitions):
         state = f"{have[spec.name]} partitions" if spec.name in have else "missing"
         policy = spec.config.get("cleanup.policy", "delete")
         print(f"{spec.name:<50} {spec.role:<10} {policy:<8} {state}")
@@ -492,13 +515,6 @@ def _cmd_operator(args: Args) -> int:
     return run[args.command](args, _bootstrap(args), _catalog(args))
 
 
-def _replication_env() -> int:
-    raw = os.environ.get("BOTMESH_REPLICATION", "").strip() or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"BOTMESH_REPLICATION={raw!r}: must be a whole number >= 1")
-    return int(raw)
-
-
 def _cmd_gateway(args: Args) -> int:
     from botmesh import _gateway, logs, tracing
     from botmesh.providers.channels import CHANNELS, webhook_from_env
@@ -521,7 +537,7 @@ def _cmd_gateway(args: Args) -> int:
         if args.request_timeout is not None
         else _gateway.DEFAULT_REQUEST_TIMEOUT,
         seen_max=args.seen_max if args.seen_max is not None else _gateway.DEFAULT_SEEN_MAX,
-        replication=_replication_env(),
+        replication=_count(None, "", "BOTMESH_REPLICATION", 1),
     )
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be 0-65535")
@@ -618,6 +634,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConnectionError as exc:
         print(f"botmesh {command}: {exc}", file=sys.stderr)
         return Exit.UNREACHABLE
+    except DurabilityError as exc:  # a journal that cannot be opened: its message says why
+        print(f"botmesh {command}: the journal: {exc}", file=sys.stderr)
+        return Exit.REFUSED
     except (ValueError, LookupError) as exc:
         print(f"botmesh {command}: {exc}", file=sys.stderr)
         return Exit.USAGE

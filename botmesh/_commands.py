@@ -203,8 +203,17 @@ def topics() -> None:
 
 @topics.command("create", context_settings=_CONTEXT)
 @_connection
-@click.option("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions of each")
-@click.option("--replication", type=int, default=1, help="replication factor of each")
+@click.option(
+    "--partitions",
+    type=int,
+    help=f"partitions of each  [env var: BOTMESH_PARTITIONS; default: {DEFAULT_PARTITIONS}]",
+)
+@click.option(
+    "--replication",
+    type=int,
+    help="replication factor of each, at most the cluster's brokers  [env var: "
+    "BOTMESH_REPLICATION; default: 1]",
+)
 @_json
 @_invoke("topics", "create")
 def topics_create() -> None:
@@ -213,7 +222,11 @@ def topics_create() -> None:
 
 @topics.command("list", context_settings=_CONTEXT)
 @_connection
-@click.option("--partitions", type=int, default=DEFAULT_PARTITIONS, help="partitions wanted")
+@click.option(
+    "--partitions",
+    type=int,
+    help=f"partitions wanted  [env var: BOTMESH_PARTITIONS; default: {DEFAULT_PARTITIONS}]",
+)
 @_json
 @_invoke("topics", "list")
 def topics_list() -> None:

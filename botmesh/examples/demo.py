@@ -3,12 +3,11 @@
     python -m botmesh.examples.demo [--once] [--messages 300] [--chats 12] [--prefix botmesh]
                             [--app botmesh.examples.echo_bot:bot]
 
-(from the repository root: the demo and the example bots are not part of the installed
-package).
+(``make run`` in a checkout; installed from a wheel, it needs ``KAFKA_BOOTSTRAP_SERVERS``).
 
-1. a broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else the local Kafka of
-   ``deploy/kafka/kafka.sh`` on 127.0.0.1:9092 (started, and stopped at the end, if it is not
-   already running);
+1. a broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else, in a botmesh checkout, the local
+   Kafka of ``deploy/kafka/kafka.sh`` on 127.0.0.1:9092 (started, and stopped at the end, if
+   it is not already running);
 2. the topics of the prefix (``BOTMESH_TOPIC_PREFIX``, default ``botmesh``), created if missing;
 3. ``botmesh worker --app botmesh.examples.echo_bot:bot`` (or the bot ``--app`` names, such as
    ``botmesh.examples.signup_bot:bot``: each demo message gets its one reply) as a subprocess (log
@@ -40,6 +39,7 @@ from types import FrameType
 from botmesh._cli import load_app
 from botmesh.errors import AppLoadError
 from botmesh.examples.echo_bot import bot as echo_bot
+from botmesh.streams.connection import local_kafka_script
 from botmesh.streams.ops.tools import (
     Seen,
     demo_records,
@@ -54,8 +54,6 @@ from botmesh.topics.catalog import Catalog, prefix_from_env
 
 __all__ = ["journal_summary", "main", "stop_process", "worker_command"]
 
-REPO = Path(__file__).resolve().parents[1]
-KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 WAIT_S = 120.0
 
 
@@ -69,19 +67,21 @@ def _broker() -> tuple[str, bool]:
     if env:
         print(f"demo: broker {env} (KAFKA_BOOTSTRAP_SERVERS)")
         return env, False
-    if not KAFKA_SH.exists():
+    kafka_sh = local_kafka_script()
+    if kafka_sh is None:
         raise DemoError(
-            f"no {KAFKA_SH}: run the demo from a botmesh checkout, or set "
-            "KAFKA_BOOTSTRAP_SERVERS to a running broker"
+            "no broker: set KAFKA_BOOTSTRAP_SERVERS to a running one (for example "
+            "`docker run -p 9092:9092 apache/kafka`, then KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092), "
+            "or run `make run` in a clone of the botmesh repository: it starts a local Kafka"
         )
     port = os.environ.get("KAFKA_PORT", "9092")
     bootstrap = f"127.0.0.1:{port}"
-    status = subprocess.run([str(KAFKA_SH), "status"], capture_output=True, text=True, check=False)
+    status = subprocess.run([str(kafka_sh), "status"], capture_output=True, text=True, check=False)
     if status.returncode == 0:
         print(f"demo: local Kafka already running on {bootstrap} (left running at the end)")
         return bootstrap, False
     print(f"demo: starting the local Kafka on {bootstrap} (deploy/kafka/kafka.sh start) ...")
-    started = subprocess.run([str(KAFKA_SH), "start"], text=True, check=False)
+    started = subprocess.run([str(kafka_sh), "start"], text=True, check=False)
     if started.returncode != 0:
         raise DemoError(
             "deploy/kafka/kafka.sh start failed (see above); `make kafka-jars` fetches the jars"
@@ -113,7 +113,7 @@ def _start_worker(
     )
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     print(f"demo: worker pid {proc.pid}: {' '.join(cmd[2:])}  (log {log_path})")
     print(f"demo: the worker's journal: on Kafka, {changelog_topic(Catalog(prefix))}")
@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"demo: worker stopped (exit {proc.returncode})")
             _show_journal(bootstrap, cat, scope)
         if started:
-            subprocess.run([str(KAFKA_SH), "stop"], check=False)
+            subprocess.run([str(local_kafka_script()), "stop"], check=False)
             print("demo: local Kafka stopped")
     return 0 if ok else 1
 

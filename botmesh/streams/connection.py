@@ -58,9 +58,11 @@ __all__ = [
     "Security",
     "admin",
     "aiokafka_options",
+    "broker_hint",
     "confluent_options",
     "connect_error",
     "list_topics",
+    "local_kafka_script",
     "servers",
     "settings_of",
 ]
@@ -103,11 +105,16 @@ def _secret(env: Mapping[str, str], name: str) -> tuple[Secret | None, str]:
         raise ValueError(f"{name} and {name}_FILE are both set: keep one")
     if path:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(
                 f"{name}_FILE={path!r}: cannot read it ({exc.strerror or exc}); mount the "
                 "secret there or fix the path"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{name}_FILE={path!r}: not UTF-8 (byte {exc.object[exc.start]:#04x} at "
+                f"offset {exc.start}); write the secret there as UTF-8 text"
             ) from None
         return Secret(text.rstrip("\r\n")), f"{name}_FILE"
     return (Secret(value), name) if value else (None, name)
@@ -399,9 +406,31 @@ def connect_error(brokers: Brokers, exc: BaseException, timeout: float = 5.0) ->
         return refused
     except ConnectionError:
         pass
-    return ConnectionError(
-        f"cannot reach Kafka at {servers(brokers)!r}: {exc}; is the broker running and "
-        "KAFKA_BOOTSTRAP_SERVERS (or --bootstrap) right?"
+    return ConnectionError(f"cannot reach Kafka at {servers(brokers)!r}: {exc}; {broker_hint()}")
+
+
+def local_kafka_script() -> Path | None:
+    """``deploy/kafka/kafka.sh`` of the botmesh checkout this package runs from (an editable
+    install, or the repository on ``PYTHONPATH``); ``None`` when botmesh was installed from
+    a wheel or an sdist, which carry no ``deploy/``."""
+    script = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "kafka.sh"
+    return script if script.is_file() else None
+
+
+def broker_hint() -> str:
+    """What to check when no broker answers, for the way botmesh was installed: a checkout
+    has its local Kafka script; an installed package does not, so that user is pointed at
+    the settings, or at a checkout or Docker to try botmesh without a cluster."""
+    script = local_kafka_script()
+    if script is not None:
+        return (
+            f"is the broker running (`{script} start`, or `make kafka-start` in "
+            f"{script.parents[2]}) and KAFKA_BOOTSTRAP_SERVERS (--bootstrap) right?"
+        )
+    return (
+        "is KAFKA_BOOTSTRAP_SERVERS (--bootstrap) set to your brokers, and are they up? "
+        "To try botmesh without a cluster: `docker run -p 9092:9092 apache/kafka`, or clone "
+        "the botmesh repository and run `make run` (it starts a local Kafka from Maven Central)"
     )
 
 
@@ -444,7 +473,5 @@ def list_topics(brokers: Brokers, timeout: float = 10.0, client: Any = None) -> 
             if time.monotonic() >= deadline:
                 raise ConnectionError(
                     f"cannot reach Kafka at {settings.bootstrap!r} "
-                    f"({settings.security.describe()}): {exc}; is the broker running "
-                    "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS (--bootstrap) "
-                    "right?"
+                    f"({settings.security.describe()}): {exc}; {broker_hint()}"
                 ) from None

@@ -70,8 +70,7 @@ def admin_client(bootstrap: Brokers, timeout: float) -> Any:
 
 def unreachable(bootstrap: Brokers, exc: BaseException) -> ConnectionError:
     return ConnectionError(
-        f"cannot reach Kafka at {servers(bootstrap)!r}: {exc}; is the broker running "
-        "(deploy/kafka/kafka.sh start) and KAFKA_BOOTSTRAP_SERVERS (--bootstrap) right?"
+        f"cannot reach Kafka at {servers(bootstrap)!r}: {exc}; {connection.broker_hint()}"
     )
 
 

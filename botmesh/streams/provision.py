@@ -67,15 +67,31 @@ def _wait_listed(bootstrap: Brokers, names: list[str], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _check_replication(bootstrap: Brokers, todo: list[TopicSpec], brokers: int) -> None:
+    """A replication factor above the cluster's broker count is refused before anything is
+    created (the broker would refuse each topic, leaving some created and some not)."""
+    asked = max((s.replication for s in todo), default=0)
+    if asked > brokers:
+        raise ValueError(
+            f"replication factor {asked} is more than the {brokers} broker(s) of the cluster at "
+            f"{servers(bootstrap)!r}: set --replication (or BOTMESH_REPLICATION) to at most "
+            f"{brokers}, or add brokers; nothing was created"
+        )
+
+
 def ensure_topics(
     bootstrap: Brokers, specs: Iterable[TopicSpec], timeout: float = 30.0
 ) -> ProvisionResult:
-    """Create the topics that do not exist yet; idempotent (safe to run on every start)."""
+    """Create the topics that do not exist yet; idempotent (safe to run on every start).
+    ``ValueError`` before creating anything when a topic to create asks for more replicas
+    than the cluster has brokers."""
     wanted = list(specs)
-    have = existing_topics(bootstrap, min(timeout, 10.0))
+    meta = list_topics(bootstrap, min(timeout, 10.0))
+    have = {name: len(t.partitions) for name, t in meta.topics.items()}
     todo = [s for s in wanted if s.name not in have]
     created: list[str] = []
     existing = [s.name for s in wanted if s.name in have]
+    _check_replication(bootstrap, todo, len(meta.brokers))
     if todo:
         admin = admin_client(bootstrap)
         futures = admin.create_topics(

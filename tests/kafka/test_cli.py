@@ -87,6 +87,7 @@ def test_topics_create_is_idempotent_and_list_shows_them(
     assert first.returncode == 0, first.stderr
     names = Catalog(topic_prefix).names()
     assert sorted(line.split()[1] for line in first.stdout.splitlines()) == sorted(names)
+    assert all(line.endswith("(2 partitions, replication 1)") for line in first.stdout.splitlines())
     assert all(line.startswith("created") for line in first.stdout.splitlines())
     again = botmesh(
         "topics",
@@ -102,6 +103,58 @@ def test_topics_create_is_idempotent_and_list_shows_them(
     assert set(rows) == set(names)
     assert rows[f"{topic_prefix}.worker-journal-changelog"][2] == "compact"
     assert all(r[3] == "2" for r in rows.values())
+
+
+@pytest.mark.kafka
+def test_topics_create_takes_partitions_and_replication_from_the_settings(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """flag > environment > configuration file > default, for the partitions and the
+    replication factor; a factor above the cluster's broker count (one here) is refused,
+    naming it and the fix, before anything is created."""
+    assert not {"BOTMESH_PARTITIONS", "BOTMESH_REPLICATION"} & set(os.environ)
+    base = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    config = tmp_path / "botmesh.toml"
+    config.write_text("[botmesh]\npartitions = 3\nreplication = 2\n")
+
+    def partitions_of(prefix: str) -> set[str]:
+        listed = botmesh("topics", "list", "--prefix", prefix, "--json", env=base)
+        return {str(t["partitions"]) for t in json.loads(listed.stdout)["topics"]}
+
+    refused = botmesh(
+        "--config", str(config), "topics", "create", "--prefix", topic_prefix, env=base
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "replication factor 2 is more than the 1 broker(s) of the cluster" in refused.stderr
+    assert "set --replication (or BOTMESH_REPLICATION) to at most 1" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert partitions_of(topic_prefix) == {"None"}  # nothing created
+
+    env_wins = dict(base, BOTMESH_REPLICATION="1")  # the environment over the file
+    made = botmesh(
+        "--config", str(config), "topics", "create", "--prefix", topic_prefix, env=env_wins
+    )
+    assert made.returncode == 0, made.stderr
+    inbound = Catalog(topic_prefix).inbound
+    assert f"created  {inbound} (3 partitions, replication 1)" in made.stdout.splitlines()
+    assert partitions_of(topic_prefix) == {"3"}  # the file's partitions
+
+    second = f"{topic_prefix}-b"  # the environment over the file, the flag over both
+    env_partitions = dict(env_wins, BOTMESH_PARTITIONS="2")
+    made = botmesh(
+        "--config", str(config), "topics", "create", "--prefix", second, env=env_partitions
+    )
+    assert made.returncode == 0, made.stderr
+    assert partitions_of(second) == {"2"}
+    third = f"{topic_prefix}-c"
+    flagged = ("topics", "create", "--prefix", third, "--partitions", "1", "--replication", "1")
+    made = botmesh("--config", str(config), *flagged, env=env_partitions)
+    assert made.returncode == 0, made.stderr
+    assert partitions_of(third) == {"1"}
+    bad = botmesh("topics", "create", "--prefix", third, env=dict(base, BOTMESH_PARTITIONS="x"))
+    assert bad.returncode == 2 and "BOTMESH_PARTITIONS='x': must be a whole number >= 1" in (
+        bad.stderr
+    )
 
 
 @pytest.mark.kafka
