@@ -91,10 +91,12 @@ async def test_text_goes_to_the_conversation_and_returns_the_message_id(rig: Rig
 async def test_an_image_is_uploaded_then_sent_by_media_id(rig: Rig, tmp_path: Path) -> None:
     path = tmp_path / "photo.png"
     path.write_bytes(PNG)
-    await rig.provider.send(Outbound(rig.chat, None, Media(data=PNG, mime="image/png")))
-    await rig.provider.send(Outbound(rig.chat, None, Media(path=str(path))))
-    for sent in rig.fake.sent:
-        assert sent["message_type"] == "IMAGE"
+    by_data = await rig.provider.send(Outbound(rig.chat, None, Media(data=PNG, mime="image/png")))
+    by_path = await rig.provider.send(Outbound(rig.chat, None, Media(path=str(path))))
+    assert len(rig.fake.sent) == 2 and len(rig.fake.uploads) == 2  # one upload, one send each
+    for sent, result in zip(rig.fake.sent, (by_data, by_path), strict=True):
+        assert result.message_id == sent["message_id"]
+        assert (sent["recipient"], sent["message_type"]) == (rig.chat, "IMAGE")
         assert rig.fake.uploads[sent["image"]["media_id"]] == (PNG, "image/png")
 
 

@@ -320,9 +320,20 @@ async def test_a_download_that_does_not_match_its_sha256_fails(
         await wa.download_media(Media(provider="whatsapp", id=media_id))
 
 
-async def test_the_token_is_not_sent_to_a_foreign_media_host(wa: WhatsAppProvider) -> None:
-    with pytest.raises(ProviderError, match="not a Meta media host"):
-        wa.check_download_host("https://evil.example.com/x")
+async def test_the_token_is_not_sent_to_a_foreign_media_host(
+    fake: tuple[GraphFake, str], wa: WhatsAppProvider
+) -> None:
+    graph, base = fake
+    media_id = graph.add_media(b"\x89PNG-bytes", "image/png")
+    media = Media(provider="whatsapp", id=media_id, mime="image/png")
+    # Graph answers a media URL on another host than the API's and Meta's ("localhost"
+    # reaches the fake too: without the check the token would get there and be recorded).
+    graph.media_origin = base.replace("127.0.0.1", "localhost")
+    with pytest.raises(ProviderError, match="'localhost' is not a Meta media host"):
+        await wa.media_url(media)
+    with pytest.raises(ProviderError, match="'localhost' is not a Meta media host"):
+        await wa.download_media(media)
+    assert graph.downloads == []
     wa.check_download_host("https://lookaside.fbsbx.com/whatsapp_business/attachments/?mid=1")
 
 
@@ -467,16 +478,24 @@ def test_handshake_answers_the_challenge_only_with_our_verify_token(hook: WhatsA
 def test_signature_good_bad_and_missing(hook: WhatsAppWebhook) -> None:
     body = _message("text", {"body": "hi"})
     _signed(hook, body)
-    with pytest.raises(BadSignature):
+    refused = []
+    with pytest.raises(BadSignature) as wrong_secret:
         _signed(hook, body, secret="another-app")
-    with pytest.raises(BadSignature):
+    refused.append((body, wrong_secret.value))
+    with pytest.raises(BadSignature) as wrong_body:
         hook.verify(_request(body + b" ", signature="sha256=" + hmac_hex(SECRET, body)))
-    with pytest.raises(BadSignature, match="no X-Hub-Signature-256"):
+    refused.append((body + b" ", wrong_body.value))
+    with pytest.raises(BadSignature, match="no X-Hub-Signature-256") as missing:
         hook.verify(_request(body))
-    with pytest.raises(BadSignature):
+    refused.append((body, missing.value))
+    with pytest.raises(BadSignature) as wrong_scheme:
         hook.verify(_request(body, signature="sha1=" + hmac_hex(SECRET, body)))
-    for e in (BadSignature("x"),):
-        assert SECRET not in str(e)
+    refused.append((body, wrong_scheme.value))
+    # What the refusals say (answered, logged) names neither the app secret nor the
+    # signature that would have passed (with it, anyone could sign that body).
+    for signed, e in refused:
+        said = f"{e} {e!r}"
+        assert SECRET not in said and hmac_hex(SECRET, signed) not in said, said
 
 
 def test_parse_a_text(hook: WhatsAppWebhook) -> None:

@@ -121,6 +121,9 @@ class GraphFake:
     corrupt: dict[str, bytes] = field(default_factory=dict)
     #: The ``Authorization`` header of each ``/lookaside`` download.
     downloads: list[str] = field(default_factory=list)
+    #: The origin (``scheme://host:port``) of the media URLs ``GET /{media_id}`` gives;
+    #: ``None``: this server as the caller reached it.
+    media_origin: str | None = None
     _script: dict[str, deque[Scripted]] = field(default_factory=lambda: defaultdict(deque))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -335,7 +338,7 @@ class GraphFake:
                 "cannot be loaded due to missing permissions, or does not support this operation",
             )
         data, mime = self.media[media_id]
-        origin = f"{request.scheme}://{request.host}"
+        origin = self.media_origin or f"{request.scheme}://{request.host}"
         return web.json_response(
             {
                 "messaging_product": "whatsapp",
