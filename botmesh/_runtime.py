@@ -26,7 +26,14 @@ from botmesh.state.backoff import Retries
 from botmesh.state.clock import Clock
 from botmesh.state.delivery import send_direct
 from botmesh.state.engine import Engine, EngineHooks
-from botmesh.state.errors import ConfigError, DurabilityError, JournalUnavailableError, find_cause
+from botmesh.state.errors import (
+    BadRecord,
+    ConfigError,
+    DurabilityError,
+    JournalUnavailableError,
+    Reason,
+    find_cause,
+)
 from botmesh.state.events import ErrorEvent, Event, SentEvent
 from botmesh.state.fallback import Fallback
 from botmesh.state.inbox import Outcome
@@ -148,6 +155,14 @@ def _outbound(chat_id: str, text: str | None, opts: SendOptions) -> Outbound:
     if text is None and media is None:
         raise ValueError("a send needs text or media")
     options = opts.get("options")
+    if options is not None and not isinstance(options, Mapping):
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            "a send's field 'options' must be a dict of channel options (for example "
+            f"{{'parse_mode': 'HTML'}}) or None, got {type(options).__name__} "
+            f"{repr(options)[:60]}",
+            "options",
+        )
     channel = {k: v for k, v in options.items() if k != "idempotency_key"} if options else {}
     return Outbound(chat_id, text, media, channel)
 
@@ -190,6 +205,12 @@ class Runtime:
                 "journal",
                 "expected a URL such as 'memory://' or 'file:///path', a DurableKv, or None "
                 f"(no journal), got {type(journal).__name__}",
+            )
+        if instance_id is not None and not isinstance(instance_id, str):
+            raise ConfigError(
+                "instance_id",
+                f"must be a string (the lease owner, e.g. 'host-1'), got "
+                f"{type(instance_id).__name__} {instance_id!r}; leave it out for the default",
             )
         if instance_id is not None and not instance_id.strip():
             raise ConfigError("instance_id", "must not be empty; leave it out for the default")

@@ -349,9 +349,14 @@ def read_config_file(path: str | Path) -> dict[str, str]:
     naming the file and what is wrong in it."""
     where = Path(path)
     try:
-        data = tomllib.loads(where.read_text())
+        data = tomllib.loads(where.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ValueError(f"config file {str(where)!r}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"config file {str(where)!r}: not UTF-8 (byte {exc.object[exc.start]:#04x} at "
+            f"offset {exc.start}); TOML files are UTF-8: save it as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {str(where)!r}: not TOML: {exc}") from None
     out: dict[str, str] = {}
@@ -414,11 +419,16 @@ def resolve_secret_files(environ: MutableMapping[str, str] | None = None) -> Non
         if env.get(setting.env):
             raise ValueError(f"{setting.env} and {setting.env}_FILE are both set: keep one")
         try:
-            env[setting.env] = Path(path).read_text().rstrip("\r\n")
+            env[setting.env] = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
         except OSError as exc:
             raise ValueError(
                 f"{setting.env}_FILE={path!r}: cannot read it ({exc.strerror or exc}); mount "
                 "the secret there or fix the path"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{setting.env}_FILE={path!r}: not UTF-8 (byte {exc.object[exc.start]:#04x} at "
+                f"offset {exc.start}); write the secret there as UTF-8 text"
             ) from None
 
 

@@ -205,6 +205,10 @@ class Delivery:
         self._retries = config.retry_policy()
         self._lease = config.lease
         self._inline_max = config.inline_max
+        #: The later parts of a fallback split to its channel's limit, journaled leased to
+        #: this engine by an inline switch, by the key of the send that switched: the
+        #: inline delivery sends them next (``deliver_inline``).
+        self._fallback_parts: dict[str, list[tuple[Held, Outbound]]] = {}
 
     # -- inline ---------------------------------------------------------------------------
 
@@ -212,12 +216,20 @@ class Delivery:
         self, helds: list[Held], outs: list[Outbound], started: float
     ) -> Receipt:
         """Deliver the journaled parts of one send in order; the receipt of the first."""
+        helds, outs = list(helds), list(outs)
         for held in helds:
             self._leases.held[held.key] = held
         first: Receipt | None = None
         try:
-            for i, held in enumerate(helds):
-                if i > 0 and _fell_back(helds[i - 1].value):  # the fallback replaced the text
+            i = -1
+            while i + 1 < len(helds):
+                i += 1
+                held = helds[i]
+                if (
+                    i > 0
+                    and _fell_back(helds[i - 1].value)
+                    and not _fell_back(held.value)  # a part of the fallback's own text goes
+                ):  # the fallback replaced the text
                     for rest in helds[i:]:
                         with contextlib.suppress(FencedError):
                             await self.dead(rest, _SUPERSEDED, background=False)
@@ -225,7 +237,16 @@ class Delivery:
                 if i > 0:
                     await self._leases.reclaim(held, self._lease)
                 try:
-                    receipt = await self._attempt_inline(held, outs[i], started)
+                    try:
+                        receipt = await self._attempt_inline(held, outs[i], started)
+                    finally:
+                        # the switch to a fallback whose text is over its channel's limit
+                        # journaled its later parts: they go next, before the send's own
+                        extra = self._fallback_parts.pop(held.key, [])
+                        for added in extra:
+                            self._leases.held[added[0].key] = added[0]
+                        helds[i + 1 : i + 1] = [h for h, _ in extra]
+                        outs[i + 1 : i + 1] = [m for _, m in extra]
                 except ProviderNotLeaderError:  # the leader's sweeper delivers it
                     receipt = await self.hand_back(held, inflight=False)
                     await self._release(helds[i + 1 :])
@@ -274,11 +295,13 @@ class Delivery:
     async def _failed(self, held: Held, exc: Exception, started: float | None) -> float | None:
         """Record a failed attempt with the one retry decision. Returns the delay to wait
         before retrying inline now; ``None`` when the send is dead or left to the sweeper."""
+        if switches(held.value, exc) is not None:
+            # the attempt that fails with an error its fallback names switches now, even a
+            # retryable one (``Fallback(on=("RateLimitedError",))``): never after retries
+            return await self._fall_back(held, exc, started)
         now = self._clock.now()
         attempts = int(held.value.get("attempts", 1))
         decision = self._retries.decide(exc, attempts, self._rng)
-        if isinstance(decision, GiveUp) and switches(held.value, exc) is not None:
-            return await self._fall_back(held, exc, started)
         if isinstance(decision, GiveUp):
             log.error("send %s dead-lettered: %s", held.value["key"], exc)
             await self.dead(
@@ -322,6 +345,9 @@ class Delivery:
         key = held.value["key"]
         spec = {**held.value["fallback"], "used": True, "key": fallback_key(key)}
         inline = started is not None
+        payloads = self._fallback_texts(fallback_payload(held.value["payload"], fallback), spec)
+        if len(payloads) > 1:
+            spec["parts"] = len(payloads)
         switched = revise(
             held.value,
             now,
@@ -329,20 +355,74 @@ class Delivery:
             inflight=None,
             attempts=0,
             lease=self._leases.lease(now, self._lease) if inline else None,
-            payload=fallback_payload(held.value["payload"], fallback),
+            payload=payloads[0],
             fallback=spec,
             error=records.error_of(exc, None),
         )
-        await self._leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now)
+        rest = await self._fallback_rest(switched, payloads, now, inline=inline)
+        extra = [handover(self._prefix + v["key"], v, expect=0, due=now) for v in rest]
+        await self._leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now, extra=extra)
         log.info(
             "send %s refused (%s): sending its fallback %s", key, type(exc).__name__, spec["key"]
         )
         await self._emit(FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel))
         if inline:
+            if rest:
+                got = await self._kv.get_many([op.key for op in extra])
+                self._fallback_parts[held.key] = [
+                    (
+                        Held(op.key, 1, got[op.key].version, v, self._lease, v["lease"]["until"]),
+                        records.decode_outbound(v["payload"]),
+                    )
+                    for op, v in zip(extra, rest, strict=True)
+                    if op.key in got
+                ]
             return 0.0  # the caller takes a new attempt on it at once
         self._leases.held.pop(held.key, None)
         self._wake.set()
         return None
+
+    def _fallback_texts(self, payload: Json, spec: Json) -> list[Json]:
+        """The payload of each part of a fallback: its text split to the limit of the
+        channel it goes out through (its own, else the send's), as any send's is."""
+        text = payload.get("text")
+        channel = spec.get("channel")
+        provider = self._provider if channel is None else self._fallbacks.get(channel)
+        limit = provider.text_limit if provider is not None else None
+        if not isinstance(text, str) or provider is None or not limit:
+            return [payload]
+        unit = unit_of(provider)
+        if text_length(text, unit) <= limit:
+            return [payload]
+        return part_payloads(payload, list(split_text(text, limit, unit)))
+
+    async def _fallback_rest(
+        self, switched: Json, payloads: list[Json], now: float, *, inline: bool
+    ) -> list[Json]:
+        """The records of a fallback's parts 2, 3… (``<key>~fallback#2``…), journaled with
+        the switch: each goes out under its own key, through the fallback's channel, after
+        the part before it (``previous_part``: part 1 is the send's own record)."""
+        if len(payloads) < 2:
+            return []
+        spec = {k: v for k, v in switched["fallback"].items() if k != "parts"}
+        rest = new_values(
+            spec["key"],
+            payloads[1:],
+            first_part=2,
+            parts=len(payloads),
+            fp=None,
+            inbound_id=switched.get("inbound_id"),
+            now=now,
+            lease=self._leases.lease(now, self._lease) if inline else None,
+            after=None,
+        )
+        rest[0]["previous_part"] = switched["key"]
+        rest[0].pop("inflight", None)  # leased for the inline delivery, not yet attempted
+        rest[0]["attempts"] = 0
+        for value in rest:
+            value["fallback"] = {**spec, "key": value["key"]}
+        existing = await self._kv.get_many([self._prefix + v["key"] for v in rest])
+        return [v for v in rest if self._prefix + v["key"] not in existing]
 
     async def _call(self, route: Route) -> SendResult:
         """One provider call: the send's own channel, or its fallback's."""
@@ -533,7 +613,12 @@ class Delivery:
             if state == OutboxState.UNKNOWN:
                 error = _fate_of(previous, OutboxState.UNKNOWN)
                 return await self._unknown(entry, now, error, ambiguous=False)
-            if state == OutboxState.SENT and prev is not None and _fell_back(prev.value):
+            if (
+                state == OutboxState.SENT
+                and prev is not None
+                and _fell_back(prev.value)
+                and not _fell_back(value)  # a part of the fallback's own text goes
+            ):
                 return int(await self.dead(entry, _SUPERSEDED, background=True))
             if prev is not None and state != OutboxState.SENT:
                 await self._wait(entry, prev, now)

@@ -28,7 +28,8 @@ import msgspec
 
 from botmesh.state import errors as _errors
 from botmesh.state.errors import SendError
-from botmesh.state.messages import Outbound
+from botmesh.state.keys import FALLBACK_SUFFIX
+from botmesh.state.messages import Outbound, no_surrogates
 from botmesh.state.records import Json
 
 __all__ = [
@@ -40,9 +41,6 @@ __all__ = [
     "routed",
     "switches",
 ]
-
-#: The suffix of a fallback's key (``<key>~fallback``).
-FALLBACK_SUFFIX = "~fallback"
 
 
 def _send_errors() -> frozenset[str]:
@@ -73,6 +71,14 @@ class Fallback(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             raise TypeError(f"Fallback.text must be a string, got {type(self.text).__name__}")
         if not isinstance(self.options, dict):
             raise TypeError("Fallback.options must be a dict (a channel's options)")
+        no_surrogates(
+            "a send's",
+            {
+                "fallback.text": self.text,
+                "fallback.options": self.options or None,
+                "fallback.chat_id": self.chat_id,
+            },
+        )
         if self.text is None and not self.options and not self.keep_media:
             raise ValueError(
                 "Fallback: give a text, options (a template: Fallback.template(...)) or "

@@ -19,6 +19,7 @@ from botmesh.state.errors import InvalidKeyError
 from botmesh.state.messages import Outbound
 
 __all__ = [
+    "FALLBACK_SUFFIX",
     "ScopeKeys",
     "check_explicit",
     "derived_key",
@@ -94,9 +95,16 @@ def part_base(key: str, part: int) -> str:
     return key if part == 1 else key.rpartition("#")[0]
 
 
+#: The suffix of a fallback's key (``<key>~fallback``; ``botmesh.state.fallback``).
+FALLBACK_SUFFIX = "~fallback"
+
+
 def check_explicit(key: str) -> str:
     """An explicit idempotency key, refused when botmesh could not keep it apart from the
-    keys it makes itself: ``#`` would collide with the part keys of a split text."""
+    keys it makes itself: ``#`` would collide with the part keys of a split text
+    (``key#2``), a ``~fallback`` ending with the key a send's fallback goes out under
+    (``key~fallback``): at a channel that deduplicates by key (Discord's nonce, an email's
+    ``Message-ID``) the fallback would be taken for the other send and never delivered."""
     if not isinstance(key, str) or not key:
         raise InvalidKeyError(str(key), "must be a non-empty string")
     if "#" in key:
@@ -105,7 +113,27 @@ def check_explicit(key: str) -> str:
             "must not contain '#': botmesh names the parts of a split text 'key#2', "
             "'key#3'…; use another separator (for example ':' or '/')",
         )
+    if key.endswith(FALLBACK_SUFFIX):
+        raise InvalidKeyError(
+            key,
+            f"must not end in {FALLBACK_SUFFIX!r}: botmesh sends the fallback of send 'k' "
+            f"under 'k{FALLBACK_SUFFIX}'; end it otherwise (for example "
+            f"{key[: -len(FALLBACK_SUFFIX)] + ':fallback'!r})",
+        )
+    if not key.isascii():
+        _no_surrogate(key)
     return key
+
+
+def _no_surrogate(key: str) -> None:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(
+            key,
+            f"holds a lone surrogate ({key[exc.start]!r} at index {exc.start}), which is not "
+            "UTF-8 text; build the key from valid text",
+        ) from None
 
 
 def diverged_key(key: str, fp: str) -> str:

@@ -174,9 +174,12 @@ def logged_message(
     payload = value.get("payload") or {}
     spec = value.get("fallback")
     fallback_key: str | None = None
+    parts = int(value.get("parts", 1))
     if isinstance(spec, Mapping) and spec.get("used"):
         fallback_key = str(spec["key"]) if spec.get("key") else None
         channel = str(spec.get("channel") or channel or "") or None
+        # the first part of a fallback split in parts: the fallback's count, not the text's
+        parts = int(spec.get("parts", 1 if value.get("part", 1) == 1 else parts))
     text = payload.get("text") if texts else None
     return LoggedMessage(
         key=value["key"],
@@ -185,7 +188,7 @@ def logged_message(
         message_id=value.get("message_id"),
         channel=channel,
         part=int(value.get("part", 1)),
-        parts=int(value.get("parts", 1)),
+        parts=parts,
         text=text if isinstance(text, str) else None,
         media=_media_of(payload.get("media")),
         inbound_id=value.get("inbound_id"),

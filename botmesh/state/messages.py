@@ -12,6 +12,7 @@ The records that go on the wire carry a version field ``"v": 1`` (the struct tag
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,8 @@ __all__ = [
     "OutboxState",
     "Receipt",
     "SendResult",
+    "no_surrogates",
+    "surrogate_at",
 ]
 
 #: The version of the wire records (``"v"``).
@@ -90,6 +93,60 @@ def _media(what: str, value: object, field: str = "media") -> None:
             "a botmesh.Media or None (Media(url=...), Media(path=...), Media(data=...))",
             value,
         )
+
+
+def surrogate_at(value: object, path: str) -> tuple[str, int] | None:
+    """Where ``value`` (a string, or JSON-like dicts and lists of them) holds a lone
+    surrogate (``"\\ud800"``: not text, so no journal or channel can encode it as UTF-8):
+    the path of the string (``path``, ``path.key``, ``path[2]``; a dict key is named by
+    its dict) and the index in it; ``None`` when it holds none."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path, exc.start
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = surrogate_at(key, path) if isinstance(key, str) else None
+            found = found or surrogate_at(item, f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = surrogate_at(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def no_surrogates(what: str, fields: Mapping[str, object]) -> None:
+    """Refuse a record whose text holds a lone surrogate: ``BadRecord`` naming the field,
+    at the door, so every journal backend and every channel behaves the same."""
+    for name, value in fields.items():
+        if value is None or (isinstance(value, str) and value.isascii()):
+            continue
+        found = surrogate_at(value, name)
+        if found is not None:
+            field, index = found
+            raise BadRecord(
+                Reason.WRONG_TYPE,
+                f"{what} field '{field}' holds a lone surrogate at index {index}: it is not "
+                "text and cannot be encoded as UTF-8 (a string decoded with "
+                "errors='surrogateescape' or cut inside a UTF-16 pair?); decode the input "
+                "as UTF-8 (errors='replace' keeps what is readable) before building it",
+                field,
+            )
+
+
+def _media_fields(media: object, prefix: str = "media.") -> dict[str, object]:
+    if not isinstance(media, Media):
+        return {}
+    names = ("url", "path", "mime", "id", "provider", "name", "extra", "ref")
+    return {prefix + n: getattr(media, n) for n in names}
 
 
 class OutboxState(StrEnum):
@@ -181,6 +238,18 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag
             raise _refuse("Inbound", "ts", "a number (Unix seconds) or None", ts)
         _media("Inbound", self.media)
         _mapping("Inbound", "data", self.data)
+        no_surrogates(
+            "Inbound",
+            {
+                "id": self.id,
+                "chat_id": self.chat_id,
+                "text": self.text,
+                "sender": self.sender,
+                "channel": self.channel,
+                "data": self.data or None,
+                **_media_fields(self.media),
+            },
+        )
 
 
 class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -196,6 +265,15 @@ class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
         _optional_str("a send's", self, "text")
         _media("a send's", self.media)
         _mapping("a send's", "options", self.options)
+        no_surrogates(
+            "a send's",
+            {
+                "chat_id": self.chat_id,
+                "text": self.text,
+                "options": self.options or None,
+                **_media_fields(self.media),
+            },
+        )
 
 
 class SendResult(msgspec.Struct, frozen=True):

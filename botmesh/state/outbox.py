@@ -47,7 +47,15 @@ from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
 from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.writes import Write
 
-__all__ = ["ChatOrder", "Deliveries", "Outbox", "Plan", "new_values", "part_payloads"]
+__all__ = [
+    "ChatOrder",
+    "Deliveries",
+    "Outbox",
+    "Plan",
+    "last_part",
+    "new_values",
+    "part_payloads",
+]
 
 log = logging.getLogger("botmesh.outbox")
 
@@ -388,6 +396,15 @@ class Outbox:
         return first
 
 
+def last_part(value: Json) -> str:
+    """The key of the last part of the send whose record is ``value``: the last part of
+    its fallback's text once it switched to a fallback split in parts (``<key>~fallback#n``)."""
+    spec = value.get("fallback")
+    if isinstance(spec, dict) and spec.get("used") and int(spec.get("parts", 1)) > 1:
+        return part_key(str(spec["key"]), int(spec["parts"]))
+    return part_key(part_base(value["key"], value.get("part", 1)), value.get("parts", 1))
+
+
 class ChatOrder:
     """Per-chat order: one delivery of a chat at a time (``chat_lock``), and, with
     ``outbox.keep_chat_order``, the send that later sends to a chat wait behind."""
@@ -415,8 +432,7 @@ class ChatOrder:
             return
         chat = value["payload"]["chat_id"]
         if chat not in self.tails:
-            base = part_base(value["key"], value.get("part", 1))
-            self.tails[chat] = part_key(base, value.get("parts", 1))
+            self.tails[chat] = last_part(value)
 
     def unblock(self, value: Json) -> None:
         """A send settled: if it was the tail of its chat, the chat is free again."""
@@ -447,7 +463,7 @@ class ChatOrder:
         behind = {v["after"] for v in waiting if v.get("after") is not None}
         latest: dict[str, tuple[tuple[bool, float, int], Json]] = {}
         for v in waiting:
-            last = part_key(part_base(v["key"], v.get("part", 1)), v.get("parts", 1))
+            last = last_part(v)
             rank = (last not in behind, v.get("created", 0.0), v.get("part", 1))
             chat = v["payload"]["chat_id"]
             if chat not in latest or rank > latest[chat][0]:
