@@ -14,7 +14,8 @@ ENV PYTHONUNBUFFERED=1 \
     BOTMESH_TOPIC_PREFIX=botmesh \
     BOTMESH_DATA_DIR=/var/lib/botmesh
 
-COPY pyproject.toml README.md* /src/
+# LICENSE and NOTICE: pyproject.toml's license-files, installed into botmesh's dist-info
+COPY pyproject.toml README.md* LICENSE NOTICE /src/
 COPY botmesh /src/botmesh
 RUN pip install /src && rm -rf /src \
     && useradd --system --uid 10001 --home-dir /var/lib/botmesh --create-home botmesh

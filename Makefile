@@ -28,9 +28,11 @@ kafka-stop: ## stop the local Kafka
 	$(KAFKA) stop
 
 APP ?= botmesh.examples.echo_bot:bot
+# RUN_ARGS=--once: exit after the summary (status 1 unless every receipt came back in order)
+RUN_ARGS ?=
 
-run: venv kafka-jars ## the demo: Kafka, topics, a worker running APP (default the echo bot), traffic, receipts (Ctrl-C stops)
-	$(BIN)/python -m botmesh.examples.demo --app $(APP)
+run: venv kafka-jars ## the demo: Kafka, topics, a worker running APP (default the echo bot), traffic, receipts (Ctrl-C stops; RUN_ARGS=--once ends after the summary)
+	$(BIN)/python -m botmesh.examples.demo --app $(APP) $(RUN_ARGS)
 
 # Parallel test processes: the tests mostly wait on brokers, servers and worker processes,
 # so twice the cores keeps a 2-core machine busy without starving the broker.
@@ -55,6 +57,9 @@ docs: venv ## the docs site into site/ (mkdocs build --strict: a broken link or 
 schemas: venv ## regenerate botmesh/topics/schemas/*.json from the message model (botmesh/state/messages.py)
 	$(BIN)/python -m botmesh.topics.schemas
 
+dist: venv ## the sdist and the wheel into dist/, checked (twine, LICENSE, metadata) and run from a fresh venv
+	$(BIN)/python -m tests.dist --out dist
+
 # bench_scale.py (a million retained inbounds: minutes) runs only with BENCH_SCALE=1.
 BENCH_SCALE ?=
 
@@ -71,4 +76,4 @@ quix-venv: ## the separate virtualenv (.venv-quix) of bench_worker's Quix Stream
 	@test -x $(QUIX_VENV)/bin/python || $(PY) -m venv $(QUIX_VENV)
 	$(QUIX_VENV)/bin/pip install -q 'quixstreams>=3.28,<3.29'
 
-.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint docs schemas bench quix-venv
+.PHONY: help venv kafka-jars kafka-start kafka-stop run test soak lint docs schemas dist bench quix-venv

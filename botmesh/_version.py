@@ -1,3 +1,3 @@
 """The one place botmesh's version is written (``pyproject.toml`` reads it from here)."""
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"

@@ -46,8 +46,11 @@ def _share_kafka(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that runs on a backend needing a server (a ``backend`` param, or a
     ``backend_name`` one) gets that server's marker, so ``-m postgres`` selects it and
-    ``-m "not redis"`` leaves it out; then the long tests go first (``_rank``)."""
+    ``-m "not redis"`` leaves it out; a test that takes the broker (``kafka_bootstrap``)
+    gets ``kafka`` whether or not it says so; then the long tests go first (``_rank``)."""
     for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
         callspec = getattr(item, "callspec", None)
         if callspec is None:
             continue

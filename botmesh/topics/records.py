@@ -17,7 +17,7 @@ why, as a :class:`~botmesh.state.errors.BadRecord` whose ``reason`` (a
 the DLQ ``reason`` header) is stable and whose ``detail`` names the field and the fix:
 
 ``empty``            no value (a tombstone) or an empty value
-``bad-json``         the value is not UTF-8 JSON, or is nested too deeply to decode
+``bad-json``         the value is not UTF-8 JSON, or is nested more than 256 levels deep
 ``not-object``       the JSON is not an object
 ``unknown-version``  ``v`` is missing or not a version we read (``1``)
 ``missing-chat-id``  no ``chat_id``, or a null or empty one
@@ -34,6 +34,7 @@ fields are ignored.
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Annotated, Any, Final, Literal, TypeVar, cast
@@ -159,20 +160,48 @@ def decode_request(raw: bytes | str | None) -> SendRequest:
     return request
 
 
+#: The deepest nesting of arrays and objects a record may have, on every Python version:
+#: 3.11's decoders stop near ``sys.getrecursionlimit()`` (1000 frames, fewer the deeper the
+#: caller's stack), 3.12's and 3.13's C decoders only much deeper, so without a limit of our
+#: own a record refused on one would be taken on another.
+_MAX_DEPTH: Final = 256
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # brackets inside strings do not nest
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _too_deep(raw: bytes | str) -> bool:
+    """Whether ``raw`` nests arrays and objects more than ``_MAX_DEPTH`` levels deep."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if data.count(b"[") + data.count(b"{") <= _MAX_DEPTH:
+        return False  # the usual record: too few brackets to nest that deep
+    depth = 0
+    for bracket in _BRACKET.findall(_JSON_STRING.sub(b"", data)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > _MAX_DEPTH:
+            return True
+    return False
+
+
 def _decode(
     raw: bytes | str | None, what: str, struct: type[_S], decoder: msgspec.json.Decoder[Any]
 ) -> _S:
     """One typed decode on the valid path; the reason worked out on refusal."""
     if not raw:
         raise _empty(what)
+    if _too_deep(raw):
+        raise _nested(what)
     try:
         return _decode_or_diagnose(raw, what, struct, decoder)
-    except RecursionError:  # msgspec (and the slow path) stop at Python's recursion limit
-        raise BadRecord(
-            Reason.BAD_JSON,
-            f"the {what} value is nested too deeply to decode (arrays or objects inside each "
-            "other, more levels than the decoder takes); produce a flatter JSON object",
-        ) from None
+    except RecursionError:  # msgspec (or the slow path) stopped at a recursion limit first
+        raise _nested(what) from None
+
+
+def _nested(what: str) -> BadRecord:
+    return BadRecord(
+        Reason.BAD_JSON,
+        f"the {what} value is nested too deeply to decode (arrays or objects inside each "
+        f"other, more than {_MAX_DEPTH} levels); produce a flatter JSON object",
+    )
 
 
 def _decode_or_diagnose(
