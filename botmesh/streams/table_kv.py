@@ -93,7 +93,7 @@ from typing import Any, Protocol
 
 from aiokafka.errors import ProducerFenced
 
-from botmesh.state.errors import JournalUnavailableError, VersionConflictError
+from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry
 from botmesh.state.writes import Write
 from botmesh.streams.journal_db import JournalDb, decode_entry, encode_entry
@@ -616,7 +616,9 @@ class TableKv:
                 self._undo(p, before, after)
             self._give_back(taken)
             self.failed += 1
-            if isinstance(exc, ProducerFenced):
+            # aiokafka's fence (the Faust app's producers), or the librdkafka port's
+            # (``botmesh.streams.worker.changelog``: a ``FencedError``)
+            if isinstance(exc, ProducerFenced | FencedError):
                 raise ProducerFencedOut(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
                     f"newer producer owns its partition's transactions ({exc})"

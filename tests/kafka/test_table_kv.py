@@ -2,10 +2,11 @@
 partitions it owns, a revoked partition fencing its old holder, and a write the broker does
 not ack.
 
-The journal writes through a ``ChangelogPort``; here the port is plain aiokafka on a real
-compacted topic (acks=all), and a partition's records are read back from the topic, as
-Faust's restore does, when the journal is given the partition. ``reopen`` is a new journal
-restored from the topic alone (a worker on a wiped data dir).
+The journal writes through the worker's changelog port on librdkafka
+(``botmesh.streams.worker.changelog.RdChangelog``) on a real compacted topic (acks=all), and a
+partition's database is restored from the topic (``botmesh.streams.worker.restore.restore``)
+before the journal is given the partition. ``reopen`` is a new journal restored from the
+topic alone (a worker on a wiped data dir).
 """
 
 from __future__ import annotations
@@ -18,39 +19,40 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rocksdict
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.state.clock import ManualClock
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
 from botmesh.state.writes import Write
-from botmesh.streams.journal_db import JournalDb
-from botmesh.streams.table_kv import TableKv, in_partition
+from botmesh.streams.table_kv import ProducerFencedOut, TableKv, in_partition
+from botmesh.streams.worker.changelog import RdChangelog
+from botmesh.streams.worker.clients import producer_config, transactional_id
+from botmesh.streams.worker.restore import open_database, restore
 from botmesh.testing import MockProvider
 from tests.backends import BackendCase, BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
-from tests.kafka.broker import create_topics
+from tests.kafka.broker import create_topics, free_ports
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 2
 
 
-class KafkaChangelog:
-    """A ``ChangelogPort`` on plain aiokafka: records produced with acks=all, each written to
-    its partition's RocksDB database (``JournalDb``) when acked; a partition's records read
-    back from the topic into a new database at start, as Faust's restore does."""
+class KafkaChangelog(RdChangelog):
+    """The worker's ``RdChangelog`` (acks=all; each acked record written to its partition's
+    RocksDB database), every partition restored from the topic at ``start``; what a test
+    steers: ``stale`` (what ``unconfirmed`` answers) and a broker out of reach
+    (``unreachable`` / ``reachable``)."""
 
-    def __init__(self, bootstrap: str, topic: str, path: Path) -> None:
+    def __init__(self, bootstrap: str, topic: str, path: Path, guarantee: str) -> None:
+        # under exactly_once one transactional id across the journal's restarts, as a
+        # worker's instance id gives it
+        tid = transactional_id(topic, "w") if guarantee == "exactly_once" else None
+        self.base = producer_config(bootstrap, transactional_id=tid)
+        super().__init__(self.base, topic, unconfirmed=lambda: self.stale)
         self.bootstrap = bootstrap
-        self.topic = topic
         self.path = path
-        self.producer: AIOKafkaProducer | None = None
-        self.dbs: dict[int, JournalDb] = {}
-        self.kv: TableKv | None = None
-        self.produced = 0
         #: What ``unconfirmed`` answers (a test sets it: the membership is not confirmed).
         self.stale: str | None = None
 
@@ -58,72 +60,32 @@ class KafkaChangelog:
         create_topics(
             self.bootstrap, [self.topic], PARTITIONS, config={"cleanup.policy": "compact"}
         )
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
-        await self.producer.start()
-        await self._restore()
+        await super().start()
+        self.path.mkdir(parents=True, exist_ok=True)
+        dbs = {p: open_database(self.path / f"p{p}") for p in range(PARTITIONS)}
+        await asyncio.to_thread(restore, self.bootstrap, self.topic, dbs, timeout=60.0)
+        for p, db in dbs.items():
+            self.attach(p, db)
 
-    async def stop(self) -> None:
-        if self.producer is not None:
-            await self.producer.stop()
-            self.producer = None
+    async def unreachable(self) -> None:
+        """The producer from now on talks to an address where no broker listens: its
+        records are not acked (reported lost after 2 s)."""
+        await self.stop()
+        [nobody] = free_ports(1)
+        self.config = producer_config(f"127.0.0.1:{nobody}", delivery_timeout=2.0)
+        await RdChangelog.start(self)
+
+    async def reachable(self) -> None:
+        await self.stop(timeout=1.0)
+        self.config = self.base
+        await RdChangelog.start(self)
 
     def close(self) -> None:
         """Close the databases (the journal is gone)."""
-        for db in self.dbs.values():
-            db.db.close()
-        self.dbs.clear()
-
-    async def _restore(self) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            tps = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
-            consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
-            starts = await consumer.beginning_offsets(tps)
-            for tp in tps:
-                consumer.seek(tp, starts[tp])  # explicit: seek_to_beginning can lose to a reset
-                db = self.database(tp.partition)
-                while await consumer.position(tp) < ends[tp]:
-                    got = (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
-                    if got:
-                        db.write([(m.key or b"", m.value) for m in got], got[-1].offset)
-        finally:
-            await consumer.stop()
-
-    def database(self, partition: int) -> JournalDb:
-        db = self.dbs.get(partition)
-        if db is None:
-            self.path.mkdir(parents=True, exist_ok=True)
-            options = rocksdict.Options(raw_mode=True)
-            options.create_if_missing(True)
-            raw = rocksdict.Rdict(str(self.path / f"p{partition}"), options=options)
-            db = self.dbs[partition] = JournalDb.open(raw, b"__offset__")
-        return db
-
-    async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
-        assert self.producer is not None, "the changelog is stopped"
-        self.produced += 1
-        ack: asyncio.Future[Any] = await self.producer.send(
-            self.topic, value, key=key, partition=partition
-        )
-        ack.add_done_callback(lambda f: self._acked(partition, key, value, f))
-        return ack
-
-    def _acked(self, partition: int, key: bytes, value: bytes | None, ack: Any) -> None:
-        if ack.cancelled() or ack.exception() is not None or partition not in self.dbs:
-            return
-        self.dbs[partition].write([(key, value)], ack.result().offset)
-        if self.kv is not None:
-            self.kv.persisted(partition, [key])
-
-    transactional = False
-
-    def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
-        raise AssertionError("at_least_once: the journal never commits a transaction")
-
-    def unconfirmed(self) -> str | None:
-        return self.stale
+        for p in list(self.dbs):
+            db = self.detach(p)
+            if db is not None:
+                db.db.close()
 
 
 class InPartition:
@@ -164,11 +126,13 @@ class InPartition:
 
 
 _bootstrap: list[str] = []
+_guarantee: list[str] = []
 
 
 async def open_table(path: Path) -> DurableKv:
     topic = "tkv-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    port = KafkaChangelog(_bootstrap[0], topic, path / f"journal-{uuid.uuid4().hex}")
+    journal = path / f"journal-{uuid.uuid4().hex}"
+    port = KafkaChangelog(_bootstrap[0], topic, journal, _guarantee[0])
     await port.start()
     kv = port.kv = TableKv(port, ack_timeout=20.0)
     await kv.open()
@@ -176,9 +140,14 @@ async def open_table(path: Path) -> DurableKv:
     return InPartition(kv, port)
 
 
-@pytest.fixture
-async def backend(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[BackendHandle]:
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+async def backend(
+    kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[BackendHandle]:
+    """The journal on the changelog, under each processing guarantee (``exactly_once``: one
+    transactional producer, a commit returns once its transaction committed)."""
     _bootstrap[:] = [kafka_bootstrap]
+    _guarantee[:] = [request.param]
     handle = BackendHandle(BackendCase("kafka-table", open_table, persistent=True), tmp_path)
     await handle.open()
     try:
@@ -196,12 +165,13 @@ def table_of(backend: BackendHandle) -> tuple[TableKv, KafkaChangelog]:
 async def test_records_stay_in_their_partition_and_a_scan_without_one_sees_all(
     backend: BackendHandle,
 ) -> None:
-    kv, _ = table_of(backend)
+    kv, port = table_of(backend)
     with in_partition(0):
         await kv.commit([Put("s/a", {"n": 0}, expect=0, due=2.0)])
     with in_partition(1):
         await kv.commit([Put("s/b", {"n": 1}, expect=0, due=1.0)])
         assert await kv.get("s/a") is None  # partition 1 does not see partition 0's record
+    assert port.commits == (2 if port.transactional else 0)  # a transaction per commit
     assert [e.key for e in await kv.scan("s/")] == ["s/a", "s/b"]
     assert await kv.range("due", "s/", 10.0) == ["s/b", "s/a"]  # merged by score
     # a known key is written in its own partition with no partition named
@@ -251,13 +221,14 @@ async def test_a_revoked_partition_refuses_its_old_holder(backend: BackendHandle
         await kv.commit([Put("s/other", {}, expect=0)])
 
 
+@pytest.mark.parametrize("backend", ["at_least_once"], indirect=True)
 async def test_a_write_the_broker_does_not_ack_is_refused_and_undone(
     backend: BackendHandle,
 ) -> None:
     kv, port = table_of(backend)
     with in_partition(0):
         await kv.commit([Put("s/k", {"v": 1}, expect=0)])
-    await port.stop()  # no producer: nothing can be acked
+    await port.unreachable()  # nothing can be acked
     with in_partition(0):
         with pytest.raises(JournalUnavailableError, match="not acked"):
             await kv.commit([Put("s/k", {"v": 2}, expect=1), Put("s/n", {}, expect=0)])
@@ -265,6 +236,28 @@ async def test_a_write_the_broker_does_not_ack_is_refused_and_undone(
         assert entry is not None and (entry.value, entry.version) == ({"v": 1}, 1)
         assert await kv.get("s/n") is None
     assert kv.failed == 1
+
+
+@pytest.mark.parametrize("backend", ["exactly_once"], indirect=True)
+async def test_a_write_a_newer_producer_fenced_is_a_fence_not_an_outage(
+    backend: BackendHandle,
+) -> None:
+    """Under ``exactly_once`` another incarnation of the worker (its transactional id) fences
+    this one's producer: the journal's write fails with ``ProducerFencedOut`` (the runner
+    gives the batch up at once), never as an outage it would retry; nothing of it lands."""
+    kv, port = table_of(backend)
+    with in_partition(0):
+        [v] = await kv.commit([Put("s/k", {"v": 1}, expect=0)])
+    successor = RdChangelog(port.base, port.topic)
+    await successor.start()  # init_transactions under the same id: the old producer is fenced
+    try:
+        with in_partition(0), pytest.raises(ProducerFencedOut, match="newer producer"):
+            await kv.commit([Put("s/k", {"v": 2}, expect=v)])
+        with in_partition(0):
+            entry = await kv.get("s/k")
+        assert entry is not None and (entry.value, entry.version) == ({"v": 1}, 1)
+    finally:
+        await successor.stop()
 
 
 async def test_no_write_while_the_group_membership_is_unconfirmed(backend: BackendHandle) -> None:
@@ -455,6 +448,7 @@ async def test_writes_no_side_effect_waits_for_go_out_later_and_once_per_key(
     }
 
 
+@pytest.mark.parametrize("backend", ["at_least_once"], indirect=True)
 async def test_deferred_writes_the_broker_does_not_ack_wait_for_the_next_flush(
     backend: BackendHandle,
 ) -> None:
@@ -462,13 +456,12 @@ async def test_deferred_writes_the_broker_does_not_ack_wait_for_the_next_flush(
     with in_partition(0):
         await kv.commit([Put("s/k", {"v": 1}, expect=0)])
         await kv.commit([Put("s/k", {"v": 2}, expect=1)], label=Write.INBOX_MARK_DONE)
-    producer = port.producer
-    port.producer = None  # as if the broker were gone: the flush fails
-    with pytest.raises(JournalUnavailableError, match="the changelog is stopped"):
+    await port.unreachable()  # the broker is gone: the flush fails
+    with pytest.raises(JournalUnavailableError, match="not acked"):
         await kv.flush()
     assert kv.deferred == 1
     port.produced = 0
-    port.producer = producer
+    await port.reachable()
     await kv.flush()
     assert port.produced == 1 and kv.deferred == 0
     restored = await backend.reopen()
@@ -512,7 +505,7 @@ async def test_a_later_write_of_a_key_is_its_last_record_even_when_a_flush_is_he
     gate, held = asyncio.Event(), asyncio.Event()
     produce = port.produce
 
-    async def held_up(partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
+    async def held_up(partition: int, key: bytes, value: bytes | None) -> asyncio.Future[int]:
         if not held.is_set():  # the first record handed over (the flush's) waits
             held.set()
             await gate.wait()
