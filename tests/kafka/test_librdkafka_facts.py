@@ -130,6 +130,14 @@ rebalance            only inside             as said: on the thread calling   te
 callbacks' thread    poll()/consume()        poll()/consume(), inside that    callbacks_run_inside_
                                              call                             poll_or_consume_on_
                                                                               the_calling_thread
+co-partitioning     (not covered: the       new: subscribed to the inbound   test_a_partition_of_
+beside the           notes' runtimes use     topic only, a member that adds   another_topic_goes_
+cooperative          Faust's assignor or     the same partitions of a second  and_comes_with_the_
+assignor             range)                  topic in its callbacks           subscribed_one
+                                             (incremental_assign/unassign)
+                                             fetches and commits them, and
+                                             they move with the subscribed
+                                             ones when a member joins
 ===================  ======================  ===============================  ======================
 
 Corrections the runtime must follow:
@@ -144,6 +152,9 @@ Corrections the runtime must follow:
 - one consumer, one caller at a time: a ``commit()`` or ``assignment()`` from another
   thread (sync) or task (AIO) waits for a running ``consume()``, so keep consume timeouts
   short or drive the consumer from one thread; a rebalance callback's own calls are admitted;
+- cooperative-sticky does not co-partition two topics: subscribe to the inbound topic only
+  and add (and remove) the same partitions of the requests and control topics in the
+  rebalance callbacks, so a chat's records of every topic go to its journal's owner;
 - ``commit_transaction()`` returns before the markers are on the partitions: a
   read_committed watermark read right after it can still be the old LSO (15 of 30 commits
   in a probe here; a race, so not a row: the tests here wait for the LSO, ``settle``).
@@ -175,11 +186,13 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from tests.kafka.broker import create_topics
 from tests.kafka.rdkafka_probe import (
     DEADLINE_S,
+    TP,
     Member,
     produce,
     pump,
     read_all,
     settle,
+    tps,
     wait_until,
 )
 
@@ -500,6 +513,84 @@ def test_cooperative_sticky_moves_only_some_partitions_with_incremental_callback
     assert sorted((p, o) for p, o, _ in b.records) == sorted(
         [(p, 0) for _, p in moved] + [(p, 1) for _, p in moved]
     )
+
+
+def test_a_partition_of_another_topic_goes_and_comes_with_the_subscribed_one(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The worker's co-partitioning: each member subscribes to ``in`` alone and, in its
+    callbacks, assigns and unassigns partition ``p`` of ``rq`` with partition ``p`` of
+    ``in``. Its records are read, its offsets committed, and when a second member joins
+    the moved partitions of both topics move together."""
+    src, side, group = f"{topic_prefix}.in", f"{topic_prefix}.rq", f"{topic_prefix}-g"
+    create_topics(kafka_bootstrap, [src, side], 4)
+    produce(kafka_bootstrap, side, [(p, None, b"request") for p in range(4)])
+    owned: dict[str, set[TP]] = {}
+
+    def member(name: str) -> Consumer:
+        c = Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": group,
+                "group.instance.id": name,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "log_level": 3,
+            }
+        )
+        owned[name] = set()
+
+        def with_side(parts: list[TopicPartition]) -> list[TopicPartition]:
+            return parts + [TopicPartition(side, tp.partition) for tp in parts]
+
+        def on_assign(consumer: Consumer, parts: list[TopicPartition]) -> None:
+            consumer.incremental_assign(with_side(parts))
+            owned[name] |= set(tps(with_side(parts)))
+
+        def on_revoke(consumer: Consumer, parts: list[TopicPartition]) -> None:
+            consumer.incremental_unassign(with_side(parts))
+            owned[name] -= set(tps(with_side(parts)))
+
+        c.subscribe([src], on_assign=on_assign, on_revoke=on_revoke)
+        return c
+
+    a = member("a")
+    read: list[TP] = []
+    try:
+
+        def reads_every_request() -> bool:
+            got = [m for m in a.consume(10, 0.1) if not m.error()]
+            read.extend((str(m.topic()), int(m.partition() or 0)) for m in got)
+            return len(read) == 4
+
+        wait_until(reads_every_request, "a reads the side topic's records")
+        assert sorted(read) == [(side, p) for p in range(4)]
+        assert (
+            tps(a.assignment())
+            == sorted(owned["a"])
+            == sorted([(src, p) for p in range(4)] + [(side, p) for p in range(4)])
+        )
+        a.commit(offsets=[TopicPartition(side, 0, 1)], asynchronous=False)
+        [committed] = a.committed([TopicPartition(side, 0)], timeout=DEADLINE_S)
+        assert committed.offset == 1
+        b = member("b")
+        try:
+
+            def shared() -> bool:
+                a.consume(10, 0.05)
+                b.consume(10, 0.05)
+                return len(owned["a"]) == 4 and len(owned["b"]) == 4
+
+            wait_until(shared, "two partitions of each topic each")
+            for name, c in (("a", a), ("b", b)):
+                mine = owned[name]
+                assert tps(c.assignment()) == sorted(mine)
+                assert {p for t, p in mine if t == src} == {p for t, p in mine if t == side}
+        finally:
+            b.close()
+    finally:
+        a.close()
 
 
 # ------------------------------------------------------------------ 4. static membership
@@ -1010,6 +1101,12 @@ REGISTER: tuple[Fact, ...] = (
         "re-entrant calls need a free worker, may deadlock",
         "corrected (serialized; a callback's call admitted)",
         _HERE + "test_an_aio_consumer_serializes_its_calls_but_admits_its_callbacks_calls",
+    ),
+    Fact(
+        "co-partitioning beside cooperative-sticky",
+        "(not covered)",
+        "verified (new: a side topic's partitions assigned in the callbacks)",
+        _HERE + "test_a_partition_of_another_topic_goes_and_comes_with_the_subscribed_one",
     ),
     Fact(
         "callbacks' thread",
