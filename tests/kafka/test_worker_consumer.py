@@ -1,0 +1,167 @@
+"""``botmesh.streams.worker.consumer.ConsumerThread`` on a real broker: the inbound topic's
+partitions come with the same partitions of the side topics, paused until the worker
+resumes them; a second worker joining moves some of each topic together, the first worker
+finishing with them (``revoking``) before they go; commits land; a leave hands the
+partitions over at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from botmesh.streams.config import group_instance_id
+from botmesh.streams.worker.clients import consumer_config
+from botmesh.streams.worker.consumer import ConsumerThread
+from tests.kafka.broker import create_topics
+from tests.kafka.rdkafka_probe import produce
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 4
+
+
+class Hooks:
+    """Records the rebalances a worker saw; resumes what it is given, as the worker does
+    once the journal partitions are restored."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, list[int]]] = []
+        self.thread: ConsumerThread | None = None
+        self.held: set[int] = set()
+
+    async def assigned(self, partitions: set[int]) -> None:
+        self.events.append(("assigned", sorted(partitions)))
+        assert self.thread is not None
+        self.held |= partitions
+
+    async def revoking(self, partitions: set[int]) -> None:
+        self.events.append(("revoking", sorted(partitions)))
+        self.held -= partitions
+
+    async def lost(self, partitions: set[int]) -> None:
+        self.events.append(("lost", sorted(partitions)))
+        self.held -= partitions
+
+
+async def until(cond: Callable[[], bool], what: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def drain(thread: ConsumerThread, into: list[tuple[str, int, bytes]]) -> None:
+    while not thread.batches.empty():
+        batch = thread.batches.get_nowait()
+        into.extend(
+            (str(m.topic()), int(m.partition() or 0), m.value() or b"") for m in batch.messages
+        )
+
+
+@pytest.fixture
+async def topics(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[tuple[str, str]]:
+    inbound, requests = f"{topic_prefix}.inbound", f"{topic_prefix}.requests"
+    create_topics(kafka_bootstrap, [inbound, requests], PARTITIONS)
+    yield inbound, requests
+
+
+def worker(
+    bootstrap: str, group: str, name: str, inbound: str, requests: str
+) -> tuple[ConsumerThread, Hooks]:
+    hooks = Hooks()
+    config = consumer_config(bootstrap, group=group, instance_id=name, session_timeout=10.0)
+    thread = ConsumerThread(config, inbound, [requests], hooks, batch_size=100)
+    hooks.thread = thread
+    return thread, hooks
+
+
+async def test_partitions_come_paused_with_their_side_topics_and_move_together(
+    kafka_bootstrap: str, topic_prefix: str, topics: tuple[str, str]
+) -> None:
+    inbound, requests = topics
+    group = f"{topic_prefix}-workers"
+    produce(kafka_bootstrap, inbound, [(p, None, b"m") for p in range(PARTITIONS)])
+    produce(kafka_bootstrap, requests, [(p, None, b"r") for p in range(PARTITIONS)])
+    a, hooks_a = worker(kafka_bootstrap, group, "a", inbound, requests)
+    await a.start()
+    got: list[tuple[str, int, bytes]] = []
+    b: ConsumerThread | None = None
+    try:
+        await until(lambda: hooks_a.held == set(range(PARTITIONS)), "a is given every partition")
+        assert hooks_a.events == [("assigned", [0, 1, 2, 3])]
+        await drain(a, got)
+        # paused: nothing is read before the worker resumes (its journal restored)
+        assert got == []
+        await a.resume({0, 1})
+
+        async def four() -> bool:
+            await drain(a, got)
+            return len(got) == 4
+
+        deadline = time.monotonic() + 60
+        while not await four():
+            assert time.monotonic() < deadline, got
+            await asyncio.sleep(0.05)
+        assert sorted((t, p) for t, p, _ in got) == sorted(
+            [(inbound, 0), (inbound, 1), (requests, 0), (requests, 1)]
+        )
+        await a.resume({2, 3})
+        await a.commit({(inbound, 0): 1, (requests, 0): 1, ("not-ours", 0): 5})
+        committed = await a.call(
+            lambda c: c.committed(
+                [TopicPartition(inbound, 0), TopicPartition(requests, 0)], timeout=30
+            )
+        )
+        assert [tp.offset for tp in committed] == [1, 1]
+
+        b, hooks_b = worker(kafka_bootstrap, group, "b", inbound, requests)
+        await b.start()
+        await until(
+            lambda: len(hooks_a.held) == 2 and len(hooks_b.held) == 2, "two partitions each"
+        )
+        moved = hooks_b.held
+        assert hooks_a.events == [("assigned", [0, 1, 2, 3]), ("revoking", sorted(moved))]
+        assert hooks_b.events == [("assigned", sorted(moved))]
+        assert a.partitions == hooks_a.held and b.partitions == moved
+        mine = await a.call(lambda c: {(tp.topic, tp.partition) for tp in c.assignment()})
+        assert mine == {(t, p) for t in (inbound, requests) for p in hooks_a.held}
+    finally:
+        if b is not None:
+            await b.close(leave=True)
+        await a.close(leave=True)
+
+
+async def test_a_leave_hands_the_partitions_over_at_once_and_a_restart_keeps_them(
+    kafka_bootstrap: str, topic_prefix: str, topics: tuple[str, str]
+) -> None:
+    """``close()`` alone (a restart): the static member's partitions wait for it, and the
+    other worker sees no rebalance; ``close(leave=True)``: they move at once."""
+    inbound, requests = topics
+    group = f"{topic_prefix}-workers"
+    a, hooks_a = worker(kafka_bootstrap, group, "a", inbound, requests)
+    b, hooks_b = worker(kafka_bootstrap, group, "b", inbound, requests)
+    await a.start()
+    await until(lambda: len(hooks_a.held) == PARTITIONS, "a has every partition")
+    await b.start()
+    await until(lambda: len(hooks_a.held) == 2 and len(hooks_b.held) == 2, "two each")
+    seen_by_b = list(hooks_b.events)
+    await a.close()  # a restart: no LeaveGroup
+    again, hooks_again = worker(kafka_bootstrap, group, "a", inbound, requests)
+    await again.start()
+    try:
+        await until(lambda: len(hooks_again.held) == 2, "a's successor gets its two back")
+        assert hooks_b.events == seen_by_b  # b saw no rebalance
+        await again.close(leave=True)
+        # left, not expired: the coordinator lists b alone at once (a member that only
+        # closed stays listed for its session timeout, 10 s here)
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        described = admin.describe_consumer_groups([group])[group].result(30)
+        assert [m.group_instance_id for m in described.members] == [group_instance_id("b")]
+        await until(lambda: len(hooks_b.held) == PARTITIONS, "b takes every partition")
+    finally:
+        await b.close(leave=True)
