@@ -501,9 +501,6 @@ def _loopback(host: str) -> bool:
 def serve(config: ConsoleConfig) -> int:
     """``botmesh console``: serve until SIGTERM or SIGINT; 0 after a clean stop."""
     console = Console(config)
-    # each action's read of a dead-letter topic: aiokafka's consumer says so at info
-    aiokafka = logging.getLogger("aiokafka")
-    aiokafka.setLevel(max(aiokafka.getEffectiveLevel(), logging.WARNING))
 
     async def main() -> int:
         stop = asyncio.Event()

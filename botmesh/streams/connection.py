@@ -61,8 +61,10 @@ __all__ = [
     "broker_hint",
     "confluent_options",
     "connect_error",
+    "consumer_options",
     "list_topics",
     "local_kafka_script",
+    "producer_options",
     "servers",
     "settings_of",
 ]
@@ -319,6 +321,32 @@ def confluent_options(brokers: Brokers) -> dict[str, Any]:
         out["sasl.username"] = sec.sasl_username
         out["sasl.password"] = sec.sasl_password.reveal()
     return out
+
+
+def producer_options(brokers: Brokers, *, durable: bool = True) -> dict[str, Any]:
+    """librdkafka's producer settings: ``confluent_options`` with the partitioner of Java's
+    and aiokafka's producers (``murmur2_random``: murmur2 of the key, a record without a key
+    to a random partition; librdkafka's default, ``consistent_random``, puts a key
+    elsewhere), so a chat's records land on one partition whichever client produced them.
+    ``durable``: acked by every in-sync replica (``acks=all``), idempotent (a retry is
+    never written twice, nor out of order)."""
+    out = {**confluent_options(brokers), "partitioner": "murmur2_random"}
+    if durable:
+        out.update({"acks": "all", "enable.idempotence": True})
+    return out
+
+
+def consumer_options(brokers: Brokers, group_id: str) -> dict[str, Any]:
+    """librdkafka's consumer settings for a reader that assigns its partitions itself and
+    commits nothing (librdkafka needs a ``group.id`` all the same; ``assign`` never joins
+    the group): ``confluent_options``, auto-commit off, reset to the earliest offset."""
+    return {
+        **confluent_options(brokers),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+    }
 
 
 # -- the first contact -----------------------------------------------------------------------

@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message
 
-from botmesh.streams.connection import Brokers, aiokafka_options
+from botmesh.streams.clients import AsyncProducer, read_to_end, reader, watermarks
+from botmesh.streams.connection import Brokers
 from botmesh.streams.provision import ensure_topics, existing_topics
 from botmesh.topics.catalog import Catalog
 
@@ -48,9 +50,10 @@ class GatewayKafka:
         self.replication = replication
         self.catalog = Catalog(prefix)
         self._on_seen = on_seen
-        self.producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._tail: asyncio.Task[None] | None = None
+        self.producer: AsyncProducer | None = None
+        self._consumer: Consumer | None = None
+        self._tail: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.inbound_exists = False
 
     async def connect(self) -> None:
@@ -58,24 +61,41 @@ class GatewayKafka:
         Raises on any failure (having closed what it opened)."""
         try:
             # the first contact through the admin client: a refused login or an unknown CA
-            # is named (``KafkaAuthError``) rather than aiokafka's bare connection error
+            # is named (``KafkaAuthError``) rather than a bare connection error
             topics = await asyncio.to_thread(self._provision)
-            producer = AIOKafkaProducer(
-                **aiokafka_options(self.bootstrap),
-                acks="all",
-                enable_idempotence=True,
-                request_timeout_ms=int(max(self.request_timeout, 5.0) * 1000),
-                client_id="botmesh-gateway",
+            # idempotent, acks=all, keys partitioned by murmur2 as Java's and aiokafka's
+            # producers do (``producer_options``): a chat's records stay on one partition
+            self.producer = AsyncProducer(
+                self.bootstrap,
+                settings={
+                    "request.timeout.ms": int(max(self.request_timeout, 5.0) * 1000),
+                    "client.id": "botmesh-gateway",
+                },
             )
-            self.producer = producer
-            await producer.start()
             self.inbound_exists = self.catalog.inbound in topics
             await self._known(self.catalog.gateway_seen)
-            await self._load(topics.get(self.catalog.gateway_seen, 1))
+            self._consumer = reader(
+                self.bootstrap, "botmesh-gateway-seen", {"client.id": "botmesh-gateway-seen"}
+            )
+            loaded = await asyncio.to_thread(
+                self._load, self._consumer, topics.get(self.catalog.gateway_seen, 1)
+            )
         except BaseException:
             await self.close()
             raise
-        self._tail = asyncio.create_task(self._follow(), name="gateway-seen-tail")
+        for key, value, timestamp_ms in loaded:
+            self._record(key, value, timestamp_ms)
+        log.info(
+            "gateway: %d produced events loaded from %s", len(loaded), self.catalog.gateway_seen
+        )
+        self._stopping.clear()
+        self._tail = threading.Thread(
+            target=self._follow,
+            args=(self._consumer, asyncio.get_running_loop()),
+            name="gateway-seen-tail",
+            daemon=True,
+        )
+        self._tail.start()
 
     async def _known(self, topic: str, within: float = 15.0) -> None:
         """Wait until the broker's metadata has ``topic`` with its leaders (a topic just
@@ -83,11 +103,13 @@ class GatewayKafka:
         assert self.producer is not None
         async with asyncio.timeout(within):
             while True:
-                metadata = await self.producer.client.fetch_all_metadata()
-                parts = metadata.partitions_for_topic(topic)
-                if parts and all(
-                    metadata.leader_for_partition(TopicPartition(topic, p)) not in (None, -1)
-                    for p in parts
+                metadata = await self.producer.metadata(within)
+                t = metadata.topics.get(topic)
+                if (
+                    t is not None
+                    and t.error is None
+                    and t.partitions
+                    and all(p.leader not in (None, -1) for p in t.partitions.values())
                 ):
                     return
                 await asyncio.sleep(0.1)
@@ -97,27 +119,13 @@ class GatewayKafka:
         ensure_topics(self.bootstrap, specs, timeout=10.0)
         return existing_topics(self.bootstrap, timeout=10.0)
 
-    async def _load(self, partitions: int) -> None:
-        consumer = AIOKafkaConsumer(
-            **aiokafka_options(self.bootstrap),
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            client_id="botmesh-gateway-seen",
-        )
-        self._consumer = consumer
-        await consumer.start()
-        tps = [TopicPartition(self.catalog.gateway_seen, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        loaded = 0
-        while any([await consumer.position(tp) < end[tp] for tp in tps]):
-            batch = await consumer.getmany(*tps, timeout_ms=500)
-            for records in batch.values():
-                for r in records:
-                    loaded += self._record(r.key, r.value, r.timestamp)
-        log.info("gateway: %d produced events loaded from %s", loaded, self.catalog.gateway_seen)
+    def _load(self, consumer: Consumer, partitions: int) -> list[tuple[bytes, bytes, int]]:
+        """The seen topic from its start to its end (blocking); the consumer stays on it."""
+        tps = [(self.catalog.gateway_seen, p) for p in range(partitions)]
+        spans = watermarks(consumer, tps, timeout=10.0)
+        found: list[tuple[bytes, bytes, int]] = []
+        read_to_end(consumer, spans, lambda m: found.extend(_fields(m)))
+        return found
 
     def _record(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> int:
         if not key or value is None:
@@ -128,21 +136,37 @@ class GatewayKafka:
         self._on_seen(channel, event_id, timestamp_ms / 1000.0)
         return 1
 
-    async def _follow(self) -> None:
-        consumer = self._consumer
-        assert consumer is not None
-        while True:
+    def _records(self, records: list[tuple[bytes, bytes, int]]) -> None:
+        for key, value, timestamp_ms in records:
+            self._record(key, value, timestamp_ms)
+
+    def _follow(self, consumer: Consumer, loop: asyncio.AbstractEventLoop) -> None:
+        """The tail of the seen topic (its own thread): each batch handed to the loop."""
+        failing = False
+        while not self._stopping.is_set():
             try:
-                batch = await consumer.getmany(timeout_ms=1000)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the broker away: aiokafka reconnects on the next call
-                log.warning("gateway: reading %s failed: %s", self.catalog.gateway_seen, exc)
-                await asyncio.sleep(1.0)
+                messages = consumer.consume(num_messages=500, timeout=0.5)
+            except Exception as exc:  # librdkafka reconnects on its own
+                if not failing:
+                    log.warning("gateway: reading %s failed: %s", self.catalog.gateway_seen, exc)
+                failing = True
+                self._stopping.wait(1.0)
                 continue
-            for records in batch.values():
-                for r in records:
-                    self._record(r.key, r.value, r.timestamp)
+            found: list[tuple[bytes, bytes, int]] = []
+            for m in messages:
+                err = m.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    if not failing:
+                        log.warning(
+                            "gateway: reading %s failed: %s", self.catalog.gateway_seen, err
+                        )
+                    failing = True
+                    continue
+                found.extend(_fields(m))
+            if found:
+                failing = False
+                with contextlib.suppress(RuntimeError):  # the loop closed: the gateway stops
+                    loop.call_soon_threadsafe(self._records, found)
 
     async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
         """Enqueue one record; the result resolves when the broker acked it."""
@@ -154,8 +178,7 @@ class GatewayKafka:
         """``send`` with the record's headers (a trace's ``traceparent``)."""
         if self.producer is None:
             raise KafkaUnavailable("the producer is not started")
-        fut: Awaitable[Any] = await self.producer.send(topic, value, key=key, headers=headers)
-        return fut
+        return await self.producer.send(topic, value, key=key, headers=headers)
 
     async def write_seen(self, channel: str, event_id: str, where: Any) -> None:
         value = json.dumps(
@@ -181,23 +204,28 @@ class GatewayKafka:
         """The topic names the cluster has now (a metadata request, no auto-creation)."""
         if self.producer is None:
             raise KafkaUnavailable("the producer is not started")
-        metadata = await self.producer.client.fetch_all_metadata()
-        names: set[str] = set(metadata.topics())
+        metadata = await self.producer.metadata(5.0)
+        names: set[str] = {name for name, t in metadata.topics.items() if t.error is None}
         self.inbound_exists = self.catalog.inbound in names
         return names
 
     async def close(self) -> None:
         """Flush and stop (idempotent)."""
-        if self._tail is not None:
-            self._tail.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tail
-            self._tail = None
+        self._stopping.set()
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            await asyncio.to_thread(tail.join)
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await asyncio.to_thread(consumer.close)
         producer, self.producer = self.producer, None
         if producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.flush(), self.request_timeout)
-            await producer.stop()
+            await producer.close(self.request_timeout)
+
+
+def _fields(m: Message) -> list[tuple[bytes, bytes, int]]:
+    """A record's key, value and timestamp (ms); none for an event or a tombstone."""
+    key, value = m.key(), m.value()
+    if m.error() is not None or not isinstance(key, bytes) or not isinstance(value, bytes):
+        return []
+    return [(key, value, m.timestamp()[1])]

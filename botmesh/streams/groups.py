@@ -2,21 +2,35 @@
 (``describe_group``), members removed (``remove_members``: LeaveGroup v3, which removes a
 static member by its instance id), and the admin client's errors turned into a
 ``ConnectionError`` that names the bootstrap setting. Used by the worker's membership
-watch and by the operator's tools alike."""
+watch and by the operator's tools alike.
+
+librdkafka has no call that removes another member (Java's
+``Admin.removeMembersFromConsumerGroup``), so ``remove_members`` speaks the three requests
+it takes itself, over the connection settings of every other client (``connection``):
+TLS with the same CA, certificate and host check; SASL PLAIN or SCRAM-SHA-256/512
+(``SaslHandshake`` v1, ``SaslAuthenticate`` v1, RFC 5802 for SCRAM); then
+``FindCoordinator`` v2 for the group and ``LeaveGroup`` v3 to its coordinator. Each is a
+version every broker since Kafka 2.4 answers, none of the versions Kafka 4 removed."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import itertools
+import os
+import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.client import AIOKafkaClient, CoordinationType
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 from confluent_kafka import KafkaError, KafkaException
 
 from botmesh.streams import connection
-from botmesh.streams.connection import Brokers, aiokafka_options, servers
+from botmesh.streams.connection import Brokers, servers, settings_of
 
 __all__ = [
     "GroupInfo",
@@ -125,66 +139,254 @@ async def remove_members(
 ) -> list[str]:
     """Remove ``members`` from ``group`` (LeaveGroup v3: a static member by its instance id,
     a dynamic one by its member id); returns who was removed."""
-    client = AIOKafkaClient(**aiokafka_options(bootstrap), request_timeout_ms=int(wait_s * 1000))
+    leave = [("" if m.instance_id else m.member_id, m.instance_id) for m in members]
     try:
-        await client.bootstrap()
-    except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
-        await client.close()
-        raise unreachable(bootstrap, exc) from None
-    try:
-        node = await client.coordinator_lookup(CoordinationType.GROUP, group)
-        leave = [("" if m.instance_id else m.member_id, m.instance_id) for m in members]
-        response = await client.send(node, _RemoveMembers(group, leave))
-    finally:
-        await client.close()
-    errors = [f"group: error {response.error_code}"] if response.error_code else []
+        async with asyncio.timeout(wait_s):
+            code, results = await _leave_group(bootstrap, group, leave, wait_s)
+    except (OSError, EOFError, TimeoutError, struct.error, _Protocol) as exc:
+        # a broker away or cut off (a TLS or SASL listener?), a login refused: named below
+        raise (await asyncio.to_thread(connection.connect_error, bootstrap, exc)) from None
+    errors = [f"group: error {code}"] if code else []
     removed = []
-    for member_id, instance_id, code in response.members:
+    for member_id, instance_id, member_code in results:
         who = instance_id or member_id
-        if code in (0, 25):  # 25 UNKNOWN_MEMBER_ID: gone already
+        if member_code in (0, _UNKNOWN_MEMBER_ID):  # gone already
             removed.append(who)
         else:
-            errors.append(f"{who}: error {code}")
+            errors.append(f"{who}: error {member_code}")
     if errors:
         raise RuntimeError(f"cannot remove the members of group {group!r}: {'; '.join(errors)}")
     return removed
 
 
-class _LeaveGroupResponseV3(Response):  # type: ignore[misc]
-    API_KEY = 13
-    API_VERSION = 3
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("error_code", Int16),
-        (
-            "members",
-            Array(
-                ("member_id", String("utf-8")),
-                ("group_instance_id", String("utf-8")),
-                ("error_code", Int16),
-            ),
-        ),
-    )
+# -- LeaveGroup v3, spoken here ----------------------------------------------------------------
+
+_FIND_COORDINATOR, _LEAVE_GROUP, _SASL_HANDSHAKE, _SASL_AUTHENTICATE = 10, 13, 17, 36
+_UNKNOWN_MEMBER_ID = 25
+#: FindCoordinator's and LeaveGroup's errors that a new lookup of the coordinator cures
+_MOVED = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, _NOT_AVAILABLE, NOT_COORDINATOR
 
 
-class _LeaveGroupRequestV3(RequestStruct):  # type: ignore[misc]
-    API_KEY = 13
-    API_VERSION = 3
-    RESPONSE_TYPE = _LeaveGroupResponseV3
-    SCHEMA = Schema(
-        ("group_id", String("utf-8")),
-        ("members", Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8")))),
-    )
+class _Protocol(Exception):
+    """A broker's answer this client cannot use (a refused login, an unknown mechanism)."""
 
 
-class _RemoveMembers(Request[_LeaveGroupRequestV3]):  # type: ignore[misc]
-    """LeaveGroup v3 (aiokafka has v0-v1 only: a member id, no instance id)."""
+def _str(value: str) -> bytes:
+    raw = value.encode()
+    return struct.pack(">h", len(raw)) + raw
 
-    API_KEY = 13
 
-    def __init__(self, group: str, members: list[tuple[str, str | None]]) -> None:
-        self._group = group
-        self._members = members
+def _nullable(value: str | None) -> bytes:
+    return struct.pack(">h", -1) if value is None else _str(value)
 
-    def build(self, request_struct_class: type[_LeaveGroupRequestV3]) -> _LeaveGroupRequestV3:
-        return request_struct_class(self._group, self._members)
+
+def _bytes(value: bytes) -> bytes:
+    return struct.pack(">i", len(value)) + value
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self._data, self._at = data, 0
+
+    def _take(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self._data, self._at)
+        self._at += struct.calcsize(fmt)
+        return value
+
+    def int8(self) -> int:
+        return int(self._take(">b"))
+
+    def int16(self) -> int:
+        return int(self._take(">h"))
+
+    def int32(self) -> int:
+        return int(self._take(">i"))
+
+    def int64(self) -> int:
+        return int(self._take(">q"))
+
+    def string(self) -> str | None:
+        n = self.int16()
+        if n < 0:
+            return None
+        raw = self._data[self._at : self._at + n]
+        self._at += n
+        return raw.decode()
+
+    def bytes(self) -> bytes | None:
+        n = self.int32()
+        if n < 0:
+            return None
+        raw = self._data[self._at : self._at + n]
+        self._at += n
+        return raw
+
+
+class _Connection:
+    """One connection to one broker: TLS and SASL as ``connection`` says, then requests
+    (header v1) and their responses (header v0), one at a time."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    @classmethod
+    async def open(cls, settings: connection.KafkaSettings, host: str, port: int) -> _Connection:
+        sec = settings.security
+        tls = sec.ssl_context
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls is not None else None
+        )
+        conn = cls(reader, writer)
+        try:
+            if sec.sasl:
+                await conn._login(sec)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def request(self, api_key: int, version: int, body: bytes) -> _Reader:
+        correlation = next(self._ids) & 0x7FFFFFFF
+        header = struct.pack(">hhi", api_key, version, correlation) + _str("botmesh-admin")
+        frame = header + body
+        self._writer.write(struct.pack(">i", len(frame)) + frame)
+        await self._writer.drain()
+        (size,) = struct.unpack(">i", await self._reader.readexactly(4))
+        answer = _Reader(await self._reader.readexactly(size))
+        if answer.int32() != correlation:
+            raise _Protocol(f"a response to another request (api {api_key})")
+        return answer
+
+    async def _login(self, sec: connection.Security) -> None:
+        mechanism = sec.sasl_mechanism or ""
+        user = sec.sasl_username or ""
+        password = sec.sasl_password.reveal() if sec.sasl_password is not None else ""
+        answer = await self.request(_SASL_HANDSHAKE, 1, _str(mechanism))
+        code = answer.int16()
+        if code:
+            offered = [answer.string() for _ in range(answer.int32())]
+            raise _Protocol(f"the broker does not take SASL {mechanism} (it takes {offered})")
+        if mechanism == "PLAIN":
+            await self._authenticate(f"\0{user}\0{password}".encode())
+            return
+        scram = _Scram(mechanism, user, password)
+        server_first = await self._authenticate(scram.first())
+        server_final = await self._authenticate(scram.final(server_first))
+        scram.check(server_final)
+
+    async def _authenticate(self, token: bytes) -> bytes:
+        answer = await self.request(_SASL_AUTHENTICATE, 1, _bytes(token))
+        code, message, reply = answer.int16(), answer.string(), answer.bytes()
+        if code:
+            raise _Protocol(f"SASL authentication failed (error {code}: {message})")
+        return reply or b""
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+
+class _Scram:
+    """The client's side of SCRAM-SHA-256/512 (RFC 5802, no channel binding)."""
+
+    def __init__(self, mechanism: str, user: str, password: str) -> None:
+        self._hash = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+        self._password = password.encode()
+        self._nonce = base64.b64encode(os.urandom(24)).decode()
+        name = user.replace("=", "=3D").replace(",", "=2C")
+        self._first_bare = f"n={name},r={self._nonce}"
+        self._server_signature = b""
+
+    def first(self) -> bytes:
+        return f"n,,{self._first_bare}".encode()
+
+    def final(self, server_first: bytes) -> bytes:
+        text = server_first.decode()
+        fields = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+        nonce = fields.get("r", "")
+        if not nonce.startswith(self._nonce) or "s" not in fields or "i" not in fields:
+            raise _Protocol("SASL authentication failed (a SCRAM answer that does not fit)")
+        salted = hashlib.pbkdf2_hmac(
+            self._hash, self._password, base64.b64decode(fields["s"]), int(fields["i"])
+        )
+        client_key = hmac.new(salted, b"Client Key", self._hash).digest()
+        stored_key = hashlib.new(self._hash, client_key).digest()
+        without_proof = f"c=biws,r={nonce}"
+        message = f"{self._first_bare},{text},{without_proof}".encode()
+        signature = hmac.new(stored_key, message, self._hash).digest()
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        server_key = hmac.new(salted, b"Server Key", self._hash).digest()
+        self._server_signature = hmac.new(server_key, message, self._hash).digest()
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+    def check(self, server_final: bytes) -> None:
+        fields = dict(i.split("=", 1) for i in server_final.decode().split(",") if "=" in i)
+        if "e" in fields:
+            raise _Protocol(f"SASL authentication failed ({fields['e']})")
+        if not hmac.compare_digest(base64.b64decode(fields.get("v", "")), self._server_signature):
+            raise _Protocol("SASL authentication failed (the broker's SCRAM proof is wrong)")
+
+
+def _addresses(bootstrap: str) -> list[tuple[str, int]]:
+    out = []
+    for item in bootstrap.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if host and port.isdigit():
+            out.append((host.strip("[]"), int(port)))
+    return out
+
+
+async def _open_any(settings: connection.KafkaSettings) -> _Connection:
+    """A connection to the first bootstrap broker that takes one."""
+    failure: BaseException = OSError(f"no broker in {settings.bootstrap!r}")
+    for host, port in _addresses(settings.bootstrap):
+        try:
+            return await _Connection.open(settings, host, port)
+        except _Protocol:
+            raise
+        except OSError as exc:
+            failure = exc
+    raise failure
+
+
+async def _leave_group(
+    bootstrap: Brokers, group: str, leave: list[tuple[str, str | None]], wait_s: float
+) -> tuple[int, list[tuple[str, str | None, int]]]:
+    """LeaveGroup v3 at the group's coordinator (found again while it moves): the group's
+    error code and each member's."""
+    settings = settings_of(bootstrap)
+    deadline = time.monotonic() + wait_s
+    while True:
+        conn = await _open_any(settings)
+        try:
+            answer = await conn.request(_FIND_COORDINATOR, 2, _str(group) + struct.pack(">b", 0))
+        finally:
+            await conn.close()
+        answer.int32()  # throttle time
+        code, _message = answer.int16(), answer.string()
+        _node, host, port = answer.int32(), answer.string() or "", answer.int32()
+        if code in _MOVED and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            continue
+        if code:
+            raise RuntimeError(f"cannot find the coordinator of group {group!r}: error {code}")
+        conn = await _Connection.open(settings, host, port)
+        try:
+            body = _str(group) + struct.pack(">i", len(leave))
+            body += b"".join(_str(member) + _nullable(instance) for member, instance in leave)
+            answer = await conn.request(_LEAVE_GROUP, 3, body)
+        finally:
+            await conn.close()
+        answer.int32()  # throttle time
+        code = answer.int16()
+        if code in _MOVED and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            continue
+        results = []
+        for _ in range(answer.int32()):
+            member_id, instance_id = answer.string() or "", answer.string()
+            results.append((member_id, instance_id, answer.int16()))
+        return code, results

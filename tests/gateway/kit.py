@@ -11,8 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import ConsumerRecord
+from confluent_kafka import Message
 
 from botmesh._gateway import Gateway, GatewayConfig, serving
 from botmesh.providers.slack import SlackWebhook
@@ -25,7 +24,8 @@ from botmesh.providers.webhooks import (
     hmac_hex,
 )
 from botmesh.state.messages import Inbound
-from botmesh.streams.connection import Brokers, aiokafka_options
+from botmesh.streams.clients import read_to_end, reader, watermarks
+from botmesh.streams.connection import Brokers
 from botmesh.streams.provision import existing_topics
 
 SLACK_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -152,23 +152,31 @@ async def gateway_at(
         yield gateway, url
 
 
-async def read_topic(bootstrap: Brokers, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+@dataclass(frozen=True)
+class Record:
+    """A record read back: where it is, its key and value."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+async def read_topic(bootstrap: Brokers, topic: str) -> list[Record]:
     """Every record of ``topic`` now (all partitions, from the start to the end offsets)."""
     partitions = (await asyncio.to_thread(existing_topics, bootstrap))[topic]
-    consumer = AIOKafkaConsumer(
-        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
-    )
-    await consumer.start()
+    return await asyncio.to_thread(_read_topic, bootstrap, topic, partitions)
+
+
+def _read_topic(bootstrap: Brokers, topic: str, partitions: int) -> list[Record]:
+    out: list[Record] = []
+
+    def take(m: Message) -> None:
+        out.append(Record(m.partition() or 0, m.offset() or 0, m.key(), m.value() or b""))
+
+    consumer = reader(bootstrap, "botmesh-tests")
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        out: list[ConsumerRecord[bytes, bytes]] = []
-        while any([await consumer.position(tp) < end[tp] for tp in tps]):
-            batch = await consumer.getmany(*tps, timeout_ms=500)
-            for records in batch.values():
-                out += records
-        return out
+        read_to_end(consumer, watermarks(consumer, [(topic, p) for p in range(partitions)]), take)
     finally:
-        await consumer.stop()
+        consumer.close()
+    return out

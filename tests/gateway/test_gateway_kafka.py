@@ -170,6 +170,30 @@ async def test_the_same_event_at_once_is_produced_once(
     assert gw.counts["probe"]["duplicates"] == 8
 
 
+async def test_a_chat_goes_to_the_partition_aiokafka_and_java_put_it_on(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """librdkafka's default partitioner (consistent_random) puts a key elsewhere than
+    Java's and aiokafka's producers (murmur2): the gateway's records of a chat must land
+    where the other clients put that chat's records, or its turns would split."""
+    from aiokafka.partitioner import DefaultPartitioner  # the comparison only
+
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=7))
+    chats = [f"chat-{n}" for n in range(60)] + ["C0CHAT", "+4915112345678", "ü-chat"]
+    body = probe_body(*((f"m{n}", chat) for n, chat in enumerate(chats)))
+    async with gateway_at(kafka_bootstrap, cat.prefix) as (_, url):
+        status, _ = await _post(f"{url}/probe", body, probe_headers(body))
+        records = await read_topic(kafka_bootstrap, cat.inbound)
+    assert status == 200
+    murmur2 = DefaultPartitioner()
+    where = {decode_inbound(r.value).chat_id: r.partition for r in records}
+    assert sorted(where) == sorted(chats)
+    partitions = list(range(7))
+    assert where == {c: murmur2(chat_key(c), partitions, partitions) for c in chats}
+    assert len(set(where.values())) == 7  # spread: a constant partition would pass nothing
+
+
 async def test_a_retry_on_another_replica_is_recognised(
     kafka_bootstrap: str, catalog: Catalog
 ) -> None:

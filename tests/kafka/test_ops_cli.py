@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from botmesh.state.kv import Entry
 from botmesh.state.metrics import Metric
+from botmesh.streams.clients import AsyncProducer
 from botmesh.streams.membership import WORKER_COUNTERS
 from botmesh.streams.ops.operator import (
     decode_metrics,
@@ -166,12 +166,11 @@ async def test_status_shows_the_lag_without_a_worker_then_the_member_and_no_lag(
     cat, b = topics, kafka_bootstrap
     records = demo_records(40, 8, run="st")
     await produce_inbound(b, cat.inbound, records)
-    producer = AIOKafkaProducer(bootstrap_servers=b, acks="all")
-    await producer.start()
+    producer = AsyncProducer(b)
     try:
         await producer.send_and_wait(cat.inbound, b"{not json", key=b"bad")
     finally:
-        await producer.stop()
+        await producer.close()
     ends = await end_offsets(b, cat.inbound)
     assert sum(ends.values()) == 41
 
@@ -249,8 +248,7 @@ async def test_status_counts_ambiguous_sends_by_the_last_value_of_each_key(
         (f"{scope}/out/e:1", {"key": "e:1", "state": "unknown"}),  # not ambiguous
         (f"{scope}/out/f:1", lost),  # counts
     ]
-    producer = AIOKafkaProducer(bootstrap_servers=b, acks="all")
-    await producer.start()
+    producer = AsyncProducer(b)
     try:
         for n, (key, value) in enumerate(history):
             record = None if value is None else encode_entry(Entry(key, value, n + 1))
@@ -258,7 +256,7 @@ async def test_status_counts_ambiguous_sends_by_the_last_value_of_each_key(
                 cat.changelog("journal"), record, key=key.encode(), partition=n % 2
             )
     finally:
-        await producer.stop()
+        await producer.close()
     out = botmesh("status", "--json", bootstrap=b, prefix=cat.prefix)
     assert out.returncode == 0, out.stderr
     journal = as_json(out)["journal"]

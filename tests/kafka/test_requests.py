@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from botmesh import Inbound, Receipt
+from botmesh.streams.clients import AsyncProducer
 from botmesh.streams.ops.tools import end_offsets, produce_inbound, produce_requests, request_send
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import (
@@ -157,15 +157,14 @@ async def test_a_malformed_request_is_dead_lettered_and_the_worker_goes_on(worke
     ]
     values = [encode_request(good[0]), *(v for v, _ in bad[:3]), encode_request(good[1])]
     values += [v for v, _ in bad[3:]] + [encode_request(good[2])]
-    producer = AIOKafkaProducer(bootstrap_servers=worker.bootstrap, acks="all")
-    await producer.start()
+    producer = AsyncProducer(worker.bootstrap)
     try:
         offsets = {}
         for v in values:
             md = await producer.send_and_wait(cat.requests, v, key=b"c1")
             offsets[v] = (md.partition, md.offset)
     finally:
-        await producer.stop()
+        await producer.close()
     worker.start()
     await wait_sends([worker], {"good 0", "good 1", "good 2"})
     dead = await dead_letters(
@@ -277,8 +276,7 @@ async def produce_in_order(
     bootstrap: str, cat: Catalog, records: list[Inbound | SendRequest]
 ) -> None:
     """One record at a time, each acked before the next (so each has a later timestamp)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
+    producer = AsyncProducer(bootstrap)
     try:
         for r in records:
             key = chat_key(r.chat_id)
@@ -288,7 +286,7 @@ async def produce_in_order(
                 await producer.send_and_wait(cat.requests, encode_request(r), key=key)
             await asyncio.sleep(0.003)  # timestamps are milliseconds: no two alike
     finally:
-        await producer.stop()
+        await producer.close()
 
 
 async def wait_sends(workers: list[Worker], texts: set[str]) -> None:

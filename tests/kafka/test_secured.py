@@ -4,7 +4,8 @@ CA and a broker certificate made with openssl, SCRAM users made with Kafka's own
 Every client kind goes through it: the worker (Faust's consumer and producers, the journal's
 own producer and its changelog reads, the retry tiers, the admin code that provisions and
 checks the topics and the group), the operator commands (``status``, ``dlq``, ``replay``:
-confluent-kafka's admin client and consumer, aiokafka's), the tools a test or a user calls
+confluent-kafka's admin client, consumer and producer; the removal of a static member,
+spoken by ``botmesh.streams.groups`` itself), the tools a test or a user calls
 (``produce_inbound``, ``end_offsets``, ``tail_receipts``, ``request_send``). A wrong
 password, an unknown CA and a plaintext client each fail at once with status 3 and a message
 naming the setting to fix; no password is ever printed.
@@ -16,15 +17,21 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError
+from confluent_kafka import Consumer
 
-from botmesh.streams.connection import KafkaAuthError, KafkaSettings, list_topics
+from botmesh.streams.connection import (
+    KafkaAuthError,
+    KafkaSettings,
+    confluent_options,
+    list_topics,
+)
+from botmesh.streams.groups import GroupInfo, describe_group, remove_members
 from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound, request_send
 from botmesh.streams.provision import ensure_topics, existing_topics
 from botmesh.topics import Catalog
@@ -76,8 +83,8 @@ async def test_every_client_kind_connects_with_each_mechanism(
     ensure_topics(settings, cat.specs(partitions=2))  # confluent-kafka's admin client
     assert cat.inbound in existing_topics(settings)
     records = demo_records(3, 2, run=mechanism)
-    await produce_inbound(settings, cat.inbound, records)  # aiokafka's producer
-    assert sum((await end_offsets(settings, cat.inbound)).values()) == 3  # its consumer
+    await produce_inbound(settings, cat.inbound, records)  # confluent-kafka's producer
+    assert sum((await end_offsets(settings, cat.inbound)).values()) == 3  # a consumer
     await request_send(settings, cat.prefix, "c1", "hi")
     assert sum((await end_offsets(settings, cat.requests)).values()) == 1
     no_secret_in(repr(settings))
@@ -167,10 +174,10 @@ async def test_a_plaintext_client_is_refused_by_the_listener(
     plaintext = KafkaSettings(secure.bootstrap)
     with pytest.raises(KafkaAuthError, match="KAFKA_SECURITY_PROTOCOL"):
         list_topics(plaintext, timeout=10)
-    producer = AIOKafkaProducer(bootstrap_servers=secure.bootstrap, request_timeout_ms=3000)
-    with pytest.raises(KafkaConnectionError):
-        await asyncio.wait_for(producer.start(), timeout=WAIT_S)
-    await producer.stop()
+    with pytest.raises(KafkaAuthError, match="KAFKA_SECURITY_PROTOCOL"):
+        await asyncio.wait_for(
+            produce_inbound(plaintext, "any", demo_records(1, 1)), timeout=WAIT_S
+        )
 
 
 async def test_the_gateway_produces_through_sasl_ssl(
@@ -188,3 +195,45 @@ async def test_the_gateway_produces_through_sasl_ssl(
             assert reply.status == 200, await reply.text()
     records = await read_topic(settings, cat.inbound)
     assert [r.key for r in records] == [b"chat-g"]
+
+
+def _static_member(settings: KafkaSettings, group: str, topic: str) -> GroupInfo:
+    """A static member joins ``group`` and stops (still listed: its session runs on)."""
+    consumer = Consumer(
+        {
+            **confluent_options(settings),
+            "group.id": group,
+            "group.instance.id": "static-1",
+            "session.timeout.ms": 60000,
+            "log_level": 0,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + WAIT_S
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "the static member was never assigned"
+            consumer.poll(0.2)
+    finally:
+        consumer.close()  # a static member sends no LeaveGroup
+    return describe_group(settings, group)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+async def test_a_static_member_is_removed_through_sasl_ssl(
+    secure: SecureBroker, topic_prefix: str, mechanism: str
+) -> None:
+    """``remove_members`` (``replay --force``, the worker's membership watch) speaks
+    LeaveGroup v3 itself, over TLS with each SASL mechanism."""
+    settings = secure.settings(mechanism)
+    cat = Catalog(f"{topic_prefix}{mechanism[-3:]}")
+    ensure_topics(settings, cat.specs(partitions=2))
+    group = f"{cat.prefix}.static"
+    info = await asyncio.to_thread(_static_member, settings, group, cat.inbound)
+    assert [m.instance_id for m in info.members] == ["static-1"]
+    wrong = secure.settings(mechanism, password=WRONG)
+    with pytest.raises(KafkaAuthError, match="KAFKA_SASL_PASSWORD_FILE"):
+        await remove_members(wrong, group, info.members, wait_s=WAIT_S)
+    assert [m.instance_id for m in describe_group(settings, group).members] == ["static-1"]
+    assert await remove_members(settings, group, info.members, wait_s=WAIT_S) == ["static-1"]
+    assert describe_group(settings, group).members == []

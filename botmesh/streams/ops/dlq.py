@@ -35,9 +35,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
-from botmesh.streams.connection import Brokers, aiokafka_options, connect_error
+from botmesh.streams.clients import (
+    AsyncProducer,
+    metadata,
+    partitions_of,
+    read_to_end,
+    reader,
+    watermarks,
+)
+from botmesh.streams.connection import Brokers
 from botmesh.topics import Catalog
 from botmesh.topics.control import ControlRequest, ControlResult, decode_result, encode_control
 from botmesh.topics.dead_letters import DeadLetter, read_dead_letter
@@ -125,16 +133,6 @@ def dlq_topic(cat: Catalog, kind: str) -> str:
     return topics[kind]
 
 
-async def _started(client: AIOKafkaConsumer | AIOKafkaProducer, bootstrap: Brokers) -> None:
-    """Start a client; ``ConnectionError`` naming the bootstrap and the fix when it cannot."""
-    try:
-        await client.start()
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            await client.stop()
-        raise (await asyncio.to_thread(connect_error, bootstrap, exc)) from exc
-
-
 @dataclass(frozen=True, slots=True)
 class Filter:
     """Which dead letters: all given criteria must hold (``None``: any)."""
@@ -168,47 +166,46 @@ async def read_dead_letters(
 ) -> list[DeadLetter]:
     """The dead letters of ``topics`` that match ``flt``, in topic, partition and offset
     order. Raises ``ConnectionError`` when the broker cannot be reached."""
-    consumer = AIOKafkaConsumer(
-        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
-    )
-    await _started(consumer, bootstrap)
-    found: list[DeadLetter] = []
-    try:
-        metadata = await consumer._client.fetch_all_metadata()
-        tps = [
-            TopicPartition(t, p)
-            for t in topics
-            for p in sorted(metadata.partitions_for_topic(t) or ())
-        ]
-        if not tps:
-            return []
-        ends = await consumer.end_offsets(tps)
-        starts = await consumer.beginning_offsets(tps)
-        total = sum(ends[tp] - starts[tp] for tp in tps)
-        todo = {tp for tp in tps if ends[tp] > starts[tp]}
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, starts[tp])
-        done = 0
-        while todo:
-            batch = await consumer.getmany(*todo, timeout_ms=1000)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    if m.offset >= ends[tp]:
-                        break
-                    done += 1
-                    letter = read_dead_letter(
-                        m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, m.headers
-                    )
-                    if flt.match(letter):
-                        found.append(letter)
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-            if progress is not None:
-                progress(done, total)
-    finally:
-        await consumer.stop()
+    cluster = await metadata(bootstrap)  # ``ConnectionError`` naming the brokers
+    tps = [(t, p) for t in topics for p in partitions_of(cluster, t)]
+    if not tps:
+        return []
+    found = await asyncio.to_thread(_read, bootstrap, tps, flt, progress)
     found.sort(key=lambda d: (topics.index(d.topic), d.partition, d.offset))
+    return found
+
+
+def _read(
+    bootstrap: Brokers, tps: list[tuple[str, int]], flt: Filter, progress: Progress | None
+) -> list[DeadLetter]:
+    found: list[DeadLetter] = []
+
+    def take(m: Message) -> None:
+        _, ts = m.timestamp()
+        letter = read_dead_letter(
+            str(m.topic()),
+            int(m.partition() or 0),
+            int(m.offset() or 0),
+            ts,
+            m.key(),
+            m.value(),
+            m.headers(),  # type: ignore[arg-type]  # (str, bytes) pairs
+        )
+        if flt.match(letter):
+            found.append(letter)
+
+    consumer = reader(bootstrap, "botmesh-dlq")
+    try:
+        spans = watermarks(consumer, tps)
+        total = sum(end - start for start, end in spans.values())
+        read_to_end(
+            consumer,
+            spans,
+            take,
+            progress=None if progress is None else (lambda done: progress(done, total)),
+        )
+    finally:
+        consumer.close()
     return found
 
 
@@ -265,61 +262,61 @@ async def ask_owners(
     ever ran), ``ConnectionError`` when the broker cannot be reached."""
     if not requests:
         return {}
-    consumer = AIOKafkaConsumer(
-        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
+    cluster = await metadata(bootstrap)  # ``ConnectionError`` naming the brokers
+    for topic in (cat.control, cat.control_results):
+        if not partitions_of(cluster, topic):
+            raise LookupError(
+                f"topic {topic!r} does not exist: start a worker of this version (it "
+                f"creates it) or run `botmesh topics create --prefix {cat.prefix}`"
+            )
+    tps = [(cat.control_results, p) for p in partitions_of(cluster, cat.control_results)]
+    consumer = reader(
+        bootstrap, "botmesh-dlq", {"enable.partition.eof": False, "fetch.wait.max.ms": 100}
     )
-    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all")
-    await _started(consumer, bootstrap)
-    try:
-        await _started(producer, bootstrap)
-    except ConnectionError:
-        await consumer.stop()
-        raise
     answered: dict[str, ControlResult] = {}
+    polling: asyncio.Future[list[Message]] | None = None
     try:
-        metadata = await consumer._client.fetch_all_metadata()
-        for topic in (cat.control, cat.control_results):
-            if not metadata.partitions_for_topic(topic):
-                raise LookupError(
-                    f"topic {topic!r} does not exist: start a worker of this version (it "
-                    f"creates it) or run `botmesh topics create --prefix {cat.prefix}`"
-                )
-        tps = [
-            TopicPartition(cat.control_results, p)
-            for p in sorted(metadata.partitions_for_topic(cat.control_results) or ())
-        ]
-        start = await consumer.end_offsets(tps)  # results of earlier requests are not ours
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, start[tp])
-        acks = [
-            await producer.send(cat.control, encode_control(r), key=chat_key(r.chat_id))
-            for r in requests
-        ]
-        await asyncio.gather(*acks)
+        # the results of earlier requests are not ours: read from the end as it is now
+        spans = await asyncio.to_thread(watermarks, consumer, tps)
+        consumer.assign([TopicPartition(t, p, spans[(t, p)][1]) for t, p in tps])
+        producer = AsyncProducer(bootstrap)
+        try:
+            acks = [
+                await producer.send(cat.control, encode_control(r), key=chat_key(r.chat_id))
+                for r in requests
+            ]
+            await asyncio.gather(*acks)
+        finally:
+            await producer.close()
         wanted = {r.id for r in requests}
         deadline = time.monotonic() + wait_s
         while wanted - answered.keys() and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for msgs in batch.values():
-                for m in msgs:
-                    rid = (m.key or b"").decode(errors="replace")
-                    if rid in wanted:
-                        with contextlib.suppress(Exception):
-                            answered[rid] = decode_result(m.value)
+            # shielded: the consumer is closed only once this call returned
+            polling = asyncio.ensure_future(asyncio.to_thread(consumer.consume, 500, 0.5))
+            for m in await asyncio.shield(polling):
+                err = m.error()
+                if err is not None:
+                    if err.fatal():
+                        raise KafkaException(err)
+                    continue
+                rid = (m.key() or b"").decode(errors="replace")
+                if rid in wanted:
+                    with contextlib.suppress(Exception):
+                        answered[rid] = decode_result(m.value())
             if progress is not None:
                 progress(len(answered), len(wanted))
     finally:
-        await producer.stop()
-        await consumer.stop()
+        if polling is not None:
+            await asyncio.wait([polling])
+        await asyncio.to_thread(consumer.close)
     return answered
 
 
 async def reproduce(bootstrap: Brokers, topic: str, letters: Sequence[DeadLetter]) -> int:
     """Produce each dead letter's key and value again to ``topic`` (acks=all), with a header
     ``redriven.from`` naming the dead letter; how many."""
-    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all")
-    await _started(producer, bootstrap)
+    await metadata(bootstrap)  # the first contact: ``ConnectionError`` naming the brokers
+    producer = AsyncProducer(bootstrap)
     try:
         acks = [
             await producer.send(
@@ -332,7 +329,7 @@ async def reproduce(bootstrap: Brokers, topic: str, letters: Sequence[DeadLetter
         ]
         await asyncio.gather(*acks)
     finally:
-        await producer.stop()
+        await producer.close()
     return len(letters)
 
 

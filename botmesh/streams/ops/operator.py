@@ -18,8 +18,8 @@
   (:func:`metrics_record` is the record the worker produces).
 
 Everything here is synchronous (confluent-kafka's AdminClient and Consumer) except the
-removal of members (aiokafka, with a LeaveGroup v3 request: confluent-kafka has no call
-for it). A broker that does not
+removal of members (``botmesh.streams.groups.remove_members``: a LeaveGroup v3 request of
+its own, confluent-kafka has no call for it). A broker that does not
 answer raises ``ConnectionError``; a missing topic :class:`TopicMissing`; a bad argument
 ``ValueError``; a precondition that does not hold :class:`Refused`.
 """

@@ -1,4 +1,4 @@
-"""Operator tools on aiokafka: demo traffic for the inbound topic, send requests (sends from
+"""Operator tools on confluent-kafka: demo traffic for the inbound topic, send requests (sends from
 outside a handler), a tail of the receipts, and the worker's journal read back from its
 changelog.
 
@@ -10,22 +10,26 @@ bot to send to a chat through ``<prefix>.requests``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Message, TopicPartition
 
 from botmesh.state.kv import Entry
 from botmesh.state.messages import Inbound, Media, Receipt
-from botmesh.streams.connection import Brokers, aiokafka_options, connect_error
+from botmesh.streams.clients import (
+    AsyncProducer,
+    metadata,
+    partitions_of,
+    read_to_end,
+    reader,
+    wait_topic,
+    watermarks,
+)
+from botmesh.streams.connection import Brokers
 from botmesh.streams.table_kv import decode_entry
 from botmesh.topics.catalog import Catalog
 from botmesh.topics.records import (
@@ -93,14 +97,14 @@ async def produce_requests(
 async def _produce(
     bootstrap: Brokers, topic: str, values: list[tuple[bytes, bytes]], *, linger_ms: int
 ) -> float:
-    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all", linger_ms=linger_ms)
-    await producer.start()
+    await metadata(bootstrap)  # the first contact: ``ConnectionError`` naming the brokers
+    producer = AsyncProducer(bootstrap, settings={"linger.ms": linger_ms})
     t0 = time.monotonic()
     try:
         futs = [await producer.send(topic, value, key=key) for key, value in values]
         await asyncio.gather(*futs)
     finally:
-        await producer.stop()
+        await producer.close()
     return time.monotonic() - t0
 
 
@@ -140,32 +144,27 @@ async def request_send(
     )
     value = encode_request(request)
     decode_request(value)  # the worker's checks, here: refused before it is produced
-    producer = AIOKafkaProducer(**aiokafka_options(bootstrap), acks="all")
+    # the first contact: ``ConnectionError`` naming the brokers, ``KafkaAuthError``
+    cluster = await metadata(bootstrap)
+    _check_requests_topic(cluster, cat)
+    producer = AsyncProducer(bootstrap)
     try:
-        await producer.start()
-    except Exception as exc:  # aiokafka's KafkaConnectionError and its kin
-        with contextlib.suppress(Exception):
-            await producer.stop()
-        raise (await asyncio.to_thread(connect_error, bootstrap, exc)) from exc
-    try:
-        await _check_requests_topic(producer, cat)
         await producer.send_and_wait(cat.requests, value, key=chat_key(request.chat_id))
     finally:
-        await producer.stop()
+        await producer.close()
     return request.id
 
 
-async def _check_requests_topic(producer: AIOKafkaProducer, cat: Catalog) -> None:
+def _check_requests_topic(cluster: Any, cat: Catalog) -> None:
     """The requests topic exists (never created by a produce: a broker that auto-creates
     topics would give it its default partitions) with the inbound's partition count."""
-    metadata = await producer.client.fetch_all_metadata()
-    requests = metadata.partitions_for_topic(cat.requests)
+    requests = partitions_of(cluster, cat.requests)
     if not requests:
         raise LookupError(
             f"topic {cat.requests!r} does not exist; run `botmesh topics create "
             f"--prefix {cat.prefix}` (or start the worker, which creates it)"
         )
-    inbound = metadata.partitions_for_topic(cat.inbound)
+    inbound = partitions_of(cluster, cat.inbound)
     if inbound and len(inbound) != len(requests):
         raise ValueError(
             f"topic {cat.requests!r} has {len(requests)} partitions but {cat.inbound!r} has "
@@ -176,66 +175,48 @@ async def _check_requests_topic(producer: AIOKafkaProducer, cat: Catalog) -> Non
 
 async def end_offsets(bootstrap: Brokers, topic: str) -> dict[int, int]:
     """Partition -> high watermark of ``topic``."""
-    consumer = AIOKafkaConsumer(**aiokafka_options(bootstrap), enable_auto_commit=False)
-    await consumer.start()
+    return await asyncio.to_thread(_end_offsets, bootstrap, topic)
+
+
+def _end_offsets(bootstrap: Brokers, topic: str) -> dict[int, int]:
+    parts = wait_topic(bootstrap, topic)
+    consumer = reader(bootstrap, "botmesh-tools")
     try:
-        parts = await _partitions(consumer, topic)
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        ends = await consumer.end_offsets(tps) if tps else {}
-        return {tp.partition: off for tp, off in ends.items()}
+        spans = watermarks(consumer, [(topic, p) for p in parts])
     finally:
-        await consumer.stop()
+        consumer.close()
+    return {p: end for (_, p), (_, end) in spans.items()}
 
 
 async def read_journal(bootstrap: Brokers, changelog: str, prefix: str = "") -> dict[str, Entry]:
     """The worker's journal as its changelog holds it now (the last record of each key up
     to the end offsets; deleted keys left out), keys under ``prefix`` only. Reads with
     ``read_uncommitted``: every record the broker acked."""
-    consumer = AIOKafkaConsumer(
-        **aiokafka_options(bootstrap), enable_auto_commit=False, auto_offset_reset="earliest"
-    )
-    await consumer.start()
+    return await asyncio.to_thread(_read_journal, bootstrap, changelog, prefix)
+
+
+def _read_journal(bootstrap: Brokers, changelog: str, prefix: str) -> dict[str, Entry]:
     found: dict[str, Entry] = {}
+
+    def take(m: Message) -> None:
+        raw = m.key()
+        key = (raw or b"").decode()
+        if not key.startswith(prefix):
+            return
+        entry = decode_entry(raw or b"", m.value())
+        if entry is None:
+            found.pop(key, None)
+        else:
+            found[key] = entry
+
+    parts = wait_topic(bootstrap, changelog)
+    consumer = reader(bootstrap, "botmesh-tools")
     try:
-        parts = await _partitions(consumer, changelog)
-        tps = [TopicPartition(changelog, p) for p in sorted(parts)]
-        ends = await consumer.end_offsets(tps) if tps else {}
-        starts = await consumer.beginning_offsets(tps) if tps else {}
-        todo = {tp for tp in tps if ends[tp] > starts[tp]}
-        consumer.assign(tps)
-        for tp in tps:  # explicit offsets: seek_to_beginning can lose to the initial reset
-            consumer.seek(tp, starts[tp])
-        while todo:
-            batch = await consumer.getmany(*todo, timeout_ms=1000)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    key = (m.key or b"").decode()
-                    if not key.startswith(prefix):
-                        continue
-                    entry = decode_entry(m.key or b"", m.value)
-                    if entry is None:
-                        found.pop(key, None)
-                    else:
-                        found[key] = entry
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
+        spans = watermarks(consumer, [(changelog, p) for p in parts])
+        read_to_end(consumer, spans, take)
     finally:
-        await consumer.stop()
+        consumer.close()
     return found
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str, wait: float = 5.0) -> set[int]:
-    """The partitions of ``topic`` in the cluster's metadata (``partitions_for_topic`` only
-    knows topics the consumer subscribed to). A broker can leave a topic created a moment
-    ago out of its metadata for a while: asked again for up to ``wait`` seconds before the
-    topic is taken as absent."""
-    deadline = time.monotonic() + wait
-    while True:
-        metadata = await consumer._client.fetch_all_metadata()
-        parts = metadata.partitions_for_topic(topic)
-        if parts or time.monotonic() >= deadline:
-            return set(parts or ())
-        await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,42 +242,51 @@ async def tail_receipts(
     else the end (or the beginning with ``from_beginning``). ``idle_timeout``: stop after that
     many seconds without a record.
     """
-    consumer = AIOKafkaConsumer(
-        **aiokafka_options(bootstrap),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest" if from_beginning else "latest",
+    parts = await asyncio.to_thread(wait_topic, bootstrap, topic)
+    if not parts:
+        raise LookupError(f"topic {topic!r} does not exist; run `botmesh topics create`")
+    consumer = reader(
+        bootstrap,
+        "botmesh-receipts",
+        {
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 100,
+        },
     )
-    await consumer.start()
+    polling: asyncio.Future[list[Message]] | None = None
     try:
-        parts = await _partitions(consumer, topic)
-        if not parts:
-            raise LookupError(f"topic {topic!r} does not exist; run `botmesh topics create`")
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        for tp in tps:
-            if start is not None:
-                consumer.seek(tp, start.get(tp.partition, 0))
-            elif from_beginning:
-                await consumer.seek_to_beginning(tp)
-            else:
-                await consumer.seek_to_end(tp)
+        if start is not None:
+            at = [start.get(p, 0) for p in parts]
+        else:
+            at = [OFFSET_BEGINNING if from_beginning else OFFSET_END] * len(parts)
+        consumer.assign([TopicPartition(topic, p, o) for p, o in zip(parts, at, strict=True)])
         last = time.monotonic()
         while True:
-            batch = await consumer.getmany(timeout_ms=200, max_records=1000)
+            # shielded: a cancelled tail closes the consumer only once this call returned
+            polling = asyncio.ensure_future(asyncio.to_thread(consumer.consume, 1000, 0.2))
+            batch = await asyncio.shield(polling)
             now = time.monotonic()
-            if not batch:
+            records = [m for m in batch if m.error() is None]
+            for m in batch:
+                err = m.error()
+                if err is not None and err.fatal():
+                    raise KafkaException(err)
+            if not records:
                 if idle_timeout is not None and now - last > idle_timeout:
                     return
                 continue
             last = now
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    try:
-                        rec = decode_receipt(m.value)
-                    except ValueError as exc:
-                        if on_bad is not None:
-                            on_bad(m.value, str(exc))
-                        continue
-                    yield Seen(rec, tp.partition, m.offset, now)
+            for m in records:
+                value = m.value()
+                try:
+                    rec = decode_receipt(value)
+                except ValueError as exc:
+                    if on_bad is not None:
+                        on_bad(value, str(exc))
+                    continue
+                yield Seen(rec, int(m.partition() or 0), int(m.offset() or 0), now)
     finally:
-        await consumer.stop()
+        if polling is not None:
+            await asyncio.wait([polling])
+        await asyncio.to_thread(consumer.close)
