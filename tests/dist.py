@@ -62,6 +62,19 @@ LICENSE_FILES = ("LICENSE", "NOTICE")
 PYTHONS = ("3.11", "3.12", "3.13")
 #: What ``botmesh run`` gets on stdin, and the echo bot's answer to it.
 SMOKE_LINE = "hi from the release check"
+#: A user's bot in a folder of its own, beside a package of the user's named ``state``
+#: (``tests/test_dist.py``, ``tests/kafka/test_wheel.py``): botmesh's own never collides.
+USER_BOT = """\
+import state
+from botmesh import Bot, Context
+
+bot = Bot("shop")
+
+
+@bot.on_message
+async def reply(ctx: Context) -> None:
+    await ctx.reply(f"shop: {ctx.text} ({state.NAME})")
+"""
 SMOKE_REPLY = f"echo: {SMOKE_LINE}"
 
 

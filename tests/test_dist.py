@@ -27,19 +27,6 @@ from tests import dist
 
 ROOT = dist.ROOT
 
-#: A user's bot in a folder of its own, beside a package of the user's named ``state``.
-BOT = """\
-import state
-from botmesh import Bot, Context
-
-bot = Bot("shop")
-
-
-@bot.on_message
-async def reply(ctx: Context) -> None:
-    await ctx.reply(f"shop: {ctx.text} ({state.NAME})")
-"""
-
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dist.Release]:
@@ -53,7 +40,7 @@ def user_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "mybot"
     (folder / "state").mkdir(parents=True)
     (folder / "state" / "__init__.py").write_text('NAME = "the user\'s own state"\n')
-    (folder / "shop_bot.py").write_text(BOT)
+    (folder / "shop_bot.py").write_text(dist.USER_BOT)
     return folder
 
 

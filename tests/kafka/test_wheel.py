@@ -32,19 +32,6 @@ from tests.kill import Child
 # The wheel is built once for the module: in a parallel run its tests share one worker.
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
-#: A user's bot in a folder of its own, beside a package of the user's named ``state``.
-BOT = """\
-import state
-from botmesh import Bot, Context
-
-bot = Bot("shop")
-
-
-@bot.on_message
-async def reply(ctx: Context) -> None:
-    await ctx.reply(f"shop: {ctx.text} ({state.NAME})")
-"""
-
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -75,7 +62,7 @@ def user_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "mybot"
     (folder / "state").mkdir(parents=True)
     (folder / "state" / "__init__.py").write_text('NAME = "the user\'s own state"\n')
-    (folder / "shop_bot.py").write_text(BOT)
+    (folder / "shop_bot.py").write_text(dist.USER_BOT)
     return folder
 
 
