@@ -299,10 +299,17 @@ def _cmd_worker(args: Args) -> int:
         loglevel=args.loglevel,
         guarantee=args.guarantee,
     )
-    from botmesh.streams.faust_app.app import run_worker
-
+    runtime = os.environ.get("BOTMESH_RUNTIME", "").strip().lower() or "faust"
+    if runtime not in {"faust", "librdkafka"}:
+        raise ValueError(f"BOTMESH_RUNTIME={runtime!r}: expected faust or librdkafka")
     logs.setup_logging(config.loglevel, log_format)
     tracing.configure("botmesh-worker")  # after the bot module: a provider it installed counts
+    if runtime == "librdkafka":  # the runtime being built beside Faust's (issue 38)
+        from botmesh.streams.worker.loop import run_worker as run_on_librdkafka
+
+        return run_on_librdkafka(bot, provider, config, fallbacks=fallbacks)
+    from botmesh.streams.faust_app.app import run_worker
+
     run_worker(
         bot,
         provider,

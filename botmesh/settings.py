@@ -136,6 +136,12 @@ SETTINGS: tuple[Setting, ...] = (
         "at_least_once",
         "`exactly_once`: the journal in Kafka transactions",
     ),
+    _s(
+        "BOTMESH_RUNTIME",
+        "faust",
+        "the worker's runtime: `faust`, or `librdkafka` (one consumer, one producer; being "
+        "built beside it, not yet for production)",
+    ),
     _s("BOTMESH_PARTITIONS", "8", "partitions of the topics the worker creates"),
     _s("BOTMESH_REPLICATION", "1", "replication factor of the topics it creates"),
     _s("BOTMESH_BATCH_SIZE", "500", "records per processing batch"),

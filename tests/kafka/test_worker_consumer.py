@@ -29,14 +29,19 @@ class Hooks:
     """Records the rebalances a worker saw; resumes what it is given, as the worker does
     once the journal partitions are restored."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, resume: bool = False) -> None:
         self.events: list[tuple[str, list[int]]] = []
         self.thread: ConsumerThread | None = None
         self.held: set[int] = set()
+        #: resume the partitions inside the hook, as the worker does once restored (the
+        #: consumer's thread serves the call while it waits for the hook)
+        self.resume = resume
 
     async def assigned(self, partitions: set[int]) -> None:
         self.events.append(("assigned", sorted(partitions)))
         assert self.thread is not None
+        if self.resume:
+            await self.thread.resume(partitions)
         self.held |= partitions
 
     async def revoking(self, partitions: set[int]) -> None:
@@ -71,9 +76,9 @@ async def topics(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[tuple
 
 
 def worker(
-    bootstrap: str, group: str, name: str, inbound: str, requests: str
+    bootstrap: str, group: str, name: str, inbound: str, requests: str, *, resume: bool = False
 ) -> tuple[ConsumerThread, Hooks]:
-    hooks = Hooks()
+    hooks = Hooks(resume=resume)
     config = consumer_config(bootstrap, group=group, instance_id=name, session_timeout=10.0)
     thread = ConsumerThread(config, inbound, [requests], hooks, batch_size=100)
     hooks.thread = thread
@@ -119,11 +124,24 @@ async def test_partitions_come_paused_with_their_side_topics_and_move_together(
         )
         assert [tp.offset for tp in committed] == [1, 1]
 
-        b, hooks_b = worker(kafka_bootstrap, group, "b", inbound, requests)
+        b, hooks_b = worker(kafka_bootstrap, group, "b", inbound, requests, resume=True)
         await b.start()
         await until(
             lambda: len(hooks_a.held) == 2 and len(hooks_b.held) == 2, "two partitions each"
         )
+        # b resumed inside its hook: it reads what a left of the moved partitions
+        read_b: list[tuple[str, int, bytes]] = []
+
+        async def b_reads() -> bool:
+            await drain(b, read_b)
+            return {(t, p) for t, p, _ in read_b} >= {
+                (t, p) for t in (inbound, requests) for p in hooks_b.held if p != 0
+            }
+
+        deadline = time.monotonic() + 60
+        while not await b_reads():
+            assert time.monotonic() < deadline, read_b
+            await asyncio.sleep(0.05)
         moved = hooks_b.held
         assert hooks_a.events == [("assigned", [0, 1, 2, 3]), ("revoking", sorted(moved))]
         assert hooks_b.events == [("assigned", sorted(moved))]

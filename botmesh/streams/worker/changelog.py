@@ -97,17 +97,25 @@ def _kafka_error(exc: KafkaException) -> KafkaError:
 
 
 class _Sent:
-    """A record handed to the producer: what its future waits for."""
+    """A record handed to the producer: what its future waits for. ``topic`` is ``None``
+    for a changelog record (written to RocksDB once durable), else the topic of a record the
+    worker sends beside the journal (a receipt, a dead letter: ``RdChangelog.send``)."""
 
-    __slots__ = ("error", "future", "key", "offset", "partition", "value")
+    __slots__ = ("error", "future", "key", "offset", "partition", "topic", "value")
 
     def __init__(
-        self, partition: int, key: bytes, value: bytes | None, future: asyncio.Future[int]
+        self,
+        partition: int,
+        key: bytes,
+        value: bytes | None,
+        future: asyncio.Future[int],
+        topic: str | None = None,
     ) -> None:
         self.partition = partition
         self.key = key
         self.value = value
         self.future = future
+        self.topic = topic
         #: The broker's offset once acked; ``None`` before the delivery report.
         self.offset: int | None = None
         self.error: KafkaError | None = None
@@ -348,6 +356,60 @@ class RdChangelog:
                 self._txn.append(sent)
             return future
 
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
+    ) -> asyncio.Future[int]:
+        """Hand a record of another topic (a receipt, a dead letter, a parked retry) to the
+        worker's one producer; the future resolves with its offset once it is durable: on
+        its ack, or under ``exactly_once`` once the transaction holding it (with the journal
+        records and the offsets of the same turn) committed, which this asks for soon.
+        ``partition``: the key's (murmur2) unless given. librdkafka's refusal of the record
+        (too large, an unknown topic) is raised, or fails the future, as its
+        ``KafkaException``, so the sender reads its code."""
+        deadline: float | None = None
+        while True:
+            producer = self._producer
+            if self._fatal is not None:
+                raise _failure(self._fatal, key or b"", f"refused on {topic}: the producer failed")
+            if producer is None or self._loop is None:
+                raise JournalUnavailableError(f"record for {topic} not produced: stopped")
+            if self.transactional and not self._open.is_set():
+                await self._open.wait()
+                continue
+            future: asyncio.Future[int] = self._loop.create_future()
+            sent = _Sent(-1 if partition is None else partition, key or b"", value, future, topic)
+            try:
+                producer.produce(
+                    topic,
+                    value,
+                    key,
+                    -1 if partition is None else partition,
+                    on_delivery=functools.partial(self._report, sent),
+                    headers=list(headers),
+                )
+            except BufferError:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.commit_timeout
+                elif now > deadline:
+                    raise JournalUnavailableError(
+                        f"record for {topic} not produced: the producer's queue stayed full "
+                        f"for {self.commit_timeout:g}s"
+                    ) from None
+                await asyncio.sleep(self.poll_interval)
+                continue
+            # a KafkaException here (too large, unknown topic) goes to the sender as it is
+            if self.transactional:
+                self._txn.append(sent)
+                self.commit_soon(())
+            return future
+
     def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
         """Commit the worker's open transaction soon (every partition's records are in
         it); with ``delay``, that many seconds later (one timer at a time). Nothing under
@@ -491,7 +553,7 @@ class RdChangelog:
                 break
         by_partition: dict[int, list[_Sent]] = {}
         for sent in batch:
-            if sent.offset is not None:
+            if sent.offset is not None and sent.topic is None:
                 by_partition.setdefault(sent.partition, []).append(sent)
         for p, sents in by_partition.items():
             self._persist(p, sents)
@@ -540,6 +602,13 @@ class RdChangelog:
             return
         acked: dict[int, list[_Sent]] = {}
         for sent, err, offset in reports:
+            if sent.topic is not None:  # not the journal's: nothing to write to RocksDB
+                if err is None:
+                    if not sent.future.done():
+                        sent.future.set_result(offset)
+                else:  # librdkafka's own error: the sender reads its code (too large?)
+                    _fail(sent.future, KafkaException(err))
+                continue
             if err is None:
                 sent.offset = offset
                 acked.setdefault(sent.partition, []).append(sent)

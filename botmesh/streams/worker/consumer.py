@@ -228,8 +228,10 @@ class ConsumerThread:
             if done.set_running_or_notify_cancel():
                 done.set_exception(RuntimeError("the consumer stopped"))
 
-    def _hook(self, run: Awaitable[None], what: str) -> None:
-        """Run a hook on the loop and wait for it (bounded): the rebalance waits too."""
+    def _hook(self, consumer: Consumer, run: Awaitable[None], what: str) -> None:
+        """Run a hook on the loop and wait for it (bounded): the rebalance waits too.
+        Meanwhile this thread serves the loop's calls (the hook's own: a resume, a commit),
+        as the callback may call the consumer and no other thread can while it runs."""
         loop = self._loop
         assert loop is not None
 
@@ -237,13 +239,21 @@ class ConsumerThread:
             await run
 
         future = asyncio.run_coroutine_threadsafe(wrapped(), loop)
-        try:
-            future.result(self.hook_timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            log.error("%s took longer than %gs; the rebalance goes on", what, self.hook_timeout)
-        except Exception:
-            log.exception("%s failed; the rebalance goes on", what)
+        deadline = time.monotonic() + self.hook_timeout
+        while True:
+            self._serve_calls(consumer)
+            try:
+                future.result(0.02)
+                return
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() < deadline:
+                    continue
+                future.cancel()
+                log.error("%s took longer than %gs; the rebalance goes on", what, self.hook_timeout)
+                return
+            except Exception:
+                log.exception("%s failed; the rebalance goes on", what)
+                return
 
     def _numbers(self, partitions: list[TopicPartition]) -> set[int]:
         return {tp.partition for tp in partitions if tp.topic == self.topic}
@@ -257,17 +267,17 @@ class ConsumerThread:
         consumer.incremental_assign(parts)
         consumer.pause(parts)  # until their journal partitions are restored
         self.partitions |= new
-        self._hook(self._hooks.assigned(new), f"assigning partitions {sorted(new)}")
+        self._hook(consumer, self._hooks.assigned(new), f"assigning partitions {sorted(new)}")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         gone = self._numbers(partitions)
-        self._hook(self._hooks.revoking(gone), f"revoking partitions {sorted(gone)}")
+        self._hook(consumer, self._hooks.revoking(gone), f"revoking partitions {sorted(gone)}")
         self.partitions -= gone
         consumer.incremental_unassign(self._parts(gone))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         gone = self._numbers(partitions)
-        self._hook(self._hooks.lost(gone), f"dropping lost partitions {sorted(gone)}")
+        self._hook(consumer, self._hooks.lost(gone), f"dropping lost partitions {sorted(gone)}")
         self.partitions -= gone
         consumer.incremental_unassign(self._parts(gone))
 
