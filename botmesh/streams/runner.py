@@ -39,13 +39,17 @@ The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts
 ``source.partition``, ``source.offset``, ``dead.ts`` (credentials in URLs are masked).
 
 **Dead letters too large to copy.** The producer refuses any record over its request limit
-(``max_request_size``: the worker passes its Faust producer's ``producer_max_request_size``,
-1,000,000 bytes unless set; aiokafka's own default is 1,048,576), and a dead letter is the
+(``max_request_size``: the Faust app passes its aiokafka producer's
+``producer_max_request_size``, 1,000,000 bytes unless set; aiokafka's own default is
+1,048,576; librdkafka's ``message.max.bytes`` is 1,000,000 too), and a dead letter is the
 record plus our headers. So a record the broker took can be too large to copy: the broker's
 default ``max.message.bytes`` (1,048,588) takes a value of 1,048,500 bytes, which with
 the headers is over the limit. Before it produces a dead letter the runner works out its
-size as the producer will (key, value, headers, and the record's overhead, every length at
-its longest); when it is over the limit less 16 KiB (``CUT_MARGIN``), the copy is cut to
+size (:func:`record_size`) as aiokafka's producer does (key, value, headers, the record's
+overhead and its batch's header, every length the batch decides at its longest);
+librdkafka counts a record smaller (its check of ``message.max.bytes``, tested with 2.16),
+so a record within the limit by this count passes either producer's check. When it is over the
+limit less 16 KiB (``CUT_MARGIN``), the copy is cut to
 that size: our headers stay whole and two are added, ``truncated`` = ``true`` and
 ``original.size`` = the value's length in bytes; the record's own headers stay while they
 fit in a quarter of the room (the others are left out and counted in ``headers.dropped``);
@@ -146,8 +150,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
-from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from confluent_kafka import KafkaError, KafkaException
 
 from botmesh.state.backoff import GiveUp, Retries
 from botmesh.state.erasure import ErasureReceipt
@@ -160,7 +163,6 @@ from botmesh.state.errors import (
     RecordStateError,
     SendDeferredError,
     caused_by,
-    find_cause,
 )
 from botmesh.state.inbox import Outcome
 from botmesh.state.kv import DurableKv
@@ -222,18 +224,34 @@ UNCONFIRMED_WAIT_S = 0.5
 #: How long a record waits for the group to confirm the worker before its batch is given up.
 UNCONFIRMED_PATIENCE_S = 5.0
 #: The largest record the worker's producer sends (key, value, headers and the overhead of
-#: its batch together): Faust's default ``producer_max_request_size``; aiokafka's own default
-#: is 1,048,576. ``botmesh.streams.faust_app.app`` passes the app's setting to the runner.
+#: its batch together, :func:`record_size`): Faust's default ``producer_max_request_size``
+#: and librdkafka's default ``message.max.bytes``; aiokafka's own default is 1,048,576.
+#: ``botmesh.streams.faust_app.app`` passes the app's setting to the runner.
 MAX_REQUEST_SIZE = 1_000_000
 #: Bytes a cut dead letter leaves free under that limit.
 CUT_MARGIN = 16 * 1024
 #: A cut dead letter keeps a key up to this long whatever its budget (a longer one is cut).
 KEY_FLOOR = 256
-#: The errors that say a record is too large: the producer's own check
-#: (``MessageSizeTooLargeError`` before sending), the broker's (the same class, from the
-#: topic's ``max.message.bytes``; ``RecordListTooLargeError``), the client's
-#: ``RecordTooLargeError``.
-_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
+#: librdkafka's codes for a record too large (a ``KafkaError`` carried by a
+#: ``KafkaException``): ``MSG_SIZE_TOO_LARGE`` from its own check before sending (over
+#: ``message.max.bytes``) and from the broker (over the topic's ``max.message.bytes``; the
+#: delivery report carries it), ``RECORD_LIST_TOO_LARGE`` from the broker for a batch.
+_RDKAFKA_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+#: aiokafka's (the Faust app's producer) errors for the same, as ``(module, class name)``: the
+#: producer's own check (``MessageSizeTooLargeError`` before sending), the broker's (the same
+#: class, from the topic's ``max.message.bytes``; ``RecordListTooLargeError``), the client's
+#: ``RecordTooLargeError``. Matched by name, so the runner never imports aiokafka.
+_AIOKAFKA_TOO_LARGE = frozenset(
+    ("aiokafka.errors", name)
+    for name in ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError")
+)
+#: Kafka's record batch (format v2, magic 2): the batch's header (base offset 8, length 4,
+#: leader epoch 4, magic 1, CRC 4, attributes 2, last offset delta 4, first and max
+#: timestamps 8 + 8, producer id 8, producer epoch 2, base sequence 4, record count 4).
+BATCH_HEADER = 61
+#: A record's own fields besides its key, value and headers, each varint at its longest:
+#: its length (5), attributes (1), timestamp delta (10), offset delta (5).
+RECORD_OVERHEAD = 21
 
 
 class RuntimeLike(Protocol):
@@ -356,20 +374,54 @@ class KafkaReceipts:
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
-    """The size the producer gives a record when it checks it against its request limit
-    (aiokafka's estimate: the record, its batch's overhead, every varint at its longest)."""
-    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
+    """The size of a record alone in a batch (Kafka's record batch v2): the batch's header,
+    the record's fields whose varints depend on the batch at their longest, and its key,
+    value and headers each with its length's varint. It is the bound aiokafka's producer
+    (the Faust app's) checks a record against its ``max_request_size``, computed the same
+    way (``DefaultRecordBatchBuilder.estimate_size_in_bytes``; a test compares them); a
+    ``None`` key, value or header value takes one byte (length -1)."""
+    size = BATCH_HEADER + RECORD_OVERHEAD + _field(key) + _field(value)
+    size += _varint_size(len(headers))
+    for name, data in headers:
+        size += _field(name.encode()) + _field(data)
+    return size
+
+
+def _field(data: bytes | None) -> int:
+    """A length-prefixed field: its length's varint and its bytes (``None``: 1 byte)."""
+    return 1 if data is None else _varint_size(len(data)) + len(data)
+
+
+def _varint_size(n: int) -> int:
+    """Bytes of ``n`` as a zigzag varint (Kafka's record fields)."""
+    zigzag = (n << 1) ^ (n >> 63)
+    size = 1
+    while zigzag > 0x7F:
+        zigzag >>= 7
+        size += 1
+    return size
 
 
 def too_large(exc: BaseException) -> BaseException | None:
-    """The error that says a record is too large (the producer's check or the broker's):
-    ``exc`` itself or what it was raised from (Faust's ``ProducerSendError``, the journal's
-    ``JournalUnavailableError``); ``None`` when there is none."""
-    for kind in _TOO_LARGE:
-        cause: BaseException | None = find_cause(exc, kind)
-        if cause is not None:
-            return cause
+    """The error that says a record is too large (the producer's check or the broker's,
+    aiokafka's or librdkafka's): ``exc`` itself or what it was raised from (Faust's
+    ``ProducerSendError``, the journal's ``JournalUnavailableError``; 8 deep, as
+    ``find_cause``); ``None`` when there is none."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if _says_too_large(seen):
+            return seen
+        seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _says_too_large(exc: BaseException) -> bool:
+    if isinstance(exc, KafkaException):
+        err = exc.args[0] if exc.args else None
+        return isinstance(err, KafkaError) and err.code() in _RDKAFKA_TOO_LARGE
+    return any((k.__module__, k.__name__) in _AIOKAFKA_TOO_LARGE for k in type(exc).__mro__)
 
 
 def _encodable(name: str) -> str:
@@ -456,7 +508,8 @@ class InboundRunner:
     this worker still owns a record's partition: a record that fails on a partition taken
     from it is neither retried nor dead-lettered here (``BatchAbandoned``). Records of
     ``requests_topic`` are send requests (see the module doc). ``max_request_size`` is the
-    producer's limit on one record (Faust's ``producer_max_request_size``): a dead letter
+    producer's limit on one record (Faust's ``producer_max_request_size``, librdkafka's
+    ``message.max.bytes``): a dead letter
     that would not fit under it is cut (see the module doc). ``flush`` makes the journal's
     deferred writes durable (``TableKv.flush``): a batch is settled once it returned.
     """

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 import botmesh
 from botmesh import Bot, Context, Inbound, Outcome, Receipt
@@ -30,6 +31,7 @@ from botmesh.streams.runner import (
     RawRecord,
     in_time_order,
     record_size,
+    too_large,
 )
 from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from botmesh.topics.dead_letters import redact
@@ -667,38 +669,60 @@ def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() ->
 HUGE = 1_048_500
 
 
+def refusal(client: str, size: int) -> Exception:
+    """The error a producer raises for a record too large: aiokafka's (the Faust app's
+    producer, raised through Faust's ``ProducerSendError``) or librdkafka's."""
+    if client == "librdkafka":
+        return KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    from aiokafka.errors import MessageSizeTooLargeError
+    from faust.exceptions import ProducerSendError
+
+    cause = MessageSizeTooLargeError(f"The message is {size} bytes when serialized")
+    sent: Exception = ProducerSendError(f"Error while sending: {cause!r}")
+    sent.__cause__ = cause
+    return sent
+
+
+def broker_refusal(client: str) -> Exception:
+    """The failed ack of a record over the topic's ``max.message.bytes``."""
+    if client == "librdkafka":
+        return KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    refused: Exception = MessageSizeTooLargeError("MESSAGE_SIZE_TOO_LARGE")
+    return refused
+
+
 @dataclass
 class Limited(Produced):
     """A producer that checks sizes as the worker's does: ``limit`` as aiokafka's
-    ``max_request_size`` (refused before sending, raised through Faust's
-    ``ProducerSendError``), ``topic_limit`` as the DLQ topic's ``max.message.bytes`` (the
-    broker refuses it: the ack fails). ``records`` holds only what was accepted."""
+    ``max_request_size`` or librdkafka's ``message.max.bytes`` (refused before sending),
+    ``topic_limit`` as the DLQ topic's ``max.message.bytes`` (the broker refuses it: the
+    ack fails), with ``client``'s errors. ``records`` holds only what was accepted."""
 
     limit: int = 1_000_000
     topic_limit: int | None = None
+    client: str = "aiokafka"
     refused: list[int] = field(default_factory=list)
 
     async def __call__(
         self, role: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]
     ) -> Awaitable[Any]:
-        from aiokafka.errors import MessageSizeTooLargeError
-        from faust.exceptions import ProducerSendError
-
         size = record_size(key, value, headers)
         if size > self.limit:
             self.refused.append(size)
-            try:
-                raise MessageSizeTooLargeError(f"The message is {size} bytes when serialized")
-            except MessageSizeTooLargeError as exc:
-                raise ProducerSendError(f"Error while sending: {exc!r}") from exc
+            raise refusal(self.client, size)
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.topic_limit is not None and size > self.topic_limit:
             self.refused.append(size)
-            ack.set_exception(MessageSizeTooLargeError("MESSAGE_SIZE_TOO_LARGE"))
+            ack.set_exception(broker_refusal(self.client))
             return ack
         self.records.append((role, key, value, headers))
         ack.set_result(None)
         return ack
+
+
+CLIENTS = pytest.mark.parametrize("client", ["aiokafka", "librdkafka"])
 
 
 def dlq_records(produced: Produced) -> list[tuple[bytes | None, bytes, dict[str, str]]]:
@@ -752,10 +776,11 @@ async def test_a_dead_letter_that_fits_goes_whole_under_the_limit_given() -> Non
     assert runner.cut == 1
 
 
-async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut() -> None:
+@CLIENTS
+async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut(client: str) -> None:
     """The runner's limit above the producer's (a misconfiguration): the producer refuses
     the whole copy, the cut copy goes out instead of the batch being abandoned."""
-    produced = Limited(limit=200_000)
+    produced = Limited(limit=200_000, client=client)
     raw = RawRecord(TOPIC, 0, 3, b"A", b"z" * 300_000)
     async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
         runner = InboundRunner(runtime, produced, sleep=Waits())  # believes 1,000,000
@@ -770,13 +795,16 @@ async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut() 
     assert 0 < len(value) <= (1_000_000 - CUT_MARGIN) // 16 and runner.cut == 1
 
 
-async def test_a_dead_letter_the_broker_refuses_as_too_large_is_produced_again_cut() -> None:
+@CLIENTS
+async def test_a_dead_letter_the_broker_refuses_as_too_large_is_produced_again_cut(
+    client: str,
+) -> None:
     """The DLQ topic's ``max.message.bytes`` is under the producer's limit: the broker
     refuses the copy (its ack fails), the runner produces it again cut smaller, then with
     its headers alone, and the batch settles once that one is acked."""
-    produced = Limited(topic_limit=70_000)
+    produced = Limited(topic_limit=70_000, client=client)
     mid = RawRecord(TOPIC, 0, 0, b"A", b"m" * 100_000)
-    tiny_topic = Limited(topic_limit=5_000)
+    tiny_topic = Limited(topic_limit=5_000, client=client)
     async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
         runner = InboundRunner(runtime, produced, sleep=Waits())
         await runner.run_batch([mid])
@@ -824,11 +852,11 @@ async def test_records_of_any_shape_reach_the_dlq_and_the_chat_goes_on() -> None
     assert runner.cut == 2
 
 
-async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
-    """The journal refuses a record as too large for the producer: trying again cannot
-    help, so the record goes to the DLQ at once (reason ``too-large``), not after the inbox
-    budget."""
-    from aiokafka.errors import MessageSizeTooLargeError
+@CLIENTS
+async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once(client: str) -> None:
+    """The journal refuses a record as too large for the producer (aiokafka's error, or
+    librdkafka's): trying again cannot help, so the record goes to the DLQ at once (reason
+    ``too-large``), not after the inbox budget."""
 
     class Journal:
         inbox_retries = make_bot([], max_attempts=5).bind(MockProvider()).inbox_retries
@@ -842,8 +870,8 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
             if message.id == "ok":
                 return Outcome.HANDLED
             try:
-                raise MessageSizeTooLargeError("The message is 1048700 bytes")
-            except MessageSizeTooLargeError as exc:
+                raise broker_refusal(client)
+            except Exception as exc:
                 raise JournalUnavailableError(f"journal write of {message.id} failed") from exc
 
         async def flush_receipts(self) -> int:
@@ -861,7 +889,8 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
     [dead] = produced.dead()
     assert (dead["reason"], dead["attempts"]) == ("too-large", "1")
     assert dead["error.class"] == "JournalUnavailableError"
-    assert "too large" in dead["detail"] and "MessageSizeTooLargeError" in dead["detail"]
+    cause = "KafkaException" if client == "librdkafka" else "MessageSizeTooLargeError"
+    assert "too large" in dead["detail"] and cause in dead["detail"]
     assert waits.delays == [] and runner.retried == 0
     assert runner.outcomes == {Outcome.HANDLED: 1}
 
@@ -968,3 +997,92 @@ async def test_a_chat_keeps_its_order_across_batches_when_one_dead_letters_a_rec
         second = asyncio.ensure_future(runner.run_batch([record(2, "A", "A2")]))
         await asyncio.gather(first, second)
     assert seen == ["A1", "A2"]
+
+
+# -- the size of a record, and the refusals of one too large ----------------------------------
+
+_SIZES = [None, 0, 1, 63, 64, 8191, 8192, 1_048_575, 1_048_576, 2_000_000]
+_HEADERS: list[list[tuple[str, bytes]]] = [
+    [],
+    [("a", b"")],
+    [("k" * 64, b"v" * 200), ("é", b"x" * 8192), ("big", b"h" * 300_000)],
+    [(f"h{i}", b"y" * i) for i in range(130)],
+]
+
+
+@pytest.mark.parametrize("headers", _HEADERS, ids=["none", "empty", "large", "many"])
+def test_record_size_is_aiokafkas_estimate(headers: list[tuple[str, bytes]]) -> None:
+    """What the runner counts is what aiokafka's producer (the Faust app's) checks against
+    its ``max_request_size``, for keys and values of every varint length (and none)."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    for k in _SIZES:
+        for v in _SIZES:
+            key = None if k is None else b"k" * k
+            value = None if v is None else b"v" * v
+            expected = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+            assert record_size(key, value, headers) == expected, (k, v)
+
+
+@pytest.mark.parametrize("headers", _HEADERS[:2] + _HEADERS[3:], ids=["none", "empty", "many"])
+def test_librdkafka_takes_a_record_as_large_as_its_limit_by_our_count(
+    headers: list[tuple[str, bytes]],
+) -> None:
+    """librdkafka counts a record smaller than :func:`record_size`: a record of exactly
+    ``message.max.bytes`` by our count is taken; one far over is refused with the error
+    :func:`too_large` knows (its check is in ``produce``, no broker needed)."""
+    limit = 100_000
+    producer = Producer(
+        {"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": limit, "log_level": 0}
+    )
+    try:
+        for key in (None, b"A", b"k" * 5_000):
+            room = limit - record_size(key, b"", headers)
+            value = b"v" * room
+            while record_size(key, value, headers) > limit:  # the value's length varint
+                value = value[:-1]
+            assert record_size(key, value, headers) == limit or len(value) < room
+            producer.produce("t.dlq", value, key, headers=headers)  # type: ignore[arg-type]
+            with pytest.raises(KafkaException) as refused:
+                producer.produce("t.dlq", value + b"v" * 200, key, headers=headers)  # type: ignore[arg-type]
+            assert too_large(refused.value) is refused.value
+    finally:
+        producer.purge()
+        producer.flush(0)
+
+
+def test_too_large_knows_both_clients_refusals_through_their_causes() -> None:
+    """aiokafka's errors by their module and name (the runner never imports aiokafka),
+    librdkafka's by their code, found through what they were raised from; any other error
+    of either client is not a size refusal."""
+    from aiokafka import errors
+
+    def wrapped(exc: BaseException) -> BaseException:
+        try:
+            try:
+                raise exc
+            except BaseException as inner:
+                raise JournalUnavailableError("journal write failed") from inner
+        except JournalUnavailableError as outer:
+            return outer
+
+    sized: list[BaseException] = [
+        errors.MessageSizeTooLargeError("too large"),
+        errors.RecordListTooLargeError("too large"),
+        errors.RecordTooLargeError("too large"),
+        KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)),
+        KafkaException(KafkaError(KafkaError.RECORD_LIST_TOO_LARGE)),
+    ]
+    for exc in sized:
+        assert too_large(exc) is exc
+        assert too_large(wrapped(exc)) is exc
+    others: list[BaseException] = [
+        errors.KafkaTimeoutError("slow"),
+        errors.NotLeaderForPartitionError("moved"),
+        KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)),
+        KafkaException(KafkaError(KafkaError.INVALID_MSG_SIZE)),
+        KafkaException("no KafkaError in it"),
+        ValueError("MessageSizeTooLargeError"),
+    ]
+    for exc in others:
+        assert too_large(exc) is None and too_large(wrapped(exc)) is None
