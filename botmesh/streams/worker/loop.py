@@ -47,6 +47,7 @@ from botmesh.state.errors import ConfigError, DurabilityError
 from botmesh.state.ports import Provider
 from botmesh.streams.config import WorkerConfig
 from botmesh.streams.provision import ensure_topics, existing_topics
+from botmesh.streams.retry_tiers import Parked, RetryTiers, parked_record
 from botmesh.streams.runner import (
     BatchAbandoned,
     BotDefinition,
@@ -56,7 +57,7 @@ from botmesh.streams.runner import (
     RawRecord,
     RuntimeLike,
 )
-from botmesh.streams.table_kv import CURRENT_PARTITION, TABLE_NAME, TableKv
+from botmesh.streams.table_kv import CURRENT_PARTITION, TABLE_NAME, TableKv, in_partition
 from botmesh.streams.worker.changelog import RdChangelog
 from botmesh.streams.worker.checkpoint import Checkpoint, TopicPart
 from botmesh.streams.worker.clients import worker_consumer_config, worker_producer_config
@@ -130,10 +131,6 @@ class Worker:
         *,
         fallbacks: Mapping[str, Provider] | None = None,
     ) -> None:
-        if not config.kafka_journal:
-            raise ConfigError(
-                "journal", "the librdkafka runtime journals on Kafka only (BOTMESH_JOURNAL=kafka)"
-            )
         self.config = config
         cat = self.cat = config.catalog
         self._names = {
@@ -149,12 +146,13 @@ class Worker:
             cat.changelog(TABLE_NAME),
             unconfirmed=self._unconfirmed,
         )
-        kv = self.kv = TableKv(self.changelog)
+        # the journal on Kafka (a table in RocksDB, changelogged), or a file (one worker alone)
+        kv = self.kv = TableKv(self.changelog) if config.kafka_journal else None
         self.changelog.kv = kv
         letters: Counter[tuple[str, str]] = Counter()
         runtime: RuntimeLike = bot.bind(
             provider,
-            kv,
+            kv if kv is not None else config.journal_url,
             instance_id=config.instance_id,
             receipts=KafkaReceipts(self.produce, letters),
             fallbacks=fallbacks,
@@ -162,18 +160,19 @@ class Worker:
         self.runtime = runtime
         self.instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
         self.changelog.config = worker_producer_config(config, self.instance)
-        kv.on_assigned = self._recover
-        kv.on_revoking = runtime.flush_receipts
-        kv.on_lost = self._lost_writes
+        if kv is not None:
+            kv.on_assigned = self._recover
+            kv.on_revoking = runtime.flush_receipts
+            kv.on_lost = self._lost_writes
         self.runner = InboundRunner(
             runtime,
             self.produce,
             batch_deadline=config.batch_deadline,
-            owns=kv.owns,
+            owns=kv.owns if kv is not None else None,
             requests_topic=cat.requests,
             control_topic=cat.control,
             instance=self.instance,
-            flush=kv.flush,
+            flush=kv.flush if kv is not None else None,
             letters=letters,
         )
         self.checkpoint = Checkpoint(self._flush, self._commit)
@@ -185,6 +184,7 @@ class Worker:
             batch_size=config.batch_size,
             hook_timeout=max(config.session_timeout * 4, 60.0),
         )
+        self.tiers = RetryTiers(config.kafka, cat, self._owned, self._retry, self._repark)
         self._tasks: set[asyncio.Task[None]] = set()
         self._paused = False
         self._settled = asyncio.Event()
@@ -206,7 +206,8 @@ class Worker:
     # -- the checkpoint's two steps -----------------------------------------------------------
 
     async def _flush(self) -> None:
-        await self.kv.flush()
+        if self.kv is not None:
+            await self.kv.flush()
 
     async def _commit(self, offsets: Mapping[TopicPart, int]) -> None:
         if self.config.exactly_once:
@@ -221,7 +222,10 @@ class Worker:
 
     async def assigned(self, partitions: set[int]) -> None:
         """Restore each journal partition from the changelog, open it (its recovery pass),
-        then resume fetching its records."""
+        then resume fetching its records (on a file journal: at once)."""
+        if self.kv is None:
+            await self.consumer.resume(partitions)
+            return
         data = self.config.data_dir / "journal"
         dbs = {p: open_database(data / f"p{p}") for p in sorted(partitions)}
         done = await asyncio.to_thread(
@@ -240,13 +244,15 @@ class Worker:
             await self.checkpoint.run()
         except Exception as exc:  # as a crash would: their records come again
             log.warning("checkpoint before handing partitions %s over: %s", sorted(partitions), exc)
-        await self.kv.hand_over(partitions)
+        if self.kv is not None:
+            await self.kv.hand_over(partitions)
         self._drop(partitions)
 
     async def lost(self, partitions: set[int]) -> None:
         """Someone else's already: forget them, commit nothing."""
         self._drop(partitions)
-        self.kv.revoke(partitions)
+        if self.kv is not None:
+            self.kv.revoke(partitions)
 
     def _drop(self, partitions: set[int]) -> None:
         self.checkpoint.forget(
@@ -277,6 +283,28 @@ class Worker:
 
     def _unconfirmed(self) -> str | None:
         return None  # the membership fence comes with the loop's next step (issue 38)
+
+    # -- the retry tiers' questions ----------------------------------------------------------
+
+    def _owned(self) -> set[int]:
+        """The partitions (inbound, journal, tiers) this worker owns now."""
+        kv = self.kv
+        return {p for p in self.consumer.partitions if kv is None or kv.owns(p)}
+
+    async def _retry(self, partition: int, parked: Parked) -> str:
+        """A parked send back from its retry tier, retried in its journal partition."""
+        ops = self.runtime.durability
+        if ops is None:
+            return "stale"
+        with in_partition(partition):
+            return await ops.retry_parked(parked.key, parked.attempts)
+
+    async def _repark(self, parked: Parked, tier: str) -> Any:
+        """A parked send put back on its tier (acked)."""
+        value = {"key": parked.key, "attempts": parked.attempts}
+        value["payload"] = {"chat_id": parked.chat_id}
+        tier, key, body, headers = parked_record(value, parked.retry_at)
+        return await (await self.produce(f"retry:{tier}", key, body, headers))
 
     # -- batches ---------------------------------------------------------------------------
 
@@ -319,7 +347,7 @@ class Worker:
         while self.checkpoint.unsettled() > limit and not self._stopping.is_set():
             self._settled.clear()
             await self._settled.wait()
-        await self.consumer.resume(mine & self.kv.owned)
+        await self.consumer.resume(mine if self.kv is None else mine & self.kv.owned)
 
     # -- life ------------------------------------------------------------------------------
 
@@ -341,7 +369,8 @@ class Worker:
             await asyncio.to_thread(self._provision)
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         await self.changelog.start()
-        await self.kv.open()
+        if self.kv is not None:
+            await self.kv.open()
         try:
             await self.runtime.start()
         except (DurabilityError, ConfigError) as exc:
@@ -349,8 +378,14 @@ class Worker:
             return 2
         self._started = True
         await self.consumer.start()
+        self.tiers.start()
+        tid = self.changelog.config.get("transactional.id")
         log.info(
-            "worker on librdkafka: %s on %s", self.instance or "(no instance id)", self.cat.inbound
+            "worker on librdkafka: %s on %s, %s%s",
+            self.instance or "(no instance id)",
+            self.cat.inbound,
+            self.config.guarantee,
+            f" (transactional producer {tid})" if tid else "",
         )
         stopping = asyncio.get_running_loop().create_task(self._stopping.wait())
         try:
@@ -368,6 +403,7 @@ class Worker:
         return 0
 
     async def _shutdown(self) -> None:
+        await self.tiers.stop()
         await self._join()
         try:
             await self.checkpoint.run()
@@ -378,7 +414,8 @@ class Worker:
         except Exception as exc:
             log.warning("receipts not recorded as published before the stop: %s", exc)
         try:
-            await self.kv.flush(commit=True)
+            if self.kv is not None:
+                await self.kv.flush(commit=True)
         except Exception as exc:
             log.warning("deferred journal writes not flushed at the stop: %s", exc)
         try:
@@ -387,7 +424,8 @@ class Worker:
             log.warning("last checkpoint failed: %s", exc)
         await self.consumer.close()
         await self.runtime.stop()
-        await self.kv.close()
+        if self.kv is not None:
+            await self.kv.close()
         await self.changelog.stop()
 
 
