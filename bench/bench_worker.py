@@ -33,6 +33,7 @@ one record per input with acks=all, in a child process:
   the worker's default journal), ``file`` (a file journal with an append log in its data
   dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``,
   ``+eos`` (before ``@LEVEL``) runs that worker ``exactly_once`` (``--guarantee``),
+  ``+rd`` runs it on the runtime being built on librdkafka (``BOTMESH_RUNTIME``),
   ``+metrics`` serves ``/metrics`` (``--http-port 0``: its histograms fed on the hot path)
   and ``+json`` logs JSON (``BOTMESH_LOG_FORMAT=json``); a side with either is compared
   with the same worker without them in the same run (CPU per record, target a cost under
@@ -534,6 +535,9 @@ def is_eos(side: Side) -> bool:
 #: A ``--journal`` value ending so (before ``@LEVEL``, in any order with ``+eos``) serves
 #: ``/metrics`` (``--http-port 0``: the histograms fed) / logs JSON (``BOTMESH_LOG_FORMAT``).
 METRICS_SUFFIX, JSON_SUFFIX = "+metrics", "+json"
+#: A ``--journal`` value ending so (in any order with the others) runs its worker on the
+#: runtime being built on librdkafka (``BOTMESH_RUNTIME=librdkafka``; issue 38).
+RD_SUFFIX = "+rd"
 #: What metrics and JSON logs may cost on the hot path: CPU per record against the same
 #: worker without them, same run.
 TARGET_OBSERVED = 0.05
@@ -609,8 +613,11 @@ def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
     spec, at, level = value.rpartition("@") if "@" in value else (value, "", "")
     logs = ["--loglevel", level] if at else []
     suffix = f"; --loglevel {level}" if at else ""
-    while spec.endswith((EOS_SUFFIX, METRICS_SUFFIX, JSON_SUFFIX)):
-        if spec.endswith(EOS_SUFFIX):  # the worker under exactly_once
+    while spec.endswith((EOS_SUFFIX, METRICS_SUFFIX, JSON_SUFFIX, RD_SUFFIX)):
+        if spec.endswith(RD_SUFFIX):  # the env var is set by the caller
+            spec = spec.removesuffix(RD_SUFFIX)
+            suffix += "; on librdkafka"
+        elif spec.endswith(EOS_SUFFIX):  # the worker under exactly_once
             spec = spec.removesuffix(EOS_SUFFIX)
             logs += ["--guarantee", "exactly_once"]
             suffix += "; exactly_once"
@@ -752,8 +759,11 @@ async def run_bench(
         else:
             label, options = journal_option(spec, data)
             cmd = worker_command(*args, *options)
-        json_logs = JSON_SUFFIX in spec.partition("@")[0]
-        env = child_env(BOTMESH_LOG_FORMAT="json") if json_logs else None
+        flags = spec.partition("@")[0]
+        extra = {"BOTMESH_LOG_FORMAT": "json"} if JSON_SUFFIX in flags else {}
+        if RD_SUFFIX in flags:
+            extra["BOTMESH_RUNTIME"] = "librdkafka"
+        env = child_env(**extra) if extra else None
         side = Side(name, cat, cmd, tmp / f"{name}.log", receipt_id, env)
         workers.append(side)
         data_dirs[name] = data
