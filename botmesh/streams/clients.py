@@ -42,6 +42,7 @@ from botmesh.streams.connection import (
 )
 
 __all__ = [
+    "ONE_SHOT",
     "AsyncProducer",
     "Delivered",
     "metadata",
@@ -67,6 +68,15 @@ _LEADERLESS = {
 #: ``(topic, partition)``
 Where = tuple[str, int]
 Headers = list[tuple[str, bytes]]
+
+
+#: The settings of a producer made for a few records and closed at once (a command, a
+#: dead letter's redrive): acks=all without idempotence, since librdkafka's idempotent
+#: producer first acquires a producer id, which took 0.5 s a producer here (its first
+#: record waited for it) against 0.01 s without. A retry of such a producer could write a
+#: record twice; the journal answers a second copy of an inbound or a request as a
+#: duplicate, as it did with aiokafka's (not idempotent) producer before.
+ONE_SHOT: dict[str, Any] = {"enable.idempotence": False}
 
 
 @dataclass(frozen=True, slots=True)

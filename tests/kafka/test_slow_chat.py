@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from botmesh.streams.clients import AsyncProducer
 from botmesh.streams.ops.tools import produce_inbound
-from botmesh.topics import Catalog
+from botmesh.topics import Catalog, chat_key, encode_inbound
 from tests.kafka.recorder import SESSION_TIMEOUT, Recorder, Tally, check_effects, traffic
 from tests.kafka.worker import WAIT_S, Worker, wait_line
 
@@ -61,12 +62,21 @@ async def test_a_chat_whose_provider_hangs_holds_up_no_other_chat(
         worker.start()
         wait_line(worker, "ready: owns partitions")  # latency from here on, not the start's
         step = RATE // 10
-        for i in range(0, BEFORE, step):  # a tenth of a second's worth at a time
-            chunk = before[i : i + step]
-            await produce_inbound(kafka_bootstrap, cat.inbound, chunk)
-            now = time.monotonic()
-            produced.update((r.id, now) for r in chunk)
-            await asyncio.sleep(0.1)
+        # one producer for the whole traffic: its pace is the test's, not a producer's start
+        producer = AsyncProducer(kafka_bootstrap)
+        try:
+            for i in range(0, BEFORE, step):  # a tenth of a second's worth at a time
+                chunk = before[i : i + step]
+                acks = [
+                    await producer.send(cat.inbound, encode_inbound(r), key=chat_key(r.chat_id))
+                    for r in chunk
+                ]
+                await asyncio.gather(*acks)
+                now = time.monotonic()
+                produced.update((r.id, now) for r in chunk)
+                await asyncio.sleep(0.1)
+        finally:
+            await producer.close()
         deadline = time.monotonic() + WAIT_S
         while not others <= tally.accounted(recorder):
             worker.check_alive()

@@ -107,9 +107,9 @@ async def test_a_stop_past_its_limit_exits_70_with_the_stacks_and_loses_nothing(
     try:
         seen = await collect(worker, cat.sent, {}, {"m1"})
         assert [(s.receipt.inbound_id, s.receipt.state) for s in seen] == [("m1", "unknown")]
-        # whether the handler runs again (the record redelivered) or the restart's recovery
-        # settles the journaled send first, the send is never made again
-        assert worker.handled()["m1"] in (1, 2)
+        # the handler runs again (handlers run at least once: the restart's recovery replays
+        # the inbound, and the redelivered record can run it too), the send never again
+        assert worker.handled()["m1"] >= 1
         assert silent_api.requests == 1
         assert worker.stop() == 0
     finally:

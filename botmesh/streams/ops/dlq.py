@@ -38,6 +38,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Message, TopicPartition
 
 from botmesh.streams.clients import (
+    ONE_SHOT,
     AsyncProducer,
     metadata,
     partitions_of,
@@ -279,7 +280,7 @@ async def ask_owners(
         # the results of earlier requests are not ours: read from the end as it is now
         spans = await asyncio.to_thread(watermarks, consumer, tps)
         consumer.assign([TopicPartition(t, p, spans[(t, p)][1]) for t, p in tps])
-        producer = AsyncProducer(bootstrap)
+        producer = AsyncProducer(bootstrap, settings=ONE_SHOT)
         try:
             acks = [
                 await producer.send(cat.control, encode_control(r), key=chat_key(r.chat_id))
@@ -316,7 +317,7 @@ async def reproduce(bootstrap: Brokers, topic: str, letters: Sequence[DeadLetter
     """Produce each dead letter's key and value again to ``topic`` (acks=all), with a header
     ``redriven.from`` naming the dead letter; how many."""
     await metadata(bootstrap)  # the first contact: ``ConnectionError`` naming the brokers
-    producer = AsyncProducer(bootstrap)
+    producer = AsyncProducer(bootstrap, settings=ONE_SHOT)
     try:
         acks = [
             await producer.send(

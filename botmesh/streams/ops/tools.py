@@ -21,6 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, Messag
 from botmesh.state.kv import Entry
 from botmesh.state.messages import Inbound, Media, Receipt
 from botmesh.streams.clients import (
+    ONE_SHOT,
     AsyncProducer,
     metadata,
     partitions_of,
@@ -98,7 +99,7 @@ async def _produce(
     bootstrap: Brokers, topic: str, values: list[tuple[bytes, bytes]], *, linger_ms: int
 ) -> float:
     await metadata(bootstrap)  # the first contact: ``ConnectionError`` naming the brokers
-    producer = AsyncProducer(bootstrap, settings={"linger.ms": linger_ms})
+    producer = AsyncProducer(bootstrap, settings={**ONE_SHOT, "linger.ms": linger_ms})
     t0 = time.monotonic()
     try:
         futs = [await producer.send(topic, value, key=key) for key, value in values]
@@ -147,7 +148,7 @@ async def request_send(
     # the first contact: ``ConnectionError`` naming the brokers, ``KafkaAuthError``
     cluster = await metadata(bootstrap)
     _check_requests_topic(cluster, cat)
-    producer = AsyncProducer(bootstrap)
+    producer = AsyncProducer(bootstrap, settings=ONE_SHOT)
     try:
         await producer.send_and_wait(cat.requests, value, key=chat_key(request.chat_id))
     finally:
