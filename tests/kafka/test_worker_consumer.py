@@ -14,9 +14,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from botmesh.streams.config import group_instance_id
-from botmesh.streams.worker.clients import consumer_config
+from botmesh.streams.config import WorkerConfig, group_instance_id
+from botmesh.streams.worker.clients import consumer_config, worker_consumer_config
 from botmesh.streams.worker.consumer import ConsumerThread
+from botmesh.streams.worker.loop import Membership
 from tests.kafka.broker import create_topics
 from tests.kafka.rdkafka_probe import produce
 
@@ -183,3 +184,33 @@ async def test_a_leave_hands_the_partitions_over_at_once_and_a_restart_keeps_the
         await until(lambda: len(hooks_b.held) == PARTITIONS, "b takes every partition")
     finally:
         await b.close(leave=True)
+
+
+async def test_the_membership_is_confirmed_only_while_the_coordinator_lists_the_member(
+    kafka_bootstrap: str, topic_prefix: str, topics: tuple[str, str]
+) -> None:
+    """The new runtime's fence: confirmed by a describe of the group that lists this
+    consumer's member id; too old a confirmation refuses writes (``unconfirmed`` says why)
+    until a describe lists the member again."""
+    inbound, requests = topics
+    config = WorkerConfig(bootstrap=kafka_bootstrap, prefix=topic_prefix, session_timeout=10.0)
+    hooks = Hooks()
+    thread = ConsumerThread(
+        worker_consumer_config(config), inbound, [requests], hooks, batch_size=100
+    )
+    hooks.thread = thread
+    membership = Membership(thread, config)
+    await thread.start()
+    try:
+        await until(lambda: len(hooks.held) == PARTITIONS, "the member has every partition")
+        membership.confirmed -= 60  # as after a freeze
+        assert "last confirmed 6" in (membership.unconfirmed() or "")
+        assert await membership.check()
+        assert membership.unconfirmed() is None
+        gone = await thread.call(lambda c: c.memberid())
+    finally:
+        await thread.close(leave=True)
+    # left: the coordinator does not list the member any more (what ``check`` looks for)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    described = admin.describe_consumer_groups([config.catalog.group])[config.catalog.group]
+    assert gone not in {m.member_id for m in described.result(30).members}

@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, NoReturn
@@ -46,6 +47,7 @@ from confluent_kafka import Message, TopicPartition
 from botmesh.state.errors import ConfigError, DurabilityError
 from botmesh.state.ports import Provider
 from botmesh.streams.config import WorkerConfig
+from botmesh.streams.groups import describe_group
 from botmesh.streams.provision import ensure_topics, existing_topics
 from botmesh.streams.retry_tiers import Parked, RetryTiers, parked_record
 from botmesh.streams.runner import (
@@ -120,6 +122,68 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
     return out
 
 
+class Membership:
+    """Fenced by the group: when this worker's membership was last confirmed.
+
+    Under ``at_least_once`` nothing on the broker stops a worker that lost its partitions
+    from producing to their changelog, and a worker thawed after a freeze (``SIGSTOP``, a
+    long pause) past the session timeout does not know yet that it was evicted. librdkafka
+    keeps its heartbeats to itself, so this asks the group coordinator: every quarter of the
+    session timeout, a describe of the group that lists this consumer's member id confirms
+    the membership as of the moment the question was sent (an assignment confirms it too).
+    A journal write is refused while the last confirmation is older than half the session
+    timeout (``unconfirmed``): the coordinator evicts a member only a whole session timeout
+    after its last heartbeat, so a write that passed leaves at least half of it before
+    another worker can own the partition."""
+
+    def __init__(self, consumer: ConsumerThread, config: WorkerConfig) -> None:
+        self._consumer = consumer
+        self._brokers = config.kafka
+        self._group = config.catalog.group
+        self.limit = config.session_timeout / 2
+        self.interval = config.session_timeout / 4
+        self.confirmed = time.monotonic()
+        #: Questions the coordinator answered without this member (it was evicted).
+        self.missing = 0
+
+    def confirm(self, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
+        self.confirmed = max(self.confirmed, at)
+
+    def unconfirmed(self) -> str | None:
+        age = time.monotonic() - self.confirmed
+        if age <= self.limit:
+            return None
+        return (
+            f"this worker's group membership was last confirmed {age:.1f}s ago (more than "
+            f"half the session timeout, {self.limit:g}s): it may have been evicted and its "
+            "partitions given to another worker; writes wait until the group coordinator "
+            "lists it again"
+        )
+
+    async def check(self) -> bool:
+        """Ask once; whether the coordinator listed this member."""
+        asked = time.monotonic()
+        member = await self._consumer.call(lambda c: c.memberid())
+        if not member:
+            return False
+        info = await asyncio.to_thread(describe_group, self._brokers, self._group)
+        if any(m.member_id == member for m in info.members):
+            self.confirm(asked)
+            return True
+        self.missing += 1
+        return False
+
+    async def run(self) -> None:
+        """Ask every ``interval`` seconds, for ever (cancelled at the stop)."""
+        while True:
+            try:
+                await self.check()
+            except Exception as exc:  # the coordinator out of reach: unconfirmed meanwhile
+                log.debug("group membership not confirmed: %s", exc)
+            await asyncio.sleep(self.interval)
+
+
 class Worker:
     """One worker process's runtime on librdkafka (see the module docstring)."""
 
@@ -184,6 +248,8 @@ class Worker:
             batch_size=config.batch_size,
             hook_timeout=max(config.session_timeout * 4, 60.0),
         )
+        self.membership = Membership(self.consumer, config)
+        self._watching: asyncio.Task[None] | None = None
         self.tiers = RetryTiers(config.kafka, cat, self._owned, self._retry, self._repark)
         self._tasks: set[asyncio.Task[None]] = set()
         self._paused = False
@@ -223,6 +289,7 @@ class Worker:
     async def assigned(self, partitions: set[int]) -> None:
         """Restore each journal partition from the changelog, open it (its recovery pass),
         then resume fetching its records (on a file journal: at once)."""
+        self.membership.confirm()  # an assignment: the coordinator has this member
         if self.kv is None:
             await self.consumer.resume(partitions)
             return
@@ -282,7 +349,7 @@ class Worker:
         )
 
     def _unconfirmed(self) -> str | None:
-        return None  # the membership fence comes with the loop's next step (issue 38)
+        return self.membership.unconfirmed()  # (the membership is made after the changelog)
 
     # -- the retry tiers' questions ----------------------------------------------------------
 
@@ -378,6 +445,7 @@ class Worker:
             return 2
         self._started = True
         await self.consumer.start()
+        self._watching = asyncio.get_running_loop().create_task(self.membership.run())
         self.tiers.start()
         tid = self.changelog.config.get("transactional.id")
         log.info(
@@ -404,6 +472,8 @@ class Worker:
 
     async def _shutdown(self) -> None:
         await self.tiers.stop()
+        if self._watching is not None:
+            self._watching.cancel()
         await self._join()
         try:
             await self.checkpoint.run()
