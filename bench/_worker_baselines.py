@@ -1,14 +1,13 @@
 """What ``bench_worker.py`` runs in its child processes, besides ``botmesh worker`` itself.
 
-    python bench/_worker_baselines.py aiokafka BOOTSTRAP SRC DST GROUP
-    python bench/_worker_baselines.py faust BOOTSTRAP SRC DST APP_ID DATA_DIR
+    python bench/_worker_baselines.py confluent BOOTSTRAP SRC DST GROUP
     python bench/_worker_baselines.py unjournaled WORKER_ARGS...
     python bench/_worker_baselines.py profile OUT.prof WORKER_ARGS...
 
-- ``aiokafka``: the bare consume->produce loop (``getmany`` -> ``send`` each record to DST,
-  acks=all -> wait for the acks -> commit), no decoding, no journal;
-- ``faust``: the bare per-event Faust agent: the worker's app settings (at_least_once,
-  acks=all), ``async for event in stream.events()`` producing one record per event to DST;
+- ``confluent``: the bare consume->produce loop on confluent-kafka (librdkafka, the client
+  the worker runs on): take a batch (``poll``, then ``consume`` what else is there, up to
+  1,000 records) -> ``produce`` each record to DST (acks=all, keys by murmur2) -> ``flush``
+  (wait for every ack) -> ``commit`` (synchronous), no decoding, no journal;
 - ``profile``: ``botmesh worker WORKER_ARGS...`` in this process under ``cProfile``; the
   stats go to OUT.prof when the worker stops (SIGTERM);
 - ``unjournaled``: ``botmesh worker WORKER_ARGS... --journal memory://``, which the worker
@@ -22,13 +21,12 @@ seconds (default 0.05) per send.
 
 from __future__ import annotations
 
-import asyncio
 import cProfile
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -37,8 +35,7 @@ if str(REPO) not in sys.path:
 from botmesh.providers.mock import MockProvider  # noqa: E402
 
 __all__ = [
-    "aiokafka_loop",
-    "faust_per_event",
+    "confluent_loop",
     "profile_worker",
     "slow_provider",
     "unjournaled_worker",
@@ -50,66 +47,69 @@ def slow_provider() -> MockProvider:
     return MockProvider("slow", delay=float(os.environ.get("BENCH_PROVIDER_DELAY", "0.05")))
 
 
-async def aiokafka_loop(bootstrap: str, src: str, dst: str, group: str) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+def confluent_loop(bootstrap: str, src: str, dst: str, group: str) -> None:
+    """consume -> produce each (acks=all) -> flush -> commit, until SIGTERM."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-    consumer = AIOKafkaConsumer(
-        src,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
     )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await consumer.start()
-    await producer.start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",  # as the worker's producer (and Java's) key
+        }
+    )
+    failed: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failed.append(err)
+
+    stop = False
+
+    def on_term(_signum: int, _frame: FrameType | None) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    consumer.subscribe([src])
     try:
-        while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=100, max_records=1000)
-            futs = [
-                await producer.send(dst, m.value, key=m.key)
-                for msgs in batch.values()
-                for m in msgs
-            ]
-            if futs:
-                await asyncio.gather(*futs)
-                await consumer.commit()
+        while not stop:
+            # as soon as there is a record, what else is there (up to 1,000): consume()
+            # alone would wait out its timeout unless 1,000 came
+            first = consumer.poll(0.1)
+            msgs = [] if first is None else [first, *consumer.consume(999, 0)]
+            got = False
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(err)
+                got = True
+                while True:
+                    try:
+                        producer.produce(dst, m.value(), m.key(), on_delivery=delivered)
+                        break
+                    except BufferError:  # the local queue is full: serve the acks
+                        producer.poll(0.05)
+            if got:
+                if producer.flush(60.0):
+                    raise SystemExit("confluent loop: records not acked within 60 s")
+                if failed:
+                    raise KafkaException(failed[0])
+                consumer.commit(asynchronous=False)
     finally:
-        await producer.stop()
-        await consumer.stop()
-
-
-def faust_per_event(bootstrap: str, src: str, dst: str, app_id: str, data_dir: str) -> None:
-    import faust
-
-    app = faust.App(
-        app_id,
-        broker=f"kafka://{bootstrap}",
-        store="memory://",
-        datadir=data_dir,
-        processing_guarantee="at_least_once",
-        producer_acks=-1,
-        consumer_auto_offset_reset="earliest",
-        topic_allow_declare=False,
-        web_enabled=False,
-        worker_redirect_stdouts=False,
-    )
-
-    def raw(name: str) -> Any:
-        return app.topic(
-            name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-        )
-
-    out = raw(dst)
-
-    async def copy(stream: Any) -> None:
-        async for event in stream.events():
-            await out.send(key=event.key, value=event.value)
-
-    app.agent(raw(src), name=f"{app_id}.copy", concurrency=1)(copy)
-    faust.Worker(app, loglevel="warning", redirect_stdouts=False).execute_from_commandline()
+        producer.flush(10.0)
+        consumer.close()
 
 
 def profile_worker(out: str, worker_args: list[str]) -> int:
@@ -144,11 +144,8 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     mode, rest = argv[0], argv[1:]
-    if mode == "aiokafka" and len(rest) == 4:
-        asyncio.run(aiokafka_loop(*rest))
-        return 0
-    if mode == "faust" and len(rest) == 5:
-        faust_per_event(*rest)
+    if mode == "confluent" and len(rest) == 4:
+        confluent_loop(*rest)
         return 0
     if mode == "profile" and len(rest) >= 1:
         return profile_worker(rest[0], rest[1:])

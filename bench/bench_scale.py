@@ -18,25 +18,35 @@ One worker (``python -m botmesh worker --app botmesh.examples.echo_bot:bot --pro
    mean); clean stop (SIGTERM);
 1. seed: the worker's changelog is read back (the last record of each key: what
    compaction keeps); the template inbound's records (``<scope>/in/<id>``: done, no due
-   score, a purge score; ``<scope>/out/<id>:1``: sent, published) are cloned N times with
-   new inbound ids, chats (``--chats``), provider message ids, sources and fingerprints,
-   and their timestamps (purge score included) moved back by up to ``--spread`` (1 day of
-   traffic: every purge score stays in the future), and produced straight to the changelog
-   (a bare aiokafka producer, batches of 1 MB, the worker's ``botmesh.writer`` header), each
-   to the partition of its chat (murmur2 of the chat key: the inbound partition, as the
-   worker keys it). 2N changelog records, none through the worker;
-2. start on the seeded journal, same instance id and data dir (Faust restores the 2N records
-   that its RocksDB lacks): time to first reply, RSS, idle CPU, throughput (ratio to 0.);
-3. restart: SIGKILL, same instance id, same data dir (RocksDB holds everything): time to
-   first reply;
+   score, a purge score; ``<scope>/out/<id>:1``: sent, published; the send's message-log
+   entry ``<scope>/log/<chat>/<sent µs>/<id>:1/0001``) are cloned N times with new inbound
+   ids, chats (``--chats``), provider message ids, sources and fingerprints, and their
+   timestamps (purge score and the log key's time included) moved back by up to
+   ``--spread`` (1 day of traffic: every purge score stays in the future), and produced
+   straight to the changelog
+   (a bare confluent-kafka producer, acks=all, batches of up to 1 MB, the worker's
+   ``botmesh.writer`` header), each to the partition of its chat (murmur2 of the chat key:
+   the inbound partition, as the worker keys it). 3N changelog records (2N before the
+   message log), none through the worker;
+2. start on the seeded journal, same instance id and data dir (the worker restores the 3N
+   records its RocksDB lacks, from the offset after the one it holds: its restore,
+   ``botmesh/streams/worker/restore.py``): time to first reply, RSS, idle CPU, throughput
+   (ratio to 0.);
+3. restart: SIGKILL, same instance id, same data dir (RocksDB holds everything but what was
+   written after its last persisted offset): time to first reply;
 4. restore: SIGKILL, the data dir deleted, same instance id: time to first reply and the
-   restore rate, changelog records / seconds from the start to the journal loaded (the
-   worker's last ``journal partition %d loaded`` line); Faust's own restore window
-   (``active offsets at start of reading`` to ``Restore complete!``) beside it.
+   restore rate, the changelog records the worker read (its ``journal partition N restored:
+   R changelog records read from offset A to B`` lines) / seconds from the process start to
+   the last of those lines; beside it the same records over the window from the worker's
+   ``runtime started`` line (the process up, its journal opened, before it joins the group)
+   to that line.
 
-For each start the times (from the process start) of Faust's restore, the journal loaded and
-the recovery pass done (the worker's log lines) are printed beside the first reply. Topics and
-data dirs are deleted at the end unless ``--keep``. Broker: as ``bench/bench_worker.py``
+For each start the times (from the process start) of the runtime started, the journal
+partitions restored (records read, and from which offsets), opened and their recovery pass
+done (the worker's log lines) are printed beside the first reply. Every worker runs the
+runtime on librdkafka, as ``bench_worker`` starts it; the bench's own clients are
+confluent-kafka's. Topics
+and data dirs are deleted at the end unless ``--keep``. Broker: as ``bench/bench_worker.py``
 (``KAFKA_BOOTSTRAP_SERVERS``, else the local ``deploy/kafka/kafka.sh`` one).
 """
 
@@ -64,9 +74,7 @@ import msgspec
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient  # noqa: E402
-from aiokafka.partitioner import murmur2  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition  # noqa: E402
 
 from bench.bench_worker import (  # noqa: E402
     KAFKA_SH,
@@ -75,18 +83,20 @@ from bench.bench_worker import (  # noqa: E402
     Bench,
     Side,
     Tail,
+    admin_client,
     broker,
     catalog,
     cpu_seconds,
+    high_watermarks,
     log_tail,
     receipt_id,
     records,
+    take,
     worker_args,
+    worker_command,
 )
-from botmesh.examples.demo import worker_command  # noqa: E402
 from botmesh.state.keys import fingerprint  # noqa: E402
 from botmesh.state.messages import Inbound, Outbound  # noqa: E402
-from botmesh.streams.table_kv import changelog_topic  # noqa: E402
 from botmesh.topics import Catalog, chat_key, encode_inbound  # noqa: E402
 
 TARGET_RATIO = 0.9
@@ -96,6 +106,14 @@ TARGET_RESTART_S = 5.0
 TARGET_RESTORE_RATE = 50_000.0
 DAY = 86400.0
 BATCH = 500
+#: The journal's table name: its changelog is ``<app id>-journal-changelog`` (the worker's
+#: ``botmesh.streams.table_kv.TABLE_NAME``; that module is not imported here).
+TABLE_NAME = "journal"
+
+
+def changelog_topic(cat: Catalog) -> str:
+    """The worker's journal changelog for a topic catalog."""
+    return cat.changelog(TABLE_NAME)
 
 
 def verdict(ok: bool) -> str:
@@ -116,12 +134,14 @@ def vm_mib(pid: int, name: str) -> float:
     return float("nan")
 
 
-_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[(\d+)\] \[\w+\] (.*)$")
-#: A partition ready: "loaded: N records" (the journal in memory, before 0.9) or "opened"
-#: (the journal on disk: nothing read).
-_LOADED = re.compile(r"journal partition (\d+) (?:loaded: (\d+) records|opened)")
-#: The worker's own restore, ahead of Faust's recovery.
-_AHEAD = re.compile(r"(\d+) changelog records restored in ([\d.]+)s")
+#: A worker's text log line (``botmesh.logs.TEXT_FORMAT``): time, level, logger, message.
+_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z]+ [\w.]+: (.*)$")
+#: A journal partition brought up to the end of its changelog (``worker/loop.py``).
+_RESTORED = re.compile(
+    r"journal partition (\d+) restored: (\d+) changelog records read from offset (\d+) to (\d+)"
+)
+#: A journal partition open on its restored database (``TableKv.assign``).
+_OPENED = re.compile(r"journal partition (\d+) opened")
 
 
 @dataclass
@@ -131,57 +151,57 @@ class Start:
     first_reply: float = float("nan")
     rss: float = float("nan")
     peak: float = float("nan")
-    restore_from: float | None = None  # Faust: "active offsets at start of reading"
-    restore_done: float | None = None  # Faust: "Restore complete!"
-    loaded: float | None = None  # the last "journal partition %d loaded"
+    started: float | None = None  # "runtime started": up, before joining the group
+    restored: float | None = None  # the last "journal partition %d restored"
+    opened: float | None = None  # the last "journal partition %d opened"
     recovered: float | None = None  # the last "journal partition %d recovered"
-    records: dict[int, int] = field(default_factory=dict)  # loaded, per partition
-    ahead: int = 0  # records the worker restored itself, ahead of Faust's recovery
-    ahead_s: float = 0.0  # the time it took (the worker's own figure)
-    ahead_done: float | None = None
+    #: per partition: (changelog records read, from offset, to offset)
+    reads: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     idle_pct: float = float("nan")
     rate: float = float("nan")
+
+    @property
+    def read(self) -> int:
+        """Changelog records the worker's restore read, every partition."""
+        return sum(r for r, _, _ in self.reads.values())
 
     def phases(self) -> str:
         def at(name: str, t: float | None) -> str:
             return f"{name} {t:.1f}" if t is not None else f"{name} -"
 
+        spans = " ".join(f"p{p} {a}->{b}" for p, (_, a, b) in sorted(self.reads.items()))
         return ", ".join(
             [
-                at(f"restored ahead ({self.ahead} records)", self.ahead_done),
-                at("restore read", self.restore_from),
-                at("restored", self.restore_done),
-                at(f"journal loaded ({sum(self.records.values())} records)", self.loaded),
+                at("runtime started", self.started),
+                at(f"journal restored ({self.read} records read: {spans or '-'})", self.restored),
+                at("opened", self.opened),
                 at("recovery pass done", self.recovered),
             ]
         )
 
 
-def read_log(log: Path, start: Start, *, offset: int, pid: int, wall0: float, until: float) -> None:
-    """The worker's start-up milestones from its log (lines of ``pid`` after ``offset``,
-    up to ``until``, wall clock), as seconds after ``wall0``."""
+def read_log(log: Path, start: Start, *, offset: int, wall0: float, until: float) -> None:
+    """The worker's start-up milestones from its log (the lines after ``offset``, the
+    process started last, up to ``until``, wall clock), as seconds after ``wall0``."""
     with open(log, "rb") as f:
         f.seek(offset)
         text = f.read().decode(errors="replace")
     for line in text.splitlines():
         m = _LINE.match(line)
-        if m is None or int(m.group(2)) != pid:
+        if m is None:
             continue
         wall = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
         if wall > until:
             break
-        t, msg = wall - wall0, m.group(3)
-        if "active offsets at start of reading" in msg and start.restore_from is None:
-            start.restore_from = t
-        elif "Restore complete!" in msg and start.restore_done is None:
-            start.restore_done = t
-        elif (loaded := _LOADED.search(msg)) is not None:
-            start.loaded = t
-            start.records[int(loaded.group(1))] = int(loaded.group(2) or 0)
-        elif (ahead := _AHEAD.search(msg)) is not None:
-            start.ahead += int(ahead.group(1))
-            start.ahead_s += float(ahead.group(2))
-            start.ahead_done = t
+        t, msg = wall - wall0, m.group(2)
+        if msg.startswith("runtime started") and start.started is None:
+            start.started = t
+        elif (restored := _RESTORED.search(msg)) is not None:
+            p, n, a, b = (int(g) for g in restored.groups())
+            start.restored = t
+            start.reads[p] = (n, a, b)
+        elif _OPENED.search(msg) is not None:
+            start.opened = t
         elif "recovered (" in msg and msg.startswith("journal partition"):
             start.recovered = t
 
@@ -193,7 +213,7 @@ async def start_worker(bench: Bench, side: Side, run: str, within: float) -> Sta
     rid, key, value = records(1, run)[0]
     wall0, t0 = time.time(), time.monotonic()
     side.start()
-    await bench.producer.send_and_wait(side.cat.inbound, value, key=key)
+    await bench.send_all(side.cat.inbound, [(rid, key, value)])
     try:
         got = await side.output.collect(mark, lambda s: s.id == rid, 1, side.alive, within)
     except SystemExit:
@@ -203,7 +223,7 @@ async def start_worker(bench: Bench, side: Side, run: str, within: float) -> Sta
     start = Start(first_reply=got[rid].at - t0)
     start.rss, start.peak = vm_mib(pid, "VmRSS"), vm_mib(pid, "VmHWM")
     await asyncio.sleep(0.5)  # the log lines of the first reply are written
-    read_log(side.log, start, offset=offset, pid=pid, wall0=wall0, until=time.time())
+    read_log(side.log, start, offset=offset, wall0=wall0, until=time.time())
     return start
 
 
@@ -250,59 +270,102 @@ class Logged:
 
 async def read_changelog(bootstrap: str, topic: str) -> tuple[dict[bytes, Logged], int]:
     """The last record of each key (what compaction keeps), and the records read."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    return await asyncio.to_thread(_read_changelog, bootstrap, topic)
+
+
+def _read_changelog(bootstrap: str, topic: str) -> tuple[dict[bytes, Logged], int]:
+    ends = {p: end for (_, p), end in high_watermarks(bootstrap, tps_of(topic)).items()}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-scale-read-{uuid.uuid4().hex[:8]}",  # never joined: assigned
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+        }
     )
-    await consumer.start()
     last: dict[bytes, Logged] = {}
     n = 0
     try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
-        left = {tp for tp in tps if ends[tp] > 0}
+        left = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in sorted(left)])
         while left:
-            batch = await consumer.getmany(*left, timeout_ms=1000)
-            for tp, msgs in batch.items():
-                for m in msgs:
-                    n += 1
-                    if m.key is not None:
-                        heads = tuple((k, bytes(v)) for k, v in m.headers or ())
-                        last[m.key] = Logged(tp.partition, m.key, m.value, heads)
-                    if m.offset + 1 >= ends[tp]:
-                        left.discard(tp)
+            for m in take(consumer, 10_000, 1.0):
+                if m.error() is not None:
+                    continue
+                n += 1
+                key, part = m.key(), m.partition()
+                if key is not None and part is not None:
+                    got = m.headers() or []
+                    pairs = got.items() if isinstance(got, dict) else got
+                    heads = tuple((k, as_bytes(v)) for k, v in pairs)
+                    last[key] = Logged(part, key, m.value(), heads)
+            # done on the position, not a record: it passes what is never handed out
+            for tp in consumer.position([TopicPartition(topic, p) for p in sorted(left)]):
+                if tp.offset >= ends[tp.partition]:
+                    left.discard(tp.partition)
     finally:
-        await consumer.stop()
+        consumer.close()
     return last, n
 
 
+def as_bytes(value: str | bytes | None) -> bytes:
+    return value.encode() if isinstance(value, str) else (value or b"")
+
+
+def tps_of(topic: str) -> list[tuple[str, int]]:
+    return [(topic, p) for p in range(PARTITIONS)]
+
+
 async def changelog_size(bootstrap: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        return int(sum((await consumer.end_offsets(tps)).values()))
-    finally:
-        await consumer.stop()
+    """Records on ``topic``: the sum of its end offsets."""
+    ends = await asyncio.to_thread(high_watermarks, bootstrap, tps_of(topic))
+    return sum(ends.values())
 
 
 def kind(key: bytes, value: bytes | None) -> str:
-    """``in/done``, ``out/sent+published``...: a journal record's sort and state."""
-    sort = key.decode(errors="replace").rsplit("/", 2)[-2] if b"/" in key else "?"
+    """``in/done``, ``out/sent+published``, ``log``...: a journal record's sort (the key's
+    part after the scope) and state (a message-log entry has none)."""
+    sort = key.decode(errors="replace").split("/")[1] if b"/" in key else "?"
     if value is None:
         return f"{sort}/(deleted)"
     r = msgspec.json.decode(value).get("r", {})
-    state = str(r.get("state", "?"))
+    if "state" not in r:
+        return sort
+    state = str(r["state"])
     if "published" in r:
         state += "+published" if r["published"] else "+unpublished"
     return f"{sort}/{state}"
 
 
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``, librdkafka's
+    ``murmur2_random`` partitioner on a keyed record), as an unsigned 32-bit value."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    length = len(data)
+    h = (0x9747B28C ^ length) & mask
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = length - length % 4
+    extra = length % 4
+    if extra == 3:
+        h ^= data[tail + 2] << 16
+    if extra >= 2:
+        h ^= data[tail + 1] << 8
+    if extra >= 1:
+        h ^= data[tail]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    return h ^ (h >> 15)
+
+
 def partition_of(chat: str) -> int:
     """The inbound partition of a chat: Kafka's default partitioner (murmur2) on its key."""
-    return int(murmur2(chat_key(chat)) & 0x7FFFFFFF) % PARTITIONS
+    return (murmur2(chat_key(chat)) & 0x7FFFFFFF) % PARTITIONS
 
 
 Part = bytes | str  # literal bytes, or the name of a slot filled per clone
@@ -348,6 +411,14 @@ class Template:
     headers: tuple[tuple[str, bytes], ...]
     times: dict[str, float]  # slot -> the template's time
     fp_text: str | None  # the text of the send whose fingerprint is in the value
+    #: slot -> the template's time in its key (a message-log entry's, ``key_time``)
+    key_times: dict[str, float] = field(default_factory=dict)
+
+
+def key_time(t: float) -> bytes:
+    """A time as a message-log key holds it: microseconds, 17 digits
+    (``botmesh.state.message_log.position_of``)."""
+    return f"{max(round(t * 1_000_000), 0):017d}".encode()
 
 
 def make_template(rec: Logged, tpl_id: str, tpl_chat: str, now: float) -> Template:
@@ -358,12 +429,16 @@ def make_template(rec: Logged, tpl_id: str, tpl_chat: str, now: float) -> Templa
     found: set[float] = set()
     timestamps(stored, now, found)
     times: dict[str, float] = {}
+    key_times: dict[str, float] = {}
     for k, t in enumerate(sorted(found)):
         text = msgspec.json.encode(t)
         if text not in rec.value:
             raise SystemExit(f"template {rec.key!r}: time {t!r} not found as {text!r}")
         needles[text] = f"t{k}"
         times[f"t{k}"] = t
+        if key_time(t) in rec.key:  # a message-log entry: its key sorts by its time
+            needles[key_time(t)] = f"k{k}"
+            key_times[f"k{k}"] = t
     fp_text = None
     if isinstance(r.get("fp"), str) and isinstance(r.get("payload"), dict):
         text = r["payload"].get("text")
@@ -383,6 +458,7 @@ def make_template(rec: Logged, tpl_id: str, tpl_chat: str, now: float) -> Templa
         rec.headers,
         times,
         fp_text,
+        key_times,
     )
 
 
@@ -452,6 +528,8 @@ async def seed(
             for tpl in templates:
                 for slot, t in tpl.times.items():
                     slots[slot] = msgspec.json.encode(t - age)
+                for slot, t in tpl.key_times.items():
+                    slots[slot] = key_time(t - age)
                 if tpl.fp_text is not None:
                     fp = fps.get((c, tpl.fp_text))
                     if fp is None:
@@ -486,50 +564,67 @@ async def produce(
 ) -> tuple[int, float]:
     """Produce ``recs`` (partition, key, value, headers) in batches of up to 1 MB per
     partition, acks=all; (records produced, seconds spent making them)."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", max_batch_size=1_000_000, linger_ms=50
+    return await asyncio.to_thread(_produce, bootstrap, topic, recs)
+
+
+def _produce(
+    bootstrap: str,
+    topic: str,
+    recs: Iterator[tuple[int, bytes, bytes, tuple[tuple[str, bytes], ...]]],
+) -> tuple[int, float]:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
+        }
     )
-    await producer.start()
+    failed: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            failed.append(err)
+
     n = 0
     gen = 0.0
-    try:
-        batches = {p: producer.create_batch() for p in range(PARTITIONS)}
-        flying: list[asyncio.Future[Any]] = []
+    while True:
         t = time.monotonic()
-        for p, key, value, headers in recs:
-            n += 1
-            batch = batches[p]
-            if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is None:
-                gen += time.monotonic() - t
-                batch.close()
-                flying.append(await producer.send_batch(batch, topic, partition=p))
-                batches[p] = batch = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None, headers=list(headers))
-                if len(flying) >= 32:
-                    await asyncio.gather(*flying)
-                    flying.clear()
-                t = time.monotonic()
+        rec = next(recs, None)
         gen += time.monotonic() - t
-        for p, batch in batches.items():
-            if batch.record_count():
-                batch.close()
-                flying.append(await producer.send_batch(batch, topic, partition=p))
-        await asyncio.gather(*flying)
-    finally:
-        await producer.stop()
+        if rec is None:
+            break
+        p, key, value, headers = rec
+        n += 1
+        while True:
+            try:
+                producer.produce(
+                    topic, value, key, partition=p, headers=list(headers), on_delivery=delivered
+                )
+                break
+            except BufferError:  # the local queue is full: let the acks drain it
+                producer.poll(0.05)
+        if failed:
+            break
+    left = producer.flush(300.0)
+    if failed:
+        raise SystemExit(f"{topic}: a record was not produced: {failed[0]}")
+    if left:
+        raise SystemExit(f"{topic}: {left} records not acked within 300 s")
     return n, gen
 
 
 async def delete_topics(bootstrap: str, prefix: str) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        names = [t for t in await admin.list_topics() if t.startswith(f"{prefix}.")]
+    def delete() -> list[str]:
+        admin = admin_client(bootstrap)
+        names = [t for t in admin.list_topics(timeout=10.0).topics if t.startswith(f"{prefix}.")]
         if names:
-            await admin.delete_topics(names)
+            for future in admin.delete_topics(names, operation_timeout=30).values():
+                future.result(60)
         return names
-    finally:
-        await admin.close()
+
+    return await asyncio.to_thread(delete)
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -581,7 +676,7 @@ async def run(bootstrap: str, broker_pid: int | None, tmp: Path, plan: Plan) -> 
             tpl_id, tpl_chat = f"tpl{tag}I", f"tpl{tag}C"
             rid, key, value = template_record(tpl_id, tpl_chat)
             mark = len(side.output.seen)
-            await bench.producer.send_and_wait(cat.inbound, value, key=key)
+            await bench.send_all(cat.inbound, [(rid, key, value)])
             await side.output.collect(mark, lambda s: s.id == rid, 1, side.alive, 60.0)
             empty.rate = await throughput(bench, side, plan, f"te{tag}")
             print(
@@ -615,8 +710,9 @@ async def run(bootstrap: str, broker_pid: int | None, tmp: Path, plan: Plan) -> 
 
             full = await start_worker(bench, side, f"f{tag}", long)
             print(
-                f"2. start on the seeded journal (same instance id and data dir: Faust restores "
-                f"the {s.produced} seeded records into it): first reply {full.first_reply:.1f} s"
+                f"2. start on the seeded journal (same instance id and data dir: the worker "
+                f"restores the {s.produced} seeded records its RocksDB lacks): first reply "
+                f"{full.first_reply:.1f} s"
                 f"\n   ({full.phases()}); RSS {full.rss:.0f} MiB (peak {full.peak:.0f})"
             )
             full.idle_pct = await idle_cpu(side, plan.idle)
@@ -643,25 +739,24 @@ async def run(bootstrap: str, broker_pid: int | None, tmp: Path, plan: Plan) -> 
             held = await changelog_size(bootstrap, changelog_topic(cat))
             shutil.rmtree(data)
             fresh = await start_worker(bench, side, f"w{tag}", long)
-            until = fresh.loaded if fresh.loaded is not None else fresh.first_reply
-            rate = held / until
-            window = (
-                fresh.restore_done - fresh.restore_from
-                if fresh.restore_done is not None and fresh.restore_from is not None
-                else None
-            )
-            if fresh.ahead:  # the worker's own reader did (nearly) all of it
-                faust = (
-                    f"the worker's reader {fresh.ahead} records at "
-                    f"{fresh.ahead / max(fresh.ahead_s, 1e-3):.0f} records/s"
+            if fresh.restored is not None:  # the worker's own count of what it read
+                read, until = fresh.read, fresh.restored
+            else:  # no "restored" line: every record on the changelog, to the first reply
+                read, until = held, fresh.first_reply
+            rate = read / until
+            if fresh.restored is not None and fresh.started is not None:
+                span = max(until - fresh.started, 1e-3)
+                window = (
+                    f"{read / span:.0f} records/s from the runtime started, {span:.1f} s "
+                    "(the process's start-up left out)"
                 )
             else:
-                faust = f"Faust's read alone {held / window:.0f} records/s" if window else "-"
+                window = "no restore window: log lines missing"
             print(
                 f"4. restore (SIGKILL, empty data dir, same instance id; {held} changelog "
                 f"records): first reply {fresh.first_reply:.1f} s\n   ({fresh.phases()}); "
-                f"{rate:.0f} records/s to the journal loaded ({faust}); RSS "
-                f"{fresh.rss:.0f} MiB (peak {fresh.peak:.0f})"
+                f"{rate:.0f} records/s from the start to the journal restored ({read} records "
+                f"in {until:.1f} s; {window}); RSS {fresh.rss:.0f} MiB (peak {fresh.peak:.0f})"
             )
             rows = [
                 ("throughput seeded/empty", f"{ratio:.2f}", f">= {TARGET_RATIO}", ratio >= 0.9),

@@ -12,10 +12,9 @@
 ``--chats``) and produces
 one record per input with acks=all, in a child process:
 
-- ``aiokafka``: a bare consume->produce loop (getmany -> send each -> wait for the acks ->
-  commit), no decoding, no journal;
-- ``faust/event``: a bare per-event Faust agent with the worker's app settings
-  (at_least_once, acks=all): ``async for event in stream.events()``, one send per event;
+- ``confluent``: a bare consume->produce loop on confluent-kafka, the client (librdkafka)
+  the worker runs on (take what has come, up to 1,000 records -> ``produce`` each -> ``flush``:
+  wait for the acks -> ``commit``), no decoding, no journal (``bench/_worker_baselines.py``);
 - ``quix``: what a user would pick instead of botmesh, a stateful Quix Streams application
   (``bench/quix_side.py``, in its own venv ``.venv-quix``: ``make quix-venv``; quixstreams
   cannot share botmesh's confluent-kafka): per record, a stateful filter drops it if its
@@ -33,13 +32,12 @@ one record per input with acks=all, in a child process:
   the worker's default journal), ``file`` (a file journal with an append log in its data
   dir, the default before the journal on Kafka) or a URL; ``@LEVEL`` adds ``--loglevel``,
   ``+eos`` (before ``@LEVEL``) runs that worker ``exactly_once`` (``--guarantee``),
-  ``+rd`` runs it on the runtime being built on librdkafka (``BOTMESH_RUNTIME``),
   ``+metrics`` serves ``/metrics`` (``--http-port 0``: its histograms fed on the hot path)
   and ``+json`` logs JSON (``BOTMESH_LOG_FORMAT=json``); a side with either is compared
   with the same worker without them in the same run (CPU per record, target a cost under
   5 %): ``--journal default --journal default+metrics+json``;
   ``unjournaled`` runs the worker on an in-memory journal, which the worker itself refuses
-  (throughput and latency only): what a record costs around the journal (Faust, the
+  (throughput and latency only): what a record costs around the journal (the consumer, the
   engine, the receipt), to tell the journal's share from the rest. Per record: inbound
   journaled, handler, send journaled before the mock provider is called and recorded
   after, receipt produced to ``<prefix>.sent`` and recorded published, inbound marked done;
@@ -47,13 +45,17 @@ one record per input with acks=all, in a child process:
   both guarantees in the same run, and prints the per-round median of exactly_once /
   at_least_once (target >= 0.85).
 
+Every worker side runs the worker's runtime on librdkafka (``botmesh/streams/worker/``): its
+environment is the bench's without any ``BOTMESH_`` variable. ``+rd``, which picked that
+runtime when Faust's was the default, is still accepted and changes nothing.
+
 Figures (ratios matter: the machine is noisy; every side runs in the same run):
 
 1. throughput, records/s: each side warmed (one record through it), then N records (4N for
-   the aiokafka loop and quix, so that their runs are not blips) produced at once; the clock
+   the confluent loop and quix, so that their runs are not blips) produced at once; the clock
    runs from the first send to the last output record seen. ``--rounds`` rounds, sides interleaved;
-   the median per side and of the per-round ratios worker/aiokafka (target >= 0.5),
-   worker/faust-event (target >= 3) and worker/quix (an at_least_once worker: target >= 1).
+   the median per side and of the per-round ratios worker/confluent (target >= 0.5) and
+   worker/quix (an at_least_once worker: target >= 1).
    Per record: CPU of the child (all its threads: librdkafka's count) and of the broker (when
    it is the local ``kafka.sh`` one), from /proc, and the records each side wrote to its
    topics per inbound (a worker: receipts, changelog; quix: replies and its changelog,
@@ -61,7 +63,7 @@ Figures (ratios matter: the machine is noisy; every side runs in the same run):
    writes there is in);
 2. added latency: records paced at half the first worker's median rate, p50/p99/max from the
    send call to the output record (for a worker: the receipt) seen by the bench's consumer,
-   every side at the same rate;
+   every side at the same rate, and each side's minus the confluent loop's;
 3. restart to first reply: SIGKILL a worker (a static group member: ``--instance-id``) while
    records trickle in (50/s), restart it with the same command, and time from the restart
    (and from the kill) to the first receipt the new process produced (target <= 5 s); then
@@ -81,6 +83,9 @@ with calls, own and cumulative microseconds per record (cProfile counts every re
 coroutine as a call; the wait in ``epoll`` is idle time; threads, such as the file journal's
 fsyncs, are not profiled).
 
+The bench's own clients (its producer, the consumers that tail the output topics, the end
+offsets) are confluent-kafka's too.
+
 Broker: ``KAFKA_BOOTSTRAP_SERVERS``, else the local Kafka of ``deploy/kafka/kafka.sh``
 (``KAFKA_PORT``, ``KAFKA_DATA_DIR``; started and stopped here if it is not running).
 """
@@ -91,6 +96,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import pstats
@@ -100,6 +106,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -109,13 +116,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]  # noqa: E402
 
-from botmesh.examples.demo import stop_process, worker_command  # noqa: E402
 from botmesh.state.errors import BadRecord  # noqa: E402
 from botmesh.state.messages import Inbound  # noqa: E402
 from botmesh.streams.config import KAFKA_JOURNAL, WorkerConfig  # noqa: E402
-from botmesh.streams.ops.tools import end_offsets  # noqa: E402
 from botmesh.streams.provision import ensure_topics  # noqa: E402
 from botmesh.topics import Catalog, chat_key, encode_inbound  # noqa: E402
 from botmesh.topics.dead_letters import redact  # noqa: E402
@@ -135,8 +141,7 @@ PROVIDER_DELAY = 0.05
 #: The worker's default ``BOTMESH_IN_FLIGHT``: records taken and not settled at most.
 IN_FLIGHT = 1000
 START_TIMEOUT = 120.0
-TARGET_VS_AIOKAFKA = 0.5
-TARGET_VS_FAUST = 3.0
+TARGET_VS_LOOP = 0.5
 TARGET_VS_QUIX = 1.0
 #: Quix's default ``commit_interval``, s: offsets, state and changelog written so often
 QUIX_CHECKPOINT = 5.0
@@ -146,12 +151,14 @@ TARGET_RESTART = 5.0
 UNJOURNALED = "unjournaled"
 #: The bot every worker side runs.
 APP = "botmesh.examples.echo_bot:bot"
-#: The baseline sides, by name.
-AIOKAFKA = "aiokafka"
-FAUST_EVENT = "faust/event"
+#: The baseline sides, by name: the bare confluent-kafka loop, the Quix Streams app.
+LOOP = "confluent"
 QUIX = "quix"
 #: Target of worker/baseline, records/s (for quix: an at_least_once worker's).
-TARGETS = {AIOKAFKA: TARGET_VS_AIOKAFKA, FAUST_EVENT: TARGET_VS_FAUST, QUIX: TARGET_VS_QUIX}
+TARGETS = {LOOP: TARGET_VS_LOOP, QUIX: TARGET_VS_QUIX}
+#: Added to every child's environment (``child_env`` drops every ``BOTMESH_`` variable of
+#: the bench's own first).
+WORKER_ENV: dict[str, str] = {}
 
 
 # -- records --------------------------------------------------------------------------------
@@ -223,7 +230,24 @@ def broker() -> tuple[str, bool, int | None]:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOTMESH_")}
-    return {**env, "PYTHONUNBUFFERED": "1", "BOTMESH_CONSOLE_QUIET": "1", **extra}
+    return {**env, "PYTHONUNBUFFERED": "1", "BOTMESH_CONSOLE_QUIET": "1", **WORKER_ENV, **extra}
+
+
+def worker_command(*options: str, app: str = APP) -> list[str]:
+    """``python -m botmesh worker --app APP OPTIONS``: the worker as a user runs it."""
+    return [sys.executable, "-m", "botmesh", "worker", "--app", app, *options]
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child the bench started, SIGKILL it after 60 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -240,6 +264,136 @@ def log_tail(log: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+# -- Kafka: confluent-kafka clients -------------------------------------------------------
+
+
+@functools.cache
+def admin_client(bootstrap: str) -> AdminClient:
+    """One admin client per broker for the whole run (thread-safe; made once, not per call)."""
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def partitions_of(
+    bootstrap: str, topic: str, want: int = PARTITIONS, within: float = 10.0
+) -> list[int]:
+    """The partitions of ``topic`` the broker lists; asked again for up to ``within`` s while
+    fewer than ``want`` (a topic just created: its metadata can lag a moment)."""
+    admin = admin_client(bootstrap)
+    deadline = time.monotonic() + within
+    while True:
+        listed = admin.list_topics(topic, timeout=10.0).topics.get(topic)
+        parts = sorted(listed.partitions) if listed is not None and listed.error is None else []
+        if len(parts) >= want or time.monotonic() >= deadline:
+            return parts
+        time.sleep(0.1)
+
+
+def high_watermarks(
+    bootstrap: str, tps: Sequence[tuple[str, int]], within: float = 30.0
+) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> its high watermark: the end of everything written, committed or
+    not (``read_uncommitted``), as the sum of a side's writes wants it. A partition whose
+    leader is not there yet (a topic just created) is asked again for up to ``within`` s."""
+    admin = admin_client(bootstrap)
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    deadline = time.monotonic() + within
+    ends: dict[tuple[str, int], int] = {}
+    asked = [TopicPartition(t, p) for t, p in tps]
+    while asked:
+        futures = admin.list_offsets(dict.fromkeys(asked, latest), request_timeout=within)
+        failed: list[tuple[TopicPartition, Exception]] = []
+        for tp, future in futures.items():
+            try:
+                ends[(tp.topic, tp.partition)] = int(future.result(within).offset)
+            except Exception as exc:
+                failed.append((tp, exc))
+        if failed and (
+            not all(leader_moving(e) for _, e in failed) or time.monotonic() >= deadline
+        ):
+            tp, refused = failed[0]
+            raise SystemExit(f"end offset of {tp.topic} partition {tp.partition}: {refused}")
+        asked = [tp for tp, _ in failed]
+        if asked:
+            time.sleep(0.1)
+    return ends
+
+
+#: Errors an end offset asked again a moment later gets past (a topic just created).
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def leader_moving(exc: BaseException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADER_MOVING)
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Partition -> high watermark of ``topic``."""
+
+    def ask() -> dict[int, int]:
+        parts = partitions_of(bootstrap, topic)
+        ends = high_watermarks(bootstrap, [(topic, p) for p in parts])
+        return {p: end for (_, p), end in ends.items()}
+
+    return await asyncio.to_thread(ask)
+
+
+#: Keyed records partitioned as Java's clients, the gateway and the worker do
+#: (murmur2 of the key); librdkafka's own default (``consistent_random``, CRC32) differs.
+PARTITIONER = {"partitioner": "murmur2_random"}
+
+
+class Sender:
+    """The bench's producer (acks=all, linger 5 ms, keys by murmur2): ``produce`` queues a
+    record, ``flush`` waits for every ack so far (in a thread; a failed delivery ends the
+    run)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, **PARTITIONER}
+        )
+        self._failed: list[KafkaError] = []
+
+    def _delivered(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._failed.append(err)
+
+    def produce(self, topic: str, key: bytes, value: bytes) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=self._delivered)
+                break
+            except BufferError:  # the local queue is full: serve the acks first
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    async def flush(self) -> None:
+        left = await asyncio.to_thread(self._producer.flush, 60.0)
+        if left:
+            raise SystemExit(f"bench producer: {left} records not acked within 60 s")
+        if self._failed:
+            raise SystemExit(f"bench producer: a delivery failed: {self._failed[0]}")
+
+    def close(self) -> None:
+        self._producer.flush(10.0)
+
+
+def take(consumer: Consumer, most: int, timeout: float) -> list[Message]:
+    """What the consumer has, up to ``most`` records, as soon as there is one;
+    ``consume(most, timeout)`` alone waits out ``timeout`` unless ``most``
+    came, which would add up to ``timeout`` to every record's latency."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(most - 1, 0)]
+
+
 # -- output topics --------------------------------------------------------------------------
 
 
@@ -251,53 +405,59 @@ class Seen:
 
 
 class Tail:
-    """Reads one output topic from its end for the whole run; ``seen`` grows."""
+    """Reads one output topic from its end for the whole run (a confluent-kafka consumer in
+    a thread of its own, ``read_uncommitted``, no group); ``seen`` grows."""
 
     def __init__(self, bootstrap: str, topic: str, decode: Callable[[bytes | None], str]):
         self.bootstrap, self.topic, self.decode = bootstrap, topic, decode
         self.seen: list[Seen] = []
         self.changed = asyncio.Event()
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     async def start(self) -> None:
         start = await end_offsets(self.bootstrap, self.topic)
-        for _ in range(100):  # a topic just created: its metadata can lag a moment
-            if len(start) >= PARTITIONS:
-                break
-            await asyncio.sleep(0.1)
-            start = await end_offsets(self.bootstrap, self.topic)
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=50
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"bench-tail-{uuid.uuid4().hex[:8]}",  # never joined: assigned
+                "enable.auto.commit": False,
+                "isolation.level": "read_uncommitted",
+                "fetch.wait.max.ms": 50,
+            }
         )
-        await consumer.start()
-        tps = [TopicPartition(self.topic, p) for p in sorted(start)]
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, start[tp.partition])
-        self._consumer = consumer
-        self._task = asyncio.ensure_future(self._run(consumer))
+        consumer.assign([TopicPartition(self.topic, p, start[p]) for p in sorted(start)])
+        loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(consumer, loop), name=f"tail {self.topic}", daemon=True
+        )
+        self._thread.start()
 
-    async def _run(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
-            batch = await consumer.getmany(timeout_ms=100, max_records=5000)
-            now = time.monotonic()
-            for msgs in batch.values():
-                for m in msgs:
+    def _run(self, consumer: Consumer, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = take(consumer, 5000, 0.1)
+                now = time.monotonic()
+                got = False
+                for m in batch:
+                    if m.error() is not None:  # end of a partition, a broker hiccup: read on
+                        continue
                     try:
-                        rid = self.decode(m.value)
+                        rid = self.decode(m.value())
                     except BadRecord:
                         rid = ""
-                    self.seen.append(Seen(now, m.timestamp / 1000.0, rid))
-            if batch:
-                self.changed.set()
+                    self.seen.append(Seen(now, m.timestamp()[1] / 1000.0, rid))
+                    got = True
+                if got:
+                    with contextlib.suppress(RuntimeError):  # the loop closed: the run is over
+                        loop.call_soon_threadsafe(self.changed.set)
+        finally:
+            consumer.close()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
 
     async def collect(
         self,
@@ -375,25 +535,26 @@ class Bench:
     def __init__(self, bootstrap: str, broker_pid: int | None) -> None:
         self.bootstrap = bootstrap
         self.broker_pid = broker_pid
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Sender | None = None
 
     async def __aenter__(self) -> Bench:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
-        await self._producer.start()
+        self._producer = Sender(self.bootstrap)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._producer is not None:
-            await self._producer.stop()
+            await asyncio.to_thread(self._producer.close)
 
     @property
-    def producer(self) -> AIOKafkaProducer:
+    def producer(self) -> Sender:
         assert self._producer is not None
         return self._producer
 
     async def send_all(self, topic: str, recs: Sequence[tuple[str, bytes, bytes]]) -> None:
-        futs = [await self.producer.send(topic, v, key=k) for _, k, v in recs]
-        await asyncio.gather(*futs)
+        """Produce ``recs`` (id, key, value) at once, then wait for their acks."""
+        for _, key, value in recs:
+            self.producer.produce(topic, key, value)
+        await self.producer.flush()
 
     async def start(self, side: Side, warm_run: str) -> None:
         side.tail = Tail(self.bootstrap, side.cat.sent, side.decode)
@@ -435,15 +596,14 @@ class Bench:
     ) -> dict[str, float]:
         """Send ``recs`` at ``rate`` per second; the monotonic send time per id."""
         sent_at: dict[str, float] = {}
-        futs = []
         t0 = time.monotonic()
         for i, (rid, key, value) in enumerate(recs):
             delay = t0 + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             sent_at[rid] = time.monotonic()
-            futs.append(await self.producer.send(topic, value, key=key))
-        await asyncio.gather(*futs)
+            self.producer.produce(topic, key, value)
+        await self.producer.flush()
         return sent_at
 
     async def latency(self, side: Side, rate: float, seconds: float, run: str) -> list[float]:
@@ -470,7 +630,7 @@ class Bench:
             i = 0
             while not stop.is_set():
                 rid, key, value = record(run, i)
-                await self.producer.send(side.cat.inbound, value, key=key)
+                self.producer.produce(side.cat.inbound, key, value)
                 sent.append(rid)
                 i += 1
                 await asyncio.sleep(1.0 / rate)
@@ -535,8 +695,8 @@ def is_eos(side: Side) -> bool:
 #: A ``--journal`` value ending so (before ``@LEVEL``, in any order with ``+eos``) serves
 #: ``/metrics`` (``--http-port 0``: the histograms fed) / logs JSON (``BOTMESH_LOG_FORMAT``).
 METRICS_SUFFIX, JSON_SUFFIX = "+metrics", "+json"
-#: A ``--journal`` value ending so (in any order with the others) runs its worker on the
-#: runtime being built on librdkafka (``BOTMESH_RUNTIME=librdkafka``; issue 38).
+#: Accepted (in any order with the others) and ignored: it ran a worker on the runtime on
+#: librdkafka when Faust's was the default; every worker side runs on it now.
 RD_SUFFIX = "+rd"
 #: What metrics and JSON logs may cost on the hot path: CPU per record against the same
 #: worker without them, same run.
@@ -614,9 +774,8 @@ def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
     logs = ["--loglevel", level] if at else []
     suffix = f"; --loglevel {level}" if at else ""
     while spec.endswith((EOS_SUFFIX, METRICS_SUFFIX, JSON_SUFFIX, RD_SUFFIX)):
-        if spec.endswith(RD_SUFFIX):  # the env var is set by the caller
+        if spec.endswith(RD_SUFFIX):  # a no-op now: every worker runs on librdkafka
             spec = spec.removesuffix(RD_SUFFIX)
-            suffix += "; on librdkafka"
         elif spec.endswith(EOS_SUFFIX):  # the worker under exactly_once
             spec = spec.removesuffix(EOS_SUFFIX)
             logs += ["--guarantee", "exactly_once"]
@@ -638,20 +797,18 @@ def journal_option(value: str, data_dir: Path) -> tuple[str, list[str]]:
 async def topic_writes(bootstrap: str, cat: Catalog, also: Sequence[str] = ()) -> int:
     """Records on every topic of ``cat`` but its inbound, and on the topics whose names start
     with one of ``also`` (the sum of the end offsets)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        metadata = await consumer._client.fetch_all_metadata()
+
+    def ask() -> int:
+        topics = admin_client(bootstrap).list_topics(timeout=10.0).topics
         tps = [
-            TopicPartition(topic, p)
-            for topic in metadata.topics()
-            if topic.startswith((f"{cat.prefix}.", *also)) and topic != cat.inbound
-            for p in metadata.partitions_for_topic(topic) or ()
+            (name, p)
+            for name, meta in topics.items()
+            if name.startswith((f"{cat.prefix}.", *also)) and name != cat.inbound
+            for p in meta.partitions
         ]
-        ends = await consumer.end_offsets(tps) if tps else {}
-        return int(sum(ends.values()))
-    finally:
-        await consumer.stop()
+        return sum(high_watermarks(bootstrap, tps).values())
+
+    return await asyncio.to_thread(ask)
 
 
 def quix_version() -> str:
@@ -676,26 +833,17 @@ def quix_version() -> str:
 
 
 def baseline_sides(bootstrap: str, tmp: Path, tag: str, *, quix: bool) -> list[Side]:
-    """The bare baselines (aiokafka, faust/event) and, with ``quix``, the Quix Streams app."""
+    """The bare confluent-kafka loop and, with ``quix``, the Quix Streams app."""
     py = sys.executable
-    acat = catalog(f"bwaio{tag}", bootstrap)
-    fcat = catalog(f"bwfev{tag}", bootstrap)
-    fdata = str(tmp / "faust-event")
+    lcat = catalog(f"bwcfk{tag}", bootstrap)
     sides = [
         Side(
-            AIOKAFKA,
-            acat,
-            [py, str(BASELINES), "aiokafka", bootstrap, acat.inbound, acat.sent, acat.group],
-            tmp / "aiokafka.log",
+            LOOP,
+            lcat,
+            [py, str(BASELINES), "confluent", bootstrap, lcat.inbound, lcat.sent, lcat.group],
+            tmp / "confluent.log",
             copied_id,
             scale=4,
-        ),
-        Side(
-            FAUST_EVENT,
-            fcat,
-            [py, str(BASELINES), "faust", bootstrap, fcat.inbound, fcat.sent, fcat.app_id, fdata],
-            tmp / "faust-event.log",
-            copied_id,
         ),
     ]
     if quix:
@@ -761,9 +909,7 @@ async def run_bench(
             cmd = worker_command(*args, *options)
         flags = spec.partition("@")[0]
         extra = {"BOTMESH_LOG_FORMAT": "json"} if JSON_SUFFIX in flags else {}
-        if RD_SUFFIX in flags:
-            extra["BOTMESH_RUNTIME"] = "librdkafka"
-        env = child_env(**extra) if extra else None
+        env = child_env(**extra)
         side = Side(name, cat, cmd, tmp / f"{name}.log", receipt_id, env)
         workers.append(side)
         data_dirs[name] = data
@@ -930,13 +1076,13 @@ async def latencies(bench: Bench, sides: Sequence[Side], rate: float, plan: Plan
             f"  {side.name:<12} p50 {ms(pct(v, 0.5))}  p99 {ms(pct(v, 0.99))}  "
             f"max {ms(max(v))}  ({len(v)} records)"
         )
-    base = lat[AIOKAFKA]
+    base = lat[LOOP]
     for side in sides:
-        if side.name in (AIOKAFKA, FAUST_EVENT):
+        if side.name == LOOP:
             continue
         v = lat[side.name]
         print(
-            f"  {side.name} minus aiokafka: p50 {ms(pct(v, 0.5) - pct(base, 0.5))}  "
+            f"  {side.name} minus the {LOOP} loop: p50 {ms(pct(v, 0.5) - pct(base, 0.5))}  "
             f"p99 {ms(pct(v, 0.99) - pct(base, 0.99))}"
         )
 
@@ -990,6 +1136,16 @@ async def slow_provider(
 # -- profile --------------------------------------------------------------------------------
 
 
+def package_of_call(filename: str, func: str) -> str:
+    """``package_of``, C functions (cProfile's ``~``) told apart: librdkafka's (the
+    confluent-kafka client), the wait in ``epoll``, the rest."""
+    if filename != "~":
+        return package_of(filename)
+    if "cimpl." in func:
+        return "confluent_kafka (C)"
+    return "waiting (epoll)" if "epoll" in func else "builtins"
+
+
 def package_of(filename: str) -> str:
     path = filename.replace("\\", "/")
     for marker in ("site-packages/", "/lib/python3"):
@@ -1009,8 +1165,9 @@ def print_profile(path: Path, n: int, top: int = 30) -> None:
     table = stats.stats  # type: ignore[attr-defined]
     by_pkg: dict[str, float] = {}
     total = 0.0
-    for (filename, _, _), (_, _, tt, _, _) in table.items():
-        by_pkg[package_of(filename)] = by_pkg.get(package_of(filename), 0.0) + tt
+    for (filename, _, func), (_, _, tt, _, _) in table.items():
+        pkg = package_of_call(filename, func)
+        by_pkg[pkg] = by_pkg.get(pkg, 0.0) + tt
         total += tt
     print(f"  profiled time {total:.2f} s over {n} records = {total / n * 1e6:.0f} us/record")
     print("  by package (own time):")
@@ -1019,7 +1176,7 @@ def print_profile(path: Path, n: int, top: int = 30) -> None:
     rows = sorted(table.items(), key=lambda kv: -kv[1][2])[:top]
     print(f"  top {top} functions by own time (calls/record, own us/record, cumulative us/record):")
     for (filename, line, func), (_, nc, tt, ct, _) in rows:
-        where = f"{package_of(filename)}:{Path(filename).name}:{line}({func})"
+        where = f"{package_of_call(filename, func)}:{Path(filename).name}:{line}({func})"
         print(f"    {nc / n:7.2f} {tt / n * 1e6:8.1f} {ct / n * 1e6:9.1f}  {where}")
     wanted = ("fsync", "write", "send", "put", "handle", "run_batch", "commit", "flush")
     rows = sorted(table.items(), key=lambda kv: -kv[1][3])

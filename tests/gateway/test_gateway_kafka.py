@@ -38,6 +38,7 @@ from tests.gateway.kit import (
     slack_headers,
     slack_message,
 )
+from tests.murmur2 import java_partition, murmur2
 
 pytestmark = pytest.mark.kafka
 
@@ -170,14 +171,28 @@ async def test_the_same_event_at_once_is_produced_once(
     assert gw.counts["probe"]["duplicates"] == 8
 
 
-async def test_a_chat_goes_to_the_partition_aiokafka_and_java_put_it_on(
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [  # Kafka's own vectors: UtilsTest.testMurmur2 (clients/src/test/java/.../utils)
+        (b"21", -973932308),
+        (b"foobar", -790332482),
+        (b"a-little-bit-long-string", -985981536),
+        (b"a-little-bit-longer-string", -1486304829),
+        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+        (b"abc", 479470107),
+    ],
+)
+def test_the_murmur2_reference_gives_kafka_s_own_hashes(data: bytes, expected: int) -> None:
+    """``tests/murmur2.py``, the reference every partition test compares with."""
+    assert murmur2(data) == expected
+
+
+async def test_a_chat_goes_to_the_partition_java_puts_it_on(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     """librdkafka's default partitioner (consistent_random) puts a key elsewhere than
-    Java's and aiokafka's producers (murmur2): the gateway's records of a chat must land
-    where the other clients put that chat's records, or its turns would split."""
-    from aiokafka.partitioner import DefaultPartitioner  # the comparison only
-
+    Java's producer (murmur2): the gateway's records of a chat must land where the other
+    clients put that chat's records, or its turns would split."""
     cat = Catalog(topic_prefix)
     ensure_topics(kafka_bootstrap, cat.specs(partitions=7))
     chats = [f"chat-{n}" for n in range(60)] + ["C0CHAT", "+4915112345678", "ü-chat"]
@@ -186,11 +201,9 @@ async def test_a_chat_goes_to_the_partition_aiokafka_and_java_put_it_on(
         status, _ = await _post(f"{url}/probe", body, probe_headers(body))
         records = await read_topic(kafka_bootstrap, cat.inbound)
     assert status == 200
-    murmur2 = DefaultPartitioner()
     where = {decode_inbound(r.value).chat_id: r.partition for r in records}
     assert sorted(where) == sorted(chats)
-    partitions = list(range(7))
-    assert where == {c: murmur2(chat_key(c), partitions, partitions) for c in chats}
+    assert where == {c: java_partition(chat_key(c), 7) for c in chats}
     assert len(set(where.values())) == 7  # spread: a constant partition would pass nothing
 
 

@@ -45,9 +45,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from botmesh.state.messages import Inbound, Receipt
+from botmesh.streams.clients import reader, wait_topic
 from botmesh.streams.ops.tools import demo_records
 from botmesh.topics import decode_inbound, decode_receipt
 
@@ -396,40 +397,58 @@ class Tally:
     receipts: list[Receipt] = field(default_factory=list)
     dead_lettered: set[str] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     async def start(self) -> Tally:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
-        await consumer.start()
-        tps = [
-            TopicPartition(t, p)
+        """Follow both topics from their beginning (read_committed): a thread reads, and
+        hands each batch over to the event loop (the figures change on the loop only)."""
+        parts = {
+            t: await asyncio.to_thread(_partitions, self.bootstrap, t)
             for t in (self.sent_topic, self.dlq_topic)
-            for p in await _partitions(consumer, t)
-        ]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        self._task = asyncio.ensure_future(self._follow(consumer))
+        }
+        consumer = reader(
+            self.bootstrap,
+            "botmesh-tests-tally",
+            {"isolation.level": "read_committed", "enable.partition.eof": False},
+        )
+        consumer.assign(
+            [TopicPartition(t, p, OFFSET_BEGINNING) for t, ps in parts.items() for p in ps]
+        )
+        self._stop.clear()
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.ensure_future(asyncio.to_thread(self._follow, consumer, loop))
+        # the thread ends with the task, even one cancelled without ``close`` (a test torn down)
+        self._task.add_done_callback(lambda _: self._stop.set())
         return self
 
-    async def _follow(self, consumer: AIOKafkaConsumer) -> None:
+    def _follow(self, consumer: Consumer, loop: asyncio.AbstractEventLoop) -> None:
+        """On the reader thread, until ``close``: decode each batch, then add it on the loop."""
         try:
-            while True:
-                batch = await consumer.getmany(timeout_ms=200, max_records=2000)
-                for tp, msgs in batch.items():
-                    for m in msgs:
-                        if tp.topic == self.sent_topic:
-                            self.receipts.append(decode_receipt(m.value))
-                        else:
-                            self.dead_lettered.add(decode_inbound(m.value).id)
+            while not self._stop.is_set():
+                receipts: list[Receipt] = []
+                dead: set[str] = set()
+                for m in consumer.consume(2000, 0.2):
+                    err = m.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise KafkaException(err)
+                        continue
+                    if m.topic() == self.sent_topic:
+                        receipts.append(decode_receipt(m.value()))
+                    else:
+                        dead.add(decode_inbound(m.value()).id)
+                if (receipts or dead) and not self._stop.is_set():
+                    loop.call_soon_threadsafe(self._take, receipts, dead)
         finally:
-            await consumer.stop()
+            consumer.close()
+
+    def _take(self, receipts: list[Receipt], dead: set[str]) -> None:
+        self.receipts.extend(receipts)
+        self.dead_lettered |= dead
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            self._stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
@@ -577,17 +596,10 @@ def describe_group(bootstrap: str, group: str, topic: str) -> tuple[str, dict[st
     return str(description.state.name), members
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str, within: float = 30.0) -> list[int]:
+def _partitions(bootstrap: str, topic: str, within: float = 30.0) -> list[int]:
     """The partitions of ``topic``, once the broker's metadata lists them (a topic just
     created can be missing from it for a moment: seen on a broker just started)."""
-    deadline = time.monotonic() + within
-    while True:
-        metadata = await consumer._client.fetch_all_metadata()
-        found = sorted(metadata.partitions_for_topic(topic) or ())
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"topic {topic} has no partitions in the metadata after {within} s"
-            )
-        await asyncio.sleep(0.1)
+    found = wait_topic(bootstrap, topic, within)
+    if not found:
+        raise AssertionError(f"topic {topic} has no partitions in the metadata after {within} s")
+    return found

@@ -1,209 +1,271 @@
-"""The broker probe: what botmesh needs from Kafka, through aiokafka, against the session broker.
+"""The broker probe: what botmesh needs from Kafka, through confluent-kafka (librdkafka), against
+the session broker.
 
-Consumer-group commits, transactions (commit and abort), ``send_offsets_to_transaction`` and a
-``read_committed`` consumer. A Kafka release that breaks one of them with aiokafka fails here
-(deploy/kafka/README.md lists the releases tried).
+The idempotent producer (acks=all), consumer-group commits, transactions (commit and abort),
+``send_offsets_to_transaction`` and a ``read_committed`` consumer. A Kafka release that breaks one
+of them with librdkafka fails here (deploy/kafka/README.md lists the releases tried).
 """
 
 from __future__ import annotations
 
-import asyncio
+import time
+from collections.abc import Iterable
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
+from botmesh.streams.connection import confluent_options, producer_options
 from tests.kafka.broker import committed_offsets, create_topics, end_offsets, kafka_tool
 
 pytestmark = pytest.mark.kafka
 
+#: How long a client call or a wait below may take before the test fails (a hang guard).
+LIMIT_S = 30.0
 
-async def _drain(consumer: AIOKafkaConsumer, want: int, limit_s: float = 30) -> list[bytes]:
+
+def _producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
+    """librdkafka's producer as botmesh sets it up: acks=all, idempotent, murmur2; with
+    ``transactional_id`` a transactional one (its transactions initialised)."""
+    conf = {**producer_options(bootstrap), "log_level": 3}
+    if transactional_id is None:
+        return Producer(conf)
+    producer = Producer({**conf, "transactional.id": transactional_id})
+    producer.init_transactions(LIMIT_S)
+    return producer
+
+
+def _send(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]]) -> None:
+    """Produce ``(key, value)`` records and wait until the broker acked each of them (the
+    test fails naming a record it refused, or when one is still unacked after ``LIMIT_S``)."""
+    failed: list[str] = []
+    acked: list[int | None] = []
+
+    def report(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            failed.append(f"{msg.value()!r}: {err}")
+        else:
+            acked.append(msg.offset())
+
+    sent = 0
+    for key, value in records:
+        producer.produce(topic, value, key, on_delivery=report)
+        sent += 1
+    assert producer.flush(LIMIT_S) == 0, f"records not acked after {LIMIT_S} s"
+    assert failed == [], failed
+    assert len(acked) == sent
+
+
+def _consumer(
+    bootstrap: str, group: str, *topics: str, isolation: str = "read_uncommitted"
+) -> Consumer:
+    """A member of ``group`` subscribed to ``topics`` (from the earliest offset, nothing
+    committed but what the test commits)."""
+    consumer = Consumer(
+        {
+            **confluent_options(bootstrap),
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "log_level": 3,
+        }
+    )
+    consumer.subscribe(list(topics))
+    return consumer
+
+
+def _reader(bootstrap: str, topic: str, *, isolation: str = "read_uncommitted") -> Consumer:
+    """A consumer of every partition of ``topic`` from its beginning, in no group (it assigns
+    the partitions itself and commits nothing)."""
+    consumer = Consumer(
+        {
+            **confluent_options(bootstrap),
+            "group.id": f"{topic}.reader",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "log_level": 3,
+        }
+    )
+    partitions = consumer.list_topics(topic, timeout=LIMIT_S).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
+    return consumer
+
+
+def _values(messages: list[Message]) -> list[bytes]:
+    """The values of the records among ``messages`` (the test fails on a consumer error)."""
+    out = []
+    for m in messages:
+        err = m.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF or err.retriable():
+                continue
+            raise KafkaException(err)
+        value = m.value()
+        if value is not None:
+            out.append(value)
+    return out
+
+
+def _drain(consumer: Consumer, want: int, limit_s: float = LIMIT_S) -> list[bytes]:
     """Values until ``want`` records arrived (or ``limit_s`` passed: then what arrived)."""
     got: list[bytes] = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while len(got) < want and loop.time() < deadline:
-        batches = await consumer.getmany(timeout_ms=500)
-        for records in batches.values():
-            got.extend(r.value for r in records if r.value is not None)
+    deadline = time.monotonic() + limit_s
+    while len(got) < want and time.monotonic() < deadline:
+        got.extend(_values(consumer.consume(100, 0.5)))
     return got
 
 
-async def _settle(consumer: AIOKafkaConsumer, rounds: int = 3) -> list[bytes]:
+def _settle(consumer: Consumer, rounds: int = 3) -> list[bytes]:
     """Whatever else arrives in a few more polls (to see records that must not be there)."""
     extra: list[bytes] = []
     for _ in range(rounds):
-        batches = await consumer.getmany(timeout_ms=300)
-        for records in batches.values():
-            extra.extend(r.value for r in records if r.value is not None)
+        extra.extend(_values(consumer.consume(100, 0.3)))
     return extra
 
 
-def _consumer(bootstrap: str, *topics: str, **kw: object) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        *topics,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        **kw,
-    )
+def _assigned(consumer: Consumer, partitions: int) -> list[bytes]:
+    """Poll until the group gave ``consumer`` ``partitions`` partitions; what arrived meanwhile."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + LIMIT_S
+    while len(consumer.assignment()) < partitions:
+        assert time.monotonic() < deadline, f"not {partitions} partitions after {LIMIT_S} s"
+        got.extend(_values(consumer.consume(100, 0.3)))
+    return got
 
 
-async def test_consumer_group_commit_and_resume(kafka_bootstrap: str, topic_prefix: str) -> None:
+def test_consumer_group_commit_and_resume(kafka_bootstrap: str, topic_prefix: str) -> None:
     topic, group = f"{topic_prefix}.in", f"{topic_prefix}.g"
     create_topics(kafka_bootstrap, [topic], partitions=2)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    await producer.start()
-    try:
-        for i in range(10):
-            await producer.send_and_wait(topic, f"v{i}".encode(), key=f"k{i % 4}".encode())
-    finally:
-        await producer.stop()
+    producer = _producer(kafka_bootstrap)
+    _send(producer, topic, [(f"k{i % 4}".encode(), f"v{i}".encode()) for i in range(10)])
+    ends = end_offsets(kafka_bootstrap, topic)
+    assert all(ends.values()), ends  # both partitions hold records: both get a commit
 
-    first = _consumer(kafka_bootstrap, topic, group_id=group)
-    await first.start()
+    first = _consumer(kafka_bootstrap, group, topic)
     try:
-        got = await _drain(first, 10)
+        got = _drain(first, 10)
         assert sorted(got) == sorted(f"v{i}".encode() for i in range(10))
-        await first.commit()
+        first.commit(asynchronous=False)
     finally:
-        await first.stop()
+        first.close()
 
     assert committed_offsets(kafka_bootstrap, group) == {
-        (topic, p): high for p, high in end_offsets(kafka_bootstrap, topic).items()
+        (topic, p): high for p, high in ends.items()
     }
 
     # a new member of the group resumes after the commit: nothing old is redelivered
-    second = _consumer(kafka_bootstrap, topic, group_id=group)
-    await second.start()
+    second = _consumer(kafka_bootstrap, group, topic)
     try:
-        assert await _settle(second) == []
-        for p in (0, 1):
-            assert await second.committed(TopicPartition(topic, p)) is not None
+        assert _assigned(second, 2) + _settle(second) == []
+        tps = [TopicPartition(topic, p) for p in (0, 1)]
+        committed = second.committed(tps, timeout=LIMIT_S)
+        assert {tp.partition: tp.offset for tp in committed} == ends
     finally:
-        await second.stop()
+        second.close()
 
 
-async def test_transactions_commit_abort_read_committed(
-    kafka_bootstrap: str, topic_prefix: str
-) -> None:
+def test_transactions_commit_abort_read_committed(kafka_bootstrap: str, topic_prefix: str) -> None:
     topic = f"{topic_prefix}.tx"
     create_topics(kafka_bootstrap, [topic], partitions=1)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=kafka_bootstrap, transactional_id=f"{topic_prefix}.txid"
-    )
-    await producer.start()
+    producer = _producer(kafka_bootstrap, f"{topic_prefix}.txid")
     try:
-        await producer.begin_transaction()
+        producer.begin_transaction()
         for v in (b"c1", b"c2"):
-            await producer.send(topic, v)
-        await producer.commit_transaction()
+            producer.produce(topic, v)
+        producer.commit_transaction(LIMIT_S)
 
-        await producer.begin_transaction()
-        for v in (b"a1", b"a2"):
-            await producer.send_and_wait(topic, v)
-        await producer.abort_transaction()
+        producer.begin_transaction()
+        _send(producer, topic, [(None, b"a1"), (None, b"a2")])  # on the log, then aborted
+        producer.abort_transaction(LIMIT_S)
 
-        async with producer.transaction():
-            await producer.send(topic, b"c3")
+        producer.begin_transaction()
+        producer.produce(topic, b"c3")
+        producer.commit_transaction(LIMIT_S)
     finally:
-        await producer.stop()
+        producer.flush(LIMIT_S)
 
-    committed = _consumer(kafka_bootstrap, topic, isolation_level="read_committed")
-    await committed.start()
+    committed = _reader(kafka_bootstrap, topic, isolation="read_committed")
     try:
-        got = await _drain(committed, 3)
-        got += await _settle(committed)
+        got = _drain(committed, 3)
+        got += _settle(committed)
         assert got == [b"c1", b"c2", b"c3"]
     finally:
-        await committed.stop()
+        committed.close()
 
-    uncommitted = _consumer(kafka_bootstrap, topic, isolation_level="read_uncommitted")
-    await uncommitted.start()
+    uncommitted = _reader(kafka_bootstrap, topic, isolation="read_uncommitted")
     try:
-        got = await _drain(uncommitted, 5)
+        got = _drain(uncommitted, 5)
         assert got == [b"c1", b"c2", b"a1", b"a2", b"c3"]
     finally:
-        await uncommitted.stop()
+        uncommitted.close()
 
 
-async def test_send_offsets_to_transaction(kafka_bootstrap: str, topic_prefix: str) -> None:
+def test_send_offsets_to_transaction(kafka_bootstrap: str, topic_prefix: str) -> None:
     """Consume → produce → commit the input offsets in the same transaction (and abort one)."""
     src, dst, group = f"{topic_prefix}.src", f"{topic_prefix}.dst", f"{topic_prefix}.g"
     create_topics(kafka_bootstrap, [src, dst], partitions=1)
-    plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    await plain.start()
-    try:
-        for i in range(4):
-            await plain.send_and_wait(src, f"m{i}".encode())
-    finally:
-        await plain.stop()
+    _send(_producer(kafka_bootstrap), src, [(None, f"m{i}".encode()) for i in range(4)])
 
-    tp = TopicPartition(src, 0)
-    consumer = _consumer(kafka_bootstrap, src, group_id=group, isolation_level="read_committed")
-    producer = AIOKafkaProducer(
-        bootstrap_servers=kafka_bootstrap, transactional_id=f"{topic_prefix}.ctp"
-    )
-    await consumer.start()
-    await producer.start()
+    consumer = _consumer(kafka_bootstrap, group, src, isolation="read_committed")
+    producer = _producer(kafka_bootstrap, f"{topic_prefix}.ctp")
     try:
-        batch = await _drain(consumer, 4)
+        batch = _drain(consumer, 4)
         assert batch == [b"m0", b"m1", b"m2", b"m3"]
+        member = consumer.consumer_group_metadata()
 
         # first two: committed together with their input offsets
-        async with producer.transaction():
-            for v in batch[:2]:
-                await producer.send(dst, v.upper())
-            await producer.send_offsets_to_transaction({tp: OffsetAndMetadata(2, "")}, group)
+        producer.begin_transaction()
+        for v in batch[:2]:
+            producer.produce(dst, v.upper())
+        producer.send_offsets_to_transaction([TopicPartition(src, 0, 2)], member, LIMIT_S)
+        producer.commit_transaction(LIMIT_S)
 
         # last two: aborted, so neither the outputs nor the offset commit take effect
-        await producer.begin_transaction()
+        producer.begin_transaction()
         for v in batch[2:]:
-            await producer.send(dst, v.upper())
-        await producer.send_offsets_to_transaction({tp: OffsetAndMetadata(4, "")}, group)
-        await producer.abort_transaction()
+            producer.produce(dst, v.upper())
+        producer.send_offsets_to_transaction([TopicPartition(src, 0, 4)], member, LIMIT_S)
+        producer.abort_transaction(LIMIT_S)
     finally:
-        await producer.stop()
-        await consumer.stop()
+        producer.flush(LIMIT_S)
+        consumer.close()
 
     assert committed_offsets(kafka_bootstrap, group) == {(src, 0): 2}
-    out = _consumer(kafka_bootstrap, dst, isolation_level="read_committed")
-    await out.start()
+    out = _reader(kafka_bootstrap, dst, isolation="read_committed")
     try:
-        got = await _drain(out, 2)
-        got += await _settle(out)
+        got = _drain(out, 2)
+        got += _settle(out)
         assert got == [b"M0", b"M1"]
     finally:
-        await out.stop()
+        out.close()
 
     # the group resumes at the committed offset: the aborted input is processed again
-    again = _consumer(kafka_bootstrap, src, group_id=group, isolation_level="read_committed")
-    await again.start()
+    again = _consumer(kafka_bootstrap, group, src, isolation="read_committed")
     try:
-        assert await _drain(again, 2) == [b"m2", b"m3"]
+        assert _drain(again, 2) == [b"m2", b"m3"]
     finally:
-        await again.stop()
+        again.close()
 
 
-async def test_cli_tools_reset_group_offsets(kafka_bootstrap: str, topic_prefix: str) -> None:
+def test_cli_tools_reset_group_offsets(kafka_bootstrap: str, topic_prefix: str) -> None:
     """``kafka.sh tool consumer-groups --reset-offsets`` and ``get-offsets`` work on this broker."""
     topic, group = f"{topic_prefix}.cli", f"{topic_prefix}.g"
     create_topics(kafka_bootstrap, [topic], partitions=1)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
+    _send(_producer(kafka_bootstrap), topic, [(None, f"r{i}".encode()) for i in range(3)])
+    consumer = _consumer(kafka_bootstrap, group, topic)
     try:
-        for i in range(3):
-            await producer.send_and_wait(topic, f"r{i}".encode())
+        assert len(_drain(consumer, 3)) == 3
+        consumer.commit(asynchronous=False)
     finally:
-        await producer.stop()
-    consumer = _consumer(kafka_bootstrap, topic, group_id=group)
-    await consumer.start()
-    try:
-        assert len(await _drain(consumer, 3)) == 3
-        await consumer.commit()
-    finally:
-        await consumer.stop()
+        consumer.close()
     assert committed_offsets(kafka_bootstrap, group) == {(topic, 0): 3}
 
     offsets = kafka_tool("get-offsets", "--bootstrap-server", kafka_bootstrap, "--topic", topic)

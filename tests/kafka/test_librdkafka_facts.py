@@ -47,11 +47,11 @@ produce              batch at flush          produce(); a timestamp fails     po
                                              records with it) until purge()
 partitioner          default                 as said, on the broker: the      test_the_default_
                      consistent_random       default puts a key at            partitioner_differs_
-                     (CRC32) differs from    crc32(key) % n (most keys        from_aiokafka_and_
-                     aiokafka's murmur2;     elsewhere than aiokafka);        murmur2_random_matches
+                     (CRC32) differs from    crc32(key) % n (most keys        from_java_and_
+                     Java's murmur2;         elsewhere than Java's);          murmur2_random_matches
                      murmur2_random matches  murmur2_random puts every key
-                                             where aiokafka's
-                                             DefaultPartitioner does
+                                             where Java's murmur2
+                                             (tests/murmur2.py) does
 cooperative-sticky,  incremental lists;      as said: the owner gets          test_cooperative_
 sync Consumer        on_assign once per      on_revoke(moved ones only) and   sticky_moves_only_
                      rebalance even if       on_assign([]) in each of the     some_partitions_with_
@@ -195,6 +195,7 @@ from tests.kafka.rdkafka_probe import (
     tps,
     wait_until,
 )
+from tests.murmur2 import java_partition
 
 pytestmark = pytest.mark.kafka
 
@@ -416,22 +417,13 @@ def landed(bootstrap: str, group: str, topic: str) -> dict[bytes, int]:
     return out
 
 
-async def test_the_default_partitioner_differs_from_aiokafka_and_murmur2_random_matches(
+def test_the_default_partitioner_differs_from_java_and_murmur2_random_matches(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.partitioner import murmur2
-
-    t_aio, t_default, t_murmur = (f"{topic_prefix}.{n}" for n in ("aio", "default", "murmur"))
-    create_topics(kafka_bootstrap, [t_aio, t_default, t_murmur], PARTITIONS)
-    aio = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await aio.start()
-    try:
-        for key in KEYS:
-            await aio.send(t_aio, b"v", key=key)
-        await aio.flush()
-    finally:
-        await aio.stop()
+    """Java's producer puts a keyed record at ``toPositive(murmur2(key)) % n``
+    (``tests/murmur2.py``, checked against Kafka's own vectors)."""
+    t_default, t_murmur = (f"{topic_prefix}.{n}" for n in ("default", "murmur"))
+    create_topics(kafka_bootstrap, [t_default, t_murmur], PARTITIONS)
     produce(kafka_bootstrap, t_default, [(None, k, b"v") for k in KEYS])
     produce(
         kafka_bootstrap,
@@ -440,14 +432,13 @@ async def test_the_default_partitioner_differs_from_aiokafka_and_murmur2_random_
         conf={"partitioner": "murmur2_random"},
     )
     group = f"{topic_prefix}-read"
-    by_aio = landed(kafka_bootstrap, group, t_aio)
     by_default = landed(kafka_bootstrap, group, t_default)
     by_murmur = landed(kafka_bootstrap, group, t_murmur)
-    assert set(by_aio) == set(by_default) == set(by_murmur) == set(KEYS)
-    assert by_aio == {k: (murmur2(k) & 0x7FFFFFFF) % PARTITIONS for k in KEYS}
-    assert by_murmur == by_aio
+    by_java = {k: java_partition(k, PARTITIONS) for k in KEYS}
+    assert set(by_default) == set(by_murmur) == set(KEYS)
+    assert by_murmur == by_java
     assert by_default == {k: zlib.crc32(k) % PARTITIONS for k in KEYS}  # consistent_random
-    moved = [k for k in KEYS if by_default[k] != by_aio[k]]
+    moved = [k for k in KEYS if by_default[k] != by_java[k]]
     assert len(moved) > len(KEYS) // 2  # most keys land elsewhere under the default
 
 
@@ -1039,7 +1030,7 @@ REGISTER: tuple[Fact, ...] = (
         "partitioner",
         "consistent_random differs, murmur2_random matches",
         "verified",
-        _HERE + "test_the_default_partitioner_differs_from_aiokafka_and_murmur2_random_matches",
+        _HERE + "test_the_default_partitioner_differs_from_java_and_murmur2_random_matches",
     ),
     Fact(
         "cooperative-sticky callbacks",

@@ -36,6 +36,7 @@ from botmesh.streams.runner import (
 from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from botmesh.topics.dead_letters import redact
 from botmesh.topics.records import SendRequest, decode_receipt, encode_inbound, encode_request
+from tests.kafka.record_batch import BATCH_HEADER, crc32c, encode_batch, read_varint, varint
 
 TOPIC = "t.inbound"
 
@@ -388,7 +389,7 @@ async def test_deferred_writes_refused_for_an_unconfirmed_membership_wait_then_g
     """The batch's flush of the journal's deferred writes, refused because the worker's
     membership is unconfirmed (it was frozen), waits as a record would: confirmed within
     5 s, the batch is settled; never confirmed (evicted), the batch is given up, so the
-    worker exits and rejoins instead of holding Faust's rebalance until the deadline."""
+    worker exits and rejoins instead of holding up the group's rebalance until the deadline."""
     from botmesh.streams.table_kv import MembershipUnconfirmed
 
     refusals = 3
@@ -652,14 +653,16 @@ def test_time_order_merges_topics_and_keeps_each_partitions_order() -> None:
 
 def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() -> None:
     from botmesh.state.errors import ConfigError
-    from botmesh.streams.faust_app.app import _check_copartitioned
+    from botmesh.streams.provision import check_copartitioned
     from botmesh.topics import Catalog
 
     cat = Catalog("p")
-    _check_copartitioned(cat, {"p.inbound": 4, "p.requests": 4})
-    _check_copartitioned(cat, {"p.inbound": 4})  # no requests topic: nothing to refuse
+    check_copartitioned(cat, {"p.inbound": 4, "p.requests": 4})
+    check_copartitioned(cat, {"p.inbound": 4})  # no requests topic: nothing to refuse
     with pytest.raises(ConfigError, match=r"p\.requests has 8 partitions but p\.inbound has 4"):
-        _check_copartitioned(cat, {"p.inbound": 4, "p.requests": 8})
+        check_copartitioned(cat, {"p.inbound": 4, "p.requests": 8})
+    with pytest.raises(ConfigError, match=r"p\.control has 2 partitions but p\.inbound has 4"):
+        check_copartitioned(cat, {"p.inbound": 4, "p.control": 2})
 
 
 # -- records too large to copy ---------------------------------------------------------------
@@ -669,40 +672,21 @@ def test_the_worker_refuses_a_requests_topic_partitioned_unlike_the_inbound() ->
 HUGE = 1_048_500
 
 
-def refusal(client: str, size: int) -> Exception:
-    """The error a producer raises for a record too large: aiokafka's (the Faust app's
-    producer, raised through Faust's ``ProducerSendError``) or librdkafka's."""
-    if client == "librdkafka":
-        return KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
-    from aiokafka.errors import MessageSizeTooLargeError
-    from faust.exceptions import ProducerSendError
-
-    cause = MessageSizeTooLargeError(f"The message is {size} bytes when serialized")
-    sent: Exception = ProducerSendError(f"Error while sending: {cause!r}")
-    sent.__cause__ = cause
-    return sent
-
-
-def broker_refusal(client: str) -> Exception:
-    """The failed ack of a record over the topic's ``max.message.bytes``."""
-    if client == "librdkafka":
-        return KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
-    from aiokafka.errors import MessageSizeTooLargeError
-
-    refused: Exception = MessageSizeTooLargeError("MESSAGE_SIZE_TOO_LARGE")
-    return refused
+def refusal() -> Exception:
+    """The error librdkafka raises for a record too large (its check before sending, and a
+    broker's refusal in the delivery report)."""
+    return KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
 
 
 @dataclass
 class Limited(Produced):
-    """A producer that checks sizes as the worker's does: ``limit`` as aiokafka's
-    ``max_request_size`` or librdkafka's ``message.max.bytes`` (refused before sending),
+    """A producer that checks sizes as the worker's does: ``limit`` as librdkafka's
+    ``message.max.bytes`` (refused before sending),
     ``topic_limit`` as the DLQ topic's ``max.message.bytes`` (the broker refuses it: the
-    ack fails), with ``client``'s errors. ``records`` holds only what was accepted."""
+    ack fails). ``records`` holds only what was accepted."""
 
     limit: int = 1_000_000
     topic_limit: int | None = None
-    client: str = "aiokafka"
     refused: list[int] = field(default_factory=list)
 
     async def __call__(
@@ -711,18 +695,15 @@ class Limited(Produced):
         size = record_size(key, value, headers)
         if size > self.limit:
             self.refused.append(size)
-            raise refusal(self.client, size)
+            raise refusal()
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.topic_limit is not None and size > self.topic_limit:
             self.refused.append(size)
-            ack.set_exception(broker_refusal(self.client))
+            ack.set_exception(refusal())
             return ack
         self.records.append((role, key, value, headers))
         ack.set_result(None)
         return ack
-
-
-CLIENTS = pytest.mark.parametrize("client", ["aiokafka", "librdkafka"])
 
 
 def dlq_records(produced: Produced) -> list[tuple[bytes | None, bytes, dict[str, str]]]:
@@ -776,11 +757,10 @@ async def test_a_dead_letter_that_fits_goes_whole_under_the_limit_given() -> Non
     assert runner.cut == 1
 
 
-@CLIENTS
-async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut(client: str) -> None:
+async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut() -> None:
     """The runner's limit above the producer's (a misconfiguration): the producer refuses
     the whole copy, the cut copy goes out instead of the batch being abandoned."""
-    produced = Limited(limit=200_000, client=client)
+    produced = Limited(limit=200_000)
     raw = RawRecord(TOPIC, 0, 3, b"A", b"z" * 300_000)
     async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
         runner = InboundRunner(runtime, produced, sleep=Waits())  # believes 1,000,000
@@ -795,16 +775,13 @@ async def test_a_producer_that_refuses_a_dead_letter_as_too_large_gets_it_cut(cl
     assert 0 < len(value) <= (1_000_000 - CUT_MARGIN) // 16 and runner.cut == 1
 
 
-@CLIENTS
-async def test_a_dead_letter_the_broker_refuses_as_too_large_is_produced_again_cut(
-    client: str,
-) -> None:
+async def test_a_dead_letter_the_broker_refuses_as_too_large_is_produced_again_cut() -> None:
     """The DLQ topic's ``max.message.bytes`` is under the producer's limit: the broker
     refuses the copy (its ack fails), the runner produces it again cut smaller, then with
     its headers alone, and the batch settles once that one is acked."""
-    produced = Limited(topic_limit=70_000, client=client)
+    produced = Limited(topic_limit=70_000)
     mid = RawRecord(TOPIC, 0, 0, b"A", b"m" * 100_000)
-    tiny_topic = Limited(topic_limit=5_000, client=client)
+    tiny_topic = Limited(topic_limit=5_000)
     async with make_bot([]).bind(MockProvider(), MemoryKv(), instance_id="w") as runtime:
         runner = InboundRunner(runtime, produced, sleep=Waits())
         await runner.run_batch([mid])
@@ -852,10 +829,9 @@ async def test_records_of_any_shape_reach_the_dlq_and_the_chat_goes_on() -> None
     assert runner.cut == 2
 
 
-@CLIENTS
-async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once(client: str) -> None:
-    """The journal refuses a record as too large for the producer (aiokafka's error, or
-    librdkafka's): trying again cannot help, so the record goes to the DLQ at once (reason
+async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
+    """The journal refuses a record as too large for the producer (librdkafka's error):
+    trying again cannot help, so the record goes to the DLQ at once (reason
     ``too-large``), not after the inbox budget."""
 
     class Journal:
@@ -870,7 +846,7 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once(client: str
             if message.id == "ok":
                 return Outcome.HANDLED
             try:
-                raise broker_refusal(client)
+                raise refusal()
             except Exception as exc:
                 raise JournalUnavailableError(f"journal write of {message.id} failed") from exc
 
@@ -889,7 +865,7 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once(client: str
     [dead] = produced.dead()
     assert (dead["reason"], dead["attempts"]) == ("too-large", "1")
     assert dead["error.class"] == "JournalUnavailableError"
-    cause = "KafkaException" if client == "librdkafka" else "MessageSizeTooLargeError"
+    cause = "KafkaException"
     assert "too large" in dead["detail"] and cause in dead["detail"]
     assert waits.delays == [] and runner.retried == 0
     assert runner.outcomes == {Outcome.HANDLED: 1}
@@ -926,57 +902,8 @@ async def test_records_the_decoder_chokes_on_go_to_the_dlq_and_the_chat_goes_on(
     assert [r[2] for r in produced.records if r[0] == "dlq"] == [deep, b"{choke}"]
 
 
-def _message(offset: int, chat: str, mid: str) -> Any:
-    """Faust's own message of an inbound record, as the agent's batch holds it, with the
-    one reference its stream holds."""
-    from faust.types.tuples import Message
-
-    value = encode_inbound(Inbound(id=mid, chat_id=chat, text="hi"))
-    message = Message(TOPIC, 0, offset, 0.0, 0, [], chat.encode(), value, None)
-    message.incref()
-    return message
-
-
-async def test_the_pipeline_acks_a_batch_once_settled_and_takes_no_more_than_its_limit() -> None:
-    """``botmesh.streams.faust_app.app.Pipeline``: each batch starts at once; its messages are
-    marked done only once all its records settled (the ack ending Faust's ``take_events``
-    is not the last); past ``limit`` records not settled, the next batch waits."""
-    from types import SimpleNamespace
-
-    from botmesh.streams.faust_app.app import Pipeline
-
-    seen = Seen()
-    kv = crashable(MemoryKv())
-    waits = Waits()
-    waits.go.clear()  # A1 waits for its retry until we say so
-    async with make_bot(seen).bind(MockProvider(), kv, instance_id="w") as runtime:
-        runner = InboundRunner(runtime, Produced(), sleep=waits)
-        pipeline = Pipeline(runner, lambda: None, limit=2)
-        kv.fail(Write.INBOX_JOURNAL, times=1)  # A1's journal write fails once
-        first = [_message(0, "A", "A1"), _message(1, "B", "B1")]
-        await pipeline.submit([SimpleNamespace(message=m) for m in first])
-        for m in first:
-            m.ack(None)  # what ``take_events`` does once the agent body returned
-        await waits.entered.wait()
-        await seen.reach(1)  # B1 handled, A1 waits
-        assert not any(m.acked for m in first)  # the batch is not settled: not done
-        later = [_message(2, "C", "C1"), _message(3, "C", "C2")]
-        submit = asyncio.ensure_future(pipeline.submit([SimpleNamespace(message=m) for m in later]))
-        await asyncio.sleep(0.05)
-        assert not submit.done()  # 1 record not settled + 2 > the limit of 2: it waits
-        assert seen == ["B1"]
-        waits.go.set()
-        await submit
-        await pipeline.join()
-        for m in later:
-            m.ack(None)
-    assert all(m.acked for m in first + later)
-    assert seen == ["B1", "A1", "C1", "C2"]
-    assert runner.unsettled == 0
-
-
 class SlowProduced(Produced):
-    """A producer whose send takes a turn of the loop (as aiokafka's does)."""
+    """A producer whose send takes a turn of the loop."""
 
     async def __call__(
         self, role: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]
@@ -1010,18 +937,59 @@ _HEADERS: list[list[tuple[str, bytes]]] = [
 ]
 
 
-@pytest.mark.parametrize("headers", _HEADERS, ids=["none", "empty", "large", "many"])
-def test_record_size_is_aiokafkas_estimate(headers: list[tuple[str, bytes]]) -> None:
-    """What the runner counts is what aiokafka's producer (the Faust app's) checks against
-    its ``max_request_size``, for keys and values of every varint length (and none)."""
-    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+#: What :func:`record_size` reserves above a record alone in its batch: its timestampDelta
+#: (a varlong, 10 bytes at its longest; 0 there, 1 byte) and offsetDelta (a varint, 5; 0
+#: there, 1 byte) at their longest, 9 + 4 bytes, and its length's varint at its longest (5
+#: bytes) where the record's takes 1 to 5: 13 to 17 bytes in all.
+SLACK = 9 + 4 + 4
 
+
+@pytest.mark.parametrize("headers", _HEADERS, ids=["none", "empty", "large", "many"])
+def test_record_size_bounds_the_record_batch_it_is_alone_in(
+    headers: list[tuple[str, bytes]],
+) -> None:
+    """What the runner counts is the size of Kafka's record batch v2 holding that record
+    alone (``tests/kafka/record_batch.py``, written from the protocol guide), plus what the
+    count reserves for the varints that depend on the batch (``SLACK``): never less than the
+    batch, for keys and values of every varint length (and none)."""
+    named = [(name.encode(), data) for name, data in headers]
     for k in _SIZES:
         for v in _SIZES:
             key = None if k is None else b"k" * k
             value = None if v is None else b"v" * v
-            expected = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
-            assert record_size(key, value, headers) == expected, (k, v)
+            # the CRC's value takes 4 bytes whatever it is: not computed over megabytes here
+            batch = encode_batch([(key, value, named)], crc=lambda _: 0)
+            size = record_size(key, value, headers)
+            assert len(batch) <= size <= len(batch) + SLACK, (k, v)
+            # exactly: the record's length varint takes ``width`` bytes of the 5 reserved
+            length, body = read_varint(batch, BATCH_HEADER)
+            assert body + length == len(batch), (k, v)  # the record fills the batch
+            width = body - BATCH_HEADER
+            assert size - len(batch) == 9 + 4 + (5 - width), (k, v)
+
+
+def test_the_record_batch_reference_has_kafka_s_checksum_and_varints() -> None:
+    """``tests/kafka/record_batch.py``'s CRC-32C (the check value of the Castagnoli CRC) and
+    zigzag varints (the protocol guide's), which the broker judges in ``test_worker``."""
+    assert crc32c(b"123456789") == 0xE3069283
+    assert crc32c(b"") == 0
+    assert [varint(n) for n in (0, -1, 1, -64, 63, 64, 8191, 8192)] == [
+        b"\x00",
+        b"\x01",
+        b"\x02",
+        b"\x7f",
+        b"\x7e",
+        b"\x80\x01",
+        b"\xfe\x7f",
+        b"\x80\x80\x01",
+    ]
+    assert [read_varint(varint(n), 0) for n in (0, -1, 8192, -(2**63))] == [
+        (0, 1),
+        (-1, 1),
+        (8192, 3),
+        (-(2**63), 10),
+    ]
+    assert len(encode_batch([(None, None, [])])) == BATCH_HEADER + 1 + 6
 
 
 @pytest.mark.parametrize("headers", _HEADERS[:2] + _HEADERS[3:], ids=["none", "empty", "many"])
@@ -1051,11 +1019,9 @@ def test_librdkafka_takes_a_record_as_large_as_its_limit_by_our_count(
         producer.flush(0)
 
 
-def test_too_large_knows_both_clients_refusals_through_their_causes() -> None:
-    """aiokafka's errors by their module and name (the runner never imports aiokafka),
-    librdkafka's by their code, found through what they were raised from; any other error
-    of either client is not a size refusal."""
-    from aiokafka import errors
+def test_too_large_knows_librdkafkas_refusals_through_their_causes() -> None:
+    """librdkafka's refusals by their code, found through what they were raised from; any
+    other error is not a size refusal."""
 
     def wrapped(exc: BaseException) -> BaseException:
         try:
@@ -1067,9 +1033,6 @@ def test_too_large_knows_both_clients_refusals_through_their_causes() -> None:
             return outer
 
     sized: list[BaseException] = [
-        errors.MessageSizeTooLargeError("too large"),
-        errors.RecordListTooLargeError("too large"),
-        errors.RecordTooLargeError("too large"),
         KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)),
         KafkaException(KafkaError(KafkaError.RECORD_LIST_TOO_LARGE)),
     ]
@@ -1077,9 +1040,8 @@ def test_too_large_knows_both_clients_refusals_through_their_causes() -> None:
         assert too_large(exc) is exc
         assert too_large(wrapped(exc)) is exc
     others: list[BaseException] = [
-        errors.KafkaTimeoutError("slow"),
-        errors.NotLeaderForPartitionError("moved"),
         KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)),
+        KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)),
         KafkaException(KafkaError(KafkaError.INVALID_MSG_SIZE)),
         KafkaException("no KafkaError in it"),
         ValueError("MessageSizeTooLargeError"),

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from botmesh import Inbound
 from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
@@ -20,19 +19,30 @@ from botmesh.streams.worker.loop import UNREADABLE_HEADERS
 from botmesh.topics import Catalog, encode_inbound
 from tests.kafka.bot import reply_text
 from tests.kafka.broker import committed_offsets
+from tests.kafka.record_batch import Record, produce_raw
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, dead_letters
+from tests.murmur2 import java_partition
 
 pytestmark = pytest.mark.kafka
 
+#: The partition of chat ``c1``'s records: where Java's producer and ours put key ``c1``.
+C1 = java_partition(b"c1", PARTITIONS)
 
-@pytest.fixture(params=["faust", "librdkafka"])
-def worker(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Worker]:
-    """The worker on each runtime: Faust's (the default) and the one on librdkafka being
-    built beside it (``BOTMESH_RUNTIME``, issue 38)."""
+
+async def produce_each(worker: Worker, topic: str, values: list[bytes]) -> list[int]:
+    """Each of ``values`` keyed ``c1`` to its partition, one acked after the other, with a
+    Produce request of the test's own (``tests/kafka/record_batch.py``: no producer's size
+    limit in the way); their offsets."""
+    return [
+        await asyncio.to_thread(produce_raw, worker.bootstrap, topic, C1, [(b"c1", value, [])])
+        for value in values
+    ]
+
+
+@pytest.fixture
+def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
     ensure_topics(kafka_bootstrap, Catalog(topic_prefix).specs(partitions=PARTITIONS))
-    w = Worker(kafka_bootstrap, topic_prefix, tmp_path, env={"BOTMESH_RUNTIME": request.param})
+    w = Worker(kafka_bootstrap, topic_prefix, tmp_path)
     yield w
     w.close()
 
@@ -93,15 +103,7 @@ async def test_malformed_records_go_to_the_dlq_and_the_next_message_is_processed
         encode_inbound(good[3]),
         encode_inbound(good[4]),
     ]
-    producer = AIOKafkaProducer(bootstrap_servers=worker.bootstrap, acks="all")
-    await producer.start()
-    try:
-        offsets = []
-        for v in values:
-            md = await producer.send_and_wait(cat.inbound, v, key=b"c1")
-            offsets.append((md.partition, md.offset))
-    finally:
-        await producer.stop()
+    offsets = [(C1, offset) for offset in await produce_each(worker, cat.inbound, values)]
     worker.start()
     # every good message but the failing one sends a receipt; ok-4 is after all the bad ones
     seen = await collect(worker, cat.sent, start, {"ok-0", "ok-1", "ok-3", "ok-4"})
@@ -131,7 +133,7 @@ async def test_restart_continues_from_committed_offsets(worker: Worker) -> None:
     await produce_inbound(worker.bootstrap, cat.inbound, first)
     worker.start()
     await collect(worker, cat.sent, start, {r.id for r in first})
-    # wait until the group committed everything (Faust commits every 2.8 s), then stop
+    # wait until the group committed everything (the worker commits at its checkpoints), then stop
     ends = await end_offsets(worker.bootstrap, cat.inbound)
     deadline = time.monotonic() + WAIT_S
     while True:
@@ -180,26 +182,16 @@ async def test_records_too_large_to_copy_reach_the_dlq_cut_and_the_worker_goes_o
     valid = encode_inbound(Inbound(chat_id="c1", id="big", text="y" * (HUGE - 200)))
     assert len(junk) == len(request) == HUGE and HUGE - 200 < len(valid) <= HUGE
     after = encode_inbound(Inbound(chat_id="c1", id="after", text="still here"))
-    # a producer whose own limit lets such records out (the broker is the judge)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=worker.bootstrap, acks="all", max_request_size=2 * 1024 * 1024
-    )
-    await producer.start()
-    try:
-        sources = {}
-        partitions = set()
-        for topic, value, reason in (
-            (cat.inbound, junk, "bad-json"),
-            (cat.requests, request, "not-object"),
-            (cat.inbound, valid, "too-large"),
-        ):
-            md = await producer.send_and_wait(topic, value, key=b"c1")
-            sources[(topic, md.offset)] = (value, reason)
-            partitions.add(md.partition)
-        last = await producer.send_and_wait(cat.inbound, after, key=b"c1")
-    finally:
-        await producer.stop()
-    assert partitions == {last.partition}  # one chat, one partition (both topics)
+    # records of our own, with no producer's limit in the way (the broker is the judge)
+    sources = {}
+    for topic, value, reason in (
+        (cat.inbound, junk, "bad-json"),
+        (cat.requests, request, "not-object"),
+        (cat.inbound, valid, "too-large"),
+    ):
+        [offset] = await produce_each(worker, topic, [value])
+        sources[(topic, offset)] = (value, reason)
+    await produce_each(worker, cat.inbound, [after])
     worker.start()
     seen = await collect(worker, cat.sent, start, {"after"})
     assert [s.receipt.inbound_id for s in seen] == ["after"]
@@ -218,7 +210,7 @@ async def test_records_too_large_to_copy_reach_the_dlq_cut_and_the_worker_goes_o
         h = {k: v.decode(errors="replace") for k, v in m.headers}
         where = (h["source.topic"], int(h["source.offset"]))
         original, _ = sources[where]
-        assert h["source.partition"] == str(last.partition)
+        assert h["source.partition"] == str(C1)
         assert (h["truncated"], h["original.size"]) == ("true", str(len(original)))
         assert m.key == b"c1" and 900_000 < len(m.value) < len(original)
         assert m.value == original[: len(m.value)]
@@ -226,41 +218,26 @@ async def test_records_too_large_to_copy_reach_the_dlq_cut_and_the_worker_goes_o
     assert got == {where: reason for where, (_, reason) in sources.items()}
 
 
-class _RawKey(str):
-    """A header key aiokafka's Python batch builder writes as the byte 0xff (not UTF-8)."""
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return b"\xff"
-
-
 async def test_a_header_key_that_is_not_utf8_neither_stops_the_worker_nor_its_partition(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch
+    worker: Worker,
 ) -> None:
-    """The broker takes any bytes as a header key; aiokafka's consumer raised on one that is
-    not UTF-8 at every fetch of the partition. A valid inbound with such a header is
-    answered, an undecodable one reaches the DLQ (its key there with U+FFFD; on librdkafka,
-    whose binding cannot hand such headers over, with ``headers.unreadable`` in their
-    place), and the next message is answered."""
-    import aiokafka.producer.message_accumulator as accumulator
-    import aiokafka.producer.producer
-    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
-
+    """The broker takes any bytes as a header key (a producer that is not ours can put 0xff
+    there; this one is a Produce request of the test's own, ``tests/kafka/record_batch.py``).
+    A valid inbound with such a header is answered, an undecodable one reaches the DLQ (with
+    ``headers.unreadable`` in place of the headers: confluent-kafka cannot hand them over),
+    and the next message is answered."""
     cat = Catalog(worker.prefix)
     start = await end_offsets(worker.bootstrap, cat.sent)
-    for module in (accumulator, aiokafka.producer.producer):  # the builder, the size check
-        monkeypatch.setattr(module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
-    odd = [(_RawKey("x"), b"odd"), ("trace", b"t-1")]
-    producer = AIOKafkaProducer(bootstrap_servers=worker.bootstrap, acks="all")
-    await producer.start()
-    try:
-        good = Inbound(chat_id="c1", id="odd-header", text="hi")
-        await producer.send_and_wait(cat.inbound, encode_inbound(good), key=b"c1", headers=odd)
-        bad = await producer.send_and_wait(cat.inbound, b"{nope", key=b"c1", headers=odd)
-        after = Inbound(chat_id="c1", id="after", text="still here")
-        await producer.send_and_wait(cat.inbound, encode_inbound(after), key=b"c1")
-    finally:
-        await producer.stop()
-    monkeypatch.undo()
+    odd = [(b"\xff", b"odd"), (b"trace", b"t-1")]
+    good = Inbound(chat_id="c1", id="odd-header", text="hi")
+    after = Inbound(chat_id="c1", id="after", text="still here")
+    records: list[Record] = [
+        (b"c1", encode_inbound(good), odd),
+        (b"c1", b"{nope", odd),
+        (b"c1", encode_inbound(after), []),
+    ]
+    base = await asyncio.to_thread(produce_raw, worker.bootstrap, cat.inbound, C1, records)
+    bad_offset = base + 1
     worker.start()
     seen = await collect(worker, cat.sent, start, {"odd-header", "after"})
     assert [s.receipt.inbound_id for s in seen] == ["odd-header", "after"]
@@ -270,10 +247,7 @@ async def test_a_header_key_that_is_not_utf8_neither_stops_the_worker_nor_its_pa
     worker.check_alive()
     assert worker.stop() == 0
     h = dict(dead.headers)
-    assert (h["reason"], h["source.offset"]) == (b"bad-json", str(bad.offset).encode())
-    if worker.env["BOTMESH_RUNTIME"] == "librdkafka":
-        # confluent-kafka cannot hand such headers over: the copy says they were dropped
-        assert b"not UTF-8" in h[UNREADABLE_HEADERS] and "trace" not in h
-    else:
-        assert (h["\ufffd"], h["trace"]) == (b"odd", b"t-1")
+    assert (h["reason"], h["source.offset"]) == (b"bad-json", str(bad_offset).encode())
+    # confluent-kafka cannot hand such headers over: the copy says they were dropped
+    assert b"not UTF-8" in h[UNREADABLE_HEADERS] and "trace" not in h
     assert dead.value == b"{nope"

@@ -1,8 +1,8 @@
 """The worker's journal changelog on librdkafka (``botmesh.streams.worker``), on a real broker:
-the producer's partitioner against aiokafka's (and Java's), an ack written to the partition's
-database, a lost record, a fenced transactional producer, aborted and open transactions met
-by a restore, a restore resumed from its database's offset, consumer offsets committed in the
-journal's transaction, and the restore's speed.
+the producer's partitioner against Java's (its murmur2 and its own producer), an ack written
+to the partition's database, a lost record, a fenced transactional producer, aborted and open
+transactions met by a restore, a restore resumed from its database's offset, consumer offsets
+committed in the journal's transaction, and the restore's speed.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, Producer, TopicPartition
 
 from botmesh.state.errors import FencedError, JournalUnavailableError
@@ -40,7 +39,9 @@ from botmesh.streams.worker.restore import (
     persisted_offset,
     restore,
 )
-from tests.kafka.broker import create_topics, free_ports
+from tests.kafka.broker import KAFKA_SH, create_topics, free_ports
+from tests.kafka.rdkafka_probe import read_all
+from tests.murmur2 import java_partition
 
 pytestmark = pytest.mark.kafka
 
@@ -104,13 +105,14 @@ def txn_producer(bootstrap: str, tid: str) -> Producer:
 # -- the partitioner -----------------------------------------------------------------------
 
 
-KEYS = [
+#: Keys a line of text can carry (what Java's console producer reads).
+TEXT_KEYS = [
     *(f"chat-{i}".encode() for i in range(200)),
     *(f"scope%2F{i}/in/{uuid.UUID(int=i * 7919)}".encode() for i in range(100)),
-    *(os.urandom(n) for n in (1, 2, 3, 4, 5, 7, 8, 13, 64, 257) for _ in range(3)),
     "чат-ünïcödé-💬".encode(),
     b"",
 ]
+KEYS = [*TEXT_KEYS, *(os.urandom(n) for n in (1, 2, 3, 4, 5, 7, 8, 13, 64, 257) for _ in range(3))]
 
 
 def _placed(bootstrap: str, topic: str, conf: dict[str, Any]) -> list[int]:
@@ -130,32 +132,54 @@ def _placed(bootstrap: str, topic: str, conf: dict[str, Any]) -> list[int]:
     return [got[i] for i in range(len(KEYS))]
 
 
-async def test_keys_land_where_aiokafka_and_java_put_them(
-    kafka_bootstrap: str, topic_prefix: str
-) -> None:
+def _java_placed(bootstrap: str, topic: str, group: str, partitions: int) -> dict[bytes, int]:
+    """Where Kafka's own Java producer (``kafka.sh tool console-producer``, its default
+    partitioner, acks=all) puts each of ``TEXT_KEYS``, read back from the broker."""
+    lines = "".join(f"{key.decode()}\t-\n" for key in TEXT_KEYS)
+    done = subprocess.run(
+        [
+            str(KAFKA_SH),
+            "tool",
+            "console-producer",
+            *("--bootstrap-server", bootstrap, "--topic", topic),
+            *("--reader-property", "parse.key=true", "--request-required-acks", "-1"),
+        ],
+        input=lines.encode(),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    out: dict[bytes, int] = {}
+    for m in read_all(bootstrap, group, topic, partitions):
+        key, partition = m.key(), m.partition()
+        assert isinstance(key, bytes) and partition is not None
+        assert out.setdefault(key, partition) == partition
+    assert sorted(out) == sorted(TEXT_KEYS)
+    return out
+
+
+def test_keys_land_where_java_puts_them(kafka_bootstrap: str, topic_prefix: str) -> None:
     """``partitioner=murmur2_random``: for every key and partition count, the partition
-    aiokafka's ``DefaultPartitioner`` (Java's murmur2) computes, and where a real aiokafka
-    producer put the record on the broker. librdkafka's default partitioner does not."""
+    Java's murmur2 (``tests/murmur2.py``) computes, and where Kafka's own Java producer put
+    the record on the broker. librdkafka's default partitioner does not."""
     counts = (1, 2, 3, 5, 8, 12, 16, 31)
     topics = {n: f"{topic_prefix}.parts{n}" for n in counts}
+    java_topic = f"{topic_prefix}.java12"
     for n, name in topics.items():
         create_topics(kafka_bootstrap, [name], n)
+    create_topics(kafka_bootstrap, [java_topic], 12)
     for n, name in topics.items():
-        every = list(range(n))
-        expected = [DefaultPartitioner()(key, every, every) for key in KEYS]
+        expected = [java_partition(key, n) for key in KEYS]
         assert _placed(kafka_bootstrap, name, producer_config(kafka_bootstrap)) == expected, n
     # the setting matters: librdkafka's own default (CRC32) puts keys elsewhere
     default = {k: v for k, v in producer_config(kafka_bootstrap).items() if k != "partitioner"}
-    eight = [DefaultPartitioner()(key, list(range(8)), list(range(8))) for key in KEYS]
+    eight = [java_partition(key, 8) for key in KEYS]
     assert _placed(kafka_bootstrap, topics[8], default) != eight
-    # and where aiokafka's producer put them on the broker
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    await producer.start()
-    try:
-        on_broker = [(await producer.send_and_wait(topics[12], b"", key=k)).partition for k in KEYS]
-    finally:
-        await producer.stop()
-    assert _placed(kafka_bootstrap, topics[12], producer_config(kafka_bootstrap)) == on_broker
+    # and where Java's producer put them on the broker (the keys a text line can carry)
+    on_broker = _java_placed(kafka_bootstrap, java_topic, f"{topic_prefix}-java", 12)
+    assert on_broker == {key: java_partition(key, 12) for key in TEXT_KEYS}  # so ours too
+    assert len(set(on_broker.values())) == 12  # spread: a constant partition would pass nothing
 
 
 def test_the_clients_settings() -> None:

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
 from botmesh.examples.demo import worker_command
 from botmesh.state.backends import open_backend
 from botmesh.state.kv import Entry
 from botmesh.state.messages import Inbound
+from botmesh.streams.clients import read_to_end, reader, wait_topic, watermarks
 from botmesh.streams.config import default_journal
 from botmesh.streams.connection import Brokers, KafkaSettings
 from botmesh.streams.ops.tools import Seen, end_offsets, produce_inbound, tail_receipts
@@ -46,6 +47,7 @@ from tests.kill import Child
 __all__ = [
     "WAIT_S",
     "Answers",
+    "Record",
     "Worker",
     "collect",
     "dead_letters",
@@ -319,50 +321,104 @@ async def collect(
     return seen
 
 
-async def dead_letters(
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record read back: where it is, its key, value (``None``: a tombstone), headers and
+    timestamp (ms since the epoch): the attributes the Kafka tests read of a record."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp: int
+
+    @classmethod
+    def of(cls, m: Message) -> Record:
+        raw = m.headers() or []
+        pairs = raw.items() if isinstance(raw, dict) else raw
+        headers = [(k, v.encode() if isinstance(v, str) else v or b"") for k, v in pairs]
+        _, timestamp = m.timestamp()
+        return cls(
+            str(m.topic()),
+            int(m.partition() or 0),
+            int(m.offset() or 0),
+            m.key(),
+            m.value(),
+            headers,
+            int(timestamp),
+        )
+
+
+#: The group id the readers below name (they assign partitions: no group is joined).
+_READER = "botmesh-tests"
+
+
+def _isolation(committed: bool) -> dict[str, str]:
+    return {"isolation.level": "read_committed" if committed else "read_uncommitted"}
+
+
+def _read_spans(
+    bootstrap: Brokers, topic: str, ends: dict[int, int], *, committed: bool
+) -> list[Record]:
+    """The records of ``topic`` from each partition's beginning up to its end offset in
+    ``ends``, in partition order (a hang guard of ``WAIT_S``)."""
+    out: list[Record] = []
+    deadline = time.monotonic() + WAIT_S
+
+    def guard(_read: int) -> None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"cannot read {topic} to its end offsets {ends}")
+
+    consumer = reader(bootstrap, _READER, _isolation(committed))
+    try:
+        spans = {(topic, p): (OFFSET_BEGINNING, end) for p, end in ends.items() if end > 0}
+        read_to_end(consumer, spans, lambda m: out.append(Record.of(m)), progress=guard)
+    finally:
+        consumer.close()
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def _dead_letters(
     bootstrap: str, topic: str, until: Callable[[list[Any]], bool], check: Callable[[], None]
 ) -> list[Any]:
-    """The records of a DLQ topic from the beginning, until ``until(records)`` holds."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
+    parts = wait_topic(bootstrap, topic, 30.0)
+    assert parts, f"no topic {topic}"
+    consumer = reader(bootstrap, _READER, {**_isolation(False), "enable.partition.eof": False})
     try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         dead: list[Any] = []
         deadline = time.monotonic() + WAIT_S
         while not until(dead):
             check()
             if time.monotonic() > deadline:
-                pytest.fail(f"the DLQ {topic} has only {len(dead)} records")
-            batch = await consumer.getmany(timeout_ms=300)
-            dead += [m for msgs in batch.values() for m in msgs]
+                raise AssertionError(f"the DLQ {topic} has only {len(dead)} records")
+            for m in consumer.consume(500, 0.3):
+                err = m.error()
+                if err is None:
+                    dead.append(Record.of(m))
+                elif err.fatal():
+                    raise KafkaException(err)
         return dead
     finally:
-        await consumer.stop()
+        consumer.close()
+
+
+async def dead_letters(
+    bootstrap: str, topic: str, until: Callable[[list[Any]], bool], check: Callable[[], None]
+) -> list[Any]:
+    """The records (``Record``) of a DLQ topic from the beginning, until ``until(records)``
+    holds."""
+    return await asyncio.to_thread(_dead_letters, bootstrap, topic, until, check)
 
 
 async def read_all(bootstrap: str, topic: str, *, committed: bool = False) -> list[Any]:
-    """Every record on ``topic`` now (up to the end offsets read first), in partition order;
-    ``committed``: only those of committed transactions (``read_committed``)."""
+    """Every record (``Record``) on ``topic`` now (up to the end offsets read first), in
+    partition order; ``committed``: only those of committed transactions
+    (``read_committed``)."""
     ends = await end_offsets(bootstrap, topic)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        isolation_level="read_committed" if committed else "read_uncommitted",
-    )
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(ends)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        out: list[Any] = []
-        deadline = time.monotonic() + WAIT_S
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp.partition]]:
-            if time.monotonic() > deadline:
-                pytest.fail(f"cannot read {topic} to its end offsets {ends}")
-            batch = await consumer.getmany(timeout_ms=300)
-            out += [m for tp in tps for m in batch.get(tp, [])]
-        return out
-    finally:
-        await consumer.stop()
+    return await asyncio.to_thread(_read_spans, bootstrap, topic, ends, committed=committed)
 
 
 #: ``--journal`` values naming the journal on Kafka (``botmesh.streams.config``).
@@ -370,7 +426,7 @@ _KAFKA_JOURNALS = {"kafka", "kafka:", "kafka://", "table"}
 
 
 def _table_kv() -> Any:
-    """``botmesh.streams.table_kv`` (the journal in a Faust table), or None while it does not
+    """``botmesh.streams.table_kv`` (the journal in a changelogged table), or None while it does not
     exist."""
     try:
         return importlib.import_module("botmesh.streams.table_kv")
@@ -407,28 +463,23 @@ async def read_changelog(
 ) -> dict[str, dict[str, Any]]:
     """The table a compacted changelog holds now: each record decoded with ``decode`` (None:
     a tombstone), the last record of a key wins; read_committed, up to the end offsets."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
-    )
-    await consumer.start()
+    return await asyncio.to_thread(_read_changelog, bootstrap, topic, decode)
+
+
+def _read_changelog(
+    bootstrap: str, topic: str, decode: Callable[[bytes, bytes | None], Entry | None]
+) -> dict[str, dict[str, Any]]:
+    parts = wait_topic(bootstrap, topic)
+    assert parts, f"no changelog topic {topic}"
+    consumer = reader(bootstrap, _READER, _isolation(True))
     try:
-        metadata = await consumer._client.fetch_all_metadata()
-        parts = sorted(metadata.partitions_for_topic(topic) or ())
-        assert parts, f"no changelog topic {topic}"
-        tps = [TopicPartition(topic, p) for p in parts]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        latest: dict[bytes, Entry | None] = {}
-        deadline = time.monotonic() + WAIT_S
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            if time.monotonic() > deadline:
-                pytest.fail(f"cannot read {topic} to its end offsets {ends}")
-            batch = await consumer.getmany(timeout_ms=300)
-            for tp in tps:
-                for m in batch.get(tp, []):
-                    assert m.key is not None, f"a changelog record without a key at {m.offset}"
-                    latest[m.key] = decode(m.key, m.value)
-        return {e.key: e.value for e in latest.values() if e is not None}
+        ends = {
+            p: end for (_, p), (_, end) in watermarks(consumer, [(topic, p) for p in parts]).items()
+        }
     finally:
-        await consumer.stop()
+        consumer.close()
+    latest: dict[bytes, Entry | None] = {}
+    for m in _read_spans(bootstrap, topic, ends, committed=True):
+        assert m.key is not None, f"a changelog record without a key at {m.offset}"
+        latest[m.key] = decode(m.key, m.value)
+    return {e.key: e.value for e in latest.values() if e is not None}

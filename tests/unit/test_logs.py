@@ -1,6 +1,6 @@
 """``botmesh.logs``: the log format setting refused when it is neither ``text`` nor ``json``,
-JSON lines with the record's context, the same set-up given to Faust's worker (mode), and
-no message text logged at ``info`` or above anywhere in the package."""
+JSON lines with the record's context, the same lines from the libraries' loggers, and no
+message text logged at ``info`` or above anywhere in the package."""
 
 from __future__ import annotations
 
@@ -228,23 +228,22 @@ def test_the_text_lines_are_the_gateways_as_before(
     assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING botmesh.x: shown$", err.strip())
 
 
-def test_faust_s_worker_sets_the_same_json_lines_up(
+def test_the_libraries_loggers_write_the_same_json_lines(
     root_logging: None, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """What ``run_worker`` hands Faust's worker: mode's ``setup_logging`` clears the root
-    logger and applies the configuration; Faust's, mode's and aiokafka's loggers write JSON."""
-    from mode.utils import logging as mode_logging
-
-    for _ in range(2):  # a new dictionary each time: dictConfig consumes what it is given
-        config = logs.logging_config("info", "json")
-        mode_logging.setup_logging(loglevel="info", logging_config=config)
-    for name in ("faust.worker", "mode.services", "aiokafka.consumer.group_coordinator"):
+    """What the worker and the gateway set up (``setup_logging``, applied again with a new
+    dictionary: ``dictConfig`` consumes it) is the root logger's: the loggers of the Kafka
+    client library and of botmesh's Kafka clients write JSON, one line each, including a
+    logger made before the set-up (not disabled)."""
+    logging.getLogger("confluent_kafka")  # made before the set-up
+    for _ in range(2):  # a second set-up replaces the handler: no line twice
+        logs.setup_logging("info", "json")
+    names = ("confluent_kafka", "botmesh.streams", "botmesh.streams.kafka")
+    for name in names:
         logging.getLogger(name).info("from %s", name)
     lines = json_lines(capfd.readouterr().err)
-    assert [line["logger"] for line in lines] == [
-        "faust.worker",
-        "mode.services",
-        "aiokafka.consumer.group_coordinator",
+    assert [(line["logger"], line["message"]) for line in lines] == [
+        (name, f"from {name}") for name in names
     ]
     assert isinstance(logging.getLogger().handlers[0].formatter, logs.JsonFormatter)
 
