@@ -61,7 +61,7 @@ request id and the send's idempotency key (``--key``, else ``req:<request id>``)
 again with the same ``--id`` or ``--key`` and the bot still sends once.
 """
 
-# Kafka/Faust load only in the commands that need them (import cost ~1 s):
+# the Kafka client loads only in the commands that need them (import cost ~1 s):
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
@@ -299,29 +299,19 @@ def _cmd_worker(args: Args) -> int:
         loglevel=args.loglevel,
         guarantee=args.guarantee,
     )
-    runtime = os.environ.get("BOTMESH_RUNTIME", "").strip().lower() or "faust"
-    if runtime not in {"faust", "librdkafka"}:
-        raise ValueError(f"BOTMESH_RUNTIME={runtime!r}: expected faust or librdkafka")
     logs.setup_logging(config.loglevel, log_format)
     tracing.configure("botmesh-worker")  # after the bot module: a provider it installed counts
-    if runtime == "librdkafka":  # the runtime being built beside Faust's (issue 38)
-        from botmesh.streams.worker.loop import run_worker as run_on_librdkafka
+    from botmesh.streams.worker.loop import run_worker
 
-        return run_on_librdkafka(bot, provider, config, fallbacks=fallbacks)
-    from botmesh.streams.faust_app.app import run_worker
-
-    run_worker(
+    return run_worker(
         bot,
         provider,
         config,
-        # Faust's worker sets the process's logging up again when it starts: the same lines
-        logging_config=logs.logging_config(config.loglevel, log_format),
+        fallbacks=fallbacks,
         # the record's log context and span: nothing reads them under text lines untraced
         record_scope=logs.record_scope if log_format == "json" or tracing.ENABLED else None,
         journal_written=tracing.journal_write if tracing.ENABLED else None,
-        fallbacks=fallbacks,
     )
-    return 0
 
 
 def _count(value: int | None, option: str, env: str, default: int) -> int:

@@ -152,8 +152,7 @@ def run() -> None:
 @click.option("--prefix", help="topic prefix  [env var: BOTMESH_TOPIC_PREFIX; default: botmesh]")
 @click.option(
     "--data-dir",
-    help="Faust's files, the journal's RocksDB copy  [env var: BOTMESH_DATA_DIR; default: "
-    "./botmesh-data]",
+    help="the journal's RocksDB databases  [env var: BOTMESH_DATA_DIR; default: ./botmesh-data]",
 )
 @click.option(
     "--http-host",
@@ -179,8 +178,9 @@ def run() -> None:
 @click.option(
     "--guarantee",
     type=click.Choice(["at_least_once", "exactly_once"]),
-    help="Faust's processing guarantee; exactly_once commits the journal in Kafka "
-    "transactions  [env var: BOTMESH_PROCESSING_GUARANTEE; default: at_least_once]",
+    help="processing guarantee; exactly_once commits the journal, the receipts and the "
+    "offsets in Kafka transactions  [env var: BOTMESH_PROCESSING_GUARANTEE; default: "
+    "at_least_once]",
 )
 @click.option("--loglevel", help="log level  [env var: BOTMESH_LOG_LEVEL; default: info]")
 @click.option(
@@ -190,7 +190,7 @@ def run() -> None:
 )
 @_invoke("worker")
 def worker() -> None:
-    """Run a bot on the inbound topic (the Faust worker)."""
+    """Run a bot on the inbound topic (the Kafka worker)."""
 
 
 # -- topics and traffic ---------------------------------------------------------------------

@@ -57,10 +57,10 @@ def command_of(argv: Sequence[str]) -> str:
 
 @functools.cache  # once a process
 def stop_on_sigterm_until_started() -> None:
-    """SIGTERM while ``botmesh worker`` starts (its bot module and Faust being imported, the
-    topics provisioned) ends it with status 0: nothing has been consumed yet. Python's
-    default would end it by the signal (status 143, or -15 to a parent), which a supervisor
-    takes for a crash. Faust's handlers replace this one once its event loop runs; this
+    """SIGTERM while ``botmesh worker`` starts (its bot module being imported, the topics
+    provisioned) ends it with status 0: nothing has been consumed yet. Python's default
+    would end it by the signal (status 143, or -15 to a parent), which a supervisor takes
+    for a crash. The worker's own handlers replace this one once its event loop runs; this
     stop has ``BOTMESH_STOP_TIMEOUT`` seconds too. Installed once, as early as the process
     can (``python -m botmesh`` does it before importing the command line), and says so with
     ``botmesh worker: starting``."""
@@ -77,7 +77,7 @@ def stop_on_sigterm_until_started() -> None:
             limit = float(os.environ.get("BOTMESH_STOP_TIMEOUT", "").strip() or 30)
         except ValueError:
             limit = 30.0
-        # the status of a stop past its limit (``botmesh.streams.faust_app.app.EXIT_SOFTWARE``)
+        # the status of a stop past its limit (``botmesh.streams.worker.loop.EXIT_SOFTWARE``)
         timer = threading.Timer(limit, os._exit, (70,))
         timer.daemon = True
         timer.start()

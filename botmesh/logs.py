@@ -16,9 +16,9 @@ in text or in JSON lines, with the context of the record being handled.
   request), and ``trace_id`` / ``span_id`` when tracing is on (``botmesh.tracing``); an
   exception comes as ``exc_type`` and ``exc`` (its traceback, as text).
 
-Faust's, mode's and aiokafka's own lines come out the same way: the worker hands the same
-configuration (``logging_config``) to Faust's worker, which sets the process's logging up
-when it starts. Python's warnings go through logging too under ``json``.
+librdkafka's own lines come out the same way: the clients hand them to Python's logging
+(``botmesh.streams.librdkafka``, ``botmesh.streams.kafka``), never to stderr directly.
+Python's warnings go through logging too under ``json``.
 
 The context is a context variable set once a record (``record_scope``, entered by the
 worker's runner around each record it settles, under ``json`` or with tracing on: under

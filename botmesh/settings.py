@@ -70,9 +70,27 @@ SETTINGS: tuple[Setting, ...] = (
         "PLAINTEXT",
         "`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`",
     ),
-    _s("KAFKA_SASL_MECHANISM", "", "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (with `SASL_*`)"),
-    _s("KAFKA_SASL_USERNAME", "", "the SASL user"),
+    _s(
+        "KAFKA_SASL_MECHANISM",
+        "",
+        "`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER` (with `SASL_*`)",
+    ),
+    _s("KAFKA_SASL_USERNAME", "", "the SASL user (`PLAIN`, `SCRAM-*`)"),
     _s("KAFKA_SASL_PASSWORD", "", "its password", secret=True),
+    _s(
+        "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL",
+        "",
+        "`OAUTHBEARER` (OIDC): the identity provider's token endpoint, where the client "
+        "credentials grant gets the tokens (`https://`; `http://` on the loopback only)",
+    ),
+    _s("KAFKA_SASL_OAUTHBEARER_CLIENT_ID", "", "`OAUTHBEARER`: the client's id there"),
+    _s("KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET", "", "its secret", secret=True),
+    _s("KAFKA_SASL_OAUTHBEARER_SCOPE", "", "`OAUTHBEARER`: the scope the token is asked for"),
+    _s(
+        "KAFKA_SASL_OAUTHBEARER_EXTENSIONS",
+        "",
+        "`OAUTHBEARER`: SASL extensions sent with the token, `key=value[,key=value...]`",
+    ),
     _s(
         "KAFKA_SSL_CAFILE",
         "the system's",
@@ -97,7 +115,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s(
         "BOTMESH_DATA_DIR",
         "./botmesh-data",
-        "Faust's files (the journal's RocksDB copy); `botmesh run`'s journal",
+        "the journal's RocksDB databases (the worker's); `botmesh run`'s journal",
     ),
     _s(
         "BOTMESH_PROVIDER",
@@ -135,12 +153,6 @@ SETTINGS: tuple[Setting, ...] = (
         "BOTMESH_PROCESSING_GUARANTEE",
         "at_least_once",
         "`exactly_once`: the journal in Kafka transactions",
-    ),
-    _s(
-        "BOTMESH_RUNTIME",
-        "faust",
-        "the worker's runtime: `faust`, or `librdkafka` (one consumer, one producer; being "
-        "built beside it, not yet for production)",
     ),
     _s("BOTMESH_PARTITIONS", "8", "partitions of the topics the worker creates"),
     _s("BOTMESH_REPLICATION", "1", "replication factor of the topics it creates"),
@@ -340,7 +352,11 @@ SETTINGS: tuple[Setting, ...] = (
 
 _BY_ENV = {s.env: s for s in SETTINGS}
 #: Secrets whose ``_FILE`` form the Kafka settings read themselves (naming it in errors).
-_READ_BY_CONNECTION = {"KAFKA_SASL_PASSWORD", "KAFKA_SSL_KEY_PASSWORD"}
+_READ_BY_CONNECTION = {
+    "KAFKA_SASL_PASSWORD",
+    "KAFKA_SSL_KEY_PASSWORD",
+    "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
+}
 
 
 def _known(env: str) -> bool:

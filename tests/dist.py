@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import email.message
 import email.parser
+import json
 import os
 import shutil
 import subprocess
@@ -222,6 +223,28 @@ def install(python: Path, target: Path, *, deps: bool = True, index: bool = True
     _require(done.returncode == 0, f"pip install {target.name}:\n{done.stdout}\n{done.stderr}")
 
 
+#: What no longer comes with botmesh (issue 38): Faust capped click below 8.4.
+RETIRED = ("faust-streaming", "mode-streaming", "aiokafka")
+
+
+def check_dependencies(python: Path) -> str:
+    """The newest click from the index next to the installed wheel, then ``pip check``;
+    none of ``RETIRED`` installed. The click version installed."""
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
+    up = subprocess.run(
+        [*pip, "install", "-q", "--upgrade", "click"], capture_output=True, text=True, check=False
+    )
+    _require(up.returncode == 0, f"pip install --upgrade click:\n{up.stdout}\n{up.stderr}")
+    checked = subprocess.run([*pip, "check"], capture_output=True, text=True, check=False)
+    _require(checked.returncode == 0, f"pip check after the newest click:\n{checked.stdout}")
+    listed = subprocess.run(
+        [*pip, "list", "--format=json"], capture_output=True, text=True, check=True
+    )
+    have = {d["name"].lower(): d["version"] for d in json.loads(listed.stdout)}
+    _require(not set(RETIRED) & set(have), f"installed with botmesh: {set(RETIRED) & set(have)}")
+    return str(have.get("click", ""))
+
+
 def user_env() -> dict[str, str]:
     """This environment without our own Python settings (PYTHONPATH and the like)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
@@ -309,6 +332,8 @@ def release_check(out: Path, work: Path) -> Release:
     python = fresh_venv(work / "venv")
     install(python, built.wheel)
     log(f"installed {built.wheel.name} and its dependencies into a fresh virtualenv")
+    click = check_dependencies(python)
+    log(f"the newest click ({click}) beside it, pip check clean; no faust, mode or aiokafka")
     (work / "user").mkdir()
     print(smoke(python, work / "user").rstrip(), flush=True)
     log(

@@ -55,7 +55,7 @@ RULES: dict[str, frozenset[str]] = {
     "console": frozenset({"state", "topics", "observability", "streams"}),
     "botmesh": frozenset({"state", "providers", "topics", "observability", "streams", "console"}),
 }
-#: The Kafka and Faust client libraries.
+#: The Kafka client and the journal's store (and the stack retired in issue 38).
 KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})
 #: Packages that never import a Kafka client, anywhere (functions and TYPE_CHECKING included).
 NO_KAFKA = frozenset({"state", "providers", "topics", "observability"})
@@ -286,30 +286,36 @@ def test_only_streams_imports_kafka_clients_itself() -> None:
     assert bad == [], "import Kafka clients in botmesh/streams/ only:\n" + "\n".join(bad)
 
 
-#: Faust (and mode, its service library) is imported in ``botmesh/streams/faust_app/`` only.
-FAUST = frozenset({"faust", "mode"})
+#: The Kafka stack the worker ran on before confluent-kafka (issue 38): gone from the
+#: dependencies, so nothing may import it, in the package, its tests or its benchmarks.
+RETIRED = frozenset({"faust", "mode", "aiokafka"})
 
 
-def test_faust_is_imported_in_its_own_package_only() -> None:
-    """The floor plan of ``streams/``: everything that knows Faust is in ``faust_app``; the
-    runner, the journal, the tiers and the operator's tools never import it."""
-    bad = [
-        str(i)
-        for i in all_imports()
-        if i.top in FAUST and not _module_of(i.file).startswith("botmesh.streams.faust_app")
-    ]
-    assert bad == [], "import Faust in botmesh/streams/faust_app/ only:\n" + "\n".join(bad)
+def test_nothing_imports_faust_mode_or_aiokafka() -> None:
+    """The package, the tests and the benchmarks on one Kafka client: no import of the
+    retired stack anywhere (functions, ``TYPE_CHECKING`` and import strings included)."""
+    bad = [str(i) for i in all_imports() if i.top in RETIRED]
+    for folder in ("tests", "bench"):
+        for file in sorted((ROOT / folder).rglob("*.py")):
+            rel = file.relative_to(ROOT)
+            parts = rel.with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found = read_imports(
+                file.read_text(), module, is_package=file.name == "__init__.py", file=str(rel)
+            )
+            bad += [str(i) for i in found if i.top in RETIRED]
+    assert bad == [], "imports of the retired Kafka stack:\n" + "\n".join(bad)
 
 
 def test_the_operator_tools_and_the_worker_stand_apart() -> None:
     """``streams/ops`` (status, replay, dead letters, demo traffic) never imports the worker's
-    Faust app, and nothing of the worker imports the operator's tools."""
+    runtime, and nothing of the worker imports the operator's tools."""
     bad = []
     for i in all_imports():
         mod = _module_of(i.file)
         ops = mod.startswith("botmesh.streams.ops")
         worker = mod.startswith("botmesh.streams.") and not ops
-        if ops and i.name.startswith("botmesh.streams.faust_app"):
+        if ops and i.name.startswith("botmesh.streams.worker"):
             bad.append(str(i))
         if worker and i.name.startswith("botmesh.streams.ops"):
             bad.append(str(i))

@@ -1,5 +1,5 @@
-"""Channel adapters. They implement ``botmesh.state.ports.Provider`` and never import Kafka or
-Faust."""
+"""Channel adapters. They implement ``botmesh.state.ports.Provider`` and never import a
+Kafka client."""
 
 from botmesh.providers.console import ConsoleProvider
 from botmesh.providers.mock import MockProvider, SentCall

@@ -1,9 +1,8 @@
 """The HTTP client every channel adapter uses: one ``aiohttp`` session per adapter (connection
 reuse), a timeout on every call, credentials kept out of every message, one status mapping.
 
-Why aiohttp: the Kafka worker already loads it (Faust's web server is aiohttp), it is the
-one mature asyncio client *and* server, and the webhook gateway is built on its server; so
-one library serves both ends, and botmesh adds no HTTP dependency of its own.
+Why aiohttp: it is the one mature asyncio client *and* server, and the webhook gateway and
+the worker's probes are built on its server; so one library serves both ends.
 
 Error mapping (``status_error``), the rule every adapter starts from:
 

@@ -1,10 +1,10 @@
 """The journal SPI: ``DurableKv``, a versioned key-value store with two sorted indexes.
 
-Every backend (memory, file, sqlite, postgres, redis, rocksdb, the Faust table) implements
-this one small protocol; ``botmesh.state.engine.Engine`` builds the inbox, the outbox and the
-leases on
-top of it. Keys are strings; values are JSON objects (``dict`` of JSON values), copied on
-the way in and out so that callers never share mutable state with the store.
+Every backend (memory, file, sqlite, postgres, redis, rocksdb, the Kafka worker's
+changelogged table) implements this one small protocol; ``botmesh.state.engine.Engine``
+builds the inbox, the outbox and the leases on top of it. Keys are strings; values are JSON
+objects (``dict`` of JSON values), copied on the way in and out so that callers never share
+mutable state with the store.
 
 Versions: a key that does not exist has version 0. Every committed put of a key sets its
 version to the previous version + 1 (a delete then a put starts again at 1).

@@ -19,7 +19,7 @@ whole or not at all, so
   even a rewrite of the same settlement lands on the same entry.
 
 That holds on every journal that implements the SPI's atomic ``commit``: memory, file,
-sqlite, postgres, redis, and the Kafka worker's Faust table (whose changelog carries the
+sqlite, postgres, redis, and the Kafka worker's table (whose changelog carries the
 entry and the ``sent`` mark in the same partition: one transaction under ``exactly_once``,
 consecutive records handed to the producer together under ``at_least_once``). There a
 producer batch can fill up between the two, so the entry goes first: a kill between them

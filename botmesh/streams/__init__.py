@@ -1,14 +1,15 @@
-"""The Kafka edge. The only package that imports Kafka or Faust.
+"""The Kafka edge. The only package that imports a Kafka client (confluent-kafka).
 
 Its floor plan:
 
-- the worker's parts that do not know Faust, here: ``runner`` (the inbound path:
+- ``worker``: the worker's runtime (its loop, its consumer, its producer and the journal's
+  changelog on it, the restore, the checkpoint, what operators see);
+- the parts the worker and the tools share, here: ``runner`` (the inbound path:
   ``InboundRunner``, ``KafkaReceipts``, the ``BotDefinition`` and ``RuntimeLike``
   protocols), ``table_kv`` and ``journal_db`` (the journal over a changelog, on disk),
   ``retry_tiers``, ``membership`` (joining the group), ``config`` (``WorkerConfig``),
   ``connection`` (TLS and SASL for every client), ``provision`` (idempotent topic
   creation), ``gateway`` (the webhook gateway's Kafka side);
-- ``faust_app``: everything that knows Faust (the app, the table, the workarounds);
 - ``ops``: the operator's tools (status, replay, dead letters, demo traffic, the receipts
   tail), apart from the worker.
 

@@ -5,7 +5,7 @@ the operator's commands and the console.
   of its own; :meth:`AsyncProducer.send` enqueues a record and returns a future that
   resolves (:class:`Delivered`) when the broker acked it, or fails with the record's error.
   Nothing is buffered in Python: librdkafka batches (``linger.ms``) and sends. Settings from
-  ``connection.producer_options``: the partitioner of Java's and aiokafka's producers
+  ``connection.producer_options``: the partitioner of Java's producer
   (murmur2), and ``acks=all`` with idempotence unless ``durable=False``.
 - :func:`reader`, :func:`watermarks`, :func:`read_to_end`: a consumer that assigns its
   partitions itself (no group joined, nothing committed), the offsets a partition spans,
@@ -75,7 +75,7 @@ Headers = list[tuple[str, bytes]]
 #: producer first acquires a producer id, which took 0.5 s a producer here (its first
 #: record waited for it) against 0.01 s without. A retry of such a producer could write a
 #: record twice; the journal answers a second copy of an inbound or a request as a
-#: duplicate, as it did with aiokafka's (not idempotent) producer before.
+#: duplicate.
 ONE_SHOT: dict[str, Any] = {"enable.idempotence": False}
 
 

@@ -1,11 +1,12 @@
-"""The worker's settings (``WorkerConfig``) and its journal rule, without loading Faust.
+"""The worker's settings (``WorkerConfig``) and its journal rule, without loading a Kafka
+client.
 
 ``WorkerConfig.from_env()`` reads the environment; the CLI passes its options as overrides.
 A bad value is refused here, naming the variable or the option and the fix.
 
 The worker never runs without a journal, and never on one that forgets: ``memory://`` and
 "none" are refused (a restarted worker must find what the last run journaled). The default,
-``kafka``, is the journal on Kafka itself (``botmesh.streams.table_kv``: a Faust table in RocksDB,
+``kafka``, is the journal on Kafka itself (``botmesh.streams.table_kv``: a table in RocksDB,
 changelogged, following the inbound partitions), which every worker of the group shares. A
 ``file://`` journal stays possible for one worker alone (several workers in one group, each
 with its own file, would not see each other's records when partitions move).
@@ -36,13 +37,13 @@ __all__ = [
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-#: Seconds a killed member holds its partitions when it has no static id (Faust: 60 s).
+#: Seconds the group waits for a silent member before it gives its partitions to others.
 DEFAULT_SESSION_TIMEOUT = 30.0
 _NONE = {"", "none", "null", "off", "no"}
 #: The journal on Kafka (the worker's default).
 KAFKA_JOURNAL = "kafka"
 _KAFKA = {"kafka", "kafka:", "kafka://", "table"}
-#: Faust's processing guarantees the worker runs under (``BOTMESH_PROCESSING_GUARANTEE``).
+#: The processing guarantees the worker runs under (``BOTMESH_PROCESSING_GUARANTEE``).
 GUARANTEES = ("at_least_once", "exactly_once")
 
 
@@ -115,7 +116,7 @@ def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
 
 #: Settings earlier releases read, and what to set instead.
 RETIRED = {
-    "BOTMESH_WEB_PORT": "Faust's web server is gone; set BOTMESH_HTTP_PORT for /healthz, "
+    "BOTMESH_WEB_PORT": "the old web server is gone; set BOTMESH_HTTP_PORT for /healthz, "
     "/readyz and /metrics (and BOTMESH_HTTP_HOST, 127.0.0.1 by default, to 0.0.0.0 for "
     "probes from outside the host)",
 }
@@ -133,8 +134,8 @@ class WorkerConfig:
     security: Security = field(default_factory=Security)
     #: ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``): every topic name and the group.
     prefix: str = "botmesh"
-    #: ``BOTMESH_DATA_DIR`` (default ``./botmesh-data``): the journal (by default) and
-    #: Faust's own files.
+    #: ``BOTMESH_DATA_DIR`` (default ``./botmesh-data``): the journal's RocksDB databases
+    #: (one a partition, under ``journal/``).
     data_dir: Path = field(default_factory=lambda: Path("botmesh-data"))
     #: ``BOTMESH_JOURNAL``: ``kafka`` (the default: the journal on Kafka, shared by the
     #: group) or a ``file://`` URL (one worker alone).
@@ -154,8 +155,6 @@ class WorkerConfig:
     replication: int = 1
     #: ``BOTMESH_BATCH_SIZE`` (500): records per processing batch.
     batch_size: int = 500
-    #: Seconds a batch waits for more records before it runs (Faust ``take_events``).
-    batch_within: float = 0.05
     #: ``BOTMESH_IN_FLIGHT`` (1000): records taken and not yet settled, over every batch
     #: running; beyond, the worker takes no more until some settle.
     in_flight: int = 1000
@@ -163,12 +162,13 @@ class WorkerConfig:
     #: (a killed worker without a static id) before it gives its partitions to others.
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
     #: Longest a batch may keep retrying records (a journal outage) before the worker exits
-    #: without acking it, seconds (default 600, under Faust's max poll interval of 1000).
+    #: without acking it, seconds (default 600).
     batch_deadline: float = 600.0
-    #: ``BOTMESH_PROCESSING_GUARANTEE`` (``at_least_once``, or ``exactly_once``): Faust's
-    #: processing guarantee. Under ``exactly_once`` the journal's changelog records go into
-    #: the partition's Kafka transaction and a journal commit returns once that transaction
-    #: committed (``botmesh.streams.faust_app.table.JournalTable``).
+    #: ``BOTMESH_PROCESSING_GUARANTEE`` (``at_least_once``, or ``exactly_once``). Under
+    #: ``exactly_once`` the worker's one producer is transactional: the journal's changelog
+    #: records, receipts and dead letters go into its transaction with the batch's offsets,
+    #: and a journal write returns once that transaction committed
+    #: (``botmesh.streams.worker.changelog``).
     guarantee: str = "at_least_once"
     #: ``BOTMESH_METRICS_INTERVAL`` (10 s): how often the worker publishes its counters to
     #: ``<prefix>.metrics`` (and once at a clean stop).
@@ -276,10 +276,10 @@ class WorkerConfig:
 
     @property
     def exactly_once(self) -> bool:
-        """Faust's ``exactly_once``: transactional producers, read_committed consumers."""
+        """``exactly_once``: a transactional producer, read_committed consumers."""
         return check_guarantee(self.guarantee, "processing guarantee") == "exactly_once"
 
     @property
     def kafka_journal(self) -> bool:
-        """The worker journals on Kafka (a Faust table), not in a file."""
+        """The worker journals on Kafka (a changelogged table), not in a file."""
         return self.journal_url == KAFKA_JOURNAL

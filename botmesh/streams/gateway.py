@@ -63,7 +63,7 @@ class GatewayKafka:
             # the first contact through the admin client: a refused login or an unknown CA
             # is named (``KafkaAuthError``) rather than a bare connection error
             topics = await asyncio.to_thread(self._provision)
-            # idempotent, acks=all, keys partitioned by murmur2 as Java's and aiokafka's
+            # idempotent, acks=all, keys partitioned by murmur2 as Java's
             # producers do (``producer_options``): a chat's records stay on one partition
             self.producer = AsyncProducer(
                 self.bootstrap,

@@ -7,8 +7,10 @@ watch and by the operator's tools alike.
 librdkafka has no call that removes another member (Java's
 ``Admin.removeMembersFromConsumerGroup``), so ``remove_members`` speaks the three requests
 it takes itself, over the connection settings of every other client (``connection``):
-TLS with the same CA, certificate and host check; SASL PLAIN or SCRAM-SHA-256/512
-(``SaslHandshake`` v1, ``SaslAuthenticate`` v1, RFC 5802 for SCRAM); then
+TLS with the same CA, certificate and host check; SASL PLAIN, SCRAM-SHA-256/512 or
+OAUTHBEARER (``SaslHandshake`` v1, ``SaslAuthenticate`` v1; RFC 5802 for SCRAM; RFC 7628
+for OAUTHBEARER, with a token from the token endpoint, ``connection.oauthbearer_token``,
+as librdkafka gets its own); then
 ``FindCoordinator`` v2 for the group and ``LeaveGroup`` v3 to its coordinator. Each is a
 version every broker since Kafka 2.4 answers, none of the versions Kafka 4 removed."""
 
@@ -60,8 +62,8 @@ class Member:
     client_id: str
     host: str
     instance_id: str | None
-    #: topic -> partitions assigned to the member (the inbound, the requests and the
-    #: journal's changelog, by Faust's assignor)
+    #: topic -> partitions the group assigned to the member (the worker's: the inbound; it
+    #: takes the same partitions of the requests and control topics itself)
     partitions: dict[str, list[int]]
 
     def describe(self) -> str:
@@ -143,8 +145,11 @@ async def remove_members(
     try:
         async with asyncio.timeout(wait_s):
             code, results = await _leave_group(bootstrap, group, leave, wait_s)
+    except connection.KafkaAuthError:
+        raise  # the token endpoint refused the client (OAUTHBEARER): named already
     except (OSError, EOFError, TimeoutError, struct.error, _Protocol) as exc:
-        # a broker away or cut off (a TLS or SASL listener?), a login refused: named below
+        # a broker away or cut off (a TLS or SASL listener?), a login refused, the token
+        # endpoint out of reach: named below
         raise (await asyncio.to_thread(connection.connect_error, bootstrap, exc)) from None
     errors = [f"group: error {code}"] if code else []
     removed = []
@@ -261,13 +266,19 @@ class _Connection:
 
     async def _login(self, sec: connection.Security) -> None:
         mechanism = sec.sasl_mechanism or ""
-        user = sec.sasl_username or ""
-        password = sec.sasl_password.reveal() if sec.sasl_password is not None else ""
+        token = ""
+        if sec.oauthbearer:  # before the handshake: the broker waits for no one
+            token = await asyncio.to_thread(connection.oauthbearer_token, sec)
         answer = await self.request(_SASL_HANDSHAKE, 1, _str(mechanism))
         code = answer.int16()
         if code:
             offered = [answer.string() for _ in range(answer.int32())]
             raise _Protocol(f"the broker does not take SASL {mechanism} (it takes {offered})")
+        if sec.oauthbearer:
+            await self._oauthbearer(token, sec.sasl_oauthbearer_extensions)
+            return
+        user = sec.sasl_username or ""
+        password = sec.sasl_password.reveal() if sec.sasl_password is not None else ""
         if mechanism == "PLAIN":
             await self._authenticate(f"\0{user}\0{password}".encode())
             return
@@ -275,6 +286,19 @@ class _Connection:
         server_first = await self._authenticate(scram.first())
         server_final = await self._authenticate(scram.final(server_first))
         scram.check(server_final)
+
+    async def _oauthbearer(self, token: str, extensions: str | None) -> None:
+        """RFC 7628's initial response: ``n,,`` then ``auth=Bearer <token>`` and each
+        extension, each followed by ``\\x01``, and one more. A refused token is answered
+        with an error document; the client's ``\\x01`` then has the broker fail the
+        authentication with its reason."""
+        pairs = [f"auth=Bearer {token}"]
+        pairs += [item.strip() for item in (extensions or "").split(",") if item.strip()]
+        message = "n,,\x01" + "".join(f"{pair}\x01" for pair in pairs) + "\x01"
+        challenge = await self._authenticate(message.encode())
+        if challenge:
+            await self._authenticate(b"\x01")  # raises, naming the broker's reason
+            raise _Protocol(f"SASL authentication failed ({challenge.decode(errors='replace')})")
 
     async def _authenticate(self, token: bytes) -> bytes:
         answer = await self.request(_SASL_AUTHENTICATE, 1, _bytes(token))

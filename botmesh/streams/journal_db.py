@@ -1,27 +1,27 @@
 """One journal partition's RocksDB database: its records and its two sorted indexes.
 
-The Faust table's store keeps one RocksDB database per changelog partition. The journal
+The worker keeps one RocksDB database per changelog partition. The journal
 (``botmesh.streams.table_kv.TableKv``) reads its records there instead of holding them in
 memory, so what a worker holds grows with what it has in flight, not with what it retains.
 
-Layout of a database (raw bytes keys, as Faust's store opens it):
+Layout of a database (raw bytes keys):
 
 - a record: key = the journal key (UTF-8), value = the changelog value (``encode_entry``),
-  exactly what the changelog holds, so Faust's restore and ours write the same thing;
+  exactly what the changelog holds, so a restore writes what the journal wrote;
 - an index entry: ``INDEX_PREFIX`` + ``b"d"`` (``due``) or ``b"p"`` (``purge``) + the score as
   8 bytes that sort as the float does + the journal key, empty value. So the records due by
   a time are the first keys of the index, in (score, key) order: a sweeper pass reads what
   is due, not what is retained;
-- Faust's offset key (``__faust\\0offset__``): the changelog offset persisted so far;
+- the offset key (``__faust\\0offset__``, the name data dirs of earlier releases have):
+  the changelog offset persisted so far;
 - ``FORMAT_KEY``: the layout's version, once every record has its index entries.
 
 Journal keys start with their scope (percent-encoded), never with a NUL byte, so an index
 entry never falls in the key range of a record prefix.
 
-Every write (the journal's acked records, Faust's restore and standby updates, the
-catch-up after a restore) goes through ``write``: a record's old index entries are removed
-and its new ones added in the same atomic batch as the record and the offset, so the
-indexes always agree with the records on disk.
+Every write (the journal's acked records, the restore's batches) goes through ``write``: a
+record's old index entries are removed and its new ones added in the same atomic batch as
+the record and the offset, so the indexes always agree with the records on disk.
 """
 
 from __future__ import annotations

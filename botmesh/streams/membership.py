@@ -5,10 +5,9 @@ Two hazards, both silent before (a worker that said it was ready and answered no
 
 - **Topics not listed yet.** The group's leader computes the assignment from the metadata
   its consumer holds at that moment. A topic just created (by the worker's provisioning, by
-  ``botmesh topics create`` a moment before, or by Faust itself: its changelogs and its
-  ``__assignor-__leader`` topic) may not be in a broker's metadata yet; the leader then
-  skips it (Faust: ``Ignoring missing topic``) and assigns nothing of it, and the consumer
-  only refreshes its metadata every five minutes. ``wait_for_topics`` holds the join until
+  ``botmesh topics create`` a moment before) may not be in a broker's metadata yet; the
+  leader then skips it (librdkafka: ``Subscribed topic not available``) and assigns nothing
+  of it until the consumer refreshes its metadata. ``wait_for_topics`` holds the join until
   the broker lists every subscribed topic with a leader for each partition, and gives up
   after ``BOTMESH_TOPIC_WAIT`` seconds naming the topics it still misses.
 - **An empty assignment that sticks.** A static member (``--instance-id``) that rejoins
@@ -19,7 +18,9 @@ Two hazards, both silent before (a worker that said it was ready and answered no
   id, or by member id for a dynamic member), which makes the consumer join again and the
   group rebalance; it logs why and counts it (``forcedRebalances``). A worker that owns no
   partition because the group's other members own them all (more workers than partitions)
-  is left as it is.
+  is left as it is. (librdkafka's consumer does not join while no subscribed topic is
+  listed, and the worker waits for its topics before it subscribes; the watch stays as the
+  net for an assignment computed from metadata that lacked them.)
 
 ``AssignmentWatch.ready`` is the readiness the worker reports: true while it owns inbound
 partitions, or owns none and none is left without an owner.

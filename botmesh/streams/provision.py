@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.cimpl import NewTopic
 
+from botmesh.state.errors import ConfigError
 from botmesh.streams.connection import Brokers, admin, list_topics, servers
-from botmesh.topics.catalog import TopicSpec
+from botmesh.topics.catalog import Catalog, TopicSpec
 
-__all__ = ["ProvisionResult", "admin_client", "ensure_topics", "existing_topics"]
+__all__ = [
+    "ProvisionResult",
+    "admin_client",
+    "check_copartitioned",
+    "ensure_topics",
+    "existing_topics",
+]
 
 log = logging.getLogger("botmesh.streams")
 
@@ -129,3 +136,20 @@ def ensure_topics(
     for name, (want, got) in mismatched.items():
         log.info("topic %s exists with %d partitions (spec %d); left as is", name, got, want)
     return ProvisionResult(sorted(created), sorted(existing), mismatched)
+
+
+def check_copartitioned(cat: Catalog, have: Mapping[str, int]) -> None:
+    """Refuse to run when the requests or control topic and the inbound have other partition
+    counts: a chat's requests would land on another partition than its messages and its
+    journal (``ConfigError`` naming the topic and the fix)."""
+    inbound = have.get(cat.inbound)
+    for name, what in ((cat.requests, "send requests"), (cat.control, "operator actions")):
+        count = have.get(name)
+        if inbound is not None and count is not None and inbound != count:
+            raise ConfigError(
+                "topics",
+                f"{name} has {count} partitions but {cat.inbound} has {inbound}: a chat's "
+                f"{what} must land on the partition of its inbound messages; once {name} is "
+                f"drained, delete it and let the worker create it again (with {inbound} "
+                "partitions)",
+            )

@@ -23,7 +23,7 @@ sweeper takes a parked send ``PARK_GRACE`` (30 s) after its ``retry_at``.
 The consumers are librdkafka's (confluent-kafka): a synchronous ``Consumer`` per tier,
 settings from ``connection.consumer_options`` (TLS and SASL included; auto-commit and the
 offset store off, a partition without a committed offset read from its start), reading
-``read_uncommitted`` as the tiers' aiokafka consumers did before (a record of an aborted
+``read_uncommitted`` (a record of an aborted
 transaction is checked against the journal like any other, and a transaction left open never
 holds up a tier). Each tier's asyncio task drives its consumer and makes every call to it (assign,
 consume, pause, resume, commit, close) through a thread of the tier's own, one call at a

@@ -1,9 +1,9 @@
-"""The inbound path without Faust: decode a batch of records (inbound messages and send
+"""The inbound path: decode a batch of records (inbound messages and send
 requests), settle each through the runtime, dead-letter what cannot be settled, publish
 receipts.
 
-``InboundRunner.run_batch`` takes plain :class:`RawRecord` tuples, so the Faust agent
-(``botmesh.streams.faust_app.app``) and tests drive the same code. It **returns only when
+``InboundRunner.run_batch`` takes plain :class:`RawRecord` tuples, so the worker's loop
+(``botmesh.streams.worker.loop``) and tests drive the same code. It **returns only when
 every record of the batch is settled**, and then the caller may ack the whole batch; it **raises**
 (:class:`BatchAbandoned`, or whatever the runtime raised that is not an ``Exception``) when
 one is not, and then nothing of the batch may be acked (the worker exits hard).
@@ -26,9 +26,9 @@ for the producer                            record of the message is over the pr
                                             limit: trying again cannot help)
 any other ``Exception``                     the same; DLQ reason ``handle-failed``
 ``MembershipUnconfirmed`` (the worker may   retried every 0.5 s, not charged; after 5 s the
-have been evicted: ``botmesh.streams.table_kv``)    batch is abandoned (the worker exits and starts
-                                            afresh: an evicted worker cannot rejoin while
-                                            the batch holds Faust's rebalance)
+have been evicted:                          batch is abandoned (the worker exits and starts
+``botmesh.streams.table_kv``)               afresh: its partitions are someone else's by
+                                            then)
 ``ProducerFencedOut`` (``exactly_once``:    the batch is abandoned at once (the worker
 another worker's producer fenced ours)      exits and starts afresh)
 ==========================================  ==========================================
@@ -39,16 +39,15 @@ The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts
 ``source.partition``, ``source.offset``, ``dead.ts`` (credentials in URLs are masked).
 
 **Dead letters too large to copy.** The producer refuses any record over its request limit
-(``max_request_size``: the Faust app passes its aiokafka producer's
-``producer_max_request_size``, 1,000,000 bytes unless set; aiokafka's own default is
-1,048,576; librdkafka's ``message.max.bytes`` is 1,000,000 too), and a dead letter is the
+(``max_request_size``: librdkafka's ``message.max.bytes``, 1,000,000 bytes), and a dead
+letter is the
 record plus our headers. So a record the broker took can be too large to copy: the broker's
 default ``max.message.bytes`` (1,048,588) takes a value of 1,048,500 bytes, which with
 the headers is over the limit. Before it produces a dead letter the runner works out its
-size (:func:`record_size`) as aiokafka's producer does (key, value, headers, the record's
+size (:func:`record_size`) as a record alone in a batch (key, value, headers, the record's
 overhead and its batch's header, every length the batch decides at its longest);
 librdkafka counts a record smaller (its check of ``message.max.bytes``, tested with 2.16),
-so a record within the limit by this count passes either producer's check. When it is over the
+so a record within the limit by this count passes its check. When it is over the
 limit less 16 KiB (``CUT_MARGIN``), the copy is cut to
 that size: our headers stay whole and two are added, ``truncated`` = ``true`` and
 ``original.size`` = the value's length in bytes; the record's own headers stay while they
@@ -60,13 +59,13 @@ to read it (``kcat -C -b <broker> -t <topic> -p <partition> -o <offset> -c 1``) 
 retention deletes it. Should the producer or the broker still refuse a copy as too large
 (the DLQ topic's ``max.message.bytes`` under the producer's limit), it is produced again
 cut to a sixteenth, then with no value and none of the record's own headers; only a copy
-refused at that size, or for another reason, gives the batch up. A header key of the
-record that was not UTF-8 (the consumer keeps such bytes as surrogate escapes:
-``botmesh.streams.faust_app.defects.lenient_header_keys``) is copied with U+FFFD in their
-place. So no record, however large or odd (no key, no value, binary bytes, JSON nested too deeply, a
-huge key or header, a header key that is not UTF-8), stops the worker or holds up its
-partition. A record larger than the consumer's fetch size (1 MiB a partition; a topic
-whose ``max.message.bytes`` was raised) is fetched all the same: the broker hands over a
+refused at that size, or for another reason, gives the batch up. A record whose headers the
+consumer cannot hand over (a header key that is not UTF-8) is copied with a header saying
+they were dropped (``botmesh.streams.worker.loop.UNREADABLE_HEADERS``). So no record,
+however large or odd (no key, no value, binary bytes, JSON nested too deeply, a huge key or
+header, a header key that is not UTF-8), stops the worker or holds up its partition. A
+record larger than the consumer's fetch size (1 MiB a partition; a topic whose
+``max.message.bytes`` was raised) is fetched all the same: the broker hands over a
 partition's first batch whole whatever the fetch size (seen with a 3 MB record, cut here
 like any other).
 
@@ -114,18 +113,17 @@ sequences interleave). Records of different batches are settled batch after batc
 
 **How far a failing chat blocks others.** The records of one chat run one after the other,
 in offset order; the chats of a batch run concurrently. Batches may run side by side (the
-worker starts each as it is taken: ``botmesh.streams.faust_app.app.Pipeline``): a chat's records
-wait for its records of the batches handed over before, nothing else does. So a record
-that waits for a retry, or a provider that hangs, holds up only the later records of its
-own chat; the caller acks a batch once ``run_batch`` returned, and the worker's commit
-stays before its lowest record not settled (``botmesh.streams.faust_app.defects``: the guard
-holds the commit at a record in flight). ``unsettled`` counts the records handed over and
-not settled, over every batch (the worker takes no more beyond its in-flight limit). A
-batch that keeps retrying for longer than ``batch_deadline`` (default 600 s, under Faust's
-1000 s max poll interval), or is still retrying when the worker stops, is abandoned:
-:class:`BatchAbandoned`, nothing acked, the broker redelivers it and the journal answers
-what was already settled as duplicates. Each batch waits for its own dead letters and
-action results to be acked (they are tracked per batch).
+worker starts each as it is taken: ``botmesh.streams.worker.loop``): a chat's records wait
+for its records of the batches handed over before, nothing else does. So a record that waits
+for a retry, or a provider that hangs, holds up only the later records of its own chat; the
+caller acks a batch once ``run_batch`` returned, and the worker's commit stays before its
+lowest record not settled (``botmesh.streams.worker.checkpoint``). ``unsettled`` counts the
+records handed over and not settled, over every batch (the worker takes no more beyond its
+in-flight limit). A batch that keeps retrying for longer than ``batch_deadline`` (default
+600 s), or is still retrying when the worker stops, is abandoned: :class:`BatchAbandoned`,
+nothing acked, the broker redelivers it and the journal answers what was already settled as
+duplicates. Each batch waits for its own dead letters and action results to be acked (they
+are tracked per batch).
 
 Receipts: the runtime publishes every settled send through :class:`KafkaReceipts` (a
 ``botmesh.state.receipts.ReceiptSink``); at the end of each batch the runner waits for the broker's
@@ -224,9 +222,7 @@ UNCONFIRMED_WAIT_S = 0.5
 #: How long a record waits for the group to confirm the worker before its batch is given up.
 UNCONFIRMED_PATIENCE_S = 5.0
 #: The largest record the worker's producer sends (key, value, headers and the overhead of
-#: its batch together, :func:`record_size`): Faust's default ``producer_max_request_size``
-#: and librdkafka's default ``message.max.bytes``; aiokafka's own default is 1,048,576.
-#: ``botmesh.streams.faust_app.app`` passes the app's setting to the runner.
+#: its batch together, :func:`record_size`): librdkafka's default ``message.max.bytes``.
 MAX_REQUEST_SIZE = 1_000_000
 #: Bytes a cut dead letter leaves free under that limit.
 CUT_MARGIN = 16 * 1024
@@ -237,14 +233,6 @@ KEY_FLOOR = 256
 #: ``message.max.bytes``) and from the broker (over the topic's ``max.message.bytes``; the
 #: delivery report carries it), ``RECORD_LIST_TOO_LARGE`` from the broker for a batch.
 _RDKAFKA_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
-#: aiokafka's (the Faust app's producer) errors for the same, as ``(module, class name)``: the
-#: producer's own check (``MessageSizeTooLargeError`` before sending), the broker's (the same
-#: class, from the topic's ``max.message.bytes``; ``RecordListTooLargeError``), the client's
-#: ``RecordTooLargeError``. Matched by name, so the runner never imports aiokafka.
-_AIOKAFKA_TOO_LARGE = frozenset(
-    ("aiokafka.errors", name)
-    for name in ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError")
-)
 #: Kafka's record batch (format v2, magic 2): the batch's header (base offset 8, length 4,
 #: leader epoch 4, magic 1, CRC 4, attributes 2, last offset delta 4, first and max
 #: timestamps 8 + 8, producer id 8, producer epoch 2, base sequence 4, record count 4).
@@ -376,10 +364,9 @@ class KafkaReceipts:
 def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
     """The size of a record alone in a batch (Kafka's record batch v2): the batch's header,
     the record's fields whose varints depend on the batch at their longest, and its key,
-    value and headers each with its length's varint. It is the bound aiokafka's producer
-    (the Faust app's) checks a record against its ``max_request_size``, computed the same
-    way (``DefaultRecordBatchBuilder.estimate_size_in_bytes``; a test compares them); a
-    ``None`` key, value or header value takes one byte (length -1)."""
+    value and headers each with its length's varint: an upper bound of what librdkafka
+    checks against ``message.max.bytes``; a ``None`` key, value or header value takes one
+    byte (length -1)."""
     size = BATCH_HEADER + RECORD_OVERHEAD + _field(key) + _field(value)
     size += _varint_size(len(headers))
     for name, data in headers:
@@ -403,10 +390,9 @@ def _varint_size(n: int) -> int:
 
 
 def too_large(exc: BaseException) -> BaseException | None:
-    """The error that says a record is too large (the producer's check or the broker's,
-    aiokafka's or librdkafka's): ``exc`` itself or what it was raised from (Faust's
-    ``ProducerSendError``, the journal's ``JournalUnavailableError``; 8 deep, as
-    ``find_cause``); ``None`` when there is none."""
+    """The error that says a record is too large (the producer's check or the broker's):
+    ``exc`` itself or what it was raised from (the journal's ``JournalUnavailableError``;
+    8 deep, as ``find_cause``); ``None`` when there is none."""
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
@@ -421,13 +407,12 @@ def _says_too_large(exc: BaseException) -> bool:
     if isinstance(exc, KafkaException):
         err = exc.args[0] if exc.args else None
         return isinstance(err, KafkaError) and err.code() in _RDKAFKA_TOO_LARGE
-    return any((k.__module__, k.__name__) in _AIOKAFKA_TOO_LARGE for k in type(exc).__mro__)
+    return False
 
 
 def _encodable(name: str) -> str:
-    """A header key the producer can encode: bytes that were not UTF-8 (which the consumer
-    keeps as surrogate escapes, ``botmesh.streams.faust_app.defects.lenient_header_keys``) become
-    U+FFFD."""
+    """A header key the producer can encode: bytes that were not UTF-8 (kept as surrogate
+    escapes) become U+FFFD."""
     try:
         name.encode()
     except UnicodeEncodeError:
@@ -508,8 +493,7 @@ class InboundRunner:
     this worker still owns a record's partition: a record that fails on a partition taken
     from it is neither retried nor dead-lettered here (``BatchAbandoned``). Records of
     ``requests_topic`` are send requests (see the module doc). ``max_request_size`` is the
-    producer's limit on one record (Faust's ``producer_max_request_size``, librdkafka's
-    ``message.max.bytes``): a dead letter
+    producer's limit on one record (librdkafka's ``message.max.bytes``): a dead letter
     that would not fit under it is cut (see the module doc). ``flush`` makes the journal's
     deferred writes durable (``TableKv.flush``): a batch is settled once it returned.
     """

@@ -1,15 +1,15 @@
-"""The worker's journal: the ``DurableKv`` SPI over a Faust table stored in RocksDB and
+"""The worker's journal: the ``DurableKv`` SPI over a table stored in RocksDB and
 changelogged to Kafka (``<prefix>.worker-journal-changelog``, compacted).
 
 **The journal follows the partition.** The changelog has as many partitions as the inbound
 topic, and a chat's records (its inbox, outbox and lease records) live in the changelog
 partition of the chat's inbound partition. Whichever worker owns inbound partition ``p``
-owns changelog partition ``p``: Faust assigns them together, restores the partition's
-RocksDB database from the changelog before the worker gets the next inbound record of
-``p`` (``JournalTable.on_recovery_completed`` in ``botmesh.streams.faust_app.table``), and
-the journal then opens the partition (``assign``) and runs the engine's recovery pass over
-it (leases the old owner left are reclaimed once they expire, or at once when this
-instance held them; sends left in flight are resolved by the ambiguity policy). A revoked
+owns changelog partition ``p``: the worker restores the partition's RocksDB database from
+the changelog before it reads the next inbound record of ``p``
+(``botmesh.streams.worker.restore``), and the journal then opens the partition (``assign``)
+and runs the engine's recovery pass over it (leases the old owner left are reclaimed once
+they expire, or at once when this instance held them; sends left in flight are resolved by
+the ambiguity policy). A revoked
 partition is dropped (``revoke``): a later write of its records by this worker is refused
 (a lease holder's write becomes ``FencedError``, counted in ``staleLeases``).
 
@@ -62,9 +62,9 @@ the coordinator answers again; by then a worker that was evicted has been told, 
 handed its partitions over. The coordinator evicts a member only a whole session timeout
 after its last accepted heartbeat, so a write that passed the check leaves at least half
 the session timeout before another owner can take the partition. A worker that comes back
-into the group after missing a rebalance drops its partitions and opens them again once
-restored (``botmesh.streams.faust_app.table.JournalTable.on_rebalance``): another owner may have
-written them.
+into the group after missing a rebalance has lost its partitions (its consumer is told,
+and ``revoke`` drops them); those it is given again are restored from the changelog first:
+another owner may have written them.
 
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
 records acked in one turn of the event loop (a committed transaction's records) are
@@ -72,8 +72,7 @@ written into the partition's database in one atomic batch with their index entri
 changelog offset as persisted, in the order of the acks (then ``persisted`` drops them
 from the overlay), so a worker restarted on the same data dir restores only what was
 produced after its last acked write, and a deleted data dir is rebuilt from the changelog
-whole (Faust's restore writes the index entries too:
-``JournalTable.apply_changelog_batch``).
+whole (the restore writes the index entries too).
 
 Changelog records: key = the journal key (UTF-8), value = ``{"v": version, "d": due,
 "p": purge, "r": value}`` as JSON, a tombstone for a delete (``decode_entry`` reads one).
@@ -90,8 +89,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, Protocol
-
-from aiokafka.errors import ProducerFenced
 
 from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry
@@ -120,12 +117,12 @@ CURRENT_PARTITION: ContextVar[int | None] = ContextVar("botmesh_partition", defa
 #: its deferred writes need to go out before its next awaited one, nobody else's do.
 CURRENT_CHAT: ContextVar[str | None] = ContextVar("botmesh_chat", default=None)
 
-#: The Faust table's name: its changelog is ``<app id>-journal-changelog``.
+#: The journal table's name: its changelog is ``<prefix>.worker-journal-changelog``.
 TABLE_NAME = "journal"
 
 
 def changelog_topic(catalog: Catalog) -> str:
-    """The journal's changelog topic for a topic catalog (Faust's naming)."""
+    """The journal's changelog topic for a topic catalog."""
     return catalog.changelog(TABLE_NAME)
 
 
@@ -163,8 +160,8 @@ class MembershipUnconfirmed(JournalUnavailableError):
 
 
 class ChangelogPort(Protocol):
-    """What the journal needs from the Faust side
-    (``botmesh.streams.faust_app.table.JournalTable``)."""
+    """What the journal needs from the worker's producer
+    (``botmesh.streams.worker.changelog.RdChangelog``)."""
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> Awaitable[Any]:
         """Hand one changelog record to the producer; the awaitable resolves when the record
@@ -200,7 +197,7 @@ OnAssigned = Callable[[int], Awaitable[object]]
 
 #: Called when a transaction holding deferred writes (``DEFERRED``) could not be
 #: committed: memory holds what the changelog lost (the worker exits:
-#: ``botmesh.streams.faust_app.app``).
+#: ``botmesh.streams.worker.loop``).
 OnLost = Callable[[int, BaseException], None]
 
 #: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
@@ -220,9 +217,9 @@ OnLost = Callable[[int, BaseException], None]
 #: inbounds are read again (a done inbound answers as a duplicate; a send found in flight
 #: is resolved by the ambiguity policy, as when the crash comes before its ``sent``
 #: landed); a receipt not marked published is published again (receipts may come twice).
-#: Under ``exactly_once`` they go into the partition's open transaction, which commits with
-#: Faust's offset commit or the next barrier; a transaction that fails under them calls
-#: ``on_lost``.
+#: Under ``exactly_once`` they go into the worker's open transaction, which commits with
+#: the batch's offsets (the checkpoint) or the next barrier; a transaction that fails under
+#: them calls ``on_lost``.
 DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT})
 #: Seconds after a deferred write before it is flushed if nothing flushed it first.
 FLUSH_AFTER_S = 0.1
@@ -616,9 +613,8 @@ class TableKv:
                 self._undo(p, before, after)
             self._give_back(taken)
             self.failed += 1
-            # aiokafka's fence (the Faust app's producers), or the librdkafka port's
-            # (``botmesh.streams.worker.changelog``: a ``FencedError``)
-            if isinstance(exc, ProducerFenced | FencedError):
+            # the producer's fence (``botmesh.streams.worker.changelog``: a ``FencedError``)
+            if isinstance(exc, FencedError):
                 raise ProducerFencedOut(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
                     f"newer producer owns its partition's transactions ({exc})"
@@ -647,8 +643,8 @@ class TableKv:
     async def flush(self, partitions: Iterable[int] | None = None, *, commit: bool = False) -> None:
         """Produce every deferred write (of ``partitions``, else of every partition) and
         return once it is durable, with every write produced before: acked
-        (``at_least_once``); under ``exactly_once``, in the partition's open transaction,
-        which Faust's next offset commit of the partition commits with it (or
+        (``at_least_once``); under ``exactly_once``, in the worker's open transaction,
+        which the next checkpoint commits with the batch's offsets (or
         ``LAZY_COMMIT_S`` later; at once and awaited with ``commit``). Raises
         ``JournalUnavailableError`` when that fails; the writes stay deferred, for the next
         flush."""

@@ -22,7 +22,7 @@ topic                                     cleanup     purpose
 ``<prefix>.inbound.dlq``                  delete 30d  undecodable / failed inbound records
 ``<prefix>.requests.dlq``                 delete 30d  undecodable / failed send requests
 ``<prefix>.outbox.dlq``                   delete 30d  sends that failed for good
-``<prefix>.worker-journal-changelog``     compact     the worker's journal (a Faust table:
+``<prefix>.worker-journal-changelog``     compact     the worker's journal (a table:
                                                       inbox, outbox and lease records);
                                                       partitions = inbound's
 ``<prefix>.metrics``                      compact     each worker's engine counters,
@@ -39,7 +39,7 @@ topic                                     cleanup     purpose
 ========================================  ==========  =================================
 
 The prefix comes from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``). The worker's consumer
-group, and the Faust app id, is ``<prefix>.worker``.
+group is ``<prefix>.worker``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ PREFIX_ENV = "BOTMESH_TOPIC_PREFIX"
 DEFAULT_PARTITIONS = 8
 
 
-#: The Faust tables of the worker; each has a compacted changelog topic. One table, the
+#: The tables of the worker; each has a compacted changelog topic. One table, the
 #: journal, holds the inbox, outbox and lease records (``botmesh.streams.table_kv``).
 TABLES: tuple[str, ...] = ("journal",)
 
@@ -206,7 +206,7 @@ class Catalog:
 
     @property
     def app_id(self) -> str:
-        """The Faust app id, which is also the worker's consumer group id."""
+        """The worker's consumer group id (``<prefix>.worker``), the stem of its changelog."""
         return f"{self.prefix}.worker"
 
     @property
@@ -232,13 +232,13 @@ class Catalog:
         return tuple(self.retry(name) for name, _ in RETRY_TIERS)
 
     def changelog(self, table: str) -> str:
-        """The changelog topic Faust uses for ``table`` (``<app id>-<table>-changelog``)."""
+        """The changelog topic of ``table`` (``<app id>-<table>-changelog``)."""
         return f"{self.app_id}-{table}-changelog"
 
     def specs(self, partitions: int = DEFAULT_PARTITIONS, replication: int = 1) -> list[TopicSpec]:
         """Every topic of the catalog. Requests, changelogs and retry tiers get the inbound's
-        partition count (Faust co-partitions a table with its sources, and the worker reads
-        requests with the inbound); DLQs and receipts too, so a chat keeps one partition
+        partition count (a journal partition goes with its inbound partition, and the worker
+        reads requests with the inbound); DLQs and receipts too, so a chat keeps one partition
         everywhere."""
         if partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {partitions}")
@@ -324,7 +324,7 @@ class Catalog:
                     "segment.bytes": str(64 * 1024 * 1024),
                     "min.cleanable.dirty.ratio": "0.1",
                 },
-                f"changelog of the Faust table {table!r}",
+                f"changelog of the worker's table {table!r}",
             )
             for table in TABLES
         ]

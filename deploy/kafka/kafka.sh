@@ -17,6 +17,8 @@
 #   KAFKA_EXTRA_CONFIG [unset; a file of broker properties appended to server.properties, the
 #     last value of a key winning: another listener (SASL_SSL, with its keystore and JAAS
 #     settings: tests/kafka/secure_broker.py), quotas, ...]
+#     (another such file: OAUTHBEARER listeners whose tokens Kafka's unsecured validator checks,
+#     for the OIDC token endpoint of tests/kafka/oauth_broker.py)
 #
 # Data dir layout: server.properties (regenerated each start), server.log, kafka.pid, data/ (log.dirs,
 # formatted on first start only). Everything binds to 127.0.0.1.
@@ -25,8 +27,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 
-# The pinned release: the newest one aiokafka 0.14.0 and faust-streaming 0.15.3 work with
-# (tests/kafka/test_broker.py is the probe; deploy/kafka/README.md has the findings).
+# The pinned release: the newest one on Maven Central our client (confluent-kafka 2.16) passes
+# its probes with (tests/kafka/test_broker.py; deploy/kafka/README.md has the findings).
 KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
 if [[ -z "${KAFKA_LOG4J_VERSION:-}" ]]; then
   # log4j2 line each Kafka release ships with (it brings log4j-api/-core; we add log4j-slf4j-impl).

@@ -5,13 +5,12 @@ group-membership tests (``tests/kafka/test_membership.py``):
 
 Its provisioning is a no-op, as for a cluster whose topics someone else creates (and maybe
 later): the worker subscribes before the test creates them, which makes the race of a
-group leader assigning from metadata that lacks them deterministic. Faust still declares
-its own topics (the journal's changelog, its assignor topic) when it subscribes.
+group leader assigning from metadata that lacks them deterministic.
 
 ``BOTMESH_TEST_EARLIER_JOIN=1`` makes the worker join as releases before the membership
 checks did (``botmesh.streams.membership``): it subscribes without waiting for the broker to list
-its topics and never checks its assignment; a group left with an empty assignment that way
-is what a new release must get out of.
+its topics and never checks its assignment (librdkafka's consumer then joins once the
+topics are listed).
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from typing import Any
 
 from botmesh.streams import membership
 from botmesh.streams.connection import Brokers
-from botmesh.streams.faust_app import app as worker
 from botmesh.streams.provision import ProvisionResult
+from botmesh.streams.worker import loop as worker
 from tests.kafka.bot import bot, provider
 
 __all__ = ["bot", "provider"]

@@ -1,4 +1,4 @@
-"""``botmesh.streams.config``: the worker's settings and its journal rule (no broker, no Faust)."""
+"""``botmesh.streams.config``: the worker's settings and its journal rule (no broker)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``botmesh.streams.connection``: the security settings from the environment, each client
-library's dialect, and secrets that never show (no broker here; ``test_secured.py`` runs
-them against a ``SASL_SSL`` listener)."""
+"""``botmesh.streams.connection``: the security settings from the environment, librdkafka's
+settings and the protocol client's TLS context made of them, and secrets that never show
+(no broker here; ``test_secured.py`` runs them against a ``SASL_SSL`` listener)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ from botmesh.streams.connection import (
     KafkaSettings,
     Secret,
     Security,
-    aiokafka_options,
     confluent_options,
     settings_of,
 )
-from botmesh.streams.faust_app.app import faust_options
 
 PASSWORD = "pw-that-must-not-show"
 
@@ -53,10 +51,7 @@ def sasl_ssl_env(tmp_path: Path, ca: Path, **more: str) -> dict[str, str]:
 def test_plaintext_is_the_default_and_asks_for_nothing() -> None:
     s = KafkaSettings.from_env({})
     assert (s.bootstrap, s.security.protocol) == ("127.0.0.1:9092", "PLAINTEXT")
-    assert aiokafka_options(s) == {
-        "bootstrap_servers": "127.0.0.1:9092",
-        "security_protocol": "PLAINTEXT",
-    }
+    assert s.security.ssl_context is None
     assert confluent_options(s) == {
         "bootstrap.servers": "127.0.0.1:9092",
         "security.protocol": "PLAINTEXT",
@@ -74,10 +69,7 @@ def test_sasl_ssl_in_each_dialect(tmp_path: Path, ca: Path) -> None:
     )
     assert sec.sasl_password == Secret(PASSWORD)  # the file's last newline dropped
     assert sec.sasl_password_source == "KAFKA_SASL_PASSWORD_FILE"
-    aio = aiokafka_options(s)
-    assert aio["security_protocol"] == "SASL_SSL" and aio["sasl_mechanism"] == "SCRAM-SHA-512"
-    assert aio["sasl_plain_username"] == "bot" and aio["sasl_plain_password"] == PASSWORD
-    context = aio["ssl_context"]
+    context = sec.ssl_context  # the group protocol client's (``botmesh.streams.groups``)
     assert isinstance(context, ssl.SSLContext) and context.check_hostname
     assert context.verify_mode == ssl.CERT_REQUIRED
     rd = confluent_options(s)
@@ -90,26 +82,22 @@ def test_sasl_ssl_in_each_dialect(tmp_path: Path, ca: Path) -> None:
         "sasl.username": "bot",
         "sasl.password": PASSWORD,
     }
-    fo = faust_options(s)
-    assert fo["broker"] == ["kafka://b1:9093", "kafka://b2:9093"]
-    creds = fo["broker_credentials"]
-    assert creds.username == "bot" and creds.password == PASSWORD
-    assert creds.protocol.value == "SASL_SSL" and creds.mechanism.value == "SCRAM-SHA-512"
 
 
 def test_the_hostname_check_can_be_turned_off(tmp_path: Path, ca: Path) -> None:
     env = sasl_ssl_env(tmp_path, ca, KAFKA_SSL_CHECK_HOSTNAME="false")
     s = KafkaSettings.from_env(env)
     assert confluent_options(s)["ssl.endpoint.identification.algorithm"] == "none"
-    context = aiokafka_options(s)["ssl_context"]
-    assert not context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
+    context = s.security.ssl_context
+    assert context is not None and not context.check_hostname
+    assert context.verify_mode == ssl.CERT_REQUIRED
 
 
 def test_tls_alone_and_sasl_without_tls(tmp_path: Path, ca: Path) -> None:
     tls = KafkaSettings.from_env({"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CAFILE": str(ca)})
-    assert aiokafka_options(tls)["security_protocol"] == "SSL"
+    assert confluent_options(tls)["security.protocol"] == "SSL"
     assert "sasl.mechanism" not in confluent_options(tls)
-    assert faust_options(tls)["broker_credentials"].protocol.value == "SSL"
+    assert tls.security.ssl_context is not None
     env = {
         "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
         "KAFKA_SASL_MECHANISM": "PLAIN",
@@ -117,9 +105,10 @@ def test_tls_alone_and_sasl_without_tls(tmp_path: Path, ca: Path) -> None:
         "KAFKA_SASL_PASSWORD": PASSWORD,
     }
     plain = KafkaSettings.from_env(env)
-    assert "ssl_context" not in aiokafka_options(plain)
+    assert plain.security.ssl_context is None
     assert "ssl.ca.location" not in confluent_options(plain)
-    assert faust_options(plain)["broker_credentials"].protocol.value == "SASL_PLAINTEXT"
+    assert confluent_options(plain)["security.protocol"] == "SASL_PLAINTEXT"
+    assert confluent_options(plain)["sasl.password"] == PASSWORD
 
 
 def test_a_password_never_shows(tmp_path: Path, ca: Path) -> None:

@@ -1,15 +1,13 @@
 """``exactly_once`` on a real broker: the worker (``--guarantee`` via
 ``BOTMESH_PROCESSING_GUARANTEE=exactly_once``) on the journal on Kafka, whose changelog
-records go into the partition's Kafka transaction
-(``botmesh.streams.faust_app.table.JournalTable``).
+records go into the worker's Kafka transaction (``botmesh.streams.worker.changelog``).
 
 - 500 messages over 10 chats: each reply sent once, each receipt there, the journal read
   back from the changelog with ``read_committed`` matching the provider's calls;
 - SIGKILL 5 times during the traffic, restarted with the same instance id: none lost, none
   sent twice, the journal (read_committed) matching the provider's calls;
-- a restarted worker restores only the changelog's tail: Faust's own EOS bookkeeping of
-  the changelog offsets would replay it whole (``botmesh.streams.faust_app.defects``), the journal
-  persists the offsets itself after each transaction commit.
+- a restarted worker restores only the changelog's tail: the journal persists the
+  changelog offsets in RocksDB after each transaction commit.
 """
 
 from __future__ import annotations
@@ -155,22 +153,43 @@ async def test_exactly_once_worker_killed_again_and_again_loses_nothing_and_send
     )
 
 
-def _log_table(lines: list[str], title: str, topic: str) -> dict[int, int]:
-    """Partition -> offset of a Faust recovery log table (``Highwater - Active``, ``Reading
-    Starts At - Active``) of ``topic``, the last one printed."""
-    found: dict[int, int] = {}
-    inside = False
+async def settled_changelog(bootstrap: str, topic: str) -> None:
+    """Wait until ``topic`` holds no open transaction (its last stable offset is its end)
+    and its end did not move over two reads a second apart: the worker's last writes (the
+    receipts recorded published) are committed."""
+    from confluent_kafka import IsolationLevel
+
+    from botmesh.streams.worker.restore import high_watermarks as ends_of
+
+    parts = range(PARTITIONS)
+    deadline = time.monotonic() + WAIT_S
+    before: dict[int, int] = {}
+    while True:
+        ends = await asyncio.to_thread(ends_of, bootstrap, topic, parts)
+        stable = await asyncio.to_thread(
+            ends_of, bootstrap, topic, parts, isolation=IsolationLevel.READ_COMMITTED
+        )
+        if ends == stable == before:
+            return
+        assert time.monotonic() < deadline, f"the changelog kept moving: {ends} {stable}"
+        before = ends if ends == stable else {}
+        await asyncio.sleep(1.0)
+
+
+#: The worker's line for each journal partition it restored (``botmesh.streams.worker.loop``).
+RESTORED = re.compile(
+    r"journal partition (\d+) restored: \d+ changelog records read from offset (-?\d+) to (-?\d+)"
+)
+
+
+def _restored(lines: list[str]) -> dict[int, tuple[int, int]]:
+    """Partition -> (first offset read, end) of each journal partition restored, the last
+    line of each."""
+    found: dict[int, tuple[int, int]] = {}
     for line in lines:
-        if title in line:
-            inside, found = True, {}
-            continue
-        if inside:
-            cells = [c.strip() for c in re.split(r"[│|┃]", line) if c.strip()]
-            if len(cells) == 3 and cells[1].isdigit() and re.fullmatch(r"-?\d+", cells[2]):
-                if cells[0] in (topic, "〃"):
-                    found[int(cells[1])] = int(cells[2])
-            elif found and not line.strip().startswith(("├", "└", "┌", "+", "─")):
-                inside = False
+        m = RESTORED.search(line)
+        if m:
+            found[int(m[1])] = (int(m[2]), int(m[3]))
     return found
 
 
@@ -192,26 +211,26 @@ async def test_a_restarted_worker_restores_only_the_changelog_tail(
     worker.start()
     try:
         await collect(worker, cat.sent, start, {r.id for r in records})
-        await asyncio.sleep(3.0)  # the receipts marked published, their transaction committed
+        # the receipts marked published and, under exactly_once, their transaction
+        # committed: the changelog's committed end stops moving (asked, not slept)
+        await settled_changelog(kafka_bootstrap, topic)
         worker.kill()  # SIGKILL: nothing flushed at a stop
         ends = await end_offsets(kafka_bootstrap, topic)
         worker.start()
         deadline = time.monotonic() + WAIT_S
-        while not any("Worker ready" in line for line in worker.lines()):
+        while len(_restored(worker.lines())) < PARTITIONS:
             worker.check_alive()
-            assert time.monotonic() < deadline, "the restarted worker is not ready"
+            assert time.monotonic() < deadline, "the restarted worker restored no journal"
             await asyncio.sleep(0.1)
         lines = worker.lines()
         assert worker.stop() == 0
     finally:
         worker.close()
-    highwater = _log_table(lines, "Highwater - Active", topic)
-    starts = _log_table(lines, "Reading Starts At - Active", topic)
-    assert set(highwater) == set(range(PARTITIONS)), "\n".join(lines[-80:])
-    assert set(starts) == set(highwater), "\n".join(lines[-80:])
+    restored = _restored(lines)
+    assert set(restored) == set(range(PARTITIONS)), "\n".join(lines[-80:])
     total = sum(ends.values())
-    replayed = sum(max(highwater[p] - starts[p], 0) for p in highwater)
+    replayed = sum(max(last - first, 0) for first, last in restored.values())
     print(f"\nrestart after SIGKILL: {replayed} changelog offsets replayed of {total}")
     assert total > 600  # the journal wrote hundreds of records per partition
-    for p in highwater:  # only the tail: at most the last transaction's records + markers
-        assert highwater[p] - starts[p] <= 10, (p, starts[p], highwater[p])
+    for p, (first, last) in restored.items():  # only the tail: the last transaction's + markers
+        assert last - first <= 10, (p, first, last)

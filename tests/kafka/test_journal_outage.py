@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from botmesh import Inbound
+from botmesh.streams.clients import AsyncProducer
 from botmesh.streams.ops.tools import end_offsets
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog, chat_key, encode_inbound
@@ -73,8 +73,7 @@ async def produce(
     bootstrap: str, topic: str, messages: list[Inbound]
 ) -> dict[str, tuple[int, int]]:
     """Produce one by one (acks=all); inbound id -> (partition, offset)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
+    producer = AsyncProducer(bootstrap)
     try:
         where = {}
         for m in messages:
@@ -82,7 +81,7 @@ async def produce(
             where[m.id] = (md.partition, md.offset)
         return where
     finally:
-        await producer.stop()
+        await producer.close()
 
 
 async def warm_up(worker: Worker, cat: Catalog) -> None:

@@ -8,18 +8,15 @@ was frozen, a write that was due) before its consumer hears from the group coord
 The journal refuses every write while the worker's membership was last confirmed more than
 half the session timeout ago (``botmesh.streams.table_kv``: "Fenced by the group").
 
-A thawed worker either gives up the batch it held and exits (status 75: it cannot rejoin
-while that batch holds Faust's rebalance), and is started again as a supervisor would, or
-rejoins at once: Faust then sees the same partitions assigned again and restores nothing,
-so the worker drops them from memory when the group generation skipped some (it missed a
-rebalance) and reloads them from the changelog; without that it went on from its stale
-memory and sent again replies the peer had sent meanwhile (5 of 12 runs before the fix).
-
-Under ``exactly_once`` the peer's transactional producers also fence the thawed worker's
-transactions (``ProducerFencedOut``: it exits 75). Run under ``exactly_once`` this test
-found six faults (``botmesh.streams.faust_app.defects``), among them a standby replica that skipped
-records and a restore that ended before it had read the records it fetched (the restarted
-worker loaded 136 records of a partition and sent again replies its peer had sent).
+A thawed worker either gives up the batch it held and exits (status 75), and is started
+again as a supervisor would, or rejoins: its consumer hears that its session expired, drops
+its partitions (``lost``: nothing of them committed, their journal partitions closed), and
+restores from the changelog whatever the rejoin gives it. Under ``exactly_once`` its open
+transaction was aborted by the coordinator meanwhile (``transaction.timeout.ms``), and its
+producer, fenced by the epoch bump, makes it exit 75; its journal writes are refused until
+the coordinator lists it again, and a transaction it has open then is aborted, not
+committed. (On the Faust runtime this test found six faults, among them a standby replica
+that skipped records and a restore that ended before it had read the records it fetched.)
 
 The evidence is the changelog itself: every record carries the header ``botmesh.writer`` =
 ``<instance id>@<group generation>``. After the thaw, no record may come from the frozen
@@ -39,8 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from botmesh.streams.faust_app.app import EXIT_ABANDONED
 from botmesh.streams.table_kv import changelog_topic
+from botmesh.streams.worker.loop import EXIT_ABANDONED
 from botmesh.topics import Catalog
 from tests.kafka.recorder import Recorder, Tally, check_effects
 from tests.kafka.test_kills import GUARANTEES, Flow, alive, peers, produced_after, waiting
@@ -132,7 +129,8 @@ async def test_a_thawed_worker_writes_nothing_under_the_generation_it_lost(
         # thaw says neither: a provider call it was in the middle of ends first (its result
         # is then refused by the journal), before it is fenced and exits
         await waiting(
-            lambda: not thawed.alive() or any("Joined group" in x for x in thawed.lines[said:]),
+            # (``group generation N``: the worker's line when a rebalance assigns to it)
+            lambda: not thawed.alive() or any("group generation" in x for x in thawed.lines[said:]),
             "the thawed worker rejoins or exits",
             both,
             peer.check_alive,

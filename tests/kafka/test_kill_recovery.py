@@ -13,16 +13,17 @@ Effects are counted at the recorder of the test process (``tests.kafka.recorder`
   again) and its receipt is published again (every key is on the receipts topic twice);
   the journal stays settled.
 - ``test_deleted_data_dir_is_rebuilt_and_sends_nothing_again``: the worker SIGKILLed after
-  its inbounds were answered, its whole data dir (Faust's ``*-data`` RocksDB folder with
+  its inbounds were answered, its whole data dir (the journal's RocksDB databases in
   it) deleted, the worker started on an empty dir and the same inbounds produced again
   (same ids, new offsets) with new ones after them: 0 old ones sent again, every new one
-  answered once. With the journal in a Faust table this is the table rebuilt from its
+  answered once. With the journal on Kafka this is the table rebuilt from its
   changelog; with a file journal in the data dir it cannot hold (the journal is gone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import time
 from pathlib import Path
@@ -192,13 +193,16 @@ async def test_deleted_data_dir_is_rebuilt_and_sends_nothing_again(
         await tally.until_accounted(recorder, new_ids, worker.check_alive, WAIT_S)
         await wait_caught_up(kafka_bootstrap, cat, worker)
         first = recorder.first_from(worker.pid, calls)
-        # the journal came back through the worker's own reader, in batches (not Faust's
-        # record-at-a-time recovery)
-        restored = [line for line in worker.lines() if "changelog records restored in" in line]
+        # the journal came back from the changelog through the worker's own reader
+        restored = [
+            line
+            for line in worker.lines()
+            if re.search(r"journal partition \d+ restored: [1-9]\d* changelog records", line)
+        ]
         assert worker.stop() == 0
     finally:
         worker.close()
-    assert restored, "the worker did not restore its journal ahead of Faust's recovery"
+    assert restored, "the worker did not restore its journal from the changelog"
 
     again = [c for c in recorder.calls()[calls:] if c.inbound_id in old_ids]
     out = check_effects(recorder, tally, old_ids | new_ids)

@@ -32,8 +32,8 @@ condition holds; the time limits are hang guards only.
   the next second (on the leaver's partitions too) is answered by the others.
 
 The two-worker tests run under both processing guarantees (``GUARANTEES``): under
-``exactly_once`` they found a restore that ended before it had read what it fetched and one
-that a rebalance overtook (``botmesh.streams.faust_app.defects``; the new owner sent replies again).
+``exactly_once`` they found (on the Faust runtime) a restore that ended before it had read
+what it fetched and one that a rebalance overtook (the new owner sent replies again).
 
 The recovery tests (offsets reset to the earliest, data dir deleted) are in
 ``test_kill_recovery.py``, the broker stopped and started in ``test_kill_broker.py``.
@@ -424,8 +424,8 @@ async def test_a_peer_that_joins_behind_takes_over_without_resending(
 # -- 3. workers joining and leaving under traffic, no fault -----------------------------------
 
 
-#: Enough partitions that each of the three workers holds some (Faust's assignor leaves a
-#: third worker of four partitions with none).
+#: Enough partitions that each of the three workers holds some, and every join or leave
+#: moves some.
 JOIN_PARTITIONS = 6
 
 

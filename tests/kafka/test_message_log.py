@@ -1,5 +1,5 @@
 """The message log on Kafka: a real worker (``tests/kafka/bot.py`` on its default journal,
-the Faust table changelogged to ``<prefix>.worker-journal-changelog``) killed with SIGKILL
+the RocksDB table changelogged to ``<prefix>.worker-journal-changelog``) killed with SIGKILL
 while messages keep arriving, restarted, left to finish and stopped cleanly. Then, with the
 worker gone, the changelog is read back (``tests.kafka.worker.read_journal``) and:
 

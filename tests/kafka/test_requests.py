@@ -332,7 +332,8 @@ def by_chat(sends: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 async def wait_committed(worker: Worker, cat: Catalog) -> None:
-    """Until the group committed the requests topic to its end (Faust commits every 2.8 s)."""
+    """Until the group committed the requests topic to its end (the worker commits after
+    each settled batch)."""
     ends = await end_offsets(worker.bootstrap, cat.requests)
     deadline = time.monotonic() + WAIT_S
     while True:

@@ -1,8 +1,8 @@
 """botmesh on a secured cluster: a broker with a ``SASL_SSL`` listener (``secure_broker``: a
 CA and a broker certificate made with openssl, SCRAM users made with Kafka's own tool).
 
-Every client kind goes through it: the worker (Faust's consumer and producers, the journal's
-own producer and its changelog reads, the retry tiers, the admin code that provisions and
+Every client kind goes through it: the worker (its consumer and its producer, the journal's
+changelog reads, the retry tiers, the admin code that provisions and
 checks the topics and the group), the operator commands (``status``, ``dlq``, ``replay``:
 confluent-kafka's admin client, consumer and producer; the removal of a static member,
 spoken by ``botmesh.streams.groups`` itself), the tools a test or a user calls

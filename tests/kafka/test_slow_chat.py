@@ -5,7 +5,7 @@ The recorder (``tests.kafka.recorder``) holds the first send to one chat for ``H
 seconds: the message is delivered (recorded) at once, the answer comes that much later,
 as from a channel's API that hangs. Inbounds for 30 chats are produced at a steady rate
 while the worker (``botmesh worker``, real broker) runs. The worker settles its batches
-side by side (``botmesh.streams.faust_app.app.Pipeline``): a chat's records wait for its own
+side by side (``botmesh.streams.worker.loop``): a chat's records wait for its own
 earlier records only. So every inbound of the other chats is answered while the held
 send still hangs, which the test checks by order (the recorder says when the hold
 ended), not by a time limit; their latency (produce call to the provider's call) is

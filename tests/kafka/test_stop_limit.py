@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from botmesh import Inbound
-from botmesh.streams.faust_app.app import EXIT_SOFTWARE
 from botmesh.streams.provision import ensure_topics
+from botmesh.streams.worker.loop import EXIT_SOFTWARE
 from botmesh.topics import Catalog
 from tests.kafka.test_journal_outage import produce
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, wait_line
@@ -120,18 +120,18 @@ async def test_a_stop_past_its_limit_exits_70_with_the_stacks_and_loses_nothing(
 def test_a_sigterm_while_the_worker_starts_ends_it_with_status_0(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    """A supervisor stops a worker that is still starting (its bot module and Faust being
-    imported, the topics provisioned, before Faust handles signals): it exits with status
-    0, having consumed nothing, not by the signal (-15), which reads as a crash."""
+    """A supervisor stops a worker that is still starting (its bot module being imported,
+    the topics provisioned, before the worker handles signals): it exits with status 0,
+    having consumed nothing, not by the signal (-15), which reads as a crash."""
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path / "w", loglevel="info")
     worker.start()
     try:
         wait_line(worker, "botmesh worker: starting")
-        status = worker.stop()  # SIGTERM at once: Faust is not even imported yet
+        status = worker.stop()  # SIGTERM at once: the worker's runtime has not started
         said = "\n".join(worker.lines())
         assert status == 0, said[-3000:]
         assert "SIGTERM before the worker started consuming" in said, said[-3000:]
-        assert "Worker]: Ready" not in said, said[-3000:]
+        assert "worker started: " not in said, said[-3000:]
         assert not worker.handled()
     finally:
         worker.close()

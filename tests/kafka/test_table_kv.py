@@ -1,4 +1,4 @@
-"""``botmesh.streams.table_kv.TableKv`` on a real broker, without Faust: the DurableKv contract, the
+"""``botmesh.streams.table_kv.TableKv`` on a real broker: the DurableKv contract, the
 partitions it owns, a revoked partition fencing its old holder, and a write the broker does
 not ack.
 

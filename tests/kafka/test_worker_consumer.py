@@ -100,6 +100,10 @@ async def test_partitions_come_paused_with_their_side_topics_and_move_together(
     try:
         await until(lambda: hooks_a.held == set(range(PARTITIONS)), "a is given every partition")
         assert hooks_a.events == [("assigned", [0, 1, 2, 3])]
+        # the group's generation, read from the group metadata librdkafka serialises
+        first = a.generation
+        assert first >= 1 and not a.rebalancing
+        await until(lambda: a.member_id != "", "a's member id")
         await drain(a, got)
         # paused: nothing is read before the worker resumes (its journal restored)
         assert got == []
@@ -144,6 +148,11 @@ async def test_partitions_come_paused_with_their_side_topics_and_move_together(
             assert time.monotonic() < deadline, read_b
             await asyncio.sleep(0.05)
         moved = hooks_b.held
+        # b's join made a new generation, the same for both members at its end
+        await until(
+            lambda: a.generation == b.generation > first,
+            f"a new generation for both (a {a.generation}, b {b.generation}, first {first})",
+        )
         assert hooks_a.events == [("assigned", [0, 1, 2, 3]), ("revoking", sorted(moved))]
         assert hooks_b.events == [("assigned", sorted(moved))]
         assert a.partitions == hooks_a.held and b.partitions == moved

@@ -1,7 +1,7 @@
 """SIGKILL of a real worker while it handles a stream, on a real broker; then the receipts
 topic is checked against the worker's journal.
 
-The worker (the test bot) runs on its default journal (the journal on Kafka: a Faust table
+The worker (the test bot) runs on its default journal (the journal on Kafka: a RocksDB table
 changelogged to ``<prefix>.worker-journal-changelog``) or, in the second variant, on an
 explicit ``--journal file://...`` (append log), still a journal the worker accepts for one
 worker alone. It is killed with SIGKILL several times while messages keep arriving (one in
@@ -136,7 +136,7 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
     ]
     assert missing == [], f"{len(missing)} settled sends without their receipt: {missing[:5]}"
     assert set(by_key) <= set(outbox)
-    # a clean stop records the last receipts published (botmesh.streams.faust_app.app)
+    # a clean stop records the last receipts published (botmesh.streams.worker.loop)
     unpublished = [k for k, v in outbox.items() if v.get("published") is False]
     assert unpublished == [], (
         f"{len(unpublished)} settled sends still unpublished in the journal after a clean "

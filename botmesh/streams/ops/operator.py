@@ -626,6 +626,8 @@ def status(
         for t, ps in m.partitions.items()
         for p in ps
     }
+    # the group assigns the inbound; its worker takes the same requests partitions with it
+    owners.update({(cat.requests, p): o for (t, p), o in list(owners.items()) if t == cat.inbound})
     lags = []
     for tp in tps:
         done = committed.get(tp)

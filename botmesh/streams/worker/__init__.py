@@ -1,21 +1,28 @@
-"""The Kafka worker's runtime on librdkafka (confluent-kafka) and rocksdict, being built
-beside ``botmesh.streams.faust_app``, which runs the worker until the switch (issue 38).
+"""The Kafka worker's runtime on librdkafka (confluent-kafka) and rocksdict.
 
-Its floor plan, a module a concern (built: the first four; to build: the rest):
+Its floor plan, a module a concern:
 
-- ``clients``: the librdkafka settings of the worker's consumer and its one producer
-  (murmur2 keys, acks=all and idempotence, cooperative-sticky, static membership,
-  read_committed; one ``transactional.id`` a worker under ``exactly_once``);
-- ``changelog``: the journal's ``ChangelogPort`` on that producer (acked, or committed,
-  records written to RocksDB in one batch a wake-up; a fence is a ``FencedError``);
-- ``restore``: a journal partition's RocksDB brought up to its changelog's end, bounded by
-  the high watermark, read ``read_committed``;
+- ``loop``: the worker's life (start, the batches through
+  ``botmesh.streams.runner.InboundRunner``, the in-flight limit, the stop) and the
+  membership fence (a member id the coordinator lists, asked every quarter of the session
+  timeout);
 - ``consumer``: the one consumer, driven from a thread of its own; the side topics
   (requests, control) co-partitioned with the inbound in its rebalance callbacks;
 - ``checkpoint``: what must be durable before an offset is acknowledged (the journal's
   flush, then the offsets: a consumer commit, or the transaction);
-- to build: the loop (batches through ``botmesh.streams.runner.InboundRunner``, the
-  in-flight limit, pause and resume), the membership fence (a member id the coordinator
-  lists, asked every quarter of the session timeout), dead letters and receipts in the
-  transaction, the retry tiers on librdkafka, readiness and metrics.
+- ``changelog``: the worker's one producer and the journal's ``ChangelogPort`` on it
+  (acked, or committed, records written to RocksDB in one batch a wake-up; receipts, dead
+  letters and parked retries through it too, in the transaction under ``exactly_once``; a
+  fence is a ``FencedError``);
+- ``restore``: a journal partition's RocksDB brought up to its changelog's end, bounded by
+  the high watermark, read ``read_committed``;
+- ``clients``: the librdkafka settings of the consumer and the producer (murmur2 keys,
+  acks=all and idempotence, cooperative-sticky, static membership, read_committed; one
+  ``transactional.id`` a worker under ``exactly_once``);
+- ``observe``: what operators see (``/readyz``, the ``/metrics`` samples, the counters on
+  ``<prefix>.metrics``).
+
+The journal table itself (``botmesh.streams.table_kv``), the retry tiers
+(``botmesh.streams.retry_tiers``) and the dead letters (``botmesh.streams.runner``) are
+shared with the operator tools, a floor up.
 """

@@ -48,11 +48,16 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 
 from botmesh.state.errors import FencedError, JournalUnavailableError
 from botmesh.streams.journal_db import JournalDb
+from botmesh.streams.table_kv import MembershipUnconfirmed
 
 if TYPE_CHECKING:
     from botmesh.streams.table_kv import TableKv
 
-__all__ = ["FENCED_CODES", "ProducerFencedError", "RdChangelog"]
+__all__ = ["ABORTED_AGAIN", "FENCED_CODES", "ProducerFencedError", "RdChangelog"]
+
+#: How many times a transaction aborted on an abortable error is produced again before its
+#: records fail.
+ABORTED_AGAIN = 2
 
 log = logging.getLogger("botmesh.journal")
 
@@ -101,7 +106,7 @@ class _Sent:
     for a changelog record (written to RocksDB once durable), else the topic of a record the
     worker sends beside the journal (a receipt, a dead letter: ``RdChangelog.send``)."""
 
-    __slots__ = ("error", "future", "key", "offset", "partition", "topic", "value")
+    __slots__ = ("error", "future", "headers", "key", "offset", "partition", "topic", "value")
 
     def __init__(
         self,
@@ -110,12 +115,15 @@ class _Sent:
         value: bytes | None,
         future: asyncio.Future[int],
         topic: str | None = None,
+        *,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
         self.partition = partition
         self.key = key
         self.value = value
         self.future = future
         self.topic = topic
+        self.headers = headers
         #: The broker's offset once acked; ``None`` before the delivery report.
         self.offset: int | None = None
         self.error: KafkaError | None = None
@@ -153,9 +161,15 @@ class RdChangelog:
         self.kv: TableKv | None = None
         #: Each owned partition's database (``attach``).
         self.dbs: dict[int, JournalDb] = {}
+        #: The header each journal record carries: ``botmesh.writer`` =
+        #: ``<instance id>@<group generation>`` (``writer``), the evidence a frozen
+        #: worker's writes are read by (``tests/kafka/test_kill_freeze.py``).
+        self.headers: list[tuple[str, str | bytes | None]] = []
         #: Records handed to the producer, and transactions committed (``exactly_once``).
         self.produced = 0
         self.commits = 0
+        #: Transactions aborted on an abortable error and produced again (``exactly_once``).
+        self.aborted = 0
         self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -174,7 +188,10 @@ class RdChangelog:
         self._want_commit = False
         self._committer: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._fatal: KafkaError | None = None
+        self._fatal_error: KafkaError | None = None
+        #: Told once, on the loop, when the producer fails for good (fenced, a fatal error):
+        #: the worker cannot write its journal any more and starts afresh.
+        self.on_fatal: Callable[[KafkaError], None] | None = None
 
     # -- life -----------------------------------------------------------------------------
 
@@ -283,11 +300,27 @@ class RdChangelog:
         self._open.set()  # the records waiting for a transaction see the failure
 
     @property
+    def _fatal(self) -> KafkaError | None:
+        return self._fatal_error
+
+    @_fatal.setter
+    def _fatal(self, err: KafkaError | None) -> None:
+        first = self._fatal_error is None and err is not None
+        self._fatal_error = err
+        if first and err is not None and self.on_fatal is not None and self._loop is not None:
+            self._loop.call_soon(self.on_fatal, err)
+
+    @property
     def committing(self) -> bool:
         """A transaction commit runs (records produced now wait for the next one)."""
         return self.transactional and self._producer is not None and not self._open.is_set()
 
     # -- the databases ----------------------------------------------------------------------
+
+    def writer(self, instance: str, generation: int) -> None:
+        """Who writes the journal records from now on: this worker, in this generation of
+        the group (header ``botmesh.writer``)."""
+        self.headers = [("botmesh.writer", f"{instance}@{generation}".encode())]
 
     def attach(self, partition: int, db: JournalDb) -> None:
         """The partition's database (restored): acked records of it are written there."""
@@ -329,15 +362,9 @@ class RdChangelog:
                 await self._open.wait()  # a commit runs: this record goes into the next
                 continue
             future: asyncio.Future[int] = self._loop.create_future()
-            sent = _Sent(partition, key, value, future)
+            sent = _Sent(partition, key, value, future, headers=self.headers)
             try:
-                producer.produce(
-                    self.topic,
-                    value,
-                    key,
-                    partition,
-                    on_delivery=functools.partial(self._report, sent),
-                )
+                self._produce(producer, sent)
             except BufferError:  # librdkafka's queue is full: wait for acks to make room
                 now = time.monotonic()
                 if deadline is None:
@@ -383,16 +410,16 @@ class RdChangelog:
                 await self._open.wait()
                 continue
             future: asyncio.Future[int] = self._loop.create_future()
-            sent = _Sent(-1 if partition is None else partition, key or b"", value, future, topic)
+            sent = _Sent(
+                -1 if partition is None else partition,
+                key or b"",
+                value,
+                future,
+                topic,
+                headers=list(headers),
+            )
             try:
-                producer.produce(
-                    topic,
-                    value,
-                    key,
-                    -1 if partition is None else partition,
-                    on_delivery=functools.partial(self._report, sent),
-                    headers=list(headers),
-                )
+                self._produce(producer, sent)
             except BufferError:
                 now = time.monotonic()
                 if deadline is None:
@@ -409,6 +436,17 @@ class RdChangelog:
                 self._txn.append(sent)
                 self.commit_soon(())
             return future
+
+    def _produce(self, producer: Producer, sent: _Sent) -> None:
+        """Hand ``sent`` to librdkafka (a record of another topic may have no key)."""
+        producer.produce(
+            sent.topic or self.topic,
+            sent.value,
+            sent.key if sent.topic is None else (sent.key or None),
+            sent.partition,
+            on_delivery=functools.partial(self._report, sent),
+            headers=sent.headers,
+        )
 
     def commit_soon(self, partitions: Sequence[int], delay: float = 0.0) -> None:
         """Commit the worker's open transaction soon (every partition's records are in
@@ -489,7 +527,11 @@ class RdChangelog:
                 raise error
             self._open.clear()  # records produced from now on go into the next transaction
             try:
-                await self._commit_or_abort(producer, batch)
+                stale = self.unconfirmed()
+                if stale is not None:  # maybe evicted: its records must not land after a peer's
+                    await self._abort(producer, batch, stale)
+                else:
+                    await self._commit_or_abort(producer, batch)
             finally:
                 if self._fatal is None and producer is self._producer:
                     try:
@@ -502,22 +544,52 @@ class RdChangelog:
                 if self._fatal is not None:
                     self._open.set()  # the waiting records see the failure
 
+    async def _abort(self, producer: Producer, batch: list[_Sent], why: str) -> None:
+        """Abort the open transaction instead of committing it: this worker's membership is
+        not confirmed (``unconfirmed``), so a peer may own its partitions and have restored
+        them already; records committed now would land behind the peer's back."""
+        failure = MembershipUnconfirmed(f"transaction aborted, not committed: {why}")
+        try:
+            await asyncio.to_thread(producer.abort_transaction, self.commit_timeout)
+        except KafkaException as exc:
+            err = _kafka_error(exc)
+            log.error("changelog transaction not aborted: %s", err.str())
+            self._fatal = err  # fenced, or timed out by the coordinator: start afresh
+        for sent in batch:
+            _fail(sent.future, failure)
+        raise failure
+
     async def _commit_or_abort(self, producer: Producer, batch: list[_Sent]) -> None:
         error: KafkaError | None = None
-        for _ in range(3):  # retriable errors: commit again (librdkafka resumes it)
+        for again in range(ABORTED_AGAIN + 1):
+            error = await self._try_commit(producer)
+            if error is None:
+                self.commits += 1
+                await self._committed(batch)
+                return
+            abortable = error.txn_requires_abort() and not error.fatal()
+            if not abortable or error.code() in FENCED_CODES or again == ABORTED_AGAIN:
+                break
+            # abortable: offsets of a generation the group left behind (a rebalance began
+            # after the checkpoint read them), a record the broker refused for a while. The
+            # records are still what the journal holds: abort, and produce them again in a
+            # new transaction (without the offsets: the next checkpoint sends them anew)
             try:
-                await asyncio.to_thread(producer.commit_transaction, self.commit_timeout)
+                await asyncio.to_thread(producer.abort_transaction, self.commit_timeout)
+                producer.begin_transaction()
             except KafkaException as exc:
                 error = _kafka_error(exc)
-                if error.retriable() and not error.txn_requires_abort() and not error.fatal():
-                    continue
+                self._fatal = error
+                log.error("changelog transaction not aborted: %s", error.str())
                 break
-            error = None
-            break
-        if error is None:
-            self.commits += 1
-            await self._committed(batch)
-            return
+            self.aborted += 1
+            log.warning(
+                "changelog transaction aborted (%s): its %d records produced again in a new one",
+                error.str(),
+                len(batch),
+            )
+            batch = self._again(producer, batch)
+        assert error is not None
         key = batch[0].key if batch else b"<offsets>"
         if error.code() in FENCED_CODES or error.fatal():
             self._fatal = error
@@ -534,6 +606,48 @@ class RdChangelog:
         for sent in batch:
             _fail(sent.future, failure if self._fatal is None else _failure(error, sent.key))
         raise failure
+
+    async def _try_commit(self, producer: Producer) -> KafkaError | None:
+        """Commit the open transaction (retriable errors: again; librdkafka resumes it)."""
+        error: KafkaError | None = None
+        for _ in range(3):
+            try:
+                await asyncio.to_thread(producer.commit_transaction, self.commit_timeout)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error.retriable() and not error.txn_requires_abort() and not error.fatal():
+                    continue
+                return error
+            return None
+        return error
+
+    def _again(self, producer: Producer, batch: list[_Sent]) -> list[_Sent]:
+        """``batch``'s records produced again, in their order, into the transaction just
+        begun; a journal record of a partition handed over meanwhile is not (its future
+        fails: the partition is another worker's now)."""
+        out: list[_Sent] = []
+        for old in batch:
+            if old.future.done():
+                continue
+            if old.topic is None and old.partition not in self.dbs:
+                _fail(
+                    old.future,
+                    JournalUnavailableError(
+                        f"changelog record {old.key!r} not committed: its transaction was "
+                        f"aborted and partition {old.partition} is not this worker's any more"
+                    ),
+                )
+                continue
+            sent = _Sent(
+                old.partition, old.key, old.value, old.future, old.topic, headers=old.headers
+            )
+            try:
+                self._produce(producer, sent)
+            except (BufferError, KafkaException) as exc:
+                _fail(old.future, JournalUnavailableError(f"not produced again: {exc}"))
+                continue
+            out.append(sent)
+        return out
 
     async def _committed(self, batch: list[_Sent]) -> None:
         """The transaction committed: its records are in the log (the commit flushed them),

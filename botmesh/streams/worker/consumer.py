@@ -35,6 +35,7 @@ import concurrent.futures
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-__all__ = ["Batch", "ConsumerThread", "Hooks"]
+__all__ = ["Batch", "ConsumerThread", "Hooks", "generation_of"]
 
 log = logging.getLogger("botmesh.streams")
 
@@ -69,6 +70,9 @@ class Batch:
     messages: Sequence[Message[Any, Any]]
 
 
+#: Seconds between two samples of the consumer's lag.
+LAG_EVERY_S = 1.0
+
 _Call = tuple[Callable[[Consumer], Any], concurrent.futures.Future[Any]]
 
 
@@ -85,8 +89,10 @@ class ConsumerThread:
         *,
         batch_size: int = 500,
         hook_timeout: float = 120.0,
+        on_generation: Callable[[int], None] | None = None,
     ) -> None:
         self._config = config
+        self._on_generation = on_generation
         self.topic = topic
         self.side = tuple(side)
         self._hooks = hooks
@@ -102,6 +108,18 @@ class ConsumerThread:
         self._closed: asyncio.Future[None] | None = None
         #: The inbound partitions this consumer has now (the loop reads it).
         self.partitions: set[int] = set()
+        #: True from a revoke (or a loss) to the assignment that ends the rebalance, and while
+        #: an assignment is taken up (``/readyz``).
+        self.rebalancing = False
+        #: The group member id as of the last ``consume()`` (empty before the join).
+        self.member_id = ""
+        #: The group's generation as of the last rebalance callback (-1 before the join).
+        self.generation = -1
+        #: Records between each consumed partition's position and its end (``/metrics``),
+        #: from the offsets librdkafka last fetched; refreshed every ``LAG_EVERY_S``.
+        self.lag: dict[tuple[str, int], int] = {}
+        self._lag_at = 0.0
+        self._committed: dict[tuple[str, int], int] = {}
 
     # -- the loop's side -----------------------------------------------------------------
 
@@ -184,10 +202,11 @@ class ConsumerThread:
         try:
             while not self._stop.is_set():
                 self._serve_calls(consumer)
-                got = consumer.consume(self.batch_size, 0.1)
+                got = self._take(consumer)
                 kept = [m for m in got if _usable(m)]
                 if kept:
                     loop.call_soon_threadsafe(self.batches.put_nowait, Batch(kept))
+                self._refresh(consumer)
             self._serve_calls(consumer)
             if self._leave:  # a LeaveGroup needs the revoke served before close()
                 consumer.unsubscribe()
@@ -202,6 +221,54 @@ class ConsumerThread:
         finally:
             self._fail_calls()
         self._finish(None)
+
+    def _take(self, consumer: Consumer) -> list[Message[Any, Any]]:
+        """What is there, up to ``batch_size`` records, at once; when nothing is, the first
+        record within 0.1 s and what came with it. (``consume(n, timeout)`` waits out its
+        whole timeout unless ``n`` records arrive: 100 ms added to a record at a low rate.)"""
+        got = consumer.consume(self.batch_size, 0)
+        if got:
+            return got
+        first = consumer.poll(0.1)
+        if first is None:
+            return []
+        return [first, *consumer.consume(self.batch_size - 1, 0)]
+
+    def _refresh(self, consumer: Consumer) -> None:
+        """The member id and, every ``LAG_EVERY_S``, the lag (both read by the loop): each
+        assigned partition's end (as last fetched) less where this consumer stands in it
+        (its position; before it read anything there, the committed offset, else the
+        partition's start)."""
+        self.member_id = consumer.memberid() or ""
+        now = time.monotonic()
+        if now - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = now
+        lag: dict[tuple[str, int], int] = {}
+        try:
+            positions = consumer.position(consumer.assignment())
+            unknown = [
+                TopicPartition(tp.topic, tp.partition)
+                for tp in positions
+                if tp.offset < 0 and (tp.topic, tp.partition) not in self._committed
+            ]
+            if unknown:  # asked once a partition (a commit of it gives it a position)
+                for tp in consumer.committed(unknown, timeout=5.0):
+                    self._committed[(tp.topic, tp.partition)] = tp.offset
+            for tp in positions:
+                low, high = consumer.get_watermark_offsets(tp, cached=True)
+                at = (
+                    tp.offset
+                    if tp.offset >= 0
+                    else self._committed.get((tp.topic, tp.partition), -1)
+                )
+                at = at if at >= 0 else low
+                if high >= 0 and at >= 0:
+                    lag[(tp.topic, tp.partition)] = max(high - at, 0)
+        except KafkaException as exc:  # a sample skipped: the next one comes
+            log.debug("consumer lag not read: %s", exc)
+            return
+        self.lag = lag
 
     def _finish(self, exc: BaseException | None) -> None:
         loop, closed = self._loop, self._closed
@@ -259,7 +326,28 @@ class ConsumerThread:
         return {tp.partition for tp in partitions if tp.topic == self.topic}
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # every rebalance ends here (with nothing new, under the cooperative protocol)
+        self.rebalancing = True
+        try:
+            self._assign(consumer, partitions)
+        finally:
+            self.rebalancing = False
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        generation = generation_of(consumer.consumer_group_metadata())
         new = self._numbers(partitions)
+        if generation != self.generation:
+            self.generation = generation
+            self._committed.clear()
+            log.info(
+                "group generation %d: partitions %s of %s assigned, %s held",
+                generation,
+                sorted(new),
+                self.topic,
+                sorted(self.partitions),
+            )
+            if self._on_generation is not None:
+                self._on_generation(generation)
         if not new:
             consumer.incremental_assign([])
             return
@@ -270,16 +358,35 @@ class ConsumerThread:
         self._hook(consumer, self._hooks.assigned(new), f"assigning partitions {sorted(new)}")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # rebalancing until the assignment that ends the rebalance (the cooperative
+        # protocol's second round), or the close
+        self.rebalancing = True
         gone = self._numbers(partitions)
         self._hook(consumer, self._hooks.revoking(gone), f"revoking partitions {sorted(gone)}")
         self.partitions -= gone
         consumer.incremental_unassign(self._parts(gone))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rebalancing = True  # the rejoin's assignment ends it
         gone = self._numbers(partitions)
         self._hook(consumer, self._hooks.lost(gone), f"dropping lost partitions {sorted(gone)}")
         self.partitions -= gone
         consumer.incremental_unassign(self._parts(gone))
+
+
+def generation_of(metadata: object) -> int:
+    """The group generation in a consumer's group metadata: librdkafka hands it over
+    serialised (``rd_kafka_consumer_group_metadata_write``: ``CGMDv2:``, then the
+    generation id as a 32-bit integer in the machine's byte order, then the group id
+    and the member ids), opaque to the binding; -1 when it is not in that shape."""
+    raw = metadata if isinstance(metadata, bytes) else b""
+    if not raw.startswith(_CGMD) or len(raw) < len(_CGMD) + 4:
+        return -1
+    at = len(_CGMD)
+    return int.from_bytes(raw[at : at + 4], sys.byteorder, signed=True)
+
+
+_CGMD = b"CGMDv2:"
 
 
 def _usable(msg: Message[Any, Any]) -> bool:

@@ -1,6 +1,5 @@
 """The worker's loop on librdkafka: its one consumer, its one producer, its journal, and the
-batches between them. Built beside ``botmesh.streams.faust_app`` (``BOTMESH_RUNTIME=
-librdkafka`` runs it; the Faust app stays the default until the kill suite holds on this).
+batches between them.
 
 A worker (``Worker.run``):
 
@@ -26,29 +25,39 @@ A worker (``Worker.run``):
    the group (a static member's restart gets its partitions back without a rebalance).
 
 A batch that cannot be settled (``BatchAbandoned``, a fence) ends the process at once
-without acking it (``os._exit``: 75, or 70 for anything else), as the Faust app does: the
-broker hands the batch to the next owner, and the journal answers what was settled.
+without acking it (``os._exit``: 75, or 70 for anything else): the broker hands the batch
+to the next owner, and the journal answers what was settled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
+from botmesh.observability.http import HealthServer
+from botmesh.observability.metrics import WorkerSources, WorkerTelemetry
 from botmesh.state.errors import ConfigError, DurabilityError
 from botmesh.state.ports import Provider
-from botmesh.streams.config import WorkerConfig
-from botmesh.streams.groups import describe_group
-from botmesh.streams.provision import ensure_topics, existing_topics
+from botmesh.streams.config import WorkerConfig, group_instance_id
+from botmesh.streams.groups import describe
+from botmesh.streams.membership import AssignmentWatch, TopicsNotListed, wait_for_topics
+from botmesh.streams.provision import (
+    admin_client,
+    check_copartitioned,
+    ensure_topics,
+    existing_topics,
+)
 from botmesh.streams.retry_tiers import Parked, RetryTiers, parked_record
 from botmesh.streams.runner import (
     BatchAbandoned,
@@ -57,21 +66,29 @@ from botmesh.streams.runner import (
     InboundRunner,
     KafkaReceipts,
     RawRecord,
+    RecordScope,
     RuntimeLike,
 )
 from botmesh.streams.table_kv import CURRENT_PARTITION, TABLE_NAME, TableKv, in_partition
-from botmesh.streams.worker.changelog import RdChangelog
+from botmesh.streams.worker.changelog import FENCED_CODES, RdChangelog
 from botmesh.streams.worker.checkpoint import Checkpoint, TopicPart
 from botmesh.streams.worker.clients import worker_consumer_config, worker_producer_config
 from botmesh.streams.worker.consumer import Batch, ConsumerThread
+from botmesh.streams.worker.observe import Observed
 from botmesh.streams.worker.restore import open_database, restore
+from botmesh.topics.dead_letters import redact
 
-__all__ = ["EXIT_ABANDONED", "EXIT_SOFTWARE", "Worker", "run_worker"]
+__all__ = ["EXIT_ABANDONED", "EXIT_CONFIG", "EXIT_SOFTWARE", "Worker", "run_worker"]
 
 log = logging.getLogger("botmesh.streams")
 
+EXIT_CONFIG = 2  # as the command line's refusals: the operator's to fix
 EXIT_ABANDONED = 75  # EX_TEMPFAIL: a batch given up, start again
 EXIT_SOFTWARE = 70
+
+#: Seconds a restore of the journal partitions given in one rebalance may take (past it,
+#: the worker exits 75 and starts afresh rather than hold partitions it cannot serve).
+RESTORE_S = 300.0
 
 
 def _exit_hard(why: str, code: int) -> NoReturn:
@@ -145,6 +162,7 @@ class Membership:
         self.confirmed = time.monotonic()
         #: Questions the coordinator answered without this member (it was evicted).
         self.missing = 0
+        self._admin: Any = None
 
     def confirm(self, at: float | None = None) -> None:
         at = time.monotonic() if at is None else at
@@ -164,14 +182,24 @@ class Membership:
     async def check(self) -> bool:
         """Ask once; whether the coordinator listed this member."""
         asked = time.monotonic()
-        member = await self._consumer.call(lambda c: c.memberid())
+        member = self._consumer.member_id
         if not member:
             return False
-        info = await asyncio.to_thread(describe_group, self._brokers, self._group)
+        if self._admin is None:  # one client for the worker's life: a client dropped with a
+            # request of it still pending can trip librdkafka (a refcount assertion)
+            self._admin = await asyncio.to_thread(admin_client, self._brokers)
+        info = await asyncio.to_thread(describe, self._admin, self._group, self._brokers, 10.0)
         if any(m.member_id == member for m in info.members):
             self.confirm(asked)
             return True
         self.missing += 1
+        log.info(
+            "the group coordinator does not list this consumer (%s) in group %s (%s, %d members)",
+            member,
+            self._group,
+            info.state,
+            len(info.members),
+        )
         return False
 
     async def run(self) -> None:
@@ -194,6 +222,8 @@ class Worker:
         config: WorkerConfig,
         *,
         fallbacks: Mapping[str, Provider] | None = None,
+        record_scope: RecordScope | None = None,
+        journal_written: Callable[[float], None] | None = None,
     ) -> None:
         self.config = config
         cat = self.cat = config.catalog
@@ -214,11 +244,15 @@ class Worker:
         kv = self.kv = TableKv(self.changelog) if config.kafka_journal else None
         self.changelog.kv = kv
         letters: Counter[tuple[str, str]] = Counter()
+        telemetry = WorkerTelemetry(WorkerSources())
+        # the histograms are fed only when /metrics is served (BOTMESH_HTTP_PORT)
+        timed = telemetry if config.http_port is not None else None
         runtime: RuntimeLike = bot.bind(
             provider,
             kv if kv is not None else config.journal_url,
             instance_id=config.instance_id,
             receipts=KafkaReceipts(self.produce, letters),
+            timings=timed,
             fallbacks=fallbacks,
         )
         self.runtime = runtime
@@ -228,6 +262,7 @@ class Worker:
             kv.on_assigned = self._recover
             kv.on_revoking = runtime.flush_receipts
             kv.on_lost = self._lost_writes
+            kv.write_seconds = _both(timed.journal_write if timed else None, journal_written)
         self.runner = InboundRunner(
             runtime,
             self.produce,
@@ -237,8 +272,11 @@ class Worker:
             control_topic=cat.control,
             instance=self.instance,
             flush=kv.flush if kv is not None else None,
+            on_settled=timed.settled if timed is not None else None,
             letters=letters,
         )
+        if record_scope is not None:
+            self.runner.scope = record_scope
         self.checkpoint = Checkpoint(self._flush, self._commit)
         self.consumer = ConsumerThread(
             worker_consumer_config(config),
@@ -246,16 +284,45 @@ class Worker:
             [cat.requests, cat.control],
             self,
             batch_size=config.batch_size,
-            hook_timeout=max(config.session_timeout * 4, 60.0),
+            hook_timeout=RESTORE_S + 60.0,  # a restore's own limit comes first
+            on_generation=self._generation,
         )
+        self.changelog.writer(self.instance, -1)
+        self.changelog.on_fatal = self._producer_failed
         self.membership = Membership(self.consumer, config)
+        instance_id = config.instance_id or ""
+        self.watch = AssignmentWatch(
+            bootstrap=config.kafka,
+            group=cat.group,
+            topic=cat.inbound,
+            owned=lambda: set(self.consumer.partitions),
+            instance_id=None if config.instance_id is None else group_instance_id(instance_id),
+            member_id=lambda: self.consumer.member_id or None,
+            rebalancing=lambda: self.consumer.rebalancing,
+        )
+        #: Journal partitions being restored from the changelog now (``/readyz``).
+        self.restoring: set[int] = set()
+        self.observed = Observed(self)
+        telemetry.sources = self.observed.sources()
+        self.http = (
+            HealthServer(
+                config.http_host, config.http_port, self.observed.readiness, telemetry.scrape
+            )
+            if config.http_port is not None
+            else None
+        )
+        self._background: list[asyncio.Task[None]] = []
         self._watching: asyncio.Task[None] | None = None
         self.tiers = RetryTiers(config.kafka, cat, self._owned, self._retry, self._repark)
         self._tasks: set[asyncio.Task[None]] = set()
         self._paused = False
         self._settled = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._started = False
+        self.started = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     # -- what the runner and the receipts produce through -----------------------------------
 
@@ -295,12 +362,25 @@ class Worker:
             return
         data = self.config.data_dir / "journal"
         dbs = {p: open_database(data / f"p{p}") for p in sorted(partitions)}
-        done = await asyncio.to_thread(
-            restore, self.config.kafka, self.changelog.topic, dbs, timeout=300.0
-        )
+        self.restoring |= set(dbs)
+        try:
+            done = await asyncio.to_thread(
+                restore, self.config.kafka, self.changelog.topic, dbs, timeout=RESTORE_S
+            )
+        except Exception as exc:  # partitions held, never served: start afresh instead
+            _exit_hard(f"journal partitions {sorted(dbs)} not restored: {exc}", EXIT_ABANDONED)
+        finally:
+            self.restoring -= set(dbs)
         for p, db in dbs.items():
             self.changelog.attach(p, db)
-            log.info("journal partition %d restored (%d changelog records)", p, done[p].records)
+            r = done[p]
+            log.info(
+                "journal partition %d restored: %d changelog records read from offset %d to %d",
+                p,
+                r.records,
+                r.start,
+                r.end,
+            )
         await self.kv.assign(dbs)
         await self.consumer.resume(set(dbs))
 
@@ -333,7 +413,7 @@ class Worker:
                 db.db.close()
 
     async def _recover(self, partition: int) -> None:
-        ops = self.runtime.durability if self._started else None
+        ops = self.runtime.durability if self.started else None
         if ops is not None:
             acted = await ops.recover()
             log.info("journal partition %d recovered (%d records acted on)", partition, acted)
@@ -342,11 +422,36 @@ class Worker:
         if self._stopping.is_set():
             log.warning("journal partition %d: last writes not committed: %s", partition, exc)
             return
+        if self.kv is not None and not self.kv.owns(partition):
+            # handed over meanwhile: dropped from memory, its new owner restores without them
+            log.info("journal partition %d: revoked with its last writes uncommitted", partition)
+            return
         _exit_hard(
             f"journal partition {partition}: writes that returned were not committed "
             f"({type(exc).__name__}: {exc})",
             EXIT_ABANDONED,
         )
+
+    def _producer_failed(self, err: KafkaError) -> None:
+        """The one producer failed for good (fenced by a newer one, its transaction timed
+        out while this worker was frozen, a fatal error): nothing can be journaled or
+        committed any more; start afresh, unacked, unless stopping anyway."""
+        if self._stopping.is_set():
+            log.warning("the producer failed during the stop: %s", err.str())
+            return
+        why = (
+            "fenced by a newer producer epoch (its transaction timed out while this worker "
+            "was away, or another incarnation started)"
+            if err.code() in FENCED_CODES
+            else "failed"
+        )
+        _exit_hard(f"the producer {why}: {err.name()}: {err.str()}", EXIT_ABANDONED)
+
+    def _generation(self, generation: int) -> None:
+        """A rebalance ended with this member in generation ``generation`` (the consumer's
+        thread): the coordinator had it then; its records say so from now on."""
+        self.membership.confirm()
+        self.changelog.writer(self.instance, generation)
 
     def _unconfirmed(self) -> str | None:
         return self.membership.unconfirmed()  # (the membership is made after the changelog)
@@ -425,6 +530,8 @@ class Worker:
         result = ensure_topics(config.kafka, specs)
         if result.created:
             log.info("created topics: %s", ", ".join(result.created))
+        made = {s.name: s.partitions for s in specs if s.name in result.created}
+        check_copartitioned(self.cat, {**have, **made})
 
     def stop(self) -> None:
         """Stop (SIGTERM): what is in flight is settled and checkpointed first."""
@@ -432,24 +539,55 @@ class Worker:
 
     async def run(self) -> int:
         """Run until ``stop``; the exit status."""
-        if self.config.provision:
-            await asyncio.to_thread(self._provision)
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        await self.changelog.start()
-        if self.kv is not None:
-            await self.kv.open()
+        if self.http is not None:  # first: a probe sees every step of the start
+            try:
+                await self.http.start()
+            except OSError as exc:
+                return _refused(str(exc))
         try:
+            return await self._run()
+        finally:
+            if self.http is not None:  # last: /readyz says "stopping" until then
+                await self.http.stop()
+
+    async def _run(self) -> int:
+        config = self.config
+        if config.provision:
+            try:
+                await asyncio.to_thread(self._provision)
+            except ConfigError as exc:
+                return _refused(str(exc))
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            await self.changelog.start()
+            if self.kv is not None:
+                await self.kv.open()
             await self.runtime.start()
         except (DurabilityError, ConfigError) as exc:
-            print(f"botmesh worker: cannot start the bot on its journal: {exc}", file=sys.stderr)
-            return 2
-        self._started = True
+            return _refused(f"cannot start the bot on its journal: {exc}")
+        self.started = True
+        log.info("runtime started: %s", self._about())
+        try:
+            await wait_for_topics(
+                config.kafka, [self.cat.inbound, *self.consumer.side], config.topic_wait
+            )
+        except (TopicsNotListed, ConnectionError) as exc:
+            await self.runtime.stop()
+            await self.changelog.stop()
+            return _refused(str(exc))
         await self.consumer.start()
-        self._watching = asyncio.get_running_loop().create_task(self.membership.run())
+        loop = asyncio.get_running_loop()
+        self._watching = loop.create_task(self.membership.run())
+        self._background = [
+            loop.create_task(self.watch.run()),
+            loop.create_task(
+                self.observed.publish_every(config.metrics_interval, lambda: self.stopping)
+            ),
+        ]
         self.tiers.start()
         tid = self.changelog.config.get("transactional.id")
         log.info(
-            "worker on librdkafka: %s on %s, %s%s",
+            "worker started: %s on %s, %s%s",
             self.instance or "(no instance id)",
             self.cat.inbound,
             self.config.guarantee,
@@ -471,9 +609,11 @@ class Worker:
         return 0
 
     async def _shutdown(self) -> None:
+        # a batch still retrying is given up (exit 75, unacked): the next owner takes it
+        self.runner.stopping.set()
         await self.tiers.stop()
-        if self._watching is not None:
-            self._watching.cancel()
+        for task in self._background:
+            task.cancel()
         await self._join()
         try:
             await self.checkpoint.run()
@@ -492,11 +632,23 @@ class Worker:
             await self.checkpoint.run()
         except Exception as exc:
             log.warning("last checkpoint failed: %s", exc)
+        await self.observed.publish()  # the last counters, while the producer runs
         await self.consumer.close()
+        if self._watching is not None:
+            self._watching.cancel()
         await self.runtime.stop()
         if self.kv is not None:
             await self.kv.close()
         await self.changelog.stop()
+
+    def _about(self) -> str:
+        config, cat = self.config, self.cat
+        kv = f" ({self.changelog.topic})" if self.kv is not None else ""
+        return (
+            f"bot on {cat.inbound}, {cat.requests} and {cat.control}, journal "
+            f"{redact(config.journal_url)}{kv}, instance {self.instance or '(default)'}, "
+            f"Kafka at {config.bootstrap} ({config.security.describe()})"
+        )
 
 
 def run_worker(
@@ -505,14 +657,75 @@ def run_worker(
     config: WorkerConfig,
     *,
     fallbacks: Mapping[str, Provider] | None = None,
+    record_scope: RecordScope | None = None,
+    journal_written: Callable[[float], None] | None = None,
 ) -> int:
-    """Run a worker on librdkafka until SIGTERM / Ctrl-C; the exit status."""
+    """Run a worker on librdkafka until SIGTERM / Ctrl-C; the exit status.
+
+    What the command line brings (``botmesh.logs``, ``botmesh.tracing``: this package imports
+    neither): ``record_scope``, what the runner settles each record inside (its log context
+    and span); ``journal_written``, told the seconds of each awaited journal write (its
+    span). A stop still under way ``config.stop_timeout`` seconds after the first signal
+    ends with the process (``_stop_overdue``)."""
 
     async def main() -> int:
-        worker = Worker(bot, provider, config, fallbacks=fallbacks)
+        worker = Worker(
+            bot,
+            provider,
+            config,
+            fallbacks=fallbacks,
+            record_scope=record_scope,
+            journal_written=journal_written,
+        )
         loop = asyncio.get_running_loop()
+        timer: list[threading.Timer] = []
+
+        def stop() -> None:
+            if not timer:  # the first signal: the stop starts, and its limit with it
+                limit = config.stop_timeout
+                timer.append(threading.Timer(limit, _stop_overdue, (limit,)))
+                timer[0].daemon = True
+                timer[0].start()
+            worker.stop()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
-        return await worker.run()
+            loop.add_signal_handler(sig, stop)
+        try:
+            return await worker.run()
+        finally:
+            for t in timer:
+                t.cancel()
 
     return asyncio.run(main())
+
+
+def _refused(why: str) -> int:
+    """The operator's to fix (a journal that cannot be opened, topics not listed, a port
+    taken): one line, no traceback."""
+    log.error("%s", why)
+    print(f"botmesh worker: {why}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def _stop_overdue(limit: float) -> None:
+    """A stop that outlasted its limit (a provider call that hangs, a server that waits on
+    its clients): the stacks of every thread go to stderr, then the process exits without
+    acking; what was not committed is redelivered and the journal answers the duplicates."""
+    log.critical("the worker did not stop within %gs (BOTMESH_STOP_TIMEOUT); its threads:", limit)
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    _exit_hard(f"the stop took longer than {limit:g}s", EXIT_SOFTWARE)
+
+
+def _both(
+    first: Callable[[float], None] | None, then: Callable[[float], None] | None
+) -> Callable[[float], None] | None:
+    """Both callbacks (either may be absent)."""
+    if first is None or then is None:
+        return first or then
+
+    def both(seconds: float) -> None:
+        first(seconds)
+        then(seconds)
+
+    return both

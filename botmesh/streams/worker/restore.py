@@ -23,13 +23,15 @@ call blocks (the worker runs it in a thread).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import rocksdict
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from botmesh.state.errors import JournalUnavailableError
@@ -46,10 +48,12 @@ __all__ = [
     "restore",
 ]
 
+log = logging.getLogger("botmesh.streams")
+
 #: Where a partition's database keeps the changelog offset it holds everything up to
 #: (starts with NUL: never a journal key).
 OFFSET_KEY = INTERNAL + b"offset"
-#: RocksDB memory of one partition's database (as the Faust table's ``JOURNAL_ROCKSDB``).
+#: RocksDB memory of one partition's database.
 WRITE_BUFFER_SIZE = 16 * 2**20
 MAX_WRITE_BUFFERS = 2
 #: Records taken from the reader in one call.
@@ -122,9 +126,35 @@ def high_watermarks(
     return ends
 
 
+def _take(consumer: Consumer, batch: int, wait: float) -> list[Message[Any, Any]]:
+    """Up to ``batch`` records that are there, at once; when none is, the first within
+    ``wait`` seconds and what came with it (``consume(n, timeout)`` would wait out its
+    timeout for ``n`` records, at every restore's last fetch)."""
+    got = consumer.consume(batch, 0)
+    if got:
+        return got
+    first = consumer.poll(wait)
+    return [] if first is None else [first, *consumer.consume(batch - 1, 0)]
+
+
+#: Answers a moment later may not give: a topic just created whose leaders are being
+#: elected, a leader moving (the admin client's results do not mark them retriable).
+_PASSING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
 def _retriable(exc: BaseException) -> bool:
     err = exc.args[0] if exc.args else None
-    return isinstance(err, KafkaError) and bool(err.retriable())
+    return isinstance(err, KafkaError) and (bool(err.retriable()) or err.code() in _PASSING)
 
 
 def restore(
@@ -196,12 +226,16 @@ def _read(
                 )
             got: dict[int, list[tuple[bytes, bytes | None]]] = {}
             last: dict[int, int] = {}
-            for msg in consumer.consume(batch, min(0.5, left)):
+            for msg in _take(consumer, batch, min(0.5, left)):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
-                    raise JournalUnavailableError(f"restore of {topic}: {err.str()}")
+                    if err.fatal() or not err.retriable():
+                        raise JournalUnavailableError(f"restore of {topic}: {err.str()}")
+                    # a leader moving, a broker restarting: the consumer tries again
+                    log.info("restore of %s: %s (retried)", topic, err.str())
+                    continue
                 p = msg.partition()
                 offset = msg.offset()
                 if p is None or offset is None or p not in todo or offset >= ends[p]:
