@@ -472,10 +472,11 @@ class Tail:
         deadline = time.monotonic() + within
         cursor = mark
         while True:
-            for s in self.seen[cursor:]:
+            new = self.seen[cursor:]  # the tail's thread appends meanwhile: count what was read
+            for s in new:
                 if s.id not in got and want(s):
                     got[s.id] = s
-            cursor = len(self.seen)
+            cursor += len(new)
             if len(got) >= n:
                 return got
             if (rc := proc().poll()) is not None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from botmesh.streams.connection import KafkaSettings, Security
+from confluent_kafka import Consumer
+
+from botmesh.streams.connection import KafkaSettings, Security, confluent_options
+from botmesh.streams.groups import GroupInfo, describe_group
 from tests.kafka.broker import REPO, free_ports
 
 __all__ = ["SecureBroker", "secure_broker"]
@@ -182,3 +186,25 @@ def secure_broker(folder: Path) -> Iterator[SecureBroker]:
         yield SecureBroker(folder, ports)
     finally:
         _kafka_sh(folder, ports, "stop")
+
+
+def static_member(settings: KafkaSettings, group: str, topic: str) -> GroupInfo:
+    """A static member joins ``group`` and stops (still listed: its session runs on)."""
+    consumer = Consumer(
+        {
+            **confluent_options(settings),
+            "group.id": group,
+            "group.instance.id": "static-1",
+            "session.timeout.ms": 60000,
+            "log_level": 0,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 120.0
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "the static member was never assigned"
+            consumer.poll(0.2)
+    finally:
+        consumer.close()  # a static member sends no LeaveGroup
+    return describe_group(settings, group)

@@ -20,13 +20,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Message
 
 from botmesh.settings import read_config_file
 from botmesh.streams.clients import read_to_end, reader, watermarks
@@ -40,7 +39,7 @@ from botmesh.streams.connection import (
     confluent_options,
     list_topics,
 )
-from botmesh.streams.groups import GroupInfo, describe_group, remove_members
+from botmesh.streams.groups import describe_group, remove_members
 from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
@@ -51,6 +50,7 @@ from tests.kafka.oauth_broker import (
     OAuthBroker,
     oauth_broker,
 )
+from tests.kafka.secure_broker import static_member
 from tests.kafka.worker import WAIT_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -336,28 +336,6 @@ async def test_a_produce_and_consume_round_trip(
     assert sorted(json.loads(m.value() or b"")["id"] for m in got) == sorted(r.id for r in records)
 
 
-def _static_member(settings: KafkaSettings, group: str, topic: str) -> GroupInfo:
-    """A static member joins ``group`` and stops (still listed: its session runs on)."""
-    consumer = Consumer(
-        {
-            **confluent_options(settings),
-            "group.id": group,
-            "group.instance.id": "static-1",
-            "session.timeout.ms": 60000,
-            "log_level": 0,
-        }
-    )
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + WAIT_S
-        while not consumer.assignment():
-            assert time.monotonic() < deadline, "the static member was never assigned"
-            consumer.poll(0.2)
-    finally:
-        consumer.close()  # a static member sends no LeaveGroup
-    return describe_group(settings, group)
-
-
 @pytest.mark.kafka
 @pytest.mark.xdist_group(ON_BROKER)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -375,7 +353,7 @@ async def test_the_group_is_described_and_a_static_member_removed(
     # no such group yet (the broker's first group request creates __consumer_offsets: its
     # coordinator may take a while to load on a busy machine)
     assert describe_group(settings, group, timeout=60.0).state == "dead"
-    info = await asyncio.to_thread(_static_member, settings, group, cat.inbound)
+    info = await asyncio.to_thread(static_member, settings, group, cat.inbound)
     assert info.group == group and info.state in ("stable", "empty", "completing_rebalancing")
     assert [m.instance_id for m in info.members] == ["static-1"]
     assert info.members[0].partitions == {cat.inbound: [0, 1]}

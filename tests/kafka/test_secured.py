@@ -17,26 +17,29 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from confluent_kafka import Consumer
 
 from botmesh.streams.connection import (
     KafkaAuthError,
     KafkaSettings,
-    confluent_options,
     list_topics,
 )
-from botmesh.streams.groups import GroupInfo, describe_group, remove_members
+from botmesh.streams.groups import describe_group, remove_members
 from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound, request_send
 from botmesh.streams.provision import ensure_topics, existing_topics
 from botmesh.topics import Catalog
 from tests.gateway.kit import gateway_at, probe_body, probe_headers, read_topic
-from tests.kafka.secure_broker import PASSWORD, PLAIN_PASSWORD, SecureBroker, secure_broker
+from tests.kafka.secure_broker import (
+    PASSWORD,
+    PLAIN_PASSWORD,
+    SecureBroker,
+    secure_broker,
+    static_member,
+)
 from tests.kafka.worker import WAIT_S, Worker, collect, wait_line
 
 # One SASL_SSL broker on fixed ports for the module: in a parallel run its tests share one
@@ -197,28 +200,6 @@ async def test_the_gateway_produces_through_sasl_ssl(
     assert [r.key for r in records] == [b"chat-g"]
 
 
-def _static_member(settings: KafkaSettings, group: str, topic: str) -> GroupInfo:
-    """A static member joins ``group`` and stops (still listed: its session runs on)."""
-    consumer = Consumer(
-        {
-            **confluent_options(settings),
-            "group.id": group,
-            "group.instance.id": "static-1",
-            "session.timeout.ms": 60000,
-            "log_level": 0,
-        }
-    )
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + WAIT_S
-        while not consumer.assignment():
-            assert time.monotonic() < deadline, "the static member was never assigned"
-            consumer.poll(0.2)
-    finally:
-        consumer.close()  # a static member sends no LeaveGroup
-    return describe_group(settings, group)
-
-
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 async def test_a_static_member_is_removed_through_sasl_ssl(
     secure: SecureBroker, topic_prefix: str, mechanism: str
@@ -229,7 +210,7 @@ async def test_a_static_member_is_removed_through_sasl_ssl(
     cat = Catalog(f"{topic_prefix}{mechanism[-3:]}")
     ensure_topics(settings, cat.specs(partitions=2))
     group = f"{cat.prefix}.static"
-    info = await asyncio.to_thread(_static_member, settings, group, cat.inbound)
+    info = await asyncio.to_thread(static_member, settings, group, cat.inbound)
     assert [m.instance_id for m in info.members] == ["static-1"]
     wrong = secure.settings(mechanism, password=WRONG)
     with pytest.raises(KafkaAuthError, match="KAFKA_SASL_PASSWORD_FILE"):
