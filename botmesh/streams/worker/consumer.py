@@ -334,6 +334,9 @@ class ConsumerThread:
             self.rebalancing = False
 
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # read before the hooks: a restore can hold this thread for long (the membership
+        # check asks the coordinator about this member id meanwhile)
+        self.member_id = consumer.memberid() or ""
         generation = generation_of(consumer.consumer_group_metadata())
         new = self._numbers(partitions)
         if generation != self.generation:

@@ -381,6 +381,10 @@ class Worker:
                 r.start,
                 r.end,
             )
+        # a restore can outlast the membership's last confirmation: asked again before the
+        # recovery pass writes
+        if not await self._confirmed():
+            log.warning("membership not confirmed after the restore: writes wait for it")
         await self.kv.assign(dbs)
         await self.consumer.resume(set(dbs))
 
@@ -446,6 +450,13 @@ class Worker:
             else "failed"
         )
         _exit_hard(f"the producer {why}: {err.name()}: {err.str()}", EXIT_ABANDONED)
+
+    async def _confirmed(self) -> bool:
+        try:
+            return await self.membership.check()
+        except Exception as exc:  # the coordinator out of reach: the watch asks again
+            log.debug("group membership not confirmed: %s", exc)
+            return False
 
     def _generation(self, generation: int) -> None:
         """A rebalance ended with this member in generation ``generation`` (the consumer's
