@@ -109,14 +109,33 @@ def describe_group(bootstrap: Brokers, group: str, timeout: float = 10.0) -> Gro
     return describe(admin_client(bootstrap, timeout), group, bootstrap, timeout)
 
 
+#: A coordinator that is loading, moving or not known yet (a broker's first group request
+#: creates ``__consumer_offsets``): the answer a moment later is as good.
+_COORDINATOR_PASSING = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
 def describe(admin: Any, group: str, bootstrap: Brokers, timeout: float) -> GroupInfo:
-    futs = admin.describe_consumer_groups([group], request_timeout=timeout)
-    try:
-        desc = result_of(futs[group], bootstrap, timeout)
-    except KafkaException as exc:
-        if error_code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
-            return GroupInfo(group, "dead", [])
-        raise
+    """``describe_group`` with an admin client of the caller's (asked again while the
+    group's coordinator loads, up to ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(deadline - time.monotonic(), 0.5)
+        futs = admin.describe_consumer_groups([group], request_timeout=left)
+        try:
+            desc = result_of(futs[group], bootstrap, left)
+            break
+        except KafkaException as exc:
+            if error_code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
+                return GroupInfo(group, "dead", [])
+            if error_code(exc) not in _COORDINATOR_PASSING or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)
     members = []
     for m in desc.members:
         owned: dict[str, list[int]] = {}

@@ -183,6 +183,9 @@ class RdChangelog:
         # exactly_once: the open transaction
         self._txn: list[_Sent] = []
         self._txn_offsets = False
+        #: A record was refused because the transaction went abortable: the next commit
+        #: runs (and aborts, and produces its records again) even with nothing in it.
+        self._needs_abort = False
         self._open = asyncio.Event()
         self._busy = asyncio.Lock()
         self._want_commit = False
@@ -377,6 +380,10 @@ class RdChangelog:
                 await asyncio.sleep(self.poll_interval)
                 continue
             except KafkaException as exc:
+                if self._abortable(exc, deadline):
+                    deadline = deadline or time.monotonic() + self.commit_timeout
+                    await asyncio.sleep(self.poll_interval)
+                    continue
                 raise _failure(_kafka_error(exc), key, "not produced") from exc
             self.produced += 1
             if self.transactional:
@@ -431,11 +438,31 @@ class RdChangelog:
                     ) from None
                 await asyncio.sleep(self.poll_interval)
                 continue
-            # a KafkaException here (too large, unknown topic) goes to the sender as it is
+            except KafkaException as exc:
+                if self._abortable(exc, deadline):
+                    deadline = deadline or time.monotonic() + self.commit_timeout
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+                raise
+            # another KafkaException (too large, unknown topic) goes to the sender as it is
             if self.transactional:
                 self._txn.append(sent)
                 self.commit_soon(())
             return future
+
+    def _abortable(self, exc: KafkaException, deadline: float | None) -> bool:
+        """librdkafka refused a record because the open transaction went abortable (a
+        produce in the erroneous state): the commit asked for now aborts it and produces
+        its records again (``_commit_or_abort``), then this record can go. False past
+        ``deadline``, or for any other refusal."""
+        err = _kafka_error(exc)
+        if not self.transactional or err.code() != KafkaError._STATE or err.fatal():
+            return False
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        self._needs_abort = True
+        self.commit_soon(())
+        return True
 
     def _produce(self, producer: Producer, sent: _Sent) -> None:
         """Hand ``sent`` to librdkafka (a record of another topic may have no key)."""
@@ -508,6 +535,8 @@ class RdChangelog:
                     err = _kafka_error(exc)
                     if err.code() in FENCED_CODES or err.fatal():
                         self._fatal = err
+                    elif err.txn_requires_abort():  # offsets of a generation gone by
+                        await self._abort_and_again(producer, err)
                     raise _failure(err, b"<offsets>", "not sent to the transaction") from exc
                 return
 
@@ -518,7 +547,8 @@ class RdChangelog:
                 return
             batch, self._txn = self._txn, []
             offsets, self._txn_offsets = self._txn_offsets, False
-            if not batch and not offsets:
+            stuck, self._needs_abort = self._needs_abort, False
+            if not batch and not offsets and not stuck:
                 return
             if self._fatal is not None:
                 error = _failure(self._fatal, batch[0].key if batch else b"", "refused")
@@ -606,6 +636,29 @@ class RdChangelog:
         for sent in batch:
             _fail(sent.future, failure if self._fatal is None else _failure(error, sent.key))
         raise failure
+
+    async def _abort_and_again(self, producer: Producer, error: KafkaError) -> None:
+        """The open transaction went abortable (``_busy`` held): abort it, begin another and
+        produce its records again there, without offsets (the next checkpoint sends them)."""
+        self._open.clear()
+        try:
+            await asyncio.to_thread(producer.abort_transaction, self.commit_timeout)
+            producer.begin_transaction()
+        except KafkaException as exc:
+            self._fatal = _kafka_error(exc)
+            log.error("changelog transaction not aborted: %s", exc)
+            self._open.set()
+            return
+        self.aborted += 1
+        batch, self._txn = self._txn, []
+        self._txn_offsets = False
+        log.warning(
+            "changelog transaction aborted (%s): its %d records produced again in a new one",
+            error.str(),
+            len(batch),
+        )
+        self._txn = self._again(producer, batch)
+        self._open.set()
 
     async def _try_commit(self, producer: Producer) -> KafkaError | None:
         """Commit the open transaction (retriable errors: again; librdkafka resumes it)."""
