@@ -38,7 +38,10 @@ run: venv kafka-jars ## the demo: Kafka, topics, a worker running APP (default t
 # so twice the cores keeps a 2-core machine busy without starving the broker.
 TEST_WORKERS ?= 4
 SOAK_MINUTES ?= 10
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+# A test process that crashes (a native library's abort) fails its test and ends the run:
+# pytest-xdist would otherwise start another process and, with --dist loadgroup, wait for
+# the crashed one's group forever.
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0
 
 test: venv kafka-jars ## the whole test suite in parallel (TEST_WORKERS=4), Kafka tests included
 	$(BIN)/pytest $(PYTEST_PARALLEL)

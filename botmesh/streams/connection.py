@@ -807,6 +807,10 @@ def broker_hint() -> str:
     )
 
 
+#: An admin client's idle connections are closed after this long (see ``admin``).
+ADMIN_IDLE_MS = 5000
+
+
 def admin(brokers: Brokers, timeout: float = 10.0) -> Any:
     """A confluent-kafka admin client; its ``botmesh_errors`` collect connection errors."""
     from confluent_kafka.admin import AdminClient
@@ -815,6 +819,13 @@ def admin(brokers: Brokers, timeout: float = 10.0) -> Any:
     conf: dict[str, Any] = {
         **confluent_options(brokers),
         "socket.timeout.ms": int(timeout * 1000),
+        # A group request whose FindCoordinator was answered COORDINATOR_NOT_AVAILABLE three
+        # times (a broker's first group request; a coordinator moving) stays behind in
+        # librdkafka (2.16; its PR #3847 is open) until a connection changes state: without
+        # one it waits out its whole timeout, and the client, destroyed once its broker is
+        # gone, hangs (or trips a refcount assertion). A connection idle this long is
+        # closed, and the request asked again on the next.
+        "connections.max.idle.ms": ADMIN_IDLE_MS,
         "log_level": 6,  # its lines go to ``errors``, which prints none of them
         "logger": errors.logger,
         "error_cb": errors,

@@ -25,7 +25,7 @@ import itertools
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ __all__ = [
     "GroupInfo",
     "Member",
     "admin_client",
+    "coordinated",
     "describe",
     "describe_group",
     "error_code",
@@ -118,24 +119,55 @@ _COORDINATOR_PASSING = frozenset(
         KafkaError.NOT_COORDINATOR,
     }
 )
+#: An attempt that timed out (asked again while time is left; see ``coordinated``).
+_ATTEMPT_TIMED_OUT = frozenset({KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+#: The first attempt's time; each next one has twice as long, up to the time left.
+FIRST_ATTEMPT_S = 2.0
+
+
+def coordinated(ask: Callable[[float], Any], bootstrap: Brokers, timeout: float) -> Any:
+    """The result of a request to a group's coordinator, ``ask(request_timeout)`` giving
+    its future, asked again up to ``timeout`` seconds: while the coordinator loads or
+    moves, and after an attempt that timed out. The first attempt has
+    ``FIRST_ATTEMPT_S``, each next one twice as long, because librdkafka (2.16) leaves a
+    group request waiting out its whole timeout once its ``FindCoordinator`` was answered
+    ``COORDINATOR_NOT_AVAILABLE`` three times in a row (its retries spent; librdkafka
+    PR #3847, open): as on a broker's first group request, which creates
+    ``__consumer_offsets``, or while a coordinator moves. A new request finds the
+    coordinator. Other errors, and the last attempt's, are raised (``result_of``)."""
+    deadline = time.monotonic() + timeout
+    window = FIRST_ATTEMPT_S
+    while True:
+        left = deadline - time.monotonic()
+        step = max(min(window, left), 0.5)
+        fut = ask(step)
+        try:
+            return fut.result(step + 5.0)  # librdkafka ends it at ``step``: a margin only
+        except KafkaException as exc:
+            code = error_code(exc)
+            passing = code in _COORDINATOR_PASSING or code in _ATTEMPT_TIMED_OUT
+            if not passing or time.monotonic() + 0.2 >= deadline:
+                return result_of(fut, bootstrap, 0)  # raised as result_of names it
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise unreachable(bootstrap, TimeoutError(f"no answer in {timeout:g}s")) from None
+        window *= 2
+        time.sleep(0.2)
 
 
 def describe(admin: Any, group: str, bootstrap: Brokers, timeout: float) -> GroupInfo:
     """``describe_group`` with an admin client of the caller's (asked again while the
-    group's coordinator loads, up to ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = max(deadline - time.monotonic(), 0.5)
-        futs = admin.describe_consumer_groups([group], request_timeout=left)
-        try:
-            desc = result_of(futs[group], bootstrap, left)
-            break
-        except KafkaException as exc:
-            if error_code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
-                return GroupInfo(group, "dead", [])
-            if error_code(exc) not in _COORDINATOR_PASSING or time.monotonic() >= deadline:
-                raise
-        time.sleep(0.2)
+    group's coordinator loads, up to ``timeout`` seconds: ``coordinated``)."""
+
+    def ask(step: float) -> Any:
+        return admin.describe_consumer_groups([group], request_timeout=step)[group]
+
+    try:
+        desc = coordinated(ask, bootstrap, timeout)
+    except KafkaException as exc:
+        if error_code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
+            return GroupInfo(group, "dead", [])
+        raise
     members = []
     for m in desc.members:
         owned: dict[str, list[int]] = {}

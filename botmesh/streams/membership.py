@@ -33,9 +33,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from botmesh.streams.connection import Brokers, KafkaAuthError, list_topics
-from botmesh.streams.groups import GroupInfo, Member, describe_group, remove_members
+from botmesh.streams.groups import GroupInfo, Member, admin_client, describe, remove_members
 
 __all__ = [
     "WORKER_COUNTERS",
@@ -150,6 +151,8 @@ class AssignmentWatch:
     forced: int = 0
     ready: bool = False
     _said: str = ""
+    #: one admin client for the watch's life (made at its first check)
+    _admin: Any = None
 
     async def run(self) -> None:
         while True:
@@ -217,9 +220,11 @@ class AssignmentWatch:
         return True
 
     def _read_group(self) -> tuple[dict[str, int], GroupInfo]:
-        meta = list_topics(self.bootstrap, 10.0)
+        if self._admin is None:  # kept: see ``Membership`` in ``worker.loop``
+            self._admin = admin_client(self.bootstrap, 10.0)
+        meta = list_topics(self.bootstrap, 10.0, client=self._admin)
         counts = {n: len(t.partitions) for n, t in meta.topics.items() if t.error is None}
-        return counts, describe_group(self.bootstrap, self.group, timeout=10.0)
+        return counts, describe(self._admin, self.group, self.bootstrap, 10.0)
 
     def _me(self, members: list[Member]) -> Member | None:
         member_id = self.member_id()

@@ -323,7 +323,16 @@ def _try_exclusive(fh: IO[str]) -> bool:
 def _admin(bootstrap: str) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    from botmesh.streams.connection import ADMIN_IDLE_MS
+
+    # idle connections closed as botmesh's own admin clients do (a group request left
+    # behind by librdkafka is asked again: ``botmesh.streams.connection.admin``)
+    conf: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": bootstrap,
+        "log_level": 3,
+        "connections.max.idle.ms": ADMIN_IDLE_MS,
+    }
+    return AdminClient(conf)
 
 
 def create_topics(

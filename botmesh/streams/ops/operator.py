@@ -53,6 +53,7 @@ from botmesh.streams.groups import (
     GroupInfo,
     Member,
     admin_client,
+    coordinated,
     describe,
     describe_group,
     error_code,
@@ -137,11 +138,12 @@ def _require(topics: Mapping[str, int], name: str, cat: Catalog) -> int:
 def _committed(
     admin: Any, group: str, bootstrap: Brokers, timeout: float
 ) -> dict[tuple[str, int], int]:
-    futs = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group)], request_timeout=timeout
-    )
+    def ask(step: float) -> Any:
+        request = [ConsumerGroupTopicPartitions(group)]
+        return admin.list_consumer_group_offsets(request, request_timeout=step)[group]
+
     try:
-        res = result_of(futs[group], bootstrap, timeout)
+        res = coordinated(ask, bootstrap, timeout)
     except KafkaException as exc:
         if error_code(exc) == KafkaError.GROUP_ID_NOT_FOUND:
             return {}
@@ -418,9 +420,12 @@ def _alter(
     request = ConsumerGroupTopicPartitions(
         group, [TopicPartition(m.topic, m.partition, m.new) for m in moves]
     )
-    futs = admin.alter_consumer_group_offsets([request], request_timeout=timeout)
+
+    def ask(step: float) -> Any:  # the same offsets again after an attempt timed out
+        return admin.alter_consumer_group_offsets([request], request_timeout=step)[group]
+
     try:
-        res = result_of(futs[group], bootstrap, timeout)
+        res = coordinated(ask, bootstrap, timeout)
     except KafkaException as exc:
         if error_code(exc) in {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS}:
             raise Refused(
