@@ -65,9 +65,12 @@ class Hooks(Protocol):
 
 @dataclass(frozen=True)
 class Batch:
-    """Records consumed in one ``consume()`` call (errors left out, logged)."""
+    """Records consumed in one ``consume()`` call (errors left out, logged), and the
+    consumer's ``epoch`` when they were: a batch fetched before a partition was taken away
+    (or given again) can reach the loop after its hook ran."""
 
     messages: Sequence[Message[Any, Any]]
+    epoch: int = 0
 
 
 #: Seconds between two samples of the consumer's lag.
@@ -108,6 +111,9 @@ class ConsumerThread:
         self._closed: asyncio.Future[None] | None = None
         #: The inbound partitions this consumer has now (the loop reads it).
         self.partitions: set[int] = set()
+        #: One more at each assignment or revocation of partitions (read by the hooks, which
+        #: run while this thread waits; each ``Batch`` carries the epoch it was fetched in).
+        self.epoch = 0
         #: True from a revoke (or a loss) to the assignment that ends the rebalance, and while
         #: an assignment is taken up (``/readyz``).
         self.rebalancing = False
@@ -205,7 +211,7 @@ class ConsumerThread:
                 got = self._take(consumer)
                 kept = [m for m in got if _usable(m)]
                 if kept:
-                    loop.call_soon_threadsafe(self.batches.put_nowait, Batch(kept))
+                    loop.call_soon_threadsafe(self.batches.put_nowait, Batch(kept, self.epoch))
                 self._refresh(consumer)
             self._serve_calls(consumer)
             if self._leave:  # a LeaveGroup needs the revoke served before close()
@@ -355,6 +361,7 @@ class ConsumerThread:
             consumer.incremental_assign([])
             return
         parts = self._parts(new)
+        self.epoch += 1
         consumer.incremental_assign(parts)
         consumer.pause(parts)  # until their journal partitions are restored
         self.partitions |= new
@@ -365,6 +372,7 @@ class ConsumerThread:
         # protocol's second round), or the close
         self.rebalancing = True
         gone = self._numbers(partitions)
+        self.epoch += 1
         self._hook(consumer, self._hooks.revoking(gone), f"revoking partitions {sorted(gone)}")
         self.partitions -= gone
         consumer.incremental_unassign(self._parts(gone))
@@ -372,6 +380,7 @@ class ConsumerThread:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.rebalancing = True  # the rejoin's assignment ends it
         gone = self._numbers(partitions)
+        self.epoch += 1
         self._hook(consumer, self._hooks.lost(gone), f"dropping lost partitions {sorted(gone)}")
         self.partitions -= gone
         consumer.incremental_unassign(self._parts(gone))

@@ -78,7 +78,14 @@ from botmesh.streams.worker.observe import Observed
 from botmesh.streams.worker.restore import open_database, restore
 from botmesh.topics.dead_letters import redact
 
-__all__ = ["EXIT_ABANDONED", "EXIT_CONFIG", "EXIT_SOFTWARE", "Worker", "run_worker"]
+__all__ = [
+    "EXIT_ABANDONED",
+    "EXIT_CONFIG",
+    "EXIT_SOFTWARE",
+    "Worker",
+    "current_records",
+    "run_worker",
+]
 
 log = logging.getLogger("botmesh.streams")
 
@@ -103,6 +110,20 @@ def _exit_hard(why: str, code: int) -> NoReturn:
 #: (a header key that is not UTF-8: ``Message.headers()`` raises on it, a
 #: ``UnicodeDecodeError`` wrapped in a ``SystemError`` in confluent-kafka 2.16).
 UNREADABLE_HEADERS = "headers.unreadable"
+
+
+def current_records(batch: Batch, serving: Mapping[int, int]) -> list[RawRecord]:
+    """The records of ``batch`` whose partition this worker serves, fetched since it was
+    given (``serving``: partition -> the consumer epoch of its assignment). A batch fetched
+    before a partition was taken away, or taken and given again, can reach the loop after
+    the hook: its records of that partition are the new owner's, or come again from the
+    committed offset."""
+    epoch = batch.epoch
+    return [
+        _raw(m)
+        for m in batch.messages
+        if serving.get(m.partition() or 0, epoch + 1) <= epoch  # (a consumed record has one)
+    ]
 
 
 def _raw(msg: Message[Any, Any]) -> RawRecord:
@@ -302,6 +323,8 @@ class Worker:
         )
         #: Journal partitions being restored from the changelog now (``/readyz``).
         self.restoring: set[int] = set()
+        #: partition -> the consumer epoch from which its records are started (``_serve``)
+        self._serving: dict[int, int] = {}
         self.observed = Observed(self)
         telemetry.sources = self.observed.sources()
         self.http = (
@@ -357,7 +380,9 @@ class Worker:
         """Restore each journal partition from the changelog, open it (its recovery pass),
         then resume fetching its records (on a file journal: at once)."""
         self.membership.confirm()  # an assignment: the coordinator has this member
+        epoch = self.consumer.epoch  # of this assignment: its records are fetched from now on
         if self.kv is None:
+            self._serve(partitions, epoch)
             await self.consumer.resume(partitions)
             return
         data = self.config.data_dir / "journal"
@@ -386,10 +411,12 @@ class Worker:
         if not await self._confirmed():
             log.warning("membership not confirmed after the restore: writes wait for it")
         await self.kv.assign(dbs)
+        self._serve(set(dbs), epoch)
         await self.consumer.resume(set(dbs))
 
     async def revoking(self, partitions: set[int]) -> None:
         """Settle what is in flight, checkpoint, then hand the journal partitions over."""
+        self._unserve(partitions)
         await self._join()
         try:
             await self.checkpoint.run()
@@ -401,9 +428,23 @@ class Worker:
 
     async def lost(self, partitions: set[int]) -> None:
         """Someone else's already: forget them, commit nothing."""
+        self._unserve(partitions)
         self._drop(partitions)
         if self.kv is not None:
             self.kv.revoke(partitions)
+
+    def _serve(self, partitions: set[int], epoch: int) -> None:
+        """Records of ``partitions`` fetched from ``epoch`` on are started (``_start``)."""
+        for p in partitions:
+            self._serving[p] = epoch
+
+    def _unserve(self, partitions: set[int]) -> None:
+        """No more records of ``partitions`` are started: a batch fetched before they were
+        taken away (queued, or taken off the queue as the hook ran) would find its journal
+        partition gone and end the worker; the new owner reads them from the committed
+        offsets."""
+        for p in partitions:
+            self._serving.pop(p, None)
 
     def _drop(self, partitions: set[int]) -> None:
         self.checkpoint.forget(
@@ -492,7 +533,12 @@ class Worker:
     # -- batches ---------------------------------------------------------------------------
 
     def _start(self, batch: Batch) -> None:
-        records = [_raw(m) for m in batch.messages]
+        records = current_records(batch, self._serving)
+        if len(records) < len(batch.messages):  # fetched before a hand-over: the owner's now
+            dropped = len(batch.messages) - len(records)
+            log.debug("%d records of partitions taken away since their fetch dropped", dropped)
+        if not records:
+            return
         for r in records:
             self.checkpoint.taken(r.topic, r.partition, r.offset)
         task = asyncio.get_running_loop().create_task(self._settle(records))
