@@ -37,7 +37,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -51,6 +51,7 @@ from botmesh.state.messages import Inbound, Receipt
 from botmesh.streams.clients import reader, wait_topic
 from botmesh.streams.ops.tools import demo_records
 from botmesh.topics import decode_inbound, decode_receipt
+from tests.kafka.unknowns import check_unknown_sends, recorder_callers
 
 __all__ = [
     "RECORDER_ENV",
@@ -527,8 +528,12 @@ async def wait_until(
     return time.monotonic() - t0
 
 
-def check_effects(recorder: Recorder, tally: Tally, ids: set[str]) -> dict[str, int]:
-    """The end of every test: 0 lost, 0 duplicates, no send from nowhere; the figures."""
+def check_effects(
+    recorder: Recorder, tally: Tally, ids: set[str], *, killed: Sequence[int] | None = None
+) -> dict[str, int]:
+    """The end of every test: 0 lost, 0 duplicates, no send from nowhere; the figures. With
+    ``killed`` (the pids the test SIGKILLed), the sends the receipts say ``unknown`` are no
+    more than those kills left in flight (``tests.kafka.unknowns.check_unknown_sends``)."""
     calls = recorder.calls()
     lost = ids - tally.accounted(recorder)
     dupes = recorder.duplicates()
@@ -561,6 +566,9 @@ def check_effects(recorder: Recorder, tally: Tally, ids: set[str]) -> dict[str, 
     assert lost == set(), f"{len(lost)} inbounds lost, e.g. {sorted(lost)[:5]}"
     assert stray == [], f"provider calls for no inbound of the test: {stray[:5]}"
     assert no_receipt == set(), f"{len(no_receipt)} inbounds without a receipt or dead letter"
+    if killed is not None:
+        settled = {f"{i}:1": {"state": "unknown"} for i in unknown & ids}
+        check_unknown_sends(settled, recorder_callers(calls), killed, chats=CHATS)
     return out
 
 

@@ -205,7 +205,7 @@ async def test_deleted_data_dir_is_rebuilt_and_sends_nothing_again(
     assert restored, "the worker did not restore its journal from the changelog"
 
     again = [c for c in recorder.calls()[calls:] if c.inbound_id in old_ids]
-    out = check_effects(recorder, tally, old_ids | new_ids)
+    out = check_effects(recorder, tally, old_ids | new_ids, killed=worker.killed)
     assert again == [], f"{len(again)} old inbounds answered again, e.g. {again[:3]}"
     states = settled_journal(await read_journal(worker), old_ids | new_ids)
     first_s = f"{first.at - started:.1f}s" if first is not None else "none"

@@ -57,6 +57,7 @@ from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot
 from tests.kafka.recorder import (
+    CHATS,
     SESSION_TIMEOUT,
     Recorder,
     Tally,
@@ -65,6 +66,7 @@ from tests.kafka.recorder import (
     traffic,
     wait_until,
 )
+from tests.kafka.unknowns import check_unknown_sends, recorder_callers
 from tests.kafka.worker import WAIT_S, Worker, journal_source, read_journal
 from tests.soak import rounds, seed
 
@@ -175,10 +177,13 @@ async def test_random_sigkills_lose_nothing_and_send_nothing_twice(
         record = outbox.get(f"{c.inbound_id}:1")
         assert record is not None, f"a provider call the journal does not know: {c}"
         assert record["state"] in ("sent", "unknown"), (c, record)
+    left = check_unknown_sends(
+        outbox, recorder_callers(recorder.calls()), worker.killed, chats=CHATS
+    )
     print(
         f"  {KILLS} SIGKILLs ({dict(moments)}), {len(runs)} runs in {elapsed:.0f}s; journal "
         f"read from the {journal_source(worker)}: inbox {dict(states)}, sends "
-        f"{dict(send_states)}; time to first reply after a start: "
+        f"{dict(send_states)}, {left}; time to first reply after a start: "
         f"{figures(first_reply_s(recorder, runs))}; {out['duplicates']} duplicates, "
         f"{out['lost']} lost"
     )
@@ -366,7 +371,7 @@ async def test_survivor_of_a_killed_peer_resends_nothing(
         f"pending {figures(takeovers)} after a kill; the (re)started worker sent "
         f"{figures(rejoins)} after its start; calls per process {dict(by_pid)}"
     )
-    check_effects(recorder, tally, flow.produced)
+    check_effects(recorder, tally, flow.produced, killed=victim.killed)
 
 
 @pytest.mark.timeout(600)  # a hang guard: a healthy run takes about a minute
@@ -418,7 +423,7 @@ async def test_a_peer_that_joins_behind_takes_over_without_resending(
         late.close()
 
     print(f"\n  the late worker answered everything pending {took_over:.1f}s after the kill")
-    check_effects(recorder, tally, flow.produced)
+    check_effects(recorder, tally, flow.produced, killed=first.killed)
 
 
 # -- 3. workers joining and leaving under traffic, no fault -----------------------------------

@@ -33,6 +33,7 @@ from botmesh.streams.provision import ensure_topics
 from botmesh.streams.table_kv import TABLE_NAME
 from botmesh.topics import Catalog
 from tests.kafka.bot import bot
+from tests.kafka.unknowns import check_unknown_sends, file_callers
 from tests.kafka.worker import (
     PARTITIONS,
     Answers,
@@ -95,6 +96,7 @@ async def test_sigkill_mid_stream_logs_each_sent_message_exactly_once(
         assert m.text == sent[m.key]["payload"]["text"] and m.channel is not None
     states = collections.Counter(v["state"] for v in outbox.values())
     assert len(sent) >= MESSAGES // 2, states  # the run did its work (a kill leaves some unknown)
+    left = check_unknown_sends(outbox, file_callers(worker.sends()), worker.killed, chats=CHATS)
 
     # -- the console's index of the changelog shows each chat's log ---------------------------
     index = Index(cat)
@@ -112,6 +114,6 @@ async def test_sigkill_mid_stream_logs_each_sent_message_exactly_once(
         assert sorted(m.key for m in shown) == sorted(m.key for m in mine)
         assert [m.sent_at for m in shown] == sorted(m.sent_at for m in mine)
     print(
-        f"\n{KILLS} kills: {len(outbox)} sends ({dict(states)}), {len(logged)} logged, "
+        f"\n{KILLS} kills: {len(outbox)} sends ({dict(states)}; {left}), {len(logged)} logged, "
         f"{len(worker.sends())} provider calls"
     )

@@ -37,6 +37,7 @@ from botmesh.streams.ops.tools import demo_records, end_offsets, produce_inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog, decode_inbound, decode_receipt
 from tests.kafka.bot import bot
+from tests.kafka.unknowns import check_unknown_sends, file_callers
 from tests.kafka.worker import (
     PARTITIONS,
     WAIT_S,
@@ -157,13 +158,14 @@ async def test_sigkill_during_a_stream_loses_no_receipt_and_sends_nothing_twice(
         if v["state"] == OutboxState.SENT:
             assert v["message_id"] in called, f"{key} is sent but the provider never saw it"
     unknown = [k for k, v in outbox.items() if v["state"] == OutboxState.UNKNOWN]
+    left = check_unknown_sends(outbox, file_callers(calls), worker.killed, chats=CHATS)
     dead = [k for k, v in outbox.items() if v["state"] == OutboxState.DEAD]
     refused = {f"{r.id}:1" for r in records if r.text == "refuse"}
     assert set(dead) <= refused and len(dead) >= len(refused) - len(unknown)
     print(
         f"\n{KILLS} kills, journal read from the {journal_source(worker)}: "
         f"{len(calls)} provider calls, {len(outbox)} sends "
-        f"({len(unknown)} unknown, {len(dead)} dead), {len(receipts)} receipts for "
+        f"({left}, {len(dead)} dead), {len(receipts)} receipts for "
         f"{len(by_key)} keys, "
         f"inbox {dict(states)}, {len(dlq)} dead letters"
     )

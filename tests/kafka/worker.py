@@ -84,6 +84,8 @@ class Worker:
     app: str = "tests.kafka.bot:bot"
     child: Child | None = None
     runs: int = 0
+    #: the pid of each run this test SIGKILLed (``kill``)
+    killed: list[int] = field(default_factory=list)
     #: a secured listener's settings, for what the test reads back (the worker gets them
     #: through ``env``)
     kafka: KafkaSettings | None = None
@@ -179,6 +181,7 @@ class Worker:
 
     def kill(self) -> None:
         assert self.child is not None
+        self.killed.append(self.child.pid)
         self.child.kill()
 
     def close(self) -> None:
