@@ -171,10 +171,12 @@ class JournalDb:
         """Write ``records`` (key, changelog value or ``None`` for a delete), in order, with
         their index entries and (when given) the changelog offset, in one atomic batch."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        last: dict[bytes, bytes | None] = {}  # the batch's own earlier writes
-        db = self.db
+        # the versions replaced: the database's, read at once (one multi-get), then the
+        # batch's own earlier writes
+        keys = list(dict.fromkeys(key for key, _ in records))
+        last: dict[bytes, bytes | None] = dict(zip(keys, self.db.get(keys), strict=True))
         for key, value in records:
-            old = last[key] if key in last else db.get(key)
+            old = last[key]
             gone = _index_entries(key, old) if old is not None else []
             new = _index_entries(key, value)
             for ik in gone:
@@ -190,7 +192,7 @@ class JournalDb:
             last[key] = value
         if offset is not None:
             batch.put(self.offset_key, str(offset).encode())
-        db.write(batch)
+        self.db.write(batch)
 
     def range(
         self, index: IndexName, prefix: str, until: float, limit: int, skip: Container[str]

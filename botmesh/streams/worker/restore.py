@@ -56,6 +56,10 @@ OFFSET_KEY = INTERNAL + b"offset"
 #: RocksDB memory of one partition's database.
 WRITE_BUFFER_SIZE = 16 * 2**20
 MAX_WRITE_BUFFERS = 2
+#: Bits of each table's Bloom filter a key: a key the database lacks (a new inbound's
+#: dedupe read, a restore's look for the version it replaces) is answered without reading
+#: its blocks (10 bits: about 1 % of such reads still do).
+BLOOM_BITS_PER_KEY = 10
 #: Records taken from the reader in one call.
 BATCH = 10_000
 
@@ -66,6 +70,9 @@ def open_database(path: Path | str) -> JournalDb:
     options.create_if_missing(True)
     options.set_write_buffer_size(WRITE_BUFFER_SIZE)
     options.set_max_write_buffer_number(MAX_WRITE_BUFFERS)
+    tables = rocksdict.BlockBasedOptions()
+    tables.set_bloom_filter(BLOOM_BITS_PER_KEY, False)  # full filters, not block-based
+    options.set_block_based_table_factory(tables)
     return JournalDb.open(rocksdict.Rdict(str(path), options=options), OFFSET_KEY)
 
 
