@@ -6,7 +6,8 @@ workers published, over time.
 :meth:`Index.apply` from its thread) and answers lookups under one lock, so a chat's
 timeline is a dictionary read plus the sort of that chat's own records. Every record is
 decoded with the project's own decoders: the journal's changelog values with
-``decode_entry`` (the last value of a key wins, a tombstone removes it), receipts with
+``JournalView`` and ``decode_entry`` (the last value of a key wins, a tombstone removes
+it, a group record replaces its group), receipts with
 ``decode_receipt``, dead letters with ``read_dead_letter``, counters with
 ``decode_metrics``. A record that cannot be decoded is counted (``undecodable``) and
 skipped.
@@ -30,7 +31,7 @@ from typing import Any
 import msgspec
 
 from botmesh.state.message_log import LoggedMessage
-from botmesh.streams.journal_db import decode_entry
+from botmesh.streams.journal_db import JournalView, decode, decode_entry
 from botmesh.streams.ops.operator import is_ambiguous_send
 from botmesh.streams.ops.tail import Record
 from botmesh.streams.table_kv import TABLE_NAME
@@ -181,6 +182,8 @@ class Index:
         self._chats: dict[str, _Chat] = {}
         #: journal key -> (chat, kind, id): where a tombstone removes from
         self._where: dict[str, tuple[str, str, str]] = {}
+        #: The journal's groups (``JournalView``): a group record changes several keys.
+        self._view = JournalView(keep=False)
         self._ambiguous: set[str] = set()
         self._letters: dict[tuple[str, int, int], DeadLetter] = {}
         self._workers: dict[str, WorkerMetrics] = {}
@@ -221,25 +224,27 @@ class Index:
     def _journal(self, r: Record) -> None:
         if r.key is None:
             return
-        entry = decode_entry(r.key, r.value)
-        key = r.key.decode()
-        if entry is None:
+        for key, raw in self._view.apply(r.key, r.value):
+            self._record(r.topic, key, raw)
+
+    def _record(self, topic: str, key: str, raw: bytes | None) -> None:
+        if raw is None:
             self._forget(key)
             return
+        entry = decode(key, raw)
         parts = key.split("/", 2)
         if len(parts) != 3 or parts[1] not in ("in", "out", "flow", "log"):
             return
         kind, ident = parts[1], parts[2]
         chat = _chat_of(kind, entry.value)
         if chat is None:
-            self.undecodable[r.topic] += 1
+            self.undecodable[topic] += 1
             return
         where = self._where.get(key)
         if where is not None and where[0] != chat:
             self._forget(key)
         self._where[key] = (chat, kind, ident)
         records = self._chat(chat)
-        raw = r.value or b""
         if kind == "in":
             records.inbound[ident] = raw
         elif kind == "out":

@@ -13,7 +13,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from botmesh.state.errors import InvalidKeyError
 from botmesh.state.messages import Outbound
@@ -25,9 +25,11 @@ __all__ = [
     "derived_key",
     "diverged_key",
     "fingerprint",
+    "is_turn_key",
     "part_base",
     "part_key",
     "random_key",
+    "record_group",
     "scope_id",
 ]
 
@@ -74,6 +76,54 @@ class ScopeKeys:
         """The message log of one chat (``<scope>/log/<chat id, percent-encoded>/``): the
         encoding keeps a ``/`` in a chat id from reaching into another chat's log."""
         return f"{self.log}{quote(chat_id, safe='')}/"
+
+
+def is_turn_key(key: str) -> bool:
+    """Whether ``key`` is a chat turn's record (``<scope>/turn/<chat id>``). A scope is
+    percent-encoded, so its first ``/`` ends it and the record's kind follows."""
+    i = key.find("/")
+    return i >= 0 and key.startswith("turn/", i + 1)
+
+
+#: The sends of an inbound (``derived_key`` 0 to 7) stored with it (``record_group``).
+GROUPED_SENDS = frozenset("01234567")
+#: The parts of a send's text whose message log entries are stored with it.
+GROUPED_PARTS = frozenset(f"{n:04d}" for n in range(1, 5))
+
+
+def record_group(key: str) -> str | None:
+    """The key of the record that holds ``key``'s on a journal that stores an inbound with
+    what its turn wrote (the worker's changelog: one record a turn), else ``None`` (stored
+    alone). Derived from the key alone, so a key's group never changes:
+
+    - an inbound (``<scope>/in/<id>``) is its own group's key;
+    - the first sends it made (``<scope>/out/<id>:<n>``, ``n`` < 8; not a part ``#k``, a
+      fallback or a diverged send) go with it;
+    - and so do their message log entries (``<scope>/log/<chat>/<time>/<send key>/<part>``,
+      the first 4 parts).
+
+    A key that merely looks derived (an explicit key ``x:1``) is stored with inbound ``x``'s
+    group: only where it is stored changes, not what it holds."""
+    i = key.find("/")
+    if i < 0:
+        return None
+    scope, rest = key[:i], key[i + 1 :]
+    kind, _, ident = rest.partition("/")
+    if kind == "in":
+        return key
+    if kind == "log":
+        parts = ident.split("/")
+        if len(parts) != 4 or parts[3] not in GROUPED_PARTS:
+            return None
+        ident = unquote(parts[2])
+    elif kind != "out":
+        return None
+    if "#" in ident or "~" in ident:
+        return None
+    base, sep, n = ident.rpartition(":")
+    if not sep or n not in GROUPED_SENDS:
+        return None
+    return f"{scope}/in/{base}"
 
 
 def derived_key(inbound_id: str, n: int) -> str:

@@ -12,6 +12,9 @@ Layout of a database (raw bytes keys):
   8 bytes that sort as the float does + the journal key, empty value. So the records due by
   a time are the first keys of the index, in (score, key) order: a sweeper pass reads what
   is due, not what is retained;
+- a group's members: ``GROUP_PREFIX`` + the group's key, value = the keys of the members
+  its last record held (JSON list), so that the next record of the group, which replaces
+  it whole, deletes those it no longer holds (see "Group records" below);
 - the offset key (``__faust\\0offset__``, the name data dirs of earlier releases have):
   the changelog offset persisted so far;
 - ``FORMAT_KEY``: the layout's version, once every record has its index entries.
@@ -22,6 +25,20 @@ entry never falls in the key range of a record prefix.
 Every write (the journal's acked records, the restore's batches) goes through ``write``: a
 record's old index entries are removed and its new ones added in the same atomic batch as
 the record and the offset, so the indexes always agree with the records on disk.
+
+**Group records.** The changelog holds an inbound and what its turn wrote (its first sends,
+their message log entries: ``botmesh.state.keys.record_group``) in one record, keyed by the
+inbound's key: value ``{"g": [[key, <that key's value>], ...]}`` (``encode_group``), a
+tombstone when none of them is left. A group's record holds every member it has, so each
+record replaces the group whole: a member the last one held and this one does not is
+deleted. That keeps the log compaction-safe: compaction keeps a key's last record, and a
+group's last record says everything of its members. A member too large to share the
+record is listed with ``null``: it is stored alone, in a record of its own key, which the
+group's record leaves as it is (and a later group record that leaves the member out still
+deletes it). A member deleted also gets a tombstone of its own key, for a record of it
+stored alone (or left by a worker before groups). In the database the members are stored
+one by one, as records of their own (reads and indexes do not know groups), with the
+group's member list.
 """
 
 from __future__ import annotations
@@ -38,11 +55,17 @@ from botmesh.state.kv import Entry, IndexName
 
 __all__ = [
     "FORMAT_KEY",
+    "GROUP_PREFIX",
     "INDEX_PREFIX",
     "JournalDb",
+    "JournalView",
+    "decode",
     "decode_entry",
     "encode_entry",
+    "encode_group",
+    "group_members",
     "index_key",
+    "is_group",
     "sortable",
 ]
 
@@ -52,6 +75,8 @@ log = logging.getLogger("botmesh.journal")
 INTERNAL = b"\x00"
 #: Every index entry's key starts here.
 INDEX_PREFIX = INTERNAL + b"i"
+#: A group's member list (``GROUP_PREFIX`` + the group's key).
+GROUP_PREFIX = INTERNAL + b"g"
 #: Present once every record of the database has its index entries. A database a worker
 #: of an earlier version wrote (records only) is indexed once when it is opened.
 FORMAT_KEY = INTERNAL + b"format"
@@ -93,10 +118,44 @@ class _Stored(msgspec.Struct, frozen=True):
     p: float | None = None
 
 
+class _Group(msgspec.Struct, frozen=True):
+    """A group record: each member's key and value (``encode_entry``'s bytes, as they are;
+    ``None``: the member is stored alone, in a record of its own key)."""
+
+    g: list[tuple[str, msgspec.Raw]]
+
+
 _scores = msgspec.json.Decoder(_Scores).decode
 _stored = msgspec.json.Decoder(_Stored).decode
+_group = msgspec.json.Decoder(_Group).decode
+_members = msgspec.json.Decoder(list[str]).decode
 _encode = msgspec.json.Encoder().encode
 _NO_SCORES = _Scores()
+_NULL = msgspec.Raw(b"null")
+#: How a group record's value starts (a single record's starts ``{"v":``).
+_GROUP_START = b'{"g":'
+
+
+def is_group(value: bytes | None) -> bool:
+    """Whether a changelog value is a group record (``encode_group``)."""
+    return value is not None and value.startswith(_GROUP_START)
+
+
+def encode_group(members: Iterable[tuple[str, bytes | None]]) -> bytes:
+    """The changelog value of a group record: each member's key and value
+    (``encode_entry``'s; ``None`` for a member stored alone: too large to share a record),
+    every member the group has (see the module docstring)."""
+    return _encode(
+        _Group([(key, _NULL if value is None else msgspec.Raw(value)) for key, value in members])
+    )
+
+
+def group_members(value: bytes) -> list[tuple[bytes, bytes | None]]:
+    """The members of a group record: (key, value) each, as a single record would be
+    (``None``: stored alone, its own record holds it)."""
+    return [
+        (key.encode(), None if (b := bytes(raw)) == b"null" else b) for key, raw in _group(value).g
+    ]
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -165,17 +224,69 @@ class JournalDb:
         raw = self.db.get(key.encode())
         return None if raw is None else decode(key, raw)
 
+    def members(self, group: str) -> list[str]:
+        """The keys the last record of ``group`` held (``record_group``), [] for none."""
+        raw = self.db.get(GROUP_PREFIX + group.encode())
+        return [] if raw is None else _members(raw)
+
     def write(
         self, records: Sequence[tuple[bytes, bytes | None]], offset: int | None = None
     ) -> None:
         """Write ``records`` (key, changelog value or ``None`` for a delete), in order, with
-        their index entries and (when given) the changelog offset, in one atomic batch."""
+        their index entries and (when given) the changelog offset, in one atomic batch. A
+        group record replaces its group: its members are written, and those the group's
+        last record held and this one does not are deleted (a tombstone of a group's key
+        deletes them all)."""
+        if any(is_group(value) for _, value in records) or self._has_groups(records):
+            records = self._ungrouped(records)
+        self._write(records, offset)
+
+    def _has_groups(self, records: Sequence[tuple[bytes, bytes | None]]) -> bool:
+        """A tombstone among ``records`` is of a group's key (its member list is there)."""
+        gone = [GROUP_PREFIX + key for key, value in records if value is None]
+        return bool(gone) and any(raw is not None for raw in self.db.get(gone))
+
+    def _ungrouped(
+        self, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[bytes, bytes | None]]:
+        """``records`` with each group record (or a group's tombstone) as the writes of its
+        members, and of its member list, in order."""
+        lists = list(dict.fromkeys(GROUP_PREFIX + key for key, _ in records))
+        held: dict[bytes, bytes | None] = dict(zip(lists, self.db.get(lists), strict=True))
+        out: list[tuple[bytes, bytes | None]] = []
+        for key, value in records:
+            where = GROUP_PREFIX + key
+            before = held[where]
+            if not is_group(value) and (value is not None or before is None):
+                out.append((key, value))  # a record of one key
+                continue
+            members = group_members(value) if value is not None else []
+            now = {m for m, _ in members}
+            gone = [] if before is None else [m.encode() for m in _members(before)]
+            out.extend((m, None) for m in gone if m not in now)
+            if key not in now:
+                out.append((key, None))  # the group's key held a record of its own
+            out.extend((m, v) for m, v in members if v is not None)  # the rest: their own
+            listed = _encode([m.decode() for m, _ in members]) if members else None
+            held[where] = listed
+            out.append((where, listed))
+        return out
+
+    def _write(
+        self, records: Sequence[tuple[bytes, bytes | None]], offset: int | None = None
+    ) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)
         # the versions replaced: the database's, read at once (one multi-get), then the
         # batch's own earlier writes
         keys = list(dict.fromkeys(key for key, _ in records))
         last: dict[bytes, bytes | None] = dict(zip(keys, self.db.get(keys), strict=True))
         for key, value in records:
+            if key.startswith(INTERNAL):  # a group's member list: no index entries
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+                continue
             old = last[key]
             gone = _index_entries(key, old) if old is not None else []
             new = _index_entries(key, value)
@@ -233,3 +344,47 @@ class JournalDb:
             key = raw.decode()
             if key not in skip:
                 yield decode(key, value)
+
+
+class JournalView:
+    """The journal as its changelog records say, applied in log order, for a reader of the
+    changelog (the console, the operator's commands, the tests): a record of one key sets
+    or deletes it; a group record replaces its group whole (see the module docstring).
+    ``entries`` holds the latest entry of each key when ``keep`` (else only the groups'
+    member lists are kept, and the caller keeps what ``apply`` returns)."""
+
+    __slots__ = ("_groups", "entries", "keep")
+
+    def __init__(self, *, keep: bool = True) -> None:
+        self.keep = keep
+        self.entries: dict[str, Entry] = {}
+        self._groups: dict[str, list[str]] = {}
+
+    def apply(self, key: bytes, value: bytes | None) -> list[tuple[str, bytes | None]]:
+        """Apply one changelog record; returns what it changed, in order: each key with its
+        value as a record of its own would hold it (``decode``), ``None`` when deleted."""
+        k = key.decode()
+        changes: list[tuple[str, bytes | None]]
+        if value is not None and value.startswith(_GROUP_START):
+            members = [(m.decode(), v) for m, v in group_members(value)]
+            now = {m for m, _ in members}
+            changes = [(m, None) for m in self._groups.get(k, ()) if m not in now]
+            if k not in now:
+                changes.append((k, None))
+            changes.extend((m, v) for m, v in members if v is not None)
+            if members:
+                self._groups[k] = [m for m, _ in members]
+            else:
+                self._groups.pop(k, None)
+        elif value is None:
+            changes = [(m, None) for m in self._groups.pop(k, ()) if m != k]
+            changes.append((k, None))
+        else:
+            changes = [(k, value)]
+        if self.keep:
+            for m, raw in changes:
+                if raw is None:
+                    self.entries.pop(m, None)
+                else:
+                    self.entries[m] = decode(m, raw)
+        return changes

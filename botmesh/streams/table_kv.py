@@ -28,7 +28,7 @@ with neither is refused: nothing is written to a partition nobody chose.
 
 **Journal before acting.** ``commit`` checks its operations against the latest versions
 (the compare-and-set: this worker is the partition's only writer), puts them in the
-partition's overlay, produces one changelog record per key and returns only when the broker
+partition's overlay, produces the changelog records that hold them and returns only when the broker
 acked every one of them (the producer runs with acks=all) and, under ``exactly_once``, when
 the partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
 before that a read_committed restore does not see them; one transaction commit serves
@@ -75,12 +75,21 @@ produced after its last acked write, and a deleted data dir is rebuilt from the 
 whole (the restore writes the index entries too).
 
 Changelog records: key = the journal key (UTF-8), value = ``{"v": version, "d": due,
-"p": purge, "r": value}`` as JSON, a tombstone for a delete (``decode_entry`` reads one).
+"p": purge, "r": value}`` as JSON, a tombstone for a delete (``decode_entry`` reads one);
+except for the keys stored together (``group``: ``botmesh.state.keys.record_group``, an
+inbound with the first sends of its turn and their message log entries): one record,
+keyed by the group's key, holds every member the group has (``journal_db.encode_group``;
+``journal_db.JournalView`` reads them). So a turn that replies writes three records: the
+inbound journaled (before its handlers run), the send's claim (before the provider call;
+the group's record then holds the inbound too) and, after it, the inbound done with the
+send sent and published and its log entry. The chat turns are not written to the
+changelog at all (``volatile``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import heapq
@@ -93,7 +102,7 @@ from typing import Any, Protocol
 from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry
 from botmesh.state.writes import Write
-from botmesh.streams.journal_db import JournalDb, decode_entry, encode_entry
+from botmesh.streams.journal_db import JournalDb, decode_entry, encode_entry, encode_group
 from botmesh.topics.catalog import Catalog
 
 __all__ = [
@@ -203,7 +212,9 @@ OnLost = Callable[[int, BaseException], None]
 #: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
 #: them) and returns without producing anything; they go to the changelog later, each key's
 #: latest version only, so writes of one key that follow each other make one changelog
-#: record:
+#: record. (A new inbound journaled is not one: its record is durable before its handlers
+#: run, so that a handler that kills the worker is counted against the inbound's
+#: attempts, and a message that always does ends dead, not in a crash loop.) They go:
 #:
 #: - with the next awaited write of the same chat in the partition (``in_partition``'s
 #:   ``chat``; work for no chat takes every chat's), before that write's own records: so
@@ -221,6 +232,14 @@ OnLost = Callable[[int, BaseException], None]
 #: the batch's offsets (the checkpoint) or the next barrier; a transaction that fails under
 #: them calls ``on_lost``.
 DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT})
+#: Bytes of the members' values a group record holds at most (``TableKv._records``): a
+#: member that does not fit is stored alone, so a group record stays well under the
+#: producer's limit on a record (``message.max.bytes``, 1,000,000).
+GROUP_BYTES = 256 * 1024
+#: A write of a ``DEFERRED`` label whose value is larger is awaited instead (a record the
+#: broker may refuse as too large fails the write that makes it, as it always did, and
+#: never waits in memory to fail the writes that would take it along).
+DEFER_MAX_BYTES = 64 * 1024
 #: Seconds after a deferred write before it is flushed if nothing flushed it first.
 FLUSH_AFTER_S = 0.1
 #: Under ``exactly_once``: seconds after a flush before its partition's transaction is
@@ -232,7 +251,7 @@ LAZY_COMMIT_S = 1.0
 class _Part:
     """A partition this worker owns: its database, and what memory holds over it."""
 
-    __slots__ = ("db", "deferred", "overlay", "pending", "producing")
+    __slots__ = ("db", "deferred", "grouped", "overlay", "pending", "producing", "records")
 
     def __init__(self, db: JournalDb) -> None:
         self.db = db
@@ -248,6 +267,11 @@ class _Part:
         #: The keys whose latest write (in ``overlay``) is not produced yet (``DEFERRED``),
         #: with the chat whose work wrote it (``None``: no chat, or more than one).
         self.deferred: dict[str, str | None] = {}
+        #: The keys of ``overlay`` stored in a group record, by group (``record_group``).
+        self.grouped: dict[str, set[str]] = {}
+        #: Each changelog record produced and not persisted yet, by its key, in the order
+        #: produced: the keys whose pending write it holds (``persisted`` counts them down).
+        self.records: dict[str, collections.deque[tuple[str, ...]]] = {}
 
     def defer(self, key: str, chat: str | None) -> None:
         if key in self.deferred and self.deferred[key] != chat:
@@ -285,9 +309,26 @@ class TableKv:
     """The ``DurableKv`` of the Kafka worker (see the module docstring)."""
 
     def __init__(
-        self, port: ChangelogPort, *, ack_timeout: float = 30.0, cache_size: int = 10_000
+        self,
+        port: ChangelogPort,
+        *,
+        ack_timeout: float = 30.0,
+        cache_size: int = 10_000,
+        volatile: Callable[[str], bool] | None = None,
+        group: Callable[[str], str | None] | None = None,
     ) -> None:
         self._port = port
+        #: The key of the changelog record that holds a key's, when it is stored with others
+        #: (``botmesh.state.keys.record_group``: an inbound with what its turn wrote); else
+        #: each key has a record of its own.
+        self._group = group
+        #: Keys whose records live in memory only, while this worker owns their partition
+        #: (never produced, never in RocksDB): the chat turns (``botmesh.state.keys.
+        #: is_turn_key``). A turn says which inbound of the chat runs now, and only its
+        #: partition's owner runs them; a turn found in the journal by a later owner (or a
+        #: later boot) is an orphan it reclaims at once (``Partitioned``), so a durable
+        #: record of one would tell nobody anything.
+        self._volatile = volatile
         self.ack_timeout = ack_timeout
         self._parts: dict[int, _Part] = {}
         #: Records read or written lately (an LRU): key -> (partition, entry). Only keys
@@ -416,20 +457,33 @@ class TableKv:
         if part is None:
             return
         pending = part.pending
+        records = part.records
         for raw in keys:
-            key = raw.decode()
-            n = pending.get(key)
-            if n is None:
+            queued = records.get(raw.decode())
+            if not queued:
                 continue
-            if n > 1:
-                pending[key] = n - 1
-                continue
-            del pending[key]
-            if key in part.deferred:  # a later version is not produced yet
-                continue
-            entry = part.overlay.pop(key, None)
-            if entry is not None:
-                self._remember(key, partition, entry)
+            held = queued.popleft()
+            if not queued:
+                del records[raw.decode()]
+            for key in held:
+                n = pending.get(key)
+                if n is None:
+                    continue
+                if n > 1:
+                    pending[key] = n - 1
+                    continue
+                del pending[key]
+                if key in part.deferred:  # a later version is not produced yet
+                    continue
+                entry = part.overlay.pop(key, None)
+                if self._group is not None and (g := self._group(key)) is not None:
+                    members = part.grouped.get(g)
+                    if members is not None:
+                        members.discard(key)
+                        if not members:
+                            del part.grouped[g]
+                if entry is not None:
+                    self._remember(key, partition, entry)
 
     def _remember(self, key: str, partition: int, entry: Entry) -> None:
         cache = self._cache
@@ -579,16 +633,28 @@ class TableKv:
                 versions[i] = v
             changes.append((p, before, {k: view.get(k) for k in keys}))
         chat = CURRENT_CHAT.get()
-        deferred = label in DEFERRED
+        deferred = label in DEFERRED and not any(
+            e is not None and len(encode_entry(e)) > DEFER_MAX_BYTES
+            for _, _, after in changes
+            for e in after.values()
+        )
+        volatile = self._volatile
+        kept = 0  # keys that go to the changelog
         for p, _, after in changes:
             part = self._parts[p]
             for key, entry in after.items():
                 part.overlay[key] = entry
                 self._cache.pop(key, None)
+                if volatile is not None and volatile(key):
+                    continue
+                if self._group is not None and (g := self._group(key)) is not None:
+                    part.grouped.setdefault(g, set()).add(key)
+                kept += 1
                 if deferred:
                     part.defer(key, chat)
-        if deferred:
-            self._flush_later()
+        if deferred or not kept:
+            if deferred and kept:
+                self._flush_later()
             return versions
         # an awaited write: what this chat's work deferred in its partitions goes first, then
         # its own records (a key deferred and written again here goes once)
@@ -599,7 +665,8 @@ class TableKv:
             first = part.take_deferred(chat)
             own = {k: part.deferred.pop(k) for k in after if k in part.deferred}
             taken.append((p, {**first, **own}))
-            produce.append((p, [*(k for k in first if k not in after), *after]))
+            mine = [k for k in after if volatile is None or not volatile(k)]
+            produce.append((p, [*(k for k in first if k not in after), *mine]))
         try:
             timed = self.write_seconds
             if timed is None:
@@ -727,20 +794,25 @@ class TableKv:
             # flush's ``sent`` after the receipt's published mark), and a restart would
             # restore the older one
             handed = 0
+            records: list[tuple[str, bytes | None, tuple[str, ...]]] = []
             try:
                 async with part.producing:
-                    for key in keys:
-                        entry = part.overlay[key]
-                        value = encode_entry(entry) if entry is not None else None
+                    records = self._records(p, part, keys)
+                    for key, value, held in records:
                         ack = await self._port.produce(p, key.encode(), value)
                         handed += 1
+                        part.records.setdefault(key, collections.deque()).append(held)
                         if isinstance(ack, asyncio.Future):
                             flying = self._inflight.setdefault(p, set())
                             flying.add(ack)
                             ack.add_done_callback(flying.discard)
                         acks.append((p, ack))
             except BaseException:  # a failed or cancelled hand-over: the rest never went
-                rest = [(p, k) for k in keys[handed:]]
+                rest = (
+                    [(p, k) for _, _, held in records[handed:] for k in held]
+                    if records
+                    else [(p, k) for k in keys]
+                )
                 self._unproduced(rest + [(q, k) for q, _, ks in todo[n + 1 :] for k in ks])
                 raise
         if not acks:
@@ -759,6 +831,53 @@ class TableKv:
             else:
                 await asyncio.gather(*(ack for _, ack in acks))
         self.acked += len(acks)
+
+    def _records(
+        self, p: int, part: _Part, keys: list[str]
+    ) -> list[tuple[str, bytes | None, tuple[str, ...]]]:
+        """The changelog records that write the latest version of ``keys``: (its key, its
+        value, the keys of ``keys`` it holds). A key stored alone has a record of its own; a
+        key of a group (``record_group``) goes in its group's record, which holds every
+        member the group has (the database's and memory's, latest versions), a tombstone of
+        the group's key when none is left; a member deleted also gets a tombstone of its own
+        key (for a record of it stored alone, or from before groups), and a member whose
+        value does not fit in ``GROUP_BYTES`` is listed and stored alone, after it."""
+        group_of = self._group
+        out: list[tuple[str, bytes | None, tuple[str, ...]]] = []
+        groups: dict[str, list[str]] = {}
+        for key in keys:
+            g = group_of(key) if group_of is not None else None
+            if g is None:
+                entry = part.overlay[key]
+                out.append((key, encode_entry(entry) if entry is not None else None, (key,)))
+            else:
+                groups.setdefault(g, []).append(key)
+        for g, asked in groups.items():
+            names = dict.fromkeys(part.db.members(g))
+            names.update(dict.fromkeys(part.grouped.get(g, ())))
+            names.update(dict.fromkeys(asked))
+            members: list[tuple[str, bytes | None]] = []
+            alone: list[tuple[str, bytes | None, tuple[str, ...]]] = []
+            apart: set[str] = set()  # stored alone: their own record holds their write
+            room = GROUP_BYTES
+            for m in names:
+                entry = self._read(p, part, m)
+                if entry is None:
+                    if m in asked and m != g:  # deleted: its own key's record too
+                        alone.append((m, None, ()))
+                    continue
+                value = encode_entry(entry)
+                if len(value) <= room:
+                    members.append((m, value))
+                    room -= len(value)
+                else:  # too large to share the record: stored alone, listed
+                    members.append((m, None))
+                    alone.append((m, value, (m,) if m in asked else ()))
+                    apart.add(m)
+            shared = tuple(m for m in asked if m not in apart)
+            out.append((g, encode_group(members) if members else None, shared))
+            out.extend(alone)
+        return out
 
     def _unproduced(self, records: list[tuple[int, str]]) -> None:
         """Records (partition, key) counted pending that were never handed to the producer."""

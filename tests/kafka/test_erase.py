@@ -19,6 +19,7 @@ import pytest
 from botmesh import Inbound
 from botmesh.errors import RecipientUnreachableError
 from botmesh.journal import MemoryKv
+from botmesh.streams.journal_db import JournalView
 from botmesh.streams.ops.dlq import read_dead_letters
 from botmesh.streams.ops.tools import produce_inbound
 from botmesh.streams.provision import ensure_topics
@@ -101,8 +102,13 @@ def of_chat(journal: dict[str, dict[str, Any]], chat: str) -> set[str]:
 
 
 async def last_records(bootstrap: str, topic: str) -> dict[str, bytes | None]:
-    """Each key's last record on the changelog topic (None: a tombstone)."""
-    return {m.key.decode(): m.value for m in await read_all(bootstrap, topic, committed=True)}
+    """Each journal key's last value on the changelog topic, group records opened
+    (``JournalView``; None: a tombstone, or deleted from its group's record)."""
+    view = JournalView(keep=False)
+    found: dict[str, bytes | None] = {}
+    for m in await read_all(bootstrap, topic, committed=True):
+        found.update(view.apply(m.key, m.value))
+    return found
 
 
 @pytest.mark.kafka

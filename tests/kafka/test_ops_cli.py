@@ -219,8 +219,9 @@ async def test_status_shows_the_lag_without_a_worker_then_the_member_and_no_lag(
     journal = s["journal"]
     assert journal["topic"] == cat.changelog("journal")
     # an inbox record per message (the bad one never reached the journal) and an outbox
-    # record per reply, at least
-    assert journal["keys"] >= 80 and journal["records"] >= journal["keys"]
+    # record per reply, at least; a message's record holds its reply's (one record a turn),
+    # so at least a record per message was read
+    assert journal["keys"] >= 80 and journal["records"] >= 40
     assert journal["bytes"] > 0 and journal["offsets"] >= journal["records"]
     assert journal["ambiguous"] == 0
     table = botmesh("status", bootstrap=b, prefix=cat.prefix)

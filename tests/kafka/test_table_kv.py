@@ -23,6 +23,7 @@ import pytest
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.state.clock import ManualClock
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
+from botmesh.state.keys import is_turn_key, record_group
 from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
 from botmesh.state.writes import Write
 from botmesh.streams.table_kv import ProducerFencedOut, TableKv, in_partition
@@ -134,7 +135,7 @@ async def open_table(path: Path) -> DurableKv:
     journal = path / f"journal-{uuid.uuid4().hex}"
     port = KafkaChangelog(_bootstrap[0], topic, journal, _guarantee[0])
     await port.start()
-    kv = port.kv = TableKv(port, ack_timeout=20.0)
+    kv = port.kv = TableKv(port, ack_timeout=20.0, volatile=is_turn_key, group=record_group)
     await kv.open()
     await kv.assign(range(PARTITIONS))
     return InPartition(kv, port)
@@ -445,6 +446,50 @@ async def test_writes_no_side_effect_waits_for_go_out_later_and_once_per_key(
         "s/a1": ({"n": 2}, 3),
         "s/a2": ({"n": 0}, 1),
         "s/b1": ({"n": 1}, 2),
+    }
+
+
+async def test_a_turn_writes_a_record_of_its_group_a_wait_and_its_chat_turn_none(
+    backend: BackendHandle,
+) -> None:
+    """A turn as the engine writes it on the worker: the inbound journaled (its group's
+    record, awaited), the chat's turn taken (memory only: nothing produced), the send's
+    claim (the group's record again, holding the inbound and the send); the marks after the
+    provider call go out with the flush, in one record. A restore finds the inbound and the
+    send, and no turn."""
+    kv, port = table_of(backend)
+    produced = port.produced
+    with in_partition(0, "c"):
+        await kv.commit([Put("s/in/m1", {"state": "pending"}, expect=0)], label=Write.INBOX_JOURNAL)
+        await kv.commit([Put("s/turn/c", {"state": "held"}, expect=0)], label=Write.TURN_TAKE)
+        assert port.produced == produced + 1  # the inbound's, not the turn's
+        await kv.commit(
+            [Put("s/out/m1:0", {"state": "sending"}, expect=0)], label=Write.OUTBOX_JOURNAL
+        )
+        assert port.produced == produced + 2 and kv.deferred == 0
+        await kv.commit(
+            [Put("s/out/m1:0", {"state": "sent"}, expect=1)], label=Write.OUTBOX_MARK_SENT
+        )
+        await kv.commit(
+            [
+                Put("s/in/m1", {"state": "done"}, expect=1),
+                Put("s/turn/c", {"state": "done"}, expect=1),
+            ],
+            label=Write.INBOX_MARK_DONE,
+        )
+        turn = await kv.get("s/turn/c")
+        assert turn is not None and (turn.value, turn.version) == ({"state": "done"}, 2)
+    assert kv.deferred == 2
+    await kv.flush()
+    assert port.produced == produced + 3 and kv.deferred == 0  # one record, no turn's
+    restored = await backend.reopen()  # from the changelog alone
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        got = {k: await restored.kv.get(k) for k in ("s/in/m1", "s/out/m1:0", "s/turn/c")}
+    assert {k: None if e is None else e.value["state"] for k, e in got.items()} == {
+        "s/in/m1": "done",
+        "s/out/m1:0": "sent",
+        "s/turn/c": None,
     }
 
 

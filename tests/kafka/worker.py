@@ -34,11 +34,11 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 
 from botmesh.examples.demo import worker_command
 from botmesh.state.backends import open_backend
-from botmesh.state.kv import Entry
 from botmesh.state.messages import Inbound
 from botmesh.streams.clients import read_to_end, reader, wait_topic, watermarks
 from botmesh.streams.config import default_journal
 from botmesh.streams.connection import Brokers, KafkaSettings
+from botmesh.streams.journal_db import JournalView
 from botmesh.streams.ops.tools import Seen, end_offsets, produce_inbound, tail_receipts
 from botmesh.topics import Catalog
 from tests.kafka.recorder import RECORDER_ENV
@@ -452,7 +452,7 @@ async def read_journal(worker: Worker) -> dict[str, dict[str, Any]]:
     table_kv = _table_kv()
     if journal_source(worker) == "changelog":
         topic = table_kv.changelog_topic(Catalog(worker.prefix))
-        return await read_changelog(worker.bootstrap, topic, table_kv.decode_entry)
+        return await read_changelog(worker.bootstrap, topic)
     url = worker.journal if worker.journal is not None else default_journal(worker.data_dir)
     kv = await open_backend(url)
     try:
@@ -461,17 +461,14 @@ async def read_journal(worker: Worker) -> dict[str, dict[str, Any]]:
         await kv.close()
 
 
-async def read_changelog(
-    bootstrap: str, topic: str, decode: Callable[[bytes, bytes | None], Entry | None]
-) -> dict[str, dict[str, Any]]:
-    """The table a compacted changelog holds now: each record decoded with ``decode`` (None:
-    a tombstone), the last record of a key wins; read_committed, up to the end offsets."""
-    return await asyncio.to_thread(_read_changelog, bootstrap, topic, decode)
+async def read_changelog(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:
+    """The journal a compacted changelog holds now (``JournalView``: the last record of a
+    key wins, a tombstone deletes it, a group record replaces its group); read_committed, up
+    to the end offsets."""
+    return await asyncio.to_thread(_read_changelog, bootstrap, topic)
 
 
-def _read_changelog(
-    bootstrap: str, topic: str, decode: Callable[[bytes, bytes | None], Entry | None]
-) -> dict[str, dict[str, Any]]:
+def _read_changelog(bootstrap: str, topic: str) -> dict[str, dict[str, Any]]:
     parts = wait_topic(bootstrap, topic)
     assert parts, f"no changelog topic {topic}"
     consumer = reader(bootstrap, _READER, _isolation(True))
@@ -481,8 +478,8 @@ def _read_changelog(
         }
     finally:
         consumer.close()
-    latest: dict[bytes, Entry | None] = {}
+    view = JournalView()
     for m in _read_spans(bootstrap, topic, ends, committed=True):
         assert m.key is not None, f"a changelog record without a key at {m.offset}"
-        latest[m.key] = decode(m.key, m.value)
-    return {e.key: e.value for e in latest.values() if e is not None}
+        view.apply(m.key, m.value)
+    return {k: e.value for k, e in view.entries.items()}

@@ -61,7 +61,8 @@ from botmesh.streams.groups import (
     result_of,
     unreachable,
 )
-from botmesh.streams.table_kv import TABLE_NAME, decode_entry
+from botmesh.streams.journal_db import JournalView
+from botmesh.streams.table_kv import TABLE_NAME
 from botmesh.topics.catalog import RETRY_TIERS, Catalog
 from botmesh.topics.metrics import (
     METRICS_VERSION,
@@ -659,13 +660,13 @@ def status(
     summary = None
     changelog = cat.changelog(TABLE_NAME)
     if journal and changelog in have:
-        latest: dict[bytes, bytes | None] = {}
+        view = JournalView()
         size = 0
 
         def keep(key: bytes, value: bytes | None) -> None:
             nonlocal size
             size += len(key) + len(value or b"")
-            latest[key] = value
+            view.apply(key, value)
 
         span, read = _read_compacted(
             bootstrap=bootstrap,
@@ -676,13 +677,8 @@ def status(
             timeout=timeout,
             progress=progress,
         )
-        ambiguous = keys = 0
-        for k, v in latest.items():
-            entry = decode_entry(k, v)
-            if entry is None:
-                continue
-            keys += 1
-            ambiguous += is_ambiguous_send(entry.key, entry.value)
+        keys = len(view.entries)
+        ambiguous = sum(is_ambiguous_send(e.key, e.value) for e in view.entries.values())
         summary = JournalSummary(changelog, span, read, size, keys, ambiguous)
     return Status(info, lags, dead, summary, _parked(admin, have, cat, bootstrap, timeout))
 

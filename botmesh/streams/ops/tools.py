@@ -31,7 +31,7 @@ from botmesh.streams.clients import (
     watermarks,
 )
 from botmesh.streams.connection import Brokers
-from botmesh.streams.table_kv import decode_entry
+from botmesh.streams.journal_db import JournalView
 from botmesh.topics.catalog import Catalog
 from botmesh.topics.records import (
     SendRequest,
@@ -197,18 +197,10 @@ async def read_journal(bootstrap: Brokers, changelog: str, prefix: str = "") -> 
 
 
 def _read_journal(bootstrap: Brokers, changelog: str, prefix: str) -> dict[str, Entry]:
-    found: dict[str, Entry] = {}
+    view = JournalView()
 
     def take(m: Message) -> None:
-        raw = m.key()
-        key = (raw or b"").decode()
-        if not key.startswith(prefix):
-            return
-        entry = decode_entry(raw or b"", m.value())
-        if entry is None:
-            found.pop(key, None)
-        else:
-            found[key] = entry
+        view.apply(m.key() or b"", m.value())
 
     parts = wait_topic(bootstrap, changelog)
     consumer = reader(bootstrap, "botmesh-tools")
@@ -217,7 +209,7 @@ def _read_journal(bootstrap: Brokers, changelog: str, prefix: str) -> dict[str, 
         read_to_end(consumer, spans, take)
     finally:
         consumer.close()
-    return found
+    return {k: e for k, e in view.entries.items() if k.startswith(prefix)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from botmesh.observability.http import HealthServer
 from botmesh.observability.metrics import WorkerSources, WorkerTelemetry
 from botmesh.state.errors import ConfigError, DurabilityError
+from botmesh.state.keys import is_turn_key, record_group
 from botmesh.state.ports import Provider
 from botmesh.streams.config import WorkerConfig, group_instance_id
 from botmesh.streams.groups import describe
@@ -262,7 +263,11 @@ class Worker:
             unconfirmed=self._unconfirmed,
         )
         # the journal on Kafka (a table in RocksDB, changelogged), or a file (one worker alone)
-        kv = self.kv = TableKv(self.changelog) if config.kafka_journal else None
+        kv = self.kv = (
+            TableKv(self.changelog, volatile=is_turn_key, group=record_group)
+            if config.kafka_journal
+            else None
+        )
         self.changelog.kv = kv
         letters: Counter[tuple[str, str]] = Counter()
         telemetry = WorkerTelemetry(WorkerSources())
