@@ -97,7 +97,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry
@@ -248,6 +248,14 @@ FLUSH_AFTER_S = 0.1
 LAZY_COMMIT_S = 1.0
 
 
+def _remembered(
+    what: Callable[[str], _T] | None,
+) -> Callable[[str], _T] | None:
+    """``what`` with its answers for the keys asked lately kept (a key is asked about at
+    each of its writes, at each record that holds it and when that record is acked)."""
+    return None if what is None else functools.lru_cache(maxsize=KEYS_REMEMBERED)(what)
+
+
 class _Part:
     """A partition this worker owns: its database, and what memory holds over it."""
 
@@ -303,6 +311,9 @@ _Produce = list[tuple[int, list[str]]]
 
 
 _MISSING: Any = object()
+_T = TypeVar("_T")
+#: Keys whose ``volatile`` and ``group`` answers are kept (``_remembered``).
+KEYS_REMEMBERED = 8192
 
 
 class TableKv:
@@ -321,14 +332,14 @@ class TableKv:
         #: The key of the changelog record that holds a key's, when it is stored with others
         #: (``botmesh.state.keys.record_group``: an inbound with what its turn wrote); else
         #: each key has a record of its own.
-        self._group = group
+        self._group = _remembered(group)
         #: Keys whose records live in memory only, while this worker owns their partition
         #: (never produced, never in RocksDB): the chat turns (``botmesh.state.keys.
         #: is_turn_key``). A turn says which inbound of the chat runs now, and only its
         #: partition's owner runs them; a turn found in the journal by a later owner (or a
         #: later boot) is an orphan it reclaims at once (``Partitioned``), so a durable
         #: record of one would tell nobody anything.
-        self._volatile = volatile
+        self._volatile = _remembered(volatile)
         self.ack_timeout = ack_timeout
         self._parts: dict[int, _Part] = {}
         #: Records read or written lately (an LRU): key -> (partition, entry). Only keys
