@@ -259,7 +259,16 @@ def _remembered(
 class _Part:
     """A partition this worker owns: its database, and what memory holds over it."""
 
-    __slots__ = ("db", "deferred", "grouped", "overlay", "pending", "producing", "records")
+    __slots__ = (
+        "db",
+        "deferred",
+        "grouped",
+        "lists",
+        "overlay",
+        "pending",
+        "producing",
+        "records",
+    )
 
     def __init__(self, db: JournalDb) -> None:
         self.db = db
@@ -277,6 +286,9 @@ class _Part:
         self.deferred: dict[str, str | None] = {}
         #: The keys of ``overlay`` stored in a group record, by group (``record_group``).
         self.grouped: dict[str, set[str]] = {}
+        #: The members each group's last record produced here held (the latest ones first:
+        #: up to ``KEYS_REMEMBERED``); a group not here is read from the database.
+        self.lists: dict[str, tuple[str, ...]] = {}
         #: Each changelog record produced and not persisted yet, by its key, in the order
         #: produced: the keys whose pending write it holds (``persisted`` counts them down).
         self.records: dict[str, collections.deque[tuple[str, ...]]] = {}
@@ -345,6 +357,8 @@ class TableKv:
         #: Records read or written lately (an LRU): key -> (partition, entry). Only keys
         #: with no write in flight (those are in their partition's overlay).
         self._cache: dict[str, tuple[int, Entry]] = {}
+        #: The changelog values of entries encoded lately (``_encoded``), by key.
+        self._encodings: dict[str, tuple[Entry, bytes]] = {}
         self.cache_size = cache_size
         self._closed = False
         #: Partitions being handed over: no new write, their writes in flight still land.
@@ -645,7 +659,7 @@ class TableKv:
             changes.append((p, before, {k: view.get(k) for k in keys}))
         chat = CURRENT_CHAT.get()
         deferred = label in DEFERRED and not any(
-            e is not None and len(encode_entry(e)) > DEFER_MAX_BYTES
+            e is not None and len(self._encoded(e)) > DEFER_MAX_BYTES
             for _, _, after in changes
             for e in after.values()
         )
@@ -860,11 +874,13 @@ class TableKv:
             g = group_of(key) if group_of is not None else None
             if g is None:
                 entry = part.overlay[key]
-                out.append((key, encode_entry(entry) if entry is not None else None, (key,)))
+                out.append((key, self._encoded(entry) if entry is not None else None, (key,)))
             else:
                 groups.setdefault(g, []).append(key)
+        lists = part.lists
         for g, asked in groups.items():
-            names = dict.fromkeys(part.db.members(g))
+            listed = lists.pop(g, None)
+            names = dict.fromkeys(part.db.members(g) if listed is None else listed)
             names.update(dict.fromkeys(part.grouped.get(g, ())))
             names.update(dict.fromkeys(asked))
             members: list[tuple[str, bytes | None]] = []
@@ -877,7 +893,7 @@ class TableKv:
                     if m in asked and m != g:  # deleted: its own key's record too
                         alone.append((m, None, ()))
                     continue
-                value = encode_entry(entry)
+                value = self._encoded(entry)
                 if len(value) <= room:
                     members.append((m, value))
                     room -= len(value)
@@ -887,8 +903,25 @@ class TableKv:
                     apart.add(m)
             shared = tuple(m for m in asked if m not in apart)
             out.append((g, encode_group(members) if members else None, shared))
+            if members:
+                lists[g] = tuple(m for m, _ in members)
+                if len(lists) > KEYS_REMEMBERED:
+                    del lists[next(iter(lists))]
             out.extend(alone)
         return out
+
+    def _encoded(self, entry: Entry) -> bytes:
+        """``encode_entry(entry)``, kept for the entries encoded lately (a group's record
+        holds its members again each time one of them is written)."""
+        cache = self._encodings
+        hit = cache.get(entry.key)
+        if hit is not None and hit[0] is entry:
+            return hit[1]
+        value = encode_entry(entry)
+        cache[entry.key] = (entry, value)
+        if len(cache) > KEYS_REMEMBERED:
+            del cache[next(iter(cache))]
+        return value
 
     def _unproduced(self, records: list[tuple[int, str]]) -> None:
         """Records (partition, key) counted pending that were never handed to the producer."""
