@@ -28,9 +28,10 @@ with neither is refused: nothing is written to a partition nobody chose.
 
 **Journal before acting.** ``commit`` checks its operations against the latest versions
 (the compare-and-set: this worker is the partition's only writer), puts them in the
-partition's overlay, produces the changelog records that hold them and returns only when the broker
-acked every one of them (the producer runs with acks=all) and, under ``exactly_once``, when
-the partition's Kafka transaction holding them committed (``ChangelogPort.commit_soon``:
+partition's overlay, produces the changelog records that hold them and returns only when
+the broker acked every one of them (the producer runs with acks=all) and, under
+``exactly_once``, when the partition's Kafka transaction holding them committed
+(``ChangelogPort.commit_soon``:
 before that a read_committed restore does not see them; one transaction commit serves
 every journal commit whose records it holds, and the commits that arrive meanwhile share
 the next one). Concurrent commits (the chats of a batch) share the producer's batches:
@@ -79,11 +80,12 @@ Changelog records: key = the journal key (UTF-8), value = ``{"v": version, "d": 
 except for the keys stored together (``group``: ``botmesh.state.keys.record_group``, an
 inbound with the first sends of its turn and their message log entries): one record,
 keyed by the group's key, holds every member the group has (``journal_db.encode_group``;
-``journal_db.JournalView`` reads them). So a turn that replies writes three records: the
-inbound journaled (before its handlers run), the send's claim (before the provider call;
-the group's record then holds the inbound too) and, after it, the inbound done with the
-send sent and published and its log entry. The chat turns are not written to the
-changelog at all (``volatile``).
+``journal_db.JournalView`` reads them). So a turn that replies writes the inbound journaled
+(before its handlers run), the send's claim (before the provider call; the group's record
+then holds the inbound too), after it the inbound done with the send sent and its log
+entry, and the receipt's published mark (in that record when the receipt's ack came
+first): three or four records. The chat turns are not written to the changelog at all
+(``volatile``).
 """
 
 from __future__ import annotations
@@ -326,6 +328,9 @@ _MISSING: Any = object()
 _T = TypeVar("_T")
 #: Keys whose ``volatile`` and ``group`` answers are kept (``_remembered``).
 KEYS_REMEMBERED = 8192
+#: Encoded values kept (``TableKv._encoded``), and the largest one kept: at most 16 MiB.
+ENCODINGS_KEPT = 1024
+ENCODING_KEPT_BYTES = 16 * 1024
 
 
 class TableKv:
@@ -918,9 +923,10 @@ class TableKv:
         if hit is not None and hit[0] is entry:
             return hit[1]
         value = encode_entry(entry)
-        cache[entry.key] = (entry, value)
-        if len(cache) > KEYS_REMEMBERED:
-            del cache[next(iter(cache))]
+        if len(value) <= ENCODING_KEPT_BYTES:
+            cache[entry.key] = (entry, value)
+            if len(cache) > ENCODINGS_KEPT:
+                del cache[next(iter(cache))]
         return value
 
     def _unproduced(self, records: list[tuple[int, str]]) -> None:

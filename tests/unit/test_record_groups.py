@@ -12,7 +12,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-import rocksdict
 
 from botmesh.state.keys import derived_key, part_key, record_group
 from botmesh.state.kv import Entry
@@ -26,9 +25,9 @@ from botmesh.streams.journal_db import (
     group_members,
     is_group,
 )
+from botmesh.streams.worker.restore import open_database
 
 S = "t:e:b%2Fx:c"  # a scope, percent-encoded as ``scope_id`` makes it
-OFFSET = b"\x00offset"
 Record = tuple[bytes, bytes | None]
 
 
@@ -72,13 +71,10 @@ def g(inbound: int | None = None, a: int | None = None, b: int | None = None) ->
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[JournalDb]:
-    options = rocksdict.Options(raw_mode=True)
-    options.create_if_missing(True)
-    raw = rocksdict.Rdict(str(tmp_path / "p0"), options=options)
-    try:
-        yield JournalDb.open(raw, OFFSET)
-    finally:
-        raw.close()
+    """A partition's database as the worker opens it (its options, its Bloom filters)."""
+    opened = open_database(tmp_path / "p0")
+    yield opened
+    opened.db.close()
 
 
 def state(db: JournalDb) -> dict[str, int]:
