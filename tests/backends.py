@@ -9,8 +9,10 @@ as after a restart), the memory backend keeps its data by handing back the same 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,12 @@ class BackendCase:
     #: The server the backend needs (``"postgres"``, ``"redis"``): also the pytest marker
     #: every test that runs on it gets (see ``tests/conftest.py``); ``None``: no server.
     server: str | None = None
+    #: How the journal's process dies (the crash harness): nothing more is written, and it
+    #: returns the keys whose latest write did not survive. ``None``: every write a commit
+    #: returned from survives (the journal writes through), and a crash is ``reopen``.
+    abandon: Callable[[DurableKv], Awaitable[set[str]]] | None = None
+    #: The context an inbound's turn runs in (the Kafka worker names its chat), by chat id.
+    turn: Callable[[str], AbstractContextManager[None]] | None = None
 
 
 class BackendHandle:
@@ -55,6 +63,20 @@ class BackendHandle:
         if self.kv is not None:
             await self.kv.close()
         return await self.open()
+
+    async def crash(self) -> tuple[DurableKv, set[str]]:
+        """The process died: the same data opened again (``reopen``), and the keys whose
+        latest write the crash lost (``BackendCase.abandon``; none for a journal that writes
+        through)."""
+        if self.case.abandon is None or self.kv is None:
+            return await self.reopen(), set()
+        lost = await self.case.abandon(self.kv)
+        self.kv = None
+        return await self.open(), lost
+
+    def turn(self, chat: str) -> AbstractContextManager[None]:
+        """The context an inbound of ``chat`` is handled in (``BackendCase.turn``)."""
+        return contextlib.nullcontext() if self.case.turn is None else self.case.turn(chat)
 
     async def close(self) -> None:
         if self.kv is not None:

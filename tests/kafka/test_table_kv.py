@@ -5,16 +5,14 @@ not ack.
 The journal writes through the worker's changelog port on librdkafka
 (``botmesh.streams.worker.changelog.RdChangelog``) on a real compacted topic (acks=all), and a
 partition's database is restored from the topic (``botmesh.streams.worker.restore.restore``)
-before the journal is given the partition. ``reopen`` is a new journal restored from the
-topic alone (a worker on a wiped data dir).
+before the journal is given the partition (``tests/kafka/journal.py``). ``reopen`` is a new
+journal restored from the topic alone (a worker on a wiped data dir).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -23,122 +21,18 @@ import pytest
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.state.clock import ManualClock
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
-from botmesh.state.keys import is_turn_key, record_group
-from botmesh.state.kv import Delete, DurableKv, Entry, IndexName, Op, Put
+from botmesh.state.kv import Delete, Put
 from botmesh.state.writes import Write
 from botmesh.streams.table_kv import ProducerFencedOut, TableKv, in_partition
 from botmesh.streams.worker.changelog import RdChangelog
-from botmesh.streams.worker.clients import producer_config, transactional_id
-from botmesh.streams.worker.restore import open_database, restore
 from botmesh.testing import MockProvider
-from tests.backends import BackendCase, BackendHandle
+from tests.backends import BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
-from tests.kafka.broker import create_topics, free_ports
+from tests.kafka.journal import InPartition, KafkaChangelog, kafka_case
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 2
-
-
-class KafkaChangelog(RdChangelog):
-    """The worker's ``RdChangelog`` (acks=all; each acked record written to its partition's
-    RocksDB database), every partition restored from the topic at ``start``; what a test
-    steers: ``stale`` (what ``unconfirmed`` answers) and a broker out of reach
-    (``unreachable`` / ``reachable``)."""
-
-    def __init__(self, bootstrap: str, topic: str, path: Path, guarantee: str) -> None:
-        # under exactly_once one transactional id across the journal's restarts, as a
-        # worker's instance id gives it
-        tid = transactional_id(topic, "w") if guarantee == "exactly_once" else None
-        self.base = producer_config(bootstrap, transactional_id=tid)
-        super().__init__(self.base, topic, unconfirmed=lambda: self.stale)
-        self.bootstrap = bootstrap
-        self.path = path
-        #: What ``unconfirmed`` answers (a test sets it: the membership is not confirmed).
-        self.stale: str | None = None
-
-    async def start(self) -> None:
-        create_topics(
-            self.bootstrap, [self.topic], PARTITIONS, config={"cleanup.policy": "compact"}
-        )
-        await super().start()
-        self.path.mkdir(parents=True, exist_ok=True)
-        dbs = {p: open_database(self.path / f"p{p}") for p in range(PARTITIONS)}
-        await asyncio.to_thread(restore, self.bootstrap, self.topic, dbs, timeout=60.0)
-        for p, db in dbs.items():
-            self.attach(p, db)
-
-    async def unreachable(self) -> None:
-        """The producer from now on talks to an address where no broker listens: its
-        records are not acked (reported lost after 2 s)."""
-        await self.stop()
-        [nobody] = free_ports(1)
-        self.config = producer_config(f"127.0.0.1:{nobody}", delivery_timeout=2.0)
-        await RdChangelog.start(self)
-
-    async def reachable(self) -> None:
-        await self.stop(timeout=1.0)
-        self.config = self.base
-        await RdChangelog.start(self)
-
-    def close(self) -> None:
-        """Close the databases (the journal is gone)."""
-        for p in list(self.dbs):
-            db = self.detach(p)
-            if db is not None:
-                db.db.close()
-
-
-class InPartition:
-    """A ``DurableKv`` view of one partition of a ``TableKv`` (as the runner's records see it)."""
-
-    def __init__(self, kv: TableKv, port: KafkaChangelog, partition: int = 0) -> None:
-        self.kv, self.port, self.partition = kv, port, partition
-
-    async def open(self) -> None:
-        await self.kv.open()
-
-    async def close(self) -> None:
-        await self.kv.close()
-        await self.port.stop()
-        self.port.close()
-
-    async def get(self, key: str) -> Entry | None:
-        with in_partition(self.partition):
-            return await self.kv.get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
-        with in_partition(self.partition):
-            return await self.kv.get_many(keys)
-
-    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
-        with in_partition(self.partition):
-            return await self.kv.commit(ops, label=label)
-
-    async def range(
-        self, index: IndexName, prefix: str, until: float, limit: int = 100
-    ) -> list[str]:
-        with in_partition(self.partition):
-            return await self.kv.range(index, prefix, until, limit)
-
-    async def scan(self, prefix: str) -> list[Entry]:
-        with in_partition(self.partition):
-            return await self.kv.scan(prefix)
-
-
-_bootstrap: list[str] = []
-_guarantee: list[str] = []
-
-
-async def open_table(path: Path) -> DurableKv:
-    topic = "tkv-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    journal = path / f"journal-{uuid.uuid4().hex}"
-    port = KafkaChangelog(_bootstrap[0], topic, journal, _guarantee[0])
-    await port.start()
-    kv = port.kv = TableKv(port, ack_timeout=20.0, volatile=is_turn_key, group=record_group)
-    await kv.open()
-    await kv.assign(range(PARTITIONS))
-    return InPartition(kv, port)
 
 
 @pytest.fixture(params=["at_least_once", "exactly_once"])
@@ -147,9 +41,7 @@ async def backend(
 ) -> AsyncIterator[BackendHandle]:
     """The journal on the changelog, under each processing guarantee (``exactly_once``: one
     transactional producer, a commit returns once its transaction committed)."""
-    _bootstrap[:] = [kafka_bootstrap]
-    _guarantee[:] = [request.param]
-    handle = BackendHandle(BackendCase("kafka-table", open_table, persistent=True), tmp_path)
+    handle = BackendHandle(kafka_case(kafka_bootstrap, request.param), tmp_path)
     await handle.open()
     try:
         yield handle
