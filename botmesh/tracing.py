@@ -343,7 +343,7 @@ def webhook_span(method: str, route: str, headers: Mapping[str, str]) -> _Span |
 
 class _RecordSpan(_Span):
     """A record's span while the worker settles it; the receipts published meanwhile carry
-    its ``traceparent`` (``botmesh.streams.runner.TRACE_HEADERS``)."""
+    its ``traceparent`` (``botmesh.streams.sink.TRACE_HEADERS``)."""
 
     __slots__ = ("_token",)
 
@@ -366,8 +366,8 @@ class _RecordSpan(_Span):
 
 @functools.cache
 def _trace_headers() -> ContextVar[tuple[tuple[str, bytes], ...]]:
-    """The runner's ``TRACE_HEADERS`` (imported once tracing is on: the worker has it)."""
-    from botmesh.streams.runner import TRACE_HEADERS  # noqa: PLC0415
+    """The sink's ``TRACE_HEADERS`` (imported once tracing is on: the worker has it)."""
+    from botmesh.streams.sink import TRACE_HEADERS  # noqa: PLC0415
 
     return TRACE_HEADERS
 

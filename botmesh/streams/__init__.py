@@ -5,8 +5,11 @@ Its floor plan:
 - ``worker``: the worker's runtime (its loop, its consumer, its producer and the journal's
   changelog on it, the restore, the checkpoint, what operators see);
 - the parts the worker and the tools share, here: ``runner`` (the inbound path:
-  ``InboundRunner``, ``KafkaReceipts``, the ``BotDefinition`` and ``RuntimeLike``
-  protocols), ``table_kv`` and ``journal_db`` (the journal over a changelog, on disk),
+  ``InboundRunner``, the ``BotDefinition`` and ``RuntimeLike`` protocols; the records it
+  takes, ``raw_record``), ``dead_letter_copies`` (a record that cannot be settled, copied
+  to its DLQ, cut to fit), ``sink`` (``KafkaReceipts``: receipts, parked retries, the
+  journal's dead records), ``table_kv`` and ``journal_db`` (the journal over a changelog,
+  on disk),
   ``retry_tiers``, ``membership`` (joining the group), ``config`` (``WorkerConfig``),
   ``connection`` (TLS and SASL for every client), ``provision`` (idempotent topic
   creation), ``gateway`` (the webhook gateway's Kafka side);

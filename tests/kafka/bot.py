@@ -79,7 +79,7 @@ def _die_at_the_first_dead_letter(marker: str) -> None:
     the copy exists), once: the file marks that it happened."""
     import signal
 
-    from botmesh.streams.runner import KafkaReceipts
+    from botmesh.streams.sink import KafkaReceipts
 
     real = KafkaReceipts.dead_letter
     armed = [not os.path.exists(marker)]  # read once, at import

@@ -13,7 +13,8 @@ import time
 from botmesh import Bot, Context, Outcome
 from botmesh.errors import RateLimitedError, RecipientUnreachableError
 from botmesh.journal import MemoryKv
-from botmesh.streams.runner import InboundRunner, KafkaReceipts, RawRecord
+from botmesh.streams.runner import InboundRunner, RawRecord
+from botmesh.streams.sink import KafkaReceipts
 from botmesh.testing import MockProvider
 from botmesh.topics.control import ControlRequest, decode_result, encode_control
 from tests.kafka.test_runner import (

@@ -23,7 +23,8 @@ from botmesh.streams.journal_db import JournalView
 from botmesh.streams.ops.dlq import read_dead_letters
 from botmesh.streams.ops.tools import produce_inbound
 from botmesh.streams.provision import ensure_topics
-from botmesh.streams.runner import KafkaReceipts, RawRecord
+from botmesh.streams.runner import RawRecord
+from botmesh.streams.sink import KafkaReceipts
 from botmesh.streams.table_kv import changelog_topic, decode_entry
 from botmesh.testing import MockProvider
 from botmesh.topics import Catalog

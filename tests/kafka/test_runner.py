@@ -23,16 +23,9 @@ import botmesh
 from botmesh import Bot, Context, Inbound, Outcome, Receipt
 from botmesh.errors import BadRecord, JournalUnavailableError, Reason, RecipientUnreachableError
 from botmesh.journal import MemoryKv, OutboxState, Write
-from botmesh.streams.runner import (
-    CUT_MARGIN,
-    BatchAbandoned,
-    InboundRunner,
-    KafkaReceipts,
-    RawRecord,
-    in_time_order,
-    record_size,
-    too_large,
-)
+from botmesh.streams.dead_letter_copies import CUT_MARGIN, record_size, too_large
+from botmesh.streams.runner import BatchAbandoned, InboundRunner, RawRecord, in_time_order
+from botmesh.streams.sink import KafkaReceipts
 from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from botmesh.topics.dead_letters import redact
 from botmesh.topics.records import SendRequest, decode_receipt, encode_inbound, encode_request

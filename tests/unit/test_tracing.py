@@ -27,7 +27,8 @@ from yarl import URL
 from botmesh import Bot, Context, logs, tracing
 from botmesh.journal import MemoryKv
 from botmesh.state.messages import Inbound
-from botmesh.streams.runner import InboundRunner, KafkaReceipts, RawRecord
+from botmesh.streams.runner import InboundRunner, RawRecord
+from botmesh.streams.sink import KafkaReceipts
 from botmesh.testing import MockProvider
 from botmesh.topics.records import decode_receipt, encode_inbound
 

@@ -22,7 +22,9 @@ Its floor plan, a module a concern:
 - ``observe``: what operators see (``/readyz``, the ``/metrics`` samples, the counters on
   ``<prefix>.metrics``).
 
-The journal table itself (``botmesh.streams.table_kv``), the retry tiers
-(``botmesh.streams.retry_tiers``) and the dead letters (``botmesh.streams.runner``) are
-shared with the operator tools, a floor up.
+A floor up, shared with the operator tools and the tests: the inbound path
+(``botmesh.streams.runner``), the journal table (``botmesh.streams.table_kv``, on
+``journal_db``), the dead letters (``botmesh.streams.dead_letter_copies``), the sink of
+receipts and parked retries (``botmesh.streams.sink``) and the retry tiers
+(``botmesh.streams.retry_tiers``).
 """

@@ -63,13 +63,12 @@ from botmesh.streams.retry_tiers import Parked, RetryTiers, parked_record
 from botmesh.streams.runner import (
     BatchAbandoned,
     BotDefinition,
-    Headers,
     InboundRunner,
-    KafkaReceipts,
     RawRecord,
     RecordScope,
     RuntimeLike,
 )
+from botmesh.streams.sink import Headers, KafkaReceipts
 from botmesh.streams.table_kv import CURRENT_PARTITION, TABLE_NAME, TableKv, in_partition
 from botmesh.streams.worker.changelog import FENCED_CODES, RdChangelog
 from botmesh.streams.worker.checkpoint import Checkpoint, TopicPart
@@ -358,7 +357,7 @@ class Worker:
         self, role: str, key: bytes | None, value: bytes, headers: Headers
     ) -> asyncio.Future[int]:
         """A record of ``role`` (receipt, dead letter, control result) through the worker's
-        one producer (``botmesh.streams.runner.Produce``)."""
+        one producer (``botmesh.streams.sink.Produce``)."""
         # a parked send goes to its journal partition's tier partition (the chat's owner)
         partition = CURRENT_PARTITION.get() if role.startswith("retry:") else None
         topic = self._names.get(role) or self.cat.retry(role.removeprefix("retry:"))

@@ -1,0 +1,75 @@
+"""The worker's sink (``KafkaReceipts``): what the runtime hands to Kafka besides its
+journal, through the worker's one producer. Receipts go to ``<prefix>.sent`` keyed by chat
+id, failed sends parked on their retry tier, and the journal's own dead records copied to
+``<prefix>.outbox.dlq`` / ``<prefix>.inbound.dlq``; each call returns the broker's ack.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+from botmesh.state.messages import Receipt
+from botmesh.state.records import Json
+from botmesh.streams.retry_tiers import parked_record
+from botmesh.topics.dead_letters import inbound_dead_letter, outbox_dead_letter
+from botmesh.topics.records import chat_key, encode_receipt
+
+__all__ = ["TRACE_HEADERS", "Headers", "KafkaReceipts", "Produce"]
+
+Headers = list[tuple[str, bytes]]
+#: ``produce(role, key, value, headers)`` hands a record to the producer (role ``"sent"``,
+#: ``"dlq"``, ``"requests-dlq"``, ``"outbox-dlq"``, ``"control-results"`` or
+#: ``"retry:<tier>"``) and returns an awaitable that resolves on the broker's ack.
+Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]]]
+#: The W3C headers (``traceparent``) of the record being settled, set by its span when
+#: tracing is on (``botmesh.tracing``): the receipts published meanwhile carry them.
+TRACE_HEADERS: ContextVar[tuple[tuple[str, bytes], ...]] = ContextVar(
+    "botmesh_trace_headers", default=()
+)
+
+
+class KafkaReceipts:
+    """The runtime's ``ReceiptSink``: each receipt goes to ``<prefix>.sent``, keyed by
+    chat id; ``publish`` returns the broker-ack future (the producer uses acks=all)."""
+
+    def __init__(self, produce: Produce, letters: Counter[tuple[str, str]] | None = None) -> None:
+        self._produce = produce
+        self.published = 0
+        self.dead_letters = 0
+        self.parked = 0
+        #: Dead letters produced, by (kind, reason) (shared with the runner's).
+        self.letters: Counter[tuple[str, str]] = Counter() if letters is None else letters
+
+    async def publish(self, receipt: Receipt) -> Awaitable[Any]:
+        key, value = chat_key(receipt.chat_id), encode_receipt(receipt)
+        ack = await self._produce("sent", key, value, [*TRACE_HEADERS.get()])
+        self.published += 1
+        return ack
+
+    async def park(self, value: Json, retry_at: float) -> Awaitable[Any]:
+        """A failed send parked on its retry tier (``botmesh.streams.retry_tiers``) until
+        ``retry_at``; the broker-ack future."""
+        tier, key, body, headers = parked_record(value, retry_at)
+        ack = await self._produce(f"retry:{tier}", key, body, headers)
+        self.parked += 1
+        return ack
+
+    async def dead_letter(self, kind: str, value: Json, source: str | None) -> Awaitable[Any]:
+        """The journal's dead record ``value`` (``kind``: ``"outbox"``, a dead send, or
+        ``"inbound"``) copied to ``<prefix>.outbox.dlq`` / ``<prefix>.inbound.dlq`` with the
+        headers of ``botmesh.topics.dead_letters``; the broker-ack future."""
+        if kind == "outbox":
+            key, body, headers = outbox_dead_letter(value, source)
+            role = "outbox-dlq"
+        else:
+            key, body, headers = inbound_dead_letter(value, source)
+            role = "dlq"
+        ack = await self._produce(role, key, body, headers)
+        self.dead_letters += 1
+        error = value.get("error")
+        reason = error.get("reason") if isinstance(error, dict) else None
+        self.letters[(kind, str(reason or "unknown"))] += 1
+        return ack
