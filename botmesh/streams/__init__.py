@@ -9,7 +9,7 @@ Its floor plan:
   takes, ``raw_record``), ``dead_letter_copies`` (a record that cannot be settled, copied
   to its DLQ, cut to fit), ``sink`` (``KafkaReceipts``: receipts, parked retries, the
   journal's dead records), ``table_kv`` and ``journal_db`` (the journal over a changelog,
-  on disk),
+  on disk), ``write_behind`` (the journal writes nothing waits for, and their flush),
   ``retry_tiers``, ``membership`` (joining the group), ``config`` (``WorkerConfig``),
   ``connection`` (TLS and SASL for every client), ``provision`` (idempotent topic
   creation), ``gateway`` (the webhook gateway's Kafka side);

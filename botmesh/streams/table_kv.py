@@ -42,8 +42,8 @@ where nothing overwrote them since; the caller does not act on it (the provider 
 called, the inbound is not acked).
 
 **Fewer writes.** The writes no side effect waits for (``DEFERRED``: an inbound done, a
-send sent) return at once and go to the changelog later, each key's
-latest version once: with the chat's next awaited write, before it, or with ``flush``,
+send sent; ``botmesh.streams.write_behind``) return at once and go to the changelog later,
+each key's latest version once: with the chat's next awaited write, before it, or with ``flush``,
 which the worker awaits before it acks a batch. So a turn's writes that follow its send
 share one produce request and one acknowledgement. Receipts marked published are awaited.
 Whatever the order of the writes of a key, its last record in the changelog is its latest
@@ -103,8 +103,14 @@ from typing import Any, Protocol, TypeVar
 
 from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Entry, IndexName, Op, apply_ops, copy_entry
-from botmesh.state.writes import Write
 from botmesh.streams.journal_db import JournalDb, decode_entry, encode_entry, encode_group
+from botmesh.streams.write_behind import (
+    DEFER_MAX_BYTES,
+    DEFERRED,
+    LAZY_COMMIT_S,
+    Deferred,
+    Flusher,
+)
 from botmesh.topics.catalog import Catalog
 
 __all__ = [
@@ -211,43 +217,10 @@ OnAssigned = Callable[[int], Awaitable[object]]
 #: ``botmesh.streams.worker.loop``).
 OnLost = Callable[[int, BaseException], None]
 
-#: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
-#: them) and returns without producing anything; they go to the changelog later, each key's
-#: latest version only, so writes of one key that follow each other make one changelog
-#: record. (A new inbound journaled is not one: its record is durable before its handlers
-#: run, so that a handler that kills the worker is counted against the inbound's
-#: attempts, and a message that always does ends dead, not in a crash loop.) They go:
-#:
-#: - with the next awaited write of the same chat in the partition (``in_partition``'s
-#:   ``chat``; work for no chat takes every chat's), before that write's own records: so
-#:   the log holds a chat's writes in the order they were made (a part's ``sent`` lands
-#:   before the next part is claimed);
-#: - with ``flush``, which the worker awaits before it acks a batch's inbound records (so
-#:   no offset is committed before the writes of its record are durable), when a
-#:   partition is handed over, and ``FLUSH_AFTER_S`` after a deferred write at the latest.
-#:
-#: Losing them to a crash loses nothing: their records' offsets are not committed, so the
-#: inbounds are read again (a done inbound answers as a duplicate; a send found in flight
-#: is resolved by the ambiguity policy, as when the crash comes before its ``sent``
-#: landed); a receipt not marked published is published again (receipts may come twice).
-#: Under ``exactly_once`` they go into the worker's open transaction, which commits with
-#: the batch's offsets (the checkpoint) or the next barrier; a transaction that fails under
-#: them calls ``on_lost``.
-DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT})
 #: Bytes of the members' values a group record holds at most (``TableKv._records``): a
 #: member that does not fit is stored alone, so a group record stays well under the
 #: producer's limit on a record (``message.max.bytes``, 1,000,000).
 GROUP_BYTES = 256 * 1024
-#: A write of a ``DEFERRED`` label whose value is larger is awaited instead (a record the
-#: broker may refuse as too large fails the write that makes it, as it always did, and
-#: never waits in memory to fail the writes that would take it along).
-DEFER_MAX_BYTES = 64 * 1024
-#: Seconds after a deferred write before it is flushed if nothing flushed it first.
-FLUSH_AFTER_S = 0.1
-#: Under ``exactly_once``: seconds after a flush before its partition's transaction is
-#: committed if no barrier did it first (so RocksDB gets it and a restart does not replay
-#: it).
-LAZY_COMMIT_S = 1.0
 
 
 def _remembered(
@@ -285,7 +258,7 @@ class _Part:
         self.pending: dict[str, int] = {}
         #: The keys whose latest write (in ``overlay``) is not produced yet (``DEFERRED``),
         #: with the chat whose work wrote it (``None``: no chat, or more than one).
-        self.deferred: dict[str, str | None] = {}
+        self.deferred = Deferred()
         #: The keys of ``overlay`` stored in a group record, by group (``record_group``).
         self.grouped: dict[str, set[str]] = {}
         #: The members each group's last record produced here held (the latest ones first:
@@ -294,30 +267,6 @@ class _Part:
         #: Each changelog record produced and not persisted yet, by its key, in the order
         #: produced: the keys whose pending write it holds (``persisted`` counts them down).
         self.records: dict[str, collections.deque[tuple[str, ...]]] = {}
-
-    def defer(self, key: str, chat: str | None) -> None:
-        if key in self.deferred and self.deferred[key] != chat:
-            chat = None
-        self.deferred[key] = chat
-
-    def take_deferred(self, chat: str | None) -> dict[str, str | None]:
-        """The deferred keys an awaited write of ``chat`` must produce first (all of them
-        for no chat), taken out of ``deferred``."""
-        if not self.deferred:
-            return {}
-        if chat is None:
-            taken, self.deferred = self.deferred, {}
-            return taken
-        taken = {k: c for k, c in self.deferred.items() if c is None or c == chat}
-        for k in taken:
-            del self.deferred[k]
-        return taken
-
-    def give_back(self, taken: dict[str, str | None]) -> None:
-        """Keys whose produce failed: deferred again (their latest version goes next)."""
-        for key, chat in taken.items():
-            if key in self.overlay:
-                self.defer(key, chat)
 
 
 #: What ``_produce_and_wait`` produces: per partition, the keys whose latest version goes.
@@ -372,9 +321,8 @@ class TableKv:
         #: is recorded as persisted for them until they are restored again.
         self.broken: set[int] = set()
         self._inflight: dict[int, set[asyncio.Future[Any]]] = {}
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._flusher: asyncio.Task[None] | None = None
-        self._flush_failing = False
+        #: Flushes the deferred writes ``FLUSH_AFTER_S`` after the first, one flush at a time.
+        self.write_behind = Flusher(self.flush, lambda: bool(self.deferred) and not self._closed)
         self.on_assigned: OnAssigned | None = None
         #: Called before partitions are handed over (the worker records its receipts).
         self.on_revoking: Callable[[], Awaitable[object]] | None = None
@@ -572,9 +520,7 @@ class TableKv:
     async def close(self) -> None:
         """Flush the deferred writes (a clean stop: the producer still runs), then refuse
         every call."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
+        self.write_behind.cancel()
         if not self._closed and self._parts:
             n = self.deferred
             try:
@@ -681,10 +627,10 @@ class TableKv:
                     part.grouped.setdefault(g, set()).add(key)
                 kept += 1
                 if deferred:
-                    part.defer(key, chat)
+                    part.deferred.add(key, chat)
         if deferred or not kept:
             if deferred and kept:
-                self._flush_later()
+                self.write_behind.soon()
             return versions
         # an awaited write: what this chat's work deferred in its partitions goes first, then
         # its own records (a key deferred and written again here goes once)
@@ -692,7 +638,7 @@ class TableKv:
         produce: _Produce = []
         for p, _, after in changes:
             part = self._parts[p]
-            first = part.take_deferred(chat)
+            first = part.deferred.take(chat)
             own = {k: part.deferred.pop(k) for k in after if k in part.deferred}
             taken.append((p, {**first, **own}))
             mine = [k for k in after if volatile is None or not volatile(k)]
@@ -728,7 +674,7 @@ class TableKv:
         for p, keys in taken:
             part = self._parts.get(p)
             if part is not None and p not in self._closing:
-                part.give_back(keys)
+                part.deferred.give_back(keys, part.overlay)
 
     # -- deferred writes ------------------------------------------------------------------
 
@@ -748,7 +694,7 @@ class TableKv:
         self._check()
         wanted = set(self._parts) if partitions is None else set(partitions)
         taken = [
-            (p, part.take_deferred(None))
+            (p, part.deferred.take(None))
             for p, part in self._parts.items()
             if p in wanted and part.deferred and p not in self._closing
         ]
@@ -779,31 +725,6 @@ class TableKv:
                 f"{len(lost)} journal writes produced before this flush were not acked; "
                 "what they held is deferred again"
             )
-
-    def _flush_later(self) -> None:
-        if self._flush_timer is None:
-            loop = asyncio.get_running_loop()
-            self._flush_timer = loop.call_later(FLUSH_AFTER_S, self._flush_now)
-
-    def _flush_now(self) -> None:
-        self._flush_timer = None
-        if self._flusher is not None and not self._flusher.done():
-            self._flush_later()  # one at a time: what came since goes with the next
-            return
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_quietly())
-
-    async def _flush_quietly(self) -> None:
-        try:
-            await self.flush()
-        except Exception as exc:  # still deferred: the next flush tries again
-            # said once per outage (it is tried again every FLUSH_AFTER_S)
-            level = logging.DEBUG if self._flush_failing else logging.WARNING
-            self._flush_failing = True
-            log.log(level, "deferred journal writes not flushed yet: %s", exc)
-            if self.deferred and not self._closed:
-                self._flush_later()
-        else:
-            self._flush_failing = False
 
     async def _produce_and_wait(self, produce: _Produce, *, wait: bool = True) -> None:
         """Produce the latest version of each key, and wait for the acks (``wait``); under

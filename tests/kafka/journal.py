@@ -136,14 +136,7 @@ async def abandon(view: DurableKv) -> set[str]:
     one is fixed so the test knows which). Nothing more is produced after the call starts."""
     assert isinstance(view, InPartition)
     kv, port = view.kv, view.port
-    timer, kv._flush_timer = kv._flush_timer, None
-    if timer is not None:
-        timer.cancel()
-    flusher = kv._flusher
-    if flusher is not None and not flusher.done():
-        flusher.cancel()  # its records not handed over yet are deferred again
-        with contextlib.suppress(BaseException):
-            await flusher
+    await kv.write_behind.halt()  # a flush running: what it did not hand over is deferred
     kv._closed = True  # a late write (a task of the dead runtime) is refused
     await port.stop()  # delivers what is in flight; aborts an open transaction
     lost = {k for part in kv._parts.values() for k in (*part.deferred, *part.pending)}

@@ -24,7 +24,7 @@ Its floor plan, a module a concern:
 
 A floor up, shared with the operator tools and the tests: the inbound path
 (``botmesh.streams.runner``), the journal table (``botmesh.streams.table_kv``, on
-``journal_db``), the dead letters (``botmesh.streams.dead_letter_copies``), the sink of
-receipts and parked retries (``botmesh.streams.sink``) and the retry tiers
-(``botmesh.streams.retry_tiers``).
+``journal_db``; its write-behind, ``botmesh.streams.write_behind``), the dead letters
+(``botmesh.streams.dead_letter_copies``), the sink of receipts and parked retries
+(``botmesh.streams.sink``) and the retry tiers (``botmesh.streams.retry_tiers``).
 """
