@@ -392,6 +392,7 @@ class Worker:
         data = self.config.data_dir / "journal"
         dbs = {p: open_database(data / f"p{p}") for p in sorted(partitions)}
         self.restoring |= set(dbs)
+        began = time.monotonic()
         try:
             done = await asyncio.to_thread(
                 restore, self.config.kafka, self.changelog.topic, dbs, timeout=RESTORE_S
@@ -400,15 +401,18 @@ class Worker:
             _exit_hard(f"journal partitions {sorted(dbs)} not restored: {exc}", EXIT_ABANDONED)
         finally:
             self.restoring -= set(dbs)
+        took = time.monotonic() - began
         for p, db in dbs.items():
             self.changelog.attach(p, db)
             r = done[p]
             log.info(
-                "journal partition %d restored: %d changelog records read from offset %d to %d",
+                "journal partition %d restored: %d changelog records read from offset %d to %d "
+                "in %.1f s",
                 p,
                 r.records,
                 r.start,
                 r.end,
+                took,
             )
         # a restore can outlast the membership's last confirmation: asked again before the
         # recovery pass writes
