@@ -10,8 +10,9 @@ again before the recovery pass writes), then serve.
 
 Here the changelog holds enough finished records that the restore, on an empty data dir,
 takes longer than half a 6 s session timeout, the smallest Kafka allows (here about 8 s,
-longer than all of it); the test checks the worker's own figure for that first, then that the worker answers every inbound,
-never says its membership went unconfirmed, and stops cleanly.
+longer than all of it); the test checks the worker's own figure for that first, then that
+the worker answers every inbound, never says its membership went unconfirmed, and stops
+cleanly.
 """
 
 from __future__ import annotations
