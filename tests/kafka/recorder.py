@@ -471,6 +471,13 @@ class Tally:
         """Inbound ids whose send settled ``dead`` or ``unknown`` (by their receipts)."""
         return {i for i, s in self.states().items() if s & {"dead", "unknown"}}
 
+    def again(self, ids: set[str]) -> int:
+        """Receipts of the sends of ``ids`` beyond one a send (read_committed): what a
+        reader of the receipts topic sees more than once (``at_least_once`` may publish a
+        receipt again after a crash; ``exactly_once`` never)."""
+        mine = [r.key for r in self.receipts if r.inbound_id in ids]
+        return len(mine) - len(set(mine))
+
     def unknown(self) -> set[str]:
         return {i for i, s in self.states().items() if "unknown" in s}
 
@@ -550,6 +557,7 @@ def check_effects(
         "dead": len({i for i, s in tally.states().items() if "dead" in s} & ids),
         "dead-lettered": len(tally.dead_lettered & ids),
         "receipts": len(tally.receipts),
+        "receipts again": tally.again(ids),
     }
     print(f"\n  effects: {out}")
     dupe_ids = {c.inbound_id for c in calls if c.text in dupes}

@@ -147,10 +147,11 @@ async def test_exactly_once_worker_killed_again_and_again_loses_nothing_and_send
     missing = [k for k, v in outbox.items() if v["state"] not in receipts.get(k, ())]
     assert missing == [], f"{len(missing)} settled sends without their receipt"
     sent = sum(1 for v in outbox.values() if v["state"] == OutboxState.SENT)
+    again = len(seen) - len({s.receipt.key for s in seen})
     print(
         f"\nEOS, {KILLS} kills: {len(calls)} provider calls for {MESSAGES} messages "
         f"({sent} sent, {left}, 0 twice, 0 lost), "
-        f"{len(seen)} receipts for {len(receipts)} keys, "
+        f"{len(seen)} receipts for {len(receipts)} keys ({again} again, read_committed), "
         f"handler runs {sum(worker.handled().values())}"
     )
 
