@@ -173,6 +173,13 @@ class AssignmentWatch:
             return False
         if self.rebalancing():
             return False
+        if not self.member_id():
+            # not in the group yet: nothing to check, and on a new cluster the group's
+            # coordinator may still be loading, when librdkafka (2.16) can abort the process
+            # on a group request that times out meanwhile (``eonce->refcnt > 0``; see
+            # ``groups.coordinated``): the group is asked once the consumer joined through it
+            self._say(f"not ready: joining the group ({self.group})", ready=False)
+            return False
         counts, info = await asyncio.to_thread(self._read_group)
         partitions = counts.get(self.topic, 0)
         if not partitions or info.state != "stable":

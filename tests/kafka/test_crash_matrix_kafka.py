@@ -31,8 +31,19 @@ def case(kafka_bootstrap: str, request: pytest.FixtureRequest) -> BackendCase:
     return kafka_case(kafka_bootstrap, request.param)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-async def test_every_named_crash_point(case: BackendCase, policy: str, tmp_path: Path) -> None:
+#: Under ``at_least_once`` both policies; under ``exactly_once`` the default one, ``skip``:
+#: what the guarantee changes is which writes a crash loses (the open transaction too),
+#: which the policy does not touch (both policies run on it in the recovery cases below).
+#: ``resend`` under ``exactly_once`` passed here too (2026-12-06, 105 s), and is left out
+#: of ``make test`` for CI's time.
+NAMED = [("at_least_once", "skip"), ("at_least_once", "resend"), ("exactly_once", "skip")]
+
+
+@pytest.mark.parametrize(("guarantee", "policy"), NAMED)
+async def test_every_named_crash_point(
+    kafka_bootstrap: str, guarantee: str, policy: str, tmp_path: Path
+) -> None:
+    case = kafka_case(kafka_bootstrap, guarantee)
     labels = await _labels_of_clean_run(tmp_path)
     points = _named_points(labels)
     assert len(points) >= 40

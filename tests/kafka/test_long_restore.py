@@ -34,8 +34,8 @@ from tests.kafka.worker import Worker, collect, wait_line
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 SESSION_S = 6.0
-#: Finished inbound records on the changelog: about 8 s of restore here (125,000 a second).
-RECORDS = 1_000_000
+#: Finished inbound records on the changelog: about 5.6 s of restore here (125,000 a second).
+RECORDS = 700_000
 RESTORED = re.compile(r"journal partition 0 restored: (\d+) changelog records .* in ([\d.]+) s")
 
 
