@@ -19,6 +19,7 @@ from tests.backends import BackendCase
 from tests.crash.harness import check, run_case
 from tests.crash.test_crash_matrix import RECOVERY_POINTS, _labels_of_clean_run, _named_points
 from tests.kafka.journal import kafka_case
+from tests.soak import rounds
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
@@ -35,18 +36,24 @@ def case(kafka_bootstrap: str, request: pytest.FixtureRequest) -> BackendCase:
 #: what the guarantee changes is which writes a crash loses (the open transaction too),
 #: which the policy does not touch (both policies run on it in the recovery cases below).
 #: ``resend`` under ``exactly_once`` passed here too (2026-12-06, 105 s), and is left out
-#: of ``make test`` for CI's time.
+#: for CI's time.
 NAMED = [("at_least_once", "skip"), ("at_least_once", "resend"), ("exactly_once", "skip")]
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize(("guarantee", "policy"), NAMED)
 async def test_every_named_crash_point(
     kafka_bootstrap: str, guarantee: str, policy: str, tmp_path: Path
 ) -> None:
+    """Every point under ``make soak`` (and CI's soak pass); ``make test`` runs every
+    third one, each combination of ``NAMED`` a different third, to keep its load (the
+    kill tests it runs beside are timed by the broker)."""
     case = kafka_case(kafka_bootstrap, guarantee)
     labels = await _labels_of_clean_run(tmp_path)
     points = _named_points(labels)
     assert len(points) >= 40
+    step = max(1, len(points) // rounds(quick=len(points) // 3, soak=len(points)))
+    points = points[NAMED.index((guarantee, policy)) % step :: step]
     lost = 0
     for i, point in enumerate(points):
         out = await run_case(case, tmp_path / f"n{i}", policy, [point])
