@@ -23,7 +23,7 @@ from botmesh.streams.worker.changelog import RdChangelog
 from botmesh.streams.worker.clients import producer_config, transactional_id
 from botmesh.streams.worker.restore import open_database, restore
 from tests.backends import BackendCase
-from tests.kafka.broker import create_topics, free_ports
+from tests.kafka.broker import create_topics, delete_topics, free_ports
 
 PARTITIONS = 2
 
@@ -114,10 +114,21 @@ class InPartition:
             return await self.kv.scan(prefix)
 
 
+def topic_of(path: Path) -> str:
+    """The changelog topic of the journal at ``path`` (``open_table``)."""
+    return "tkv-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+
+
+def forget(bootstrap: str, path: Path) -> None:
+    """Delete the changelog topic of the journal at ``path``: the broker every test shares
+    slows down as its partitions add up."""
+    delete_topics(bootstrap, [topic_of(path)])
+
+
 async def open_table(bootstrap: str, guarantee: str, path: Path) -> InPartition:
     """A journal on the topic of ``path`` (created when missing), restored from it into a
     new data dir, owning every partition; seen through partition 0."""
-    topic = "tkv-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    topic = topic_of(path)
     journal = path / f"journal-{uuid.uuid4().hex}"
     port = KafkaChangelog(bootstrap, topic, journal, guarantee)
     await port.start()

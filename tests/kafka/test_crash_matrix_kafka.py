@@ -18,7 +18,7 @@ import pytest
 from tests.backends import BackendCase
 from tests.crash.harness import check, run_case
 from tests.crash.test_crash_matrix import RECOVERY_POINTS, _labels_of_clean_run, _named_points
-from tests.kafka.journal import kafka_case
+from tests.kafka.journal import forget, kafka_case
 from tests.soak import rounds
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
@@ -57,6 +57,7 @@ async def test_every_named_crash_point(
     lost = 0
     for i, point in enumerate(points):
         out = await run_case(case, tmp_path / f"n{i}", policy, [point])
+        forget(kafka_bootstrap, tmp_path / f"n{i}")
         assert len(out.crashes) == 1, point
         check(out, policy)
         lost += sum(1 for keys in out.lost for k in keys if "/out/" in k)
@@ -66,8 +67,11 @@ async def test_every_named_crash_point(
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-async def test_crashes_during_recovery(case: BackendCase, policy: str, tmp_path: Path) -> None:
+async def test_crashes_during_recovery(
+    kafka_bootstrap: str, case: BackendCase, policy: str, tmp_path: Path
+) -> None:
     for i, (a, b) in enumerate(RECOVERY_POINTS):
         out = await run_case(case, tmp_path / f"r{i}", policy, [a, b])
+        forget(kafka_bootstrap, tmp_path / f"r{i}")
         assert len(out.crashes) >= 1
         check(out, policy)

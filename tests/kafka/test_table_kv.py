@@ -28,7 +28,7 @@ from botmesh.streams.worker.changelog import RdChangelog
 from botmesh.testing import MockProvider
 from tests.backends import BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
-from tests.kafka.journal import InPartition, KafkaChangelog, kafka_case
+from tests.kafka.journal import InPartition, KafkaChangelog, forget, kafka_case
 
 pytestmark = pytest.mark.kafka
 
@@ -47,6 +47,7 @@ async def backend(
         yield handle
     finally:
         await handle.close()
+        forget(kafka_bootstrap, tmp_path)
 
 
 def table_of(backend: BackendHandle) -> tuple[TableKv, KafkaChangelog]:
