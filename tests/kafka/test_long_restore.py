@@ -31,7 +31,7 @@ from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
 from tests.kafka.worker import Worker, collect, wait_line
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = pytest.mark.kafka  # not "slow": it runs after the kill tests, not beside them
 
 SESSION_S = 6.0
 #: Finished inbound records on the changelog: about 5.6 s of restore here (125,000 a second).
