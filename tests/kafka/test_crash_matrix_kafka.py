@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.backends import BackendCase
-from tests.crash.harness import check, run_case
+from tests.crash.harness import Point, check, run_case
 from tests.crash.test_crash_matrix import RECOVERY_POINTS, _labels_of_clean_run, _named_points
 from tests.kafka.journal import forget, kafka_case
 from tests.soak import rounds
@@ -40,20 +40,30 @@ def case(kafka_bootstrap: str, request: pytest.FixtureRequest) -> BackendCase:
 NAMED = [("at_least_once", "skip"), ("at_least_once", "resend"), ("exactly_once", "skip")]
 
 
+def _spread(points: list[Point], count: int, offset: int) -> list[Point]:
+    """``count`` of ``points`` spread evenly over them, from the ``offset``-th on (each
+    combination of ``NAMED`` its own share when it is not all of them)."""
+    if count >= len(points):
+        return points
+    chosen = {(offset + (i * len(points)) // count) % len(points) for i in range(count)}
+    return [points[i] for i in sorted(chosen)]
+
+
 @pytest.mark.soak
 @pytest.mark.parametrize(("guarantee", "policy"), NAMED)
 async def test_every_named_crash_point(
     kafka_bootstrap: str, guarantee: str, policy: str, tmp_path: Path
 ) -> None:
-    """Every point under ``make soak`` (and CI's soak pass); ``make test`` runs every
-    third one, each combination of ``NAMED`` a different third, to keep its load (the
-    kill tests it runs beside are timed by the broker)."""
+    """Every point under ``make soak`` (CI's soak pass: its scale's share of them);
+    ``make test`` runs every third one, each combination of ``NAMED`` a different third, to
+    keep its load (the kill tests it runs beside are timed by the broker)."""
     case = kafka_case(kafka_bootstrap, guarantee)
     labels = await _labels_of_clean_run(tmp_path)
     points = _named_points(labels)
     assert len(points) >= 40
-    step = max(1, len(points) // rounds(quick=len(points) // 3, soak=len(points)))
-    points = points[NAMED.index((guarantee, policy)) % step :: step]
+    points = _spread(
+        points, rounds(quick=len(points) // 3, soak=len(points)), NAMED.index((guarantee, policy))
+    )
     lost = 0
     for i, point in enumerate(points):
         out = await run_case(case, tmp_path / f"n{i}", policy, [point])
