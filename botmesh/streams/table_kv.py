@@ -62,10 +62,14 @@ timeout, the write is refused (``JournalUnavailableError``, counted in ``unconfi
 the coordinator answers again; by then a worker that was evicted has been told, and has
 handed its partitions over. The coordinator evicts a member only a whole session timeout
 after its last accepted heartbeat, so a write that passed the check leaves at least half
-the session timeout before another owner can take the partition. A worker that comes back
-into the group after missing a rebalance has lost its partitions (its consumer is told,
-and ``revoke`` drops them); those it is given again are restored from the changelog first:
-another owner may have written them.
+the session timeout before another owner can take the partition. It asks again once an
+awaited write is acked, as of when the ack came: a worker frozen between the check and the
+send (the record still in its producer's buffer) may reach the log after another owner
+restored the partition, so a write acked that late is not acted on
+(``MembershipUnconfirmed`` though it is durable: a send it claimed stays in flight, for the
+ambiguity policy). A worker that comes back into the group after missing a rebalance has
+lost its partitions (its consumer is told, and ``revoke`` drops them); those it is given
+again are restored from the changelog first: another owner may have written them.
 
 Only an acked record reaches RocksDB (under ``exactly_once``: only a committed one): the
 records acked in one turn of the event loop (a committed transaction's records) are
@@ -202,10 +206,11 @@ class ChangelogPort(Protocol):
         that many seconds later (once: a partition already waiting does not wait again)."""
         ...
 
-    def unconfirmed(self) -> str | None:
+    def unconfirmed(self, *, acked: bool = False) -> str | None:
         """Why this worker may no longer be the group member that owns its partitions (its
         membership was last confirmed too long ago: it was frozen, or the coordinator is
-        out of reach), else ``None``."""
+        out of reach), else ``None``. With ``acked``: as of when the acks just awaited
+        came (a record produced before a freeze may reach the broker after the thaw)."""
         ...
 
 
@@ -668,6 +673,17 @@ class TableKv:
                     f"the broker: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
+        # acked, but maybe after this worker was frozen past its session: the record may
+        # have reached the log after another owner restored the partition, which then acts
+        # on what it found; so nothing acts on this write here (it is durable: a send it
+        # claimed is in flight, resolved by the ambiguity policy, by whoever owns it then)
+        stale = self._port.unconfirmed(acked=True)
+        if stale is not None:
+            self.unconfirmed += 1
+            raise MembershipUnconfirmed(
+                f"journal write {label or '(unlabelled)'} of {ops[0].key!r} acked, but "
+                f"not acted on: {stale}"
+            )
         return versions
 
     def _give_back(self, taken: list[tuple[int, dict[str, str | None]]]) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 import uuid
+from asyncio import Future
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -31,19 +33,36 @@ PARTITIONS = 2
 class KafkaChangelog(RdChangelog):
     """The worker's ``RdChangelog`` (acks=all; each acked record written to its partition's
     RocksDB database), every partition restored from the topic at ``start``; what a test
-    steers: ``stale`` (what ``unconfirmed`` answers) and a broker out of reach
-    (``unreachable`` / ``reachable``)."""
+    steers: ``stale`` (what ``unconfirmed`` answers), ``freeze_on_produce`` (the worker
+    "frozen" once it hands a record over: the membership is unconfirmed from then on) and a
+    broker out of reach (``unreachable`` / ``reachable``)."""
 
     def __init__(self, bootstrap: str, topic: str, path: Path, guarantee: str) -> None:
         # under exactly_once one transactional id across the journal's restarts, as a
         # worker's instance id gives it
         tid = transactional_id(topic, "w") if guarantee == "exactly_once" else None
         self.base = producer_config(bootstrap, transactional_id=tid)
-        super().__init__(self.base, topic, unconfirmed=lambda: self.stale)
+        super().__init__(self.base, topic, unconfirmed=self._membership)
         self.bootstrap = bootstrap
         self.path = path
         #: What ``unconfirmed`` answers (a test sets it: the membership is not confirmed).
         self.stale: str | None = None
+        #: Each record handed over "freezes" the worker (``frozen_at``): as of that moment
+        #: on, its membership is not confirmed.
+        self.freeze_on_produce = False
+        self.frozen_at: float | None = None
+
+    def _membership(self, at: float | None) -> str | None:
+        at = time.monotonic() if at is None else at
+        if self.frozen_at is not None and at >= self.frozen_at:
+            return f"frozen {at - self.frozen_at:.3f}s before"
+        return self.stale
+
+    async def produce(self, partition: int, key: bytes, value: bytes | None) -> Future[int]:
+        ack = await super().produce(partition, key, value)
+        if self.freeze_on_produce and self.frozen_at is None:
+            self.frozen_at = time.monotonic()
+        return ack
 
     async def start(self) -> None:
         create_topics(

@@ -23,7 +23,12 @@ from botmesh.state.clock import ManualClock
 from botmesh.state.errors import JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, Put
 from botmesh.state.writes import Write
-from botmesh.streams.table_kv import ProducerFencedOut, TableKv, in_partition
+from botmesh.streams.table_kv import (
+    MembershipUnconfirmed,
+    ProducerFencedOut,
+    TableKv,
+    in_partition,
+)
 from botmesh.streams.worker.changelog import RdChangelog
 from botmesh.testing import MockProvider
 from tests.backends import BackendHandle
@@ -170,6 +175,27 @@ async def test_no_write_while_the_group_membership_is_unconfirmed(backend: Backe
         assert await kv.get("s/n") is None
         port.stale = None  # the coordinator accepted a heartbeat again
         assert await kv.commit([Put("s/k", {"v": 2}, expect=v)]) == [2]
+
+
+async def test_a_write_acked_after_a_freeze_is_not_acted_on(backend: BackendHandle) -> None:
+    """A worker frozen between the membership check and its record's ack (the record still
+    in its producer's buffer when ``SIGSTOP`` came) may reach the log after another owner
+    restored the partition: the write is not acted on (a claimed send is not called). Under
+    ``at_least_once`` it is durable all the same (the journal holds what the log holds);
+    under ``exactly_once`` its transaction is aborted, not committed."""
+    kv, port = table_of(backend)
+    with in_partition(0):
+        port.freeze_on_produce = True
+        with pytest.raises(MembershipUnconfirmed, match="frozen"):
+            await kv.commit([Put("s/k", {"v": 1}, expect=0)], label=Write.OUTBOX_CLAIM)
+        assert kv.unconfirmed == (0 if port.transactional else 1)
+        port.freeze_on_produce, port.frozen_at = False, None  # it rejoined, owning it still
+        entry = await kv.get("s/k")
+        if port.transactional:
+            assert entry is None
+        else:
+            assert entry is not None and (entry.value, entry.version) == ({"v": 1}, 1)
+            assert await kv.commit([Put("s/k", {"v": 2}, expect=1)]) == [2]
 
 
 async def test_a_turn_finished_after_its_partition_moved_is_fenced_and_counted(

@@ -142,7 +142,8 @@ class RdChangelog:
     """The journal's ``ChangelogPort`` on one confluent-kafka producer (see the module
     docstring). ``config``: the producer's (``clients.producer_config``; transactional when
     it has a ``transactional.id``); ``unconfirmed``: answers ``unconfirmed()`` (the consumer
-    loop's membership check; by default the membership is always confirmed). ``start``
+    loop's membership check as of a ``time.monotonic()``, else now; by default the
+    membership is always confirmed). ``start``
     before use, ``stop`` at the end; ``attach`` each partition's restored database."""
 
     def __init__(
@@ -150,7 +151,7 @@ class RdChangelog:
         config: dict[str, Any],
         topic: str,
         *,
-        unconfirmed: Callable[[], str | None] | None = None,
+        unconfirmed: Callable[[float | None], str | None] | None = None,
         commit_timeout: float = 30.0,
         poll_interval: float = 0.05,
     ) -> None:
@@ -181,6 +182,10 @@ class RdChangelog:
         self._lock = threading.Lock()
         self._reports: list[tuple[_Sent, KafkaError | None, int]] = []
         self._wake = False
+        #: When the last delivery report came (``time.monotonic()``, in librdkafka's thread),
+        #: and that of the last drained (``unconfirmed(acked=True)``).
+        self._reported_at = 0.0
+        self._acked_at = 0.0
         self._reported = asyncio.Event()
         self._broken: set[int] = set()
         # exactly_once: the open transaction
@@ -348,8 +353,12 @@ class RdChangelog:
 
     # -- ChangelogPort ----------------------------------------------------------------------
 
-    def unconfirmed(self) -> str | None:
-        return None if self._confirmation is None else self._confirmation()
+    def unconfirmed(self, *, acked: bool = False) -> str | None:
+        if self._confirmation is None:
+            return None
+        # ``acked``: as of the last delivery report drained (when librdkafka's thread had it;
+        # a transaction's records: now, their commit just ended)
+        return self._confirmation(None if self.transactional or not acked else self._acked_at)
 
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> asyncio.Future[int]:
         """Hand one record to the producer; the future resolves with its offset once it is
@@ -751,6 +760,7 @@ class RdChangelog:
         offset = msg.offset() if err is None else None
         with self._lock:
             self._reports.append((sent, err, -1 if offset is None else offset))
+            self._reported_at = time.monotonic()
             if self._wake:
                 return
             self._wake = True
@@ -764,6 +774,7 @@ class RdChangelog:
         with self._lock:
             reports, self._reports = self._reports, []
             self._wake = False
+            self._acked_at = self._reported_at
         if not reports:
             return
         self._reported.set()

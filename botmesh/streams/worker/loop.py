@@ -189,8 +189,10 @@ class Membership:
         at = time.monotonic() if at is None else at
         self.confirmed = max(self.confirmed, at)
 
-    def unconfirmed(self) -> str | None:
-        age = time.monotonic() - self.confirmed
+    def unconfirmed(self, at: float | None = None) -> str | None:
+        """Why the membership is not confirmed as of ``at`` (``time.monotonic()``; now by
+        default), else ``None``."""
+        age = (time.monotonic() if at is None else at) - self.confirmed
         if age <= self.limit:
             return None
         return (
@@ -513,8 +515,8 @@ class Worker:
         self.membership.confirm()
         self.changelog.writer(self.instance, generation)
 
-    def _unconfirmed(self) -> str | None:
-        return self.membership.unconfirmed()  # (the membership is made after the changelog)
+    def _unconfirmed(self, at: float | None = None) -> str | None:
+        return self.membership.unconfirmed(at)  # (the membership is made after the changelog)
 
     # -- the retry tiers' questions ----------------------------------------------------------
 
