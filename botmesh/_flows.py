@@ -386,6 +386,12 @@ class FlowRunner:
             return True  # consumed already: a redelivery of a done turn writes nothing
         if record["status"] != ACTIVE:
             return False
+        if record["origin"]["base"] == message.id:
+            # the message that started this flow, run again: its done mark was lost while the
+            # checkpoint its turn wrote was kept (on the Kafka journal they are two records,
+            # and a kill can fall between them). Its handlers run again; ``start`` finds the
+            # flow started by it already, and its sends are answered from the outbox
+            return False
         if rerunning():
             # a message run again (a done one delivered again by an offset replay after a
             # crash, or an operator's replay_inbound or redrive of an old one) that is not
