@@ -506,9 +506,12 @@ class Delivery:
         ``None`` when someone else wrote the record first (an ``Entry`` target)."""
         state: OutboxState = value["state"]
         due: float | None = None
-        if self._publisher is not None:
-            value["published"] = False
-            due = now + self._lease
+        publisher = self._publisher
+        rides = publisher is not None and publisher.rides
+        if publisher is not None:
+            # riding with the record, the receipt is published when the record is written
+            value["published"] = rides
+            due = None if rides else now + self._lease
         purge = self._purge_at(now) if state == OutboxState.SENT else None
         label = _SETTLE_LABEL[state]
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
@@ -522,19 +525,32 @@ class Delivery:
             and isinstance(target, Held)
             else ()
         )
-        if logged:
-            with self._near(target.key):
-                await self._leases.write(target, value, label, due=due, purge=purge, before=logged)
-        elif not await self._leases.write(target, value, label, due=due, purge=purge):
-            return None
+        receipt = records.receipt_of(value, now)
+        # the receipt handed over with the record, in the same transaction (no await
+        # between ``ride`` and the write: a record of the key produced meanwhile would
+        # take it without the settled state)
+        back = await publisher.ride(target.key, receipt, value) if rides and publisher else None
+        try:
+            if logged:
+                with self._near(target.key):
+                    await self._leases.write(
+                        target, value, label, due=due, purge=purge, before=logged
+                    )
+            elif not await self._leases.write(target, value, label, due=due, purge=purge):
+                if back is not None:
+                    back()
+                return None
+        except BaseException:
+            if back is not None:
+                back()
+            raise
         if isinstance(target, Held):
             self._leases.held.pop(target.key, None)
         self._order.unblock(value)
-        receipt = records.receipt_of(value, now)
         if state == OutboxState.SENT:
             await self._emit(SentEvent(receipt, background))
-        if self._publisher is not None:
-            await self._publisher.publish(receipt, value=value)
+        if publisher is not None and not rides:
+            await publisher.publish(receipt, value=value)
         return receipt
 
     async def bypass(

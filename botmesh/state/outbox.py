@@ -318,10 +318,11 @@ class Outbox:
                 return diverged_key(key, fp)
         self._metrics.outbox_deduped += 1
         receipt = receipt_of(value, self._clock.now())
-        if self._publisher is not None and receipt.state in SETTLED:
+        publisher = self._publisher
+        if publisher is not None and receipt.state in SETTLED and publisher.replays_publish:
             # a replay asks again: its receipt goes out again (at least once); the record's
             # own ``published`` mark is the sweeper's business, not this copy's
-            await self._publisher.publish(receipt, journaled=False)
+            await publisher.publish(receipt, journaled=False)
         return receipt
 
     # -- planning and bypass -------------------------------------------------------------

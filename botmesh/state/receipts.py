@@ -9,6 +9,14 @@ in between leaves the record unpublished, and the next sweep publishes it again:
 receipt may arrive twice (consumers drop copies by ``key``), never not at all.
 Sends that bypassed the journal get their receipt once, best effort.
 
+**Riding with the journal.** A sink that can hand a record to its journal's producer with
+the journal's own record (a ``RidingSink`` whose ``rides_with_journal`` is true: the Kafka
+worker under ``exactly_once``, where both go in one transaction) gets each settled send's
+receipt, and a dead send's dead letter, *with* the record that settles it (``ride``,
+before that write): the record is journaled published at once, and the receipt commits
+with it or neither does. So a ``read_committed`` reader sees each receipt once; and a
+replay's sends answered from the outbox publish nothing again (``replays_publish``).
+
 **Dead letters** ride the same mark. A sink that is also a ``DeadLetterSink`` (the Kafka
 worker's: ``<prefix>.outbox.dlq`` and ``<prefix>.inbound.dlq``) gets a copy of every record
 the journal marks ``dead``: a dead send's record stays unpublished until its receipt *and*
@@ -35,7 +43,7 @@ from botmesh.state.messages import OutboxState, Receipt
 from botmesh.state.records import InboxState, Json, receipt_of
 from botmesh.state.writes import Write
 
-__all__ = ["DeadLetterSink", "Publisher", "ReceiptSink", "RetrySink"]
+__all__ = ["DeadLetterSink", "Publisher", "ReceiptSink", "RetrySink", "RidingSink"]
 
 log = logging.getLogger("botmesh.receipts")
 
@@ -55,6 +63,20 @@ class DeadLetterSink(Protocol):
     ``topic:partition:offset``, when known). Returns the awaitable of the durable accept."""
 
     async def dead_letter(self, kind: str, value: Json, source: str | None) -> Awaitable[Any]: ...
+
+
+@runtime_checkable
+class RidingSink(Protocol):
+    """A sink whose records can ride with the journal's (see the module docstring):
+    ``ride`` has ``receipt`` (and ``dead``: a dead send's journaled record and its
+    inbound's source, for its dead letter) handed over with the next journal record that
+    holds ``journal_key``'s write, and returns what takes them back (the write failed)."""
+
+    rides_with_journal: bool
+
+    def ride(
+        self, journal_key: str, receipt: Receipt, dead: tuple[Json, str | None] | None
+    ) -> Callable[[], None]: ...
 
 
 @runtime_checkable
@@ -92,6 +114,11 @@ class Publisher:
         self._pending: dict[str, tuple[str, asyncio.Future[Any]]] = {}
         self._loose: set[asyncio.Future[Any]] = set()
         self.published = 0
+        #: The sink, when its receipts ride with the journal's records (``ride``).
+        self._riding = sink if isinstance(sink, RidingSink) and sink.rides_with_journal else None
+        #: Whether a replay's sends answered from the outbox publish their receipts again
+        #: (at least once); not when they ride with the journal (each one once).
+        self.replays_publish = self._riding is None
 
     @property
     def parks(self) -> bool:
@@ -115,6 +142,28 @@ class Publisher:
     def dead_letters(self) -> bool:
         """Whether dead records are copied to the sink (and journaled unpublished first)."""
         return self._dlq is not None
+
+    @property
+    def rides(self) -> bool:
+        """Whether receipts ride with the journal's records (``ride``)."""
+        return self._riding is not None
+
+    async def ride(self, journal_key: str, receipt: Receipt, value: Json) -> Callable[[], None]:
+        """Have ``receipt`` (and a dead send's dead letter) ride with the next journal
+        record that holds ``journal_key``'s write; call it right before that write (no
+        await between). Returns what takes it back (the write failed)."""
+        assert self._riding is not None
+        dead = None
+        if self._dlq is not None and receipt.state == OutboxState.DEAD:
+            dead = (value, await self._source_of(value))
+        take_back = self._riding.ride(journal_key, receipt, dead)
+        self.published += 1
+
+        def back() -> None:
+            take_back()
+            self.published -= 1
+
+        return back
 
     def busy(self, key: str) -> bool:
         """Whether the record under journal key ``key`` waits for the sink's ack."""

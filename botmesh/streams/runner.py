@@ -101,7 +101,8 @@ Receipts: the runtime publishes every settled send through :class:`KafkaReceipts
 ``botmesh.state.receipts.ReceiptSink``); at the end of each batch the runner waits for the broker's
 acks and has them recorded in the journal (``runtime.flush_receipts()``). A receipt that was not
 acked stays unpublished in the journal and is published again by the runtime's sweeper:
-receipts are at least once, never lost.
+receipts are at least once, never lost. (Under ``exactly_once`` on the Kafka journal each
+rides with the journal record that settles its send instead, in its transaction: once.)
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ id, failed sends parked on their retry tier, and the journal's own dead records 
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -14,6 +15,7 @@ from typing import Any
 from botmesh.state.messages import Receipt
 from botmesh.state.records import Json
 from botmesh.streams.retry_tiers import parked_record
+from botmesh.streams.table_kv import Rider
 from botmesh.topics.dead_letters import inbound_dead_letter, outbox_dead_letter
 from botmesh.topics.records import chat_key, encode_receipt
 
@@ -33,10 +35,25 @@ TRACE_HEADERS: ContextVar[tuple[tuple[str, bytes], ...]] = ContextVar(
 
 class KafkaReceipts:
     """The runtime's ``ReceiptSink``: each receipt goes to ``<prefix>.sent``, keyed by
-    chat id; ``publish`` returns the broker-ack future (the producer uses acks=all)."""
+    chat id; ``publish`` returns the broker-ack future (the producer uses acks=all).
 
-    def __init__(self, produce: Produce, letters: Counter[tuple[str, str]] | None = None) -> None:
+    ``ride_with``: under ``exactly_once`` on the Kafka journal, its ``TableKv.ride``. A
+    settled send's receipt (and a dead one's dead letter) then rides with the journal
+    record that settles it, in the same transaction (``ride``; the sink is then a
+    ``botmesh.state.receipts.RidingSink``): a ``read_committed`` reader sees each receipt
+    once, and the record never waits to be marked published."""
+
+    def __init__(
+        self,
+        produce: Produce,
+        letters: Counter[tuple[str, str]] | None = None,
+        *,
+        ride_with: Callable[[str, Rider], Callable[[], None]] | None = None,
+    ) -> None:
         self._produce = produce
+        self._ride_with = ride_with
+        #: Whether ``ride`` may be used (``botmesh.state.receipts.Publisher`` asks).
+        self.rides_with_journal = ride_with is not None
         self.published = 0
         self.dead_letters = 0
         self.parked = 0
@@ -48,6 +65,26 @@ class KafkaReceipts:
         ack = await self._produce("sent", key, value, [*TRACE_HEADERS.get()])
         self.published += 1
         return ack
+
+    def ride(
+        self, journal_key: str, receipt: Receipt, dead: tuple[Json, str | None] | None
+    ) -> Callable[[], None]:
+        """Have ``receipt`` (and, for a dead send, its dead letter: its record and the
+        inbound's source) produced with the next changelog record that holds
+        ``journal_key``'s write; what it returns takes them back."""
+        assert self._ride_with is not None, "ride() needs ride_with"
+        key, value = chat_key(receipt.chat_id), encode_receipt(receipt)
+        headers = [*TRACE_HEADERS.get()]
+
+        async def rider() -> Awaitable[Any]:
+            ack = await self._produce("sent", key, value, headers)
+            self.published += 1
+            if dead is None:
+                return ack
+            copy = await self.dead_letter("outbox", dead[0], dead[1])
+            return asyncio.gather(ack, copy)
+
+        return self._ride_with(journal_key, rider)
 
     async def park(self, value: Json, retry_at: float) -> Awaitable[Any]:
         """A failed send parked on its retry tier (``botmesh.streams.retry_tiers``) until

@@ -248,6 +248,7 @@ class _Part:
         "pending",
         "producing",
         "records",
+        "riders",
     )
 
     def __init__(self, db: JournalDb) -> None:
@@ -272,10 +273,17 @@ class _Part:
         #: Each changelog record produced and not persisted yet, by its key, in the order
         #: produced: the keys whose pending write it holds (``persisted`` counts them down).
         self.records: dict[str, collections.deque[tuple[str, ...]]] = {}
+        #: What rides with each key's next changelog record (``TableKv.ride``).
+        self.riders: dict[str, list[Rider]] = {}
 
 
 #: What ``_produce_and_wait`` produces: per partition, the keys whose latest version goes.
 _Produce = list[tuple[int, list[str]]]
+
+#: A record of another topic that rides with a journal write (``TableKv.ride``): hands it to
+#: the producer, and returns its ack (which nobody waits for: its transaction's failure
+#: fails the journal's write too).
+Rider = Callable[[], Awaitable[Awaitable[object]]]
 
 
 _MISSING: Any = object()
@@ -686,6 +694,42 @@ class TableKv:
             )
         return versions
 
+    def ride(self, key: str, rider: Rider) -> Callable[[], None]:
+        """Hand ``rider`` to the producer right after the next changelog record that holds
+        ``key``'s write (of the current partition), in the same turn of the event loop: so,
+        under ``exactly_once``, in the same transaction (a receipt commits with the settled
+        record it reports, or neither does). Call it before the write; what it returns
+        takes the rider back (the write was not made). A partition revoked first drops it
+        (its new owner settles the record, and reports it, again)."""
+        p = CURRENT_PARTITION.get()
+        if p is None:
+            p = self._locate(key)
+        part = self._parts.get(p) if p is not None and p not in self._closing else None
+        if part is None:
+            raise PartitionRevoked(f"{key!r}: no journal partition of this worker to ride with")
+        # by the record that will hold the write: its group's, else its own
+        slot = (self._group(key) if self._group is not None else None) or key
+        part.riders.setdefault(slot, []).append(rider)
+
+        def back() -> None:
+            riders = part.riders.get(slot)
+            if riders is not None and rider in riders:
+                riders.remove(rider)
+                if not riders:
+                    del part.riders[slot]
+
+        return back
+
+    async def _ride_along(self, part: _Part, record: str) -> None:
+        for rider in part.riders.pop(record, ()):
+            try:
+                ack = await rider()
+            except Exception:  # a record the producer refused: said, the journal goes on
+                log.exception("a record riding with journal record %r was not produced", record)
+                continue
+            if isinstance(ack, asyncio.Future):
+                ack.add_done_callback(_quiet)
+
     def _give_back(self, taken: list[tuple[int, dict[str, str | None]]]) -> None:
         for p, keys in taken:
             part = self._parts.get(p)
@@ -769,6 +813,8 @@ class TableKv:
                         ack = await self._port.produce(p, key.encode(), value)
                         handed += 1
                         part.records.setdefault(key, collections.deque()).append(held)
+                        if part.riders:
+                            await self._ride_along(part, key)
                         if isinstance(ack, asyncio.Future):
                             flying = self._inflight.setdefault(p, set())
                             flying.add(ack)
@@ -956,3 +1002,9 @@ def _ranged(
     if not mem:
         return disk
     return list(heapq.merge(disk, mem))[:limit]
+
+
+def _quiet(ack: asyncio.Future[object]) -> None:
+    """A rider's ack: its failure is the journal write's (the same transaction), said there."""
+    if not ack.cancelled():
+        ack.exception()

@@ -198,6 +198,32 @@ async def test_a_write_acked_after_a_freeze_is_not_acted_on(backend: BackendHand
             assert await kv.commit([Put("s/k", {"v": 2}, expect=1)]) == [2]
 
 
+async def test_a_rider_is_handed_over_right_after_the_record_that_holds_its_write(
+    backend: BackendHandle,
+) -> None:
+    """``ride``: a record of another topic (a receipt under ``exactly_once``) goes to the
+    producer right after the changelog record holding its key's write, in the same turn
+    (so in the same transaction); a write of another key does not take it, and a rider
+    taken back never goes."""
+    kv, port = table_of(backend)
+    when: list[int] = []
+
+    async def rider() -> Awaitable[object]:
+        when.append(port.produced)
+        return asyncio.get_running_loop().create_future()
+
+    with in_partition(0):
+        kv.ride("s/k", rider)
+        await kv.commit([Put("s/n", {}, expect=0)])
+        assert when == []
+        await kv.commit([Put("s/k", {"v": 1}, expect=0)])
+        assert when == [port.produced]
+        back = kv.ride("s/k", rider)
+        back()
+        await kv.commit([Put("s/k", {"v": 2}, expect=1)])
+        assert len(when) == 1
+
+
 async def test_a_turn_finished_after_its_partition_moved_is_fenced_and_counted(
     backend: BackendHandle,
 ) -> None:

@@ -278,7 +278,11 @@ class Worker:
             provider,
             kv if kv is not None else config.journal_url,
             instance_id=config.instance_id,
-            receipts=KafkaReceipts(self.produce, letters),
+            receipts=KafkaReceipts(
+                self.produce,
+                letters,
+                ride_with=kv.ride if kv is not None and config.exactly_once else None,
+            ),
             timings=timed,
             fallbacks=fallbacks,
         )
