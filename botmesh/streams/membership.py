@@ -32,8 +32,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from botmesh.streams.connection import Brokers, KafkaAuthError, list_topics
 from botmesh.streams.groups import GroupInfo, Member, admin_client, describe, remove_members
@@ -127,6 +127,36 @@ async def wait_for_topics(
         await asyncio.sleep(min(poll, max(limit - waited, 0.0)))
 
 
+_T = TypeVar("_T")
+
+
+class ClientCalls:
+    """Blocking calls on a librdkafka client, each in a thread and awaited shielded: a task
+    cancelled at the stop leaves its call running, and ``settle`` waits for the calls still
+    running before the client may go. librdkafka (2.16) aborts the process when a client is
+    destroyed with a request of it pending (``eonce->refcnt > 0``): CI saw a worker's stop
+    end that way while a group describe of its membership check was under way."""
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[Any]] = set()
+
+    async def call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        self._running.add(task)
+        task.add_done_callback(self._ended)
+        return await asyncio.shield(task)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        if not task.cancelled():
+            task.exception()  # the caller's, when it still waits; else nobody's
+
+    async def settle(self, seconds: float) -> None:
+        """Wait (up to ``seconds``) for the calls still running to end."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=seconds)
+
+
 @dataclass
 class AssignmentWatch:
     """Checks, every ``interval`` seconds while the worker owns no inbound partition, that
@@ -153,6 +183,8 @@ class AssignmentWatch:
     _said: str = ""
     #: one admin client for the watch's life (made at its first check)
     _admin: Any = None
+    #: its calls on that client (``settle`` them before the process ends)
+    calls: ClientCalls = field(default_factory=ClientCalls)
 
     async def run(self) -> None:
         while True:
@@ -180,7 +212,7 @@ class AssignmentWatch:
             # ``groups.coordinated``): the group is asked once the consumer joined through it
             self._say(f"not ready: joining the group ({self.group})", ready=False)
             return False
-        counts, info = await asyncio.to_thread(self._read_group)
+        counts, info = await self.calls.call(self._read_group)
         partitions = counts.get(self.topic, 0)
         if not partitions or info.state != "stable":
             self._say(

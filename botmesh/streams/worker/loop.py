@@ -52,7 +52,12 @@ from botmesh.state.keys import is_turn_key, record_group
 from botmesh.state.ports import Provider
 from botmesh.streams.config import WorkerConfig, group_instance_id
 from botmesh.streams.groups import describe
-from botmesh.streams.membership import AssignmentWatch, TopicsNotListed, wait_for_topics
+from botmesh.streams.membership import (
+    AssignmentWatch,
+    ClientCalls,
+    TopicsNotListed,
+    wait_for_topics,
+)
 from botmesh.streams.provision import (
     admin_client,
     check_copartitioned,
@@ -184,6 +189,8 @@ class Membership:
         #: Questions the coordinator answered without this member (it was evicted).
         self.missing = 0
         self._admin: Any = None
+        #: Its calls on that client (settled at the stop: ``ClientCalls``).
+        self.calls = ClientCalls()
 
     def confirm(self, at: float | None = None) -> None:
         at = time.monotonic() if at is None else at
@@ -210,8 +217,8 @@ class Membership:
             return False
         if self._admin is None:  # one client for the worker's life: a client dropped with a
             # request of it still pending can trip librdkafka (a refcount assertion)
-            self._admin = await asyncio.to_thread(admin_client, self._brokers)
-        info = await asyncio.to_thread(describe, self._admin, self._group, self._brokers, 10.0)
+            self._admin = await self.calls.call(admin_client, self._brokers)
+        info = await self.calls.call(describe, self._admin, self._group, self._brokers, 10.0)
         if any(m.member_id == member for m in info.members):
             self.confirm(asked)
             return True
@@ -707,6 +714,9 @@ class Worker:
         await self.consumer.close()
         if self._watching is not None:
             self._watching.cancel()
+        # the group questions still under way end before their clients can go
+        for calls in (self.membership.calls, self.watch.calls):
+            await calls.settle(15.0)
         await self.runtime.stop()
         if self.kv is not None:
             await self.kv.close()
