@@ -46,8 +46,8 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0
 test: venv kafka-jars ## the whole test suite in parallel (TEST_WORKERS=4), Kafka tests included
 	$(BIN)/pytest $(PYTEST_PARALLEL)
 
-soak: venv kafka-jars ## the long loops (kills, fresh starts, crash cases) pass after pass for SOAK_MINUTES (10)
-	$(BIN)/python -m tests.soak --minutes $(SOAK_MINUTES) -- $(PYTEST_PARALLEL)
+soak: venv kafka-jars ## the long loops (kills, fresh starts, crash cases) pass after pass for SOAK_MINUTES (10); SOAK_ARGS: more pytest arguments
+	$(BIN)/python -m tests.soak --minutes $(SOAK_MINUTES) -- $(PYTEST_PARALLEL) $(SOAK_ARGS)
 
 lint: venv ## ruff and mypy --strict
 	$(BIN)/ruff check .

@@ -29,7 +29,7 @@ __all__ = ["SOAK", "rounds", "seed"]
 SOAK = os.environ.get("BOTMESH_SOAK") == "1"
 _PASS = int(os.environ.get("BOTMESH_SOAK_PASS", "0"))
 #: ``BOTMESH_SOAK_SCALE``: the share of each ``soak`` count a pass runs (CI's one pass runs
-#: 0.6 of them, to keep its whole run under 30 minutes; ``make soak`` all of them).
+#: 0.4 of them, to keep its whole run under 30 minutes; ``make soak`` all of them).
 _SCALE = float(os.environ.get("BOTMESH_SOAK_SCALE", "1"))
 
 
