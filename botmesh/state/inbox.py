@@ -505,17 +505,29 @@ class Inbox:
         dead = revise(
             target.value, now, state=InboxState.DEAD, lease=None, error=error, failed_first=first
         )
-        copied = self._publisher is not None and self._publisher.dead_letters
+        publisher = self._publisher
+        copied = publisher is not None and publisher.dead_letters
+        rides = copied and publisher is not None and publisher.rides
         due = None
-        if copied:  # its dead letter goes out; the sweeper copies it again until acked
+        if copied and not rides:  # its dead letter goes out; copied again until acked
             dead["published"] = False
             due = now + self._lease
-        if not await self._leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due):
+        # riding with the record, the dead letter commits with it (``Publisher.ride``)
+        back = publisher.ride_inbound(target.key, dead) if rides and publisher else None
+        try:
+            written = await self._leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due)
+        except BaseException:
+            if back is not None:
+                back()
+            raise
+        if not written:
+            if back is not None:
+                back()
             return
         if isinstance(target, Held):
             target.value = dead
         self._metrics.inbound_dead += 1
         log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
-        if copied and self._publisher is not None:
-            await self._publisher.publish_inbound(dead)
+        if copied and not rides and publisher is not None:
+            await publisher.publish_inbound(dead)
         await self._emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))

@@ -13,9 +13,10 @@ Sends that bypassed the journal get their receipt once, best effort.
 the journal's own record (a ``RidingSink`` whose ``rides_with_journal`` is true: the Kafka
 worker under ``exactly_once``, where both go in one transaction) gets each settled send's
 receipt, and a dead send's dead letter, *with* the record that settles it (``ride``,
-before that write): the record is journaled published at once, and the receipt commits
-with it or neither does. So a ``read_committed`` reader sees each receipt once; and a
-replay's sends answered from the outbox publish nothing again (``replays_publish``).
+before that write; a dead inbound's dead letter likewise, ``ride_inbound``): the record is
+journaled published at once, and the receipt commits with it or neither does. So a
+``read_committed`` reader sees each receipt once; and a replay's sends answered from the
+outbox publish nothing again (``replays_publish``).
 
 **Dead letters** ride the same mark. A sink that is also a ``DeadLetterSink`` (the Kafka
 worker's: ``<prefix>.outbox.dlq`` and ``<prefix>.inbound.dlq``) gets a copy of every record
@@ -77,6 +78,10 @@ class RidingSink(Protocol):
     def ride(
         self, journal_key: str, receipt: Receipt, dead: tuple[Json, str | None] | None
     ) -> Callable[[], None]: ...
+
+    def ride_inbound(self, journal_key: str, value: Json) -> Callable[[], None]:
+        """The same for a dead inbound's dead letter (``value``: its journaled record)."""
+        ...
 
 
 @runtime_checkable
@@ -164,6 +169,11 @@ class Publisher:
             self.published -= 1
 
         return back
+
+    def ride_inbound(self, journal_key: str, value: Json) -> Callable[[], None]:
+        """A dead inbound's dead letter rides with its dead record (as ``ride``)."""
+        assert self._riding is not None
+        return self._riding.ride_inbound(journal_key, value)
 
     def busy(self, key: str) -> bool:
         """Whether the record under journal key ``key`` waits for the sink's ack."""

@@ -86,6 +86,19 @@ class KafkaReceipts:
 
         return self._ride_with(journal_key, rider)
 
+    def ride_inbound(self, journal_key: str, value: Json) -> Callable[[], None]:
+        """A dead inbound's dead letter, with the next changelog record holding its dead
+        record (``journal_key``); what it returns takes it back."""
+        assert self._ride_with is not None, "ride_inbound() needs ride_with"
+        source = value.get("source")
+
+        async def rider() -> Awaitable[Any]:
+            return await self.dead_letter(
+                "inbound", value, source if isinstance(source, str) else None
+            )
+
+        return self._ride_with(journal_key, rider)
+
     async def park(self, value: Json, retry_at: float) -> Awaitable[Any]:
         """A failed send parked on its retry tier (``botmesh.streams.retry_tiers``) until
         ``retry_at``; the broker-ack future."""

@@ -260,16 +260,22 @@ async def test_a_sigkill_between_dead_and_its_dead_letter_leaves_both_or_neither
         worker.close()
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 async def test_an_inbound_dead_after_a_crash_is_in_the_dlq_and_replayed_once_from_the_cli(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, guarantee: str
 ) -> None:
     """With ``inbox.max_attempts=1`` a message whose handler killed the worker is dead at the
     next start: the journal copies it to ``inbound.dlq`` (with its id, reason and source
-    offset); ``botmesh dlq replay`` has its owner run it again: its reply goes out once."""
+    offset; under ``exactly_once`` with the dead record, in its transaction); ``botmesh dlq
+    replay`` has its owner run it again: its reply goes out once."""
     cat = Catalog(topic_prefix)
     ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
     marker = tmp_path / "crashed"
-    env = {"BOTMESH_TEST_CRASH_MARKER": str(marker), "BOTMESH_TEST_INBOX_ATTEMPTS": "1"}
+    env = {
+        "BOTMESH_TEST_CRASH_MARKER": str(marker),
+        "BOTMESH_TEST_INBOX_ATTEMPTS": "1",
+        "BOTMESH_PROCESSING_GUARANTEE": guarantee,
+    }
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, env=env)
     try:
         messages = [Inbound(id="x1", chat_id="c1", text="crash")]
