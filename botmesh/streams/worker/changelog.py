@@ -143,8 +143,8 @@ class RdChangelog:
     docstring). ``config``: the producer's (``clients.producer_config``; transactional when
     it has a ``transactional.id``); ``unconfirmed``: answers ``unconfirmed()`` (the consumer
     loop's membership check as of a ``time.monotonic()``, else now; by default the
-    membership is always confirmed). ``start``
-    before use, ``stop`` at the end; ``attach`` each partition's restored database."""
+    membership is always confirmed). ``start`` before use, ``stop`` at the end; ``attach``
+    each partition's restored database."""
 
     def __init__(
         self,
