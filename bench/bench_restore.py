@@ -9,8 +9,12 @@ The changelog: one partition of N records (300 000 by default) shaped as the jou
 produced once. Then, alternating, ``--rounds`` times: the bare read, the baseline restore
 and ours, each into a fresh database; and 100 000 reads of keys the restored database lacks
 (a new inbound's dedupe read). Printed: records/s of each, the ratios, µs a missing key.
-``.venv/bin/python bench/bench_restore.py [-n N] [--rounds R]``; the broker as
-``bench_worker.py`` finds or starts it (``KAFKA_BOOTSTRAP_SERVERS``, else a local one).
+``.venv/bin/python bench/bench_restore.py [-n N] [--rounds R] [--groups] [--profile]``; the
+broker as ``bench_worker.py`` finds or starts it (``KAFKA_BOOTSTRAP_SERVERS``, else a local
+one). ``--groups``: the records are group records, a finished turn each as the worker
+writes it now (the inbound, its reply and the reply's message-log entry; the baseline then
+writes each as one value, without its members: a reference, not a correct restore);
+``--profile``: our restore once under cProfile, nothing else.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from botmesh.state.kv import Entry
-from botmesh.streams.journal_db import JournalDb, encode_entry
+from botmesh.streams.journal_db import JournalDb, encode_entry, encode_group
 from botmesh.streams.journal_db import _index_entries as index_entries
 from botmesh.streams.worker import restore as ours
 
@@ -92,20 +96,42 @@ def key_of(i: int) -> str:
     return f"bot/out/{chat}/m{i}:1" if i % 3 == 0 else f"bot/in/{chat}/m{i}"
 
 
-def seed(bootstrap: str, n: int) -> str:
+def group_of(i: int) -> tuple[str, bytes]:
+    """Record ``i`` shaped as the worker writes a finished turn now (``--groups``): a group
+    record keyed by the inbound's key, holding the inbound (done), its reply (sent,
+    published) and the reply's message log entry, each with a purge score."""
+    chat = f"chat-{i % CHATS}"
+    inbound, send = f"bot/in/m{i}", f"bot/out/m{i}:1"
+    log_key = f"bot/log/{chat}/{1.79e9 + i:.6f}/m{i}%3A1/0"
+    at = 1.79e9 + i
+    text = "hello there " * 4
+    members = [
+        (log_key, Entry(log_key, {"key": f"m{i}:1", "message_id": f"p{i}", "at": at}, 1, None, at)),
+        (inbound, Entry(inbound, {"id": f"m{i}", "state": "done", "text": text}, 3, None, at)),
+        (send, Entry(send, {"key": f"m{i}:1", "state": "sent", "published": True}, 4, None, at)),
+    ]
+    return inbound, encode_group((k, encode_entry(e)) for k, e in members)
+
+
+def single_of(i: int) -> tuple[str, bytes]:
+    key = key_of(i)
+    value = {"id": f"m{i}", "state": "done", "text": "hello there " * 4, "attempts": 1}
+    return key, encode_entry(Entry(key, {**value, "created": 1.79e9 + i}, 3, None, 1.79e9 + i))
+
+
+def seed(bootstrap: str, n: int, *, groups: bool = False) -> str:
     topic = f"bench-restore-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer came
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"}
     )
+    make = group_of if groups else single_of
     for i in range(n):
-        key = key_of(i)
-        value = {"id": f"m{i}", "state": "done", "text": "hello there " * 4, "attempts": 1}
-        entry = Entry(key, {**value, "created": 1.79e9 + i}, 3, None, 1.79e9 + i)
+        key, value = make(i)
         while True:
             try:
-                producer.produce(topic, encode_entry(entry), key.encode(), partition=0)
+                producer.produce(topic, value, key.encode(), partition=0)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -146,17 +172,44 @@ def missing_read_us(db: JournalDb, n: int = 100_000) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
+def profile(bootstrap: str, topic: str, path: Path, n: int) -> None:
+    import cProfile
+    import pstats
+
+    db = ours.open_database(path)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    took = restore_into(bootstrap, topic, db)
+    profiler.disable()
+    db.db.close()
+    print(f"ours under cProfile: {n / took:,.0f} records/s")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("-n", type=int, default=300_000, help="changelog records")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument(
+        "--groups",
+        action="store_true",
+        help="group records, as the worker writes a turn now (a reply and its log entry each)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="our restore once, under cProfile, only"
+    )
     args = parser.parse_args(argv)
     bootstrap, started, _ = broker()
     tmp = Path(tempfile.mkdtemp(prefix="bench-restore-"))
     try:
         t0 = time.perf_counter()
-        topic = seed(bootstrap, args.n)
-        print(f"{args.n} changelog records produced to {topic} in {time.perf_counter() - t0:.1f} s")
+        topic = seed(bootstrap, args.n, groups=args.groups)
+        shape = "group" if args.groups else "single"
+        took = time.perf_counter() - t0
+        print(f"{args.n} {shape} changelog records produced to {topic} in {took:.1f} s")
+        if args.profile:
+            profile(bootstrap, topic, tmp / "profiled", args.n)
+            return 0
         rates: dict[str, list[float]] = {"bare read": [], "baseline": [], "ours": []}
         missing: dict[str, list[float]] = {"baseline": [], "ours": []}
         opens: dict[str, Any] = {"baseline": old_open_database, "ours": ours.open_database}
