@@ -26,8 +26,10 @@ One worker (``python -m botmesh worker --app botmesh.examples.echo_bot:bot --pro
    straight to the changelog
    (a bare confluent-kafka producer, acks=all, batches of up to 1 MB, the worker's
    ``botmesh.writer`` header), each to the partition of its chat (murmur2 of the chat key:
-   the inbound partition, as the worker keys it). 3N changelog records (2N before the
-   message log), none through the worker;
+   the inbound partition, as the worker keys it). 3N journal entries (2N before the
+   message log); since the worker writes one record a turn (a group record holding the
+   inbound, its send and the send's log entry), N changelog records; none through the
+   worker;
 2. start on the seeded journal, same instance id and data dir (the worker restores the 3N
    records its RocksDB lacks, from the offset after the one it holds: its restore,
    ``botmesh/streams/worker/restore.py``): time to first reply, RSS, idle CPU, throughput
@@ -328,7 +330,16 @@ def kind(key: bytes, value: bytes | None) -> str:
     sort = key.decode(errors="replace").split("/")[1] if b"/" in key else "?"
     if value is None:
         return f"{sort}/(deleted)"
-    r = msgspec.json.decode(value).get("r", {})
+    stored = msgspec.json.decode(value)
+    if "g" in stored:  # one record a turn: its members' kinds
+        return (
+            f"{sort}/group("
+            + ", ".join(
+                kind(m.encode(), msgspec.json.encode(v)) for m, v in stored["g"] if v is not None
+            )
+            + ")"
+        )
+    r = stored.get("r", {})
     if "state" not in r:
         return sort
     state = str(r["state"])
@@ -421,10 +432,17 @@ def key_time(t: float) -> bytes:
     return f"{max(round(t * 1_000_000), 0):017d}".encode()
 
 
+def members_of(stored: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stored entries of a changelog value: a group record's members (one record a
+    turn: the inbound, its sends, their message-log entries), else the value itself."""
+    if "g" in stored:
+        return [m for _, m in stored["g"] if isinstance(m, dict)]
+    return [stored]
+
+
 def make_template(rec: Logged, tpl_id: str, tpl_chat: str, now: float) -> Template:
     assert rec.value is not None
     stored = msgspec.json.decode(rec.value)
-    r = stored.get("r", {})
     needles = {tpl_id.encode(): "id", tpl_chat.encode(): "chat"}
     found: set[float] = set()
     timestamps(stored, now, found)
@@ -436,21 +454,25 @@ def make_template(rec: Logged, tpl_id: str, tpl_chat: str, now: float) -> Templa
             raise SystemExit(f"template {rec.key!r}: time {t!r} not found as {text!r}")
         needles[text] = f"t{k}"
         times[f"t{k}"] = t
-        if key_time(t) in rec.key:  # a message-log entry: its key sorts by its time
+        # a message-log entry: its key sorts by its time (in a group record, the member's
+        # key is in the value)
+        if key_time(t) in rec.key or key_time(t) in rec.value:
             needles[key_time(t)] = f"k{k}"
             key_times[f"k{k}"] = t
     fp_text = None
-    if isinstance(r.get("fp"), str) and isinstance(r.get("payload"), dict):
-        text = r["payload"].get("text")
-        if fingerprint(Outbound(chat_id=tpl_chat, text=text)) == r["fp"]:
-            needles[r["fp"].encode()] = "fp"
-            fp_text = text
-    if isinstance(r.get("message_id"), str):
-        needles[msgspec.json.encode({"message_id": r["message_id"]})[1:-1]] = "mid"
-    if isinstance(r.get("source"), str):
-        needles[msgspec.json.encode({"source": r["source"]})[1:-1]] = "src"
-    if "d" in stored and stored["d"] is not None:
-        print(f"  note: template {rec.key.decode()} has a due score ({stored['d']})")
+    for member in members_of(stored):
+        r = member.get("r", {})
+        if isinstance(r.get("fp"), str) and isinstance(r.get("payload"), dict):
+            text = r["payload"].get("text")
+            if fingerprint(Outbound(chat_id=tpl_chat, text=text)) == r["fp"]:
+                needles[r["fp"].encode()] = "fp"
+                fp_text = text
+        if isinstance(r.get("message_id"), str):
+            needles[msgspec.json.encode({"message_id": r["message_id"]})[1:-1]] = "mid"
+        if isinstance(r.get("source"), str):
+            needles[msgspec.json.encode({"source": r["source"]})[1:-1]] = "src"
+        if member.get("d") is not None:
+            print(f"  note: template {rec.key.decode()} has a due score ({member['d']})")
     return Template(
         kind(rec.key, rec.value),
         compile_template(rec.key, needles),
@@ -506,9 +528,9 @@ async def seed(
         if rec.partition != partition_of(tpl_chat):
             raise SystemExit(f"{rec.key!r} is in partition {rec.partition}, not its chat's")
         assert rec.value is not None
-        stored = msgspec.json.decode(rec.value)
-        if stored.get("p") is None or stored["p"] < now + spread:
-            raise SystemExit(f"{rec.key!r}: no purge score far enough in the future: {stored}")
+        for stored in members_of(msgspec.json.decode(rec.value)):
+            if stored.get("p") is None or stored["p"] < now + spread:
+                raise SystemExit(f"{rec.key!r}: no purge score far enough in the future: {stored}")
     templates = [make_template(rec, tpl_id, tpl_chat, now) for rec in mine]
     chat_ids = [f"s{tag}c{k}" for k in range(chats)]
     parts = [partition_of(c) for c in chat_ids]
