@@ -92,6 +92,27 @@ def make_bot(seen: list[str], **inbox: Any) -> Bot:
     return bot
 
 
+class InboundsOnly:
+    """A runtime for batches of inbounds only: each test's ``handle``; the rest does
+    nothing (no receipts, no requests)."""
+
+    inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
+    durability = None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def flush_receipts(self) -> int:
+        return 0
+
+    async def quiesce(self) -> int:
+        return 0
+
+    async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
+        raise AssertionError("no request in this batch")
+
+
 def record(offset: int, chat: str, mid: str | None = None, text: str = "hi") -> RawRecord:
     value = encode_inbound(Inbound(id=mid or "", chat_id=chat, text=text))
     return RawRecord(TOPIC, 0, offset, chat.encode(), value, [("trace", b"t-1")])
@@ -296,25 +317,9 @@ async def test_badrecord_raised_by_handle_goes_to_the_dlq_at_once() -> None:
     """The one path the real engine gives no way to reach from the wire (every decoded
     record can be journaled): a runtime that refuses the record, as the protocol allows."""
 
-    class Refusing:
-        inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
-        durability = None
-
-        async def start(self) -> None: ...
-
-        async def stop(self) -> None: ...
-
+    class Refusing(InboundsOnly):
         async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
             raise BadRecord(Reason.WRONG_TYPE, f"cannot journal {message.id}")
-
-        async def flush_receipts(self) -> int:
-            return 0
-
-        async def quiesce(self) -> int:
-            return 0
-
-        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
-            raise AssertionError("no request in this batch")
 
     produced = Produced()
     runner = InboundRunner(Refusing(), produced, sleep=Waits())
@@ -332,16 +337,11 @@ async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revo
     record's retry budget nor dead-letters it: it waits for the group."""
     from botmesh.streams.table_kv import MembershipUnconfirmed
 
-    class Thawing:
+    class Thawing(InboundsOnly):
         inbox_retries = (
             Bot("x", durability={"inbox": {"max_attempts": 2}}).bind(MockProvider()).inbox_retries
         )
-        durability = None
         refusals = 5
-
-        async def start(self) -> None: ...
-
-        async def stop(self) -> None: ...
 
         async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
             if self.refusals:
@@ -351,15 +351,6 @@ async def test_an_unconfirmed_membership_waits_uncharged_until_confirmed_or_revo
                 except MembershipUnconfirmed as exc:  # as the engine wraps a failed done
                     raise JournalUnavailableError("handled but not marked done") from exc
             return Outcome.HANDLED
-
-        async def flush_receipts(self) -> int:
-            return 0
-
-        async def quiesce(self) -> int:
-            return 0
-
-        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
-            raise AssertionError("no request in this batch")
 
     produced, waits = Produced(), Waits()
     runtime = Thawing()
@@ -411,14 +402,8 @@ async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -
     record is neither retried nor dead-lettered, and nothing of the batch is acked."""
     from botmesh.streams.table_kv import ProducerFencedOut
 
-    class Fenced:
-        inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
-        durability = None
+    class Fenced(InboundsOnly):
         calls = 0
-
-        async def start(self) -> None: ...
-
-        async def stop(self) -> None: ...
 
         async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
             self.calls += 1
@@ -426,15 +411,6 @@ async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -
                 raise ProducerFencedOut("transaction t.worker-1-0 not committed: ProducerFenced")
             except ProducerFencedOut as exc:  # as the engine wraps a failed journal write
                 raise JournalUnavailableError("inbound not journaled") from exc
-
-        async def flush_receipts(self) -> int:
-            return 0
-
-        async def quiesce(self) -> int:
-            return 0
-
-        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
-            raise AssertionError("no request in this batch")
 
     produced, waits, runtime = Produced(), Waits(), Fenced()
     runner = InboundRunner(runtime, produced, sleep=waits)
@@ -450,31 +426,15 @@ async def test_a_record_of_a_partition_taken_away_is_left_to_its_new_owner() -> 
     records of the batch are settled."""
     from botmesh.streams.table_kv import PartitionRevoked
 
-    class Revoked:
-        inbox_retries = Bot("x").bind(MockProvider()).inbox_retries
-        durability = None
-
+    class Revoked(InboundsOnly):
         def __init__(self) -> None:
             self.calls: list[str] = []
-
-        async def start(self) -> None: ...
-
-        async def stop(self) -> None: ...
 
         async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
             self.calls.append(message.id)
             if message.chat_id == "A":  # partition 0: another worker's now
                 raise PartitionRevoked("journal partition 0 is not owned by this worker")
             return Outcome.HANDLED
-
-        async def flush_receipts(self) -> int:
-            return 0
-
-        async def quiesce(self) -> int:
-            return 0
-
-        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
-            raise AssertionError("no request in this batch")
 
     produced, waits, runtime = Produced(), Waits(), Revoked()
     runner = InboundRunner(runtime, produced, sleep=waits, owns=lambda p: p != 0)
@@ -869,13 +829,8 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
     trying again cannot help, so the record goes to the DLQ at once (reason
     ``too-large``), not after the inbox budget."""
 
-    class Journal:
+    class Journal(InboundsOnly):
         inbox_retries = make_bot([], max_attempts=5).bind(MockProvider()).inbox_retries
-        durability = None
-
-        async def start(self) -> None: ...
-
-        async def stop(self) -> None: ...
 
         async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
             if message.id == "ok":
@@ -884,15 +839,6 @@ async def test_a_record_too_large_to_journal_goes_to_the_dlq_at_once() -> None:
                 raise refusal()
             except Exception as exc:
                 raise JournalUnavailableError(f"journal write of {message.id} failed") from exc
-
-        async def flush_receipts(self) -> int:
-            return 0
-
-        async def quiesce(self) -> int:
-            return 0
-
-        async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
-            raise AssertionError("no request in this batch")
 
     produced, waits = Produced(), Waits()
     runner = InboundRunner(Journal(), produced, sleep=waits)
