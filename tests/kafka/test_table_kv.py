@@ -12,7 +12,6 @@ journal restored from the topic alone (a worker on a wiped data dir).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from botmesh.state.clock import ManualClock
 from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, Put
 from botmesh.state.writes import Write
-from botmesh.streams.runner import InboundRunner
 from botmesh.streams.table_kv import (
     MembershipUnconfirmed,
     PartitionRevoked,
@@ -37,7 +35,6 @@ from botmesh.testing import MockProvider
 from tests.backends import BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
 from tests.kafka.journal import InPartition, KafkaChangelog, forget, kafka_case
-from tests.kafka.test_runner import Produced, Waits, record
 from tests.kit import policy
 
 pytestmark = pytest.mark.kafka
@@ -150,33 +147,6 @@ async def test_an_inbound_of_a_revoked_partition_is_a_fence_never_run_even_fail_
         with in_partition(1), pytest.raises(PartitionRevoked, match="not owned"):
             await runtime.handle(Inbound(id="m1", chat_id="c1", text="hi"))
     assert runs == ["m0"] and len(provider.sent) == 1
-
-
-async def test_a_record_of_a_partition_taken_away_is_left_to_its_new_owner(
-    backend: BackendHandle,
-) -> None:
-    """The runner over the real engine on the journal: a record of a partition taken from
-    this worker is refused as a fence (its inbound is not journaled, its handler does not
-    run) and left to the partition's new owner: not retried, not dead-lettered, and the
-    batch is not given up (the worker goes on); a record of a partition it keeps is
-    handled."""
-    kv, _ = table_of(backend)
-    seen: list[str] = []
-    bot = Bot("left", durability=policy())
-
-    @bot.on_message
-    async def reply(ctx: Context) -> None:
-        seen.append(ctx.inbound_id)
-        await ctx.reply("hi")
-
-    produced, waits = Produced(), Waits()
-    async with bot.bind(MockProvider(), kv, instance_id="w1") as runtime:
-        kv.revoke([1])  # another worker owns partition 1 now
-        runner = InboundRunner(runtime, produced, sleep=waits, owns=kv.owns)
-        gone = dataclasses.replace(record(1, "B", "B1"), partition=1)
-        await runner.run_batch([record(0, "A", "A1"), gone])
-    assert seen == ["A1"] and (runner.fenced, runner.outcomes) == (1, {Outcome.HANDLED: 1})
-    assert waits.delays == [] and produced.dead() == [] and runner.unsettled == 0
 
 
 @pytest.mark.parametrize("backend", ["at_least_once"], indirect=True)
