@@ -167,7 +167,6 @@ class _JournalFence(FencedError):
     def __init__(self, detail: str, key: str = "") -> None:
         super().__init__(key, 0, None)
         self.detail = detail
-        self.args = (detail, key)  # as it is made again (a copy, a pickle)
 
     def __str__(self) -> str:
         return self.detail
