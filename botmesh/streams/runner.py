@@ -31,10 +31,6 @@ have been evicted:                          batch is abandoned (the worker exits
                                             then)
 ``ProducerFencedOut`` (``exactly_once``:    the batch is abandoned at once (the worker
 another worker's producer fenced ours)      exits and starts afresh)
-any other ``FencedError`` (its partition    left: neither retried nor dead-lettered, counted
-was taken from this worker:                 in ``fenced``; whoever holds it now finishes it
-``PartitionRevoked``; its lease was taken   (a partition taken away is never acked from
-over)                                       here: its new owner reads the record again)
 ==========================================  ==========================================
 
 The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts`` and
@@ -309,9 +305,6 @@ class InboundRunner:
         self.requests: Counter[str] = Counter()
         #: Failed attempts that were retried.
         self.retried = 0
-        #: Records left to another holder: a ``FencedError`` (their partition was taken
-        #: from this worker, or their record's lease), so neither retried nor acked here.
-        self.fenced = 0
         #: Operator actions carried out, by outcome (``done``, ``refused``, ``failed``).
         self.actions: Counter[str] = Counter()
         #: What each record is settled inside (``RecordScope``).
@@ -573,8 +566,6 @@ class InboundRunner:
             )
         except SendDeferredError:
             return "deferred"
-        except ProducerFencedOut:  # the worker's producer: nothing of the batch is acked
-            raise
         except FencedError:
             return "fenced"
         except DurabilityError:
@@ -598,18 +589,6 @@ class InboundRunner:
                 return await call(), attempt
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad, attempts=attempt)
-                return None
-            except FencedError as exc:
-                if isinstance(exc, ProducerFencedOut):
-                    raise BatchAbandoned(
-                        f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
-                        "owns its partition now, so nothing of the batch is acked"
-                    ) from exc
-                # whoever holds the record now (its partition's new owner, which reads it
-                # again from the committed offset; its lease's holder) finishes it: not
-                # retried, not dead-lettered (a partition taken away is not acked from here)
-                log.info("%s %s at %s left: %s", self._noun(raw), name, raw.where, exc)
-                self.fenced += 1
                 return None
             except Exception as exc:
                 if self._owns is not None and not self._owns(raw.partition):

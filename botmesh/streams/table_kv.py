@@ -160,30 +160,18 @@ def in_partition(partition: int | None, chat: str | None = None) -> Iterator[Non
         CURRENT_PARTITION.reset(token)
 
 
-class _JournalFence(FencedError):
-    """A fence of the journal on Kafka: a ``FencedError`` (never retried; whoever holds
-    the record now finishes it) named by what fenced it, with its own message."""
-
-    def __init__(self, detail: str, key: str = "") -> None:
-        super().__init__(key, 0, None)
-        self.detail = detail
-
-    def __str__(self) -> str:
-        return self.detail
-
-
-class ProducerFencedOut(_JournalFence):
+class ProducerFencedOut(JournalUnavailableError):
     """Under ``exactly_once``: a write whose transaction a newer producer with the same
     transactional id fenced, so another worker owns the partition now (this one was
     evicted, or is being handed the partition away). Never retried here: the runner gives
-    the batch up and the worker starts afresh (its producer cannot write again)."""
+    the batch up and the worker starts afresh."""
 
 
-class PartitionRevoked(_JournalFence):
-    """A write to a partition another worker owns now: a fence, not an outage. Not
-    retried; the engine settles what wrote it as fenced (a handler's send refused so
-    settles its inbound as fenced), and the runner leaves the record to the partition's
-    new owner, which reads it again from the committed offset."""
+class PartitionRevoked(JournalUnavailableError):
+    """A write to a partition another worker owns now: a fence, not an outage (not retried
+    here; a handler's send refused so settles its inbound as fenced)."""
+
+    retryable = False
 
 
 class MembershipUnconfirmed(JournalUnavailableError):
@@ -624,8 +612,7 @@ class TableKv:
                     raise VersionConflictError(op.key, op.expect, None)
                 raise PartitionRevoked(
                     f"journal partition {p} is not owned by this worker (it was "
-                    f"revoked); {op.key!r} not written",
-                    op.key,
+                    f"revoked); {op.key!r} not written"
                 )
             part_ops = [op for _, op in items]
             keys = list(dict.fromkeys(op.key for op in part_ops))
@@ -683,15 +670,12 @@ class TableKv:
             self._give_back(taken)
             self.failed += 1
             # the producer's fence (``botmesh.streams.worker.changelog``: a ``FencedError``)
-            if isinstance(exc, FencedError) and not isinstance(exc, _JournalFence):
+            if isinstance(exc, FencedError):
                 raise ProducerFencedOut(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
-                    f"newer producer owns its partition's transactions ({exc})",
-                    ops[0].key,
+                    f"newer producer owns its partition's transactions ({exc})"
                 ) from exc
-            if isinstance(exc, Exception) and not isinstance(
-                exc, JournalUnavailableError | FencedError
-            ):
+            if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
                 raise JournalUnavailableError(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} not acked by "
                     f"the broker: {type(exc).__name__}: {exc}"
@@ -722,9 +706,7 @@ class TableKv:
             p = self._locate(key)
         part = self._parts.get(p) if p is not None and p not in self._closing else None
         if part is None:
-            raise PartitionRevoked(
-                f"{key!r}: no journal partition of this worker to ride with", key
-            )
+            raise PartitionRevoked(f"{key!r}: no journal partition of this worker to ride with")
         # by the record that will hold the write: its group's, else its own
         slot = (self._group(key) if self._group is not None else None) or key
         part.riders.setdefault(slot, []).append(rider)
@@ -792,11 +774,6 @@ class TableKv:
         except BaseException as exc:
             self._give_back(taken)
             self.failed += 1
-            if isinstance(exc, FencedError) and not isinstance(exc, _JournalFence):
-                raise ProducerFencedOut(
-                    f"deferred journal writes refused: a newer producer owns the "
-                    f"partitions' transactions ({exc})"
-                ) from exc
             if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
                 raise JournalUnavailableError(
                     f"deferred journal writes not acked by the broker: {type(exc).__name__}: {exc}"

@@ -419,32 +419,6 @@ async def test_a_write_fenced_by_a_newer_producer_gives_the_batch_up_at_once() -
     assert (runtime.calls, waits.delays, produced.dead()) == (1, [], [])
 
 
-async def test_a_record_of_a_partition_taken_away_is_left_to_its_new_owner() -> None:
-    """A record whose journal write was refused because its partition was taken from this
-    worker (``PartitionRevoked``, a ``FencedError``) is left: not retried, not
-    dead-lettered, and the batch goes on (the worker does not exit); the other partition's
-    records of the batch are settled."""
-    from botmesh.streams.table_kv import PartitionRevoked
-
-    class Revoked(InboundsOnly):
-        def __init__(self) -> None:
-            self.calls: list[str] = []
-
-        async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome:
-            self.calls.append(message.id)
-            if message.chat_id == "A":  # partition 0: another worker's now
-                raise PartitionRevoked("journal partition 0 is not owned by this worker")
-            return Outcome.HANDLED
-
-    produced, waits, runtime = Produced(), Waits(), Revoked()
-    runner = InboundRunner(runtime, produced, sleep=waits, owns=lambda p: p != 0)
-    b1 = dataclasses.replace(record(1, "B", "B1"), partition=1)
-    await runner.run_batch([record(0, "A", "A1"), b1, record(2, "A", "A2")])
-    assert sorted(runtime.calls) == ["A1", "A2", "B1"]  # each once: none retried
-    assert (runner.fenced, runner.outcomes, waits.delays) == (2, {Outcome.HANDLED: 1}, [])
-    assert produced.dead() == [] and runner.unsettled == 0
-
-
 async def test_a_stop_while_a_record_waits_for_a_retry_abandons_the_batch() -> None:
     kv = crashable(MemoryKv())
     async with make_bot([]).bind(MockProvider(), kv, instance_id="w") as runtime:
