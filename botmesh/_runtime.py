@@ -30,6 +30,7 @@ from botmesh.state.errors import (
     BadRecord,
     ConfigError,
     DurabilityError,
+    FencedError,
     JournalUnavailableError,
     Reason,
     find_cause,
@@ -451,13 +452,15 @@ class Runtime:
             except Exception as exc:
                 log.warning("handler %s failed on %s: %s", handler.__name__, message.id, exc)
                 await self._emit(ErrorEvent(exc, "handler", message.id))
-                down = find_cause(exc, JournalUnavailableError)
-                if down is not None and getattr(down, "retryable", True):
+                if (
+                    find_cause(exc, JournalUnavailableError) is not None
+                    and find_cause(exc, FencedError) is None
+                ):
                     # the journal could not record what the handler did (a send not
                     # journaled, so not made): the inbound stays pending and is handled
                     # again, its sends that did land answered from the outbox (a write
-                    # refused because another worker owns the record now is a fence:
-                    # the inbound settles as fenced)
+                    # refused because another holder owns the record now is a fence,
+                    # ``FencedError``: the inbound settles as fenced)
                     raise
         return list(ctx._riders.values()) if ctx._riders else None
 

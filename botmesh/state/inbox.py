@@ -239,6 +239,9 @@ class Inbox:
         return await self.run(Held(key, 1, version, value, self._lease, now + self._lease), message)
 
     async def _not_journaled(self, message: Inbound, exc: Exception) -> Outcome:
+        if isinstance(exc, FencedError):  # another holder owns it: never run it here
+            log.info("inbound %s not journaled, not dispatched: %s", message.id, exc)
+            raise exc
         if self._fail_open:
             log.warning(
                 "inbound %s not journaled (%s); dispatched anyway (fail_open)", message.id, exc

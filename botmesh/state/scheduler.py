@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from botmesh.state.clock import Clock
 from botmesh.state.config import BackoffConfig, DurabilityConfig
 from botmesh.state.delivery import Delivery
-from botmesh.state.errors import JournalUnavailableError
+from botmesh.state.errors import FencedError, JournalUnavailableError
 from botmesh.state.events import Emit, ErrorEvent
 from botmesh.state.inbox import Inbox
 from botmesh.state.keys import ScopeKeys
@@ -245,6 +245,8 @@ class Scheduler:
                 elif self._publisher is not None:
                     await self._publisher.flush(wait=False)
                 unavailable = False
+            except FencedError as exc:  # a partition taken away meanwhile: its new owner's
+                log.info("sweeper pass stopped: %s", exc)
             except JournalUnavailableError as exc:  # a moment: a rebalance, the broker
                 # said once per outage, without a traceback (it is tried again every tick)
                 level = logging.DEBUG if unavailable else logging.WARNING

@@ -29,8 +29,13 @@ any other ``Exception``                     the same; DLQ reason ``handle-failed
 have been evicted:                          batch is abandoned (the worker exits and starts
 ``botmesh.streams.table_kv``)               afresh: its partitions are someone else's by
                                             then)
-``ProducerFencedOut`` (``exactly_once``:    the batch is abandoned at once (the worker
-another worker's producer fenced ours)      exits and starts afresh)
+a journal fence (``JournalFence``, a      the batch is abandoned at once: nothing retried,
+``FencedError``: ``ProducerFencedOut``,     dead-lettered or acked; the worker exits and
+another producer fenced ours;               starts afresh (a zombie for the record, whose
+``PartitionRevoked``, its partition was     new owner reads it again from the committed
+taken from this worker)                     offset)
+any outcome once the record's partition     the same: the worker was evicted while it ran
+was taken from this worker                  (its writes since were refused as fences)
 ==========================================  ==========================================
 
 The retry decision is the bot's (``runtime.inbox_retries``: ``inbox.max_attempts`` and
@@ -146,7 +151,12 @@ from botmesh.streams.dead_letter_copies import (
 )
 from botmesh.streams.raw_record import RawRecord
 from botmesh.streams.sink import Produce
-from botmesh.streams.table_kv import MembershipUnconfirmed, ProducerFencedOut, in_partition
+from botmesh.streams.table_kv import (
+    JournalFence,
+    MembershipUnconfirmed,
+    ProducerFencedOut,
+    in_partition,
+)
 from botmesh.topics.control import ControlRequest, ControlResult, decode_control, encode_result
 from botmesh.topics.dead_letters import redact
 from botmesh.topics.records import (
@@ -566,7 +576,9 @@ class InboundRunner:
             )
         except SendDeferredError:
             return "deferred"
-        except FencedError:
+        except JournalFence:  # this worker's journal refused it: nothing of the batch is acked
+            raise
+        except FencedError:  # another holder of the send's lease delivers it
             return "fenced"
         except DurabilityError:
             raise
@@ -586,7 +598,7 @@ class InboundRunner:
         while True:
             attempt += 1
             try:
-                return await call(), attempt
+                result = await call()
             except BadRecord as bad:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad, attempts=attempt)
                 return None
@@ -596,7 +608,10 @@ class InboundRunner:
                         f"partition {raw.partition} was taken from this worker while "
                         f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
                     ) from exc
-                if caused_by(exc, ProducerFencedOut):
+                if caused_by(exc, JournalFence):
+                    # a zombie for this record (its producer fenced by a newer one, its
+                    # partition taken away): never retried, never dead-lettered, no record
+                    # of the batch acked; the worker exits before it writes anything more
                     raise BatchAbandoned(
                         f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
                         "owns its partition now, so nothing of the batch is acked"
@@ -648,6 +663,16 @@ class InboundRunner:
                 )
                 self.retried += 1
                 await self._wait(decision.delay, deadline, f"{self._noun(raw)} {name!r}")
+                continue
+            if self._owns is not None and not self._owns(raw.partition):
+                # lost while it ran (this worker was evicted): what it wrote since was
+                # refused as a fence, so it is not settled here (the engine may have
+                # answered ``fenced``), and nothing more of the batch is written
+                raise BatchAbandoned(
+                    f"partition {raw.partition} was taken from this worker while "
+                    f"{raw.where} was settled; its new owner handles it"
+                )
+            return result, attempt
 
     def _noun(self, raw: RawRecord) -> str:
         if raw.topic == self.control_topic:

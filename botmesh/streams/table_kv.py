@@ -120,6 +120,7 @@ from botmesh.topics.catalog import Catalog
 __all__ = [
     "CURRENT_PARTITION",
     "ChangelogPort",
+    "JournalFence",
     "MembershipUnconfirmed",
     "PartitionRevoked",
     "ProducerFencedOut",
@@ -160,18 +161,33 @@ def in_partition(partition: int | None, chat: str | None = None) -> Iterator[Non
         CURRENT_PARTITION.reset(token)
 
 
-class ProducerFencedOut(JournalUnavailableError):
+class JournalFence(FencedError):
+    """A fence of the journal on Kafka: a ``FencedError``, so never retried (this worker is
+    a zombie for the record: whoever holds its partition now finishes it), named by what
+    fenced it, with its own message. The runner gives the batch up at once and the worker
+    starts afresh."""
+
+    def __init__(self, detail: str, key: str = "") -> None:
+        super().__init__(key, 0, None)
+        self.detail = detail
+        self.args = (detail, key)  # as it is made again (a copy, a pickle)
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class ProducerFencedOut(JournalFence):
     """Under ``exactly_once``: a write whose transaction a newer producer with the same
     transactional id fenced, so another worker owns the partition now (this one was
     evicted, or is being handed the partition away). Never retried here: the runner gives
-    the batch up and the worker starts afresh."""
+    the batch up and the worker starts afresh (its producer cannot write again)."""
 
 
-class PartitionRevoked(JournalUnavailableError):
-    """A write to a partition another worker owns now: a fence, not an outage (not retried
-    here; a handler's send refused so settles its inbound as fenced)."""
-
-    retryable = False
+class PartitionRevoked(JournalFence):
+    """A write to a partition another worker owns now (this one was evicted): a fence, not
+    an outage. Never retried, never run unjournaled (not even ``fail_open``); the runner
+    gives the batch up, and the partition's new owner reads the record again from the
+    committed offset."""
 
 
 class MembershipUnconfirmed(JournalUnavailableError):
@@ -612,7 +628,8 @@ class TableKv:
                     raise VersionConflictError(op.key, op.expect, None)
                 raise PartitionRevoked(
                     f"journal partition {p} is not owned by this worker (it was "
-                    f"revoked); {op.key!r} not written"
+                    f"revoked); {op.key!r} not written",
+                    op.key,
                 )
             part_ops = [op for _, op in items]
             keys = list(dict.fromkeys(op.key for op in part_ops))
@@ -670,12 +687,15 @@ class TableKv:
             self._give_back(taken)
             self.failed += 1
             # the producer's fence (``botmesh.streams.worker.changelog``: a ``FencedError``)
-            if isinstance(exc, FencedError):
+            if isinstance(exc, FencedError) and not isinstance(exc, JournalFence):
                 raise ProducerFencedOut(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
-                    f"newer producer owns its partition's transactions ({exc})"
+                    f"newer producer owns its partition's transactions ({exc})",
+                    ops[0].key,
                 ) from exc
-            if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
+            if isinstance(exc, Exception) and not isinstance(
+                exc, JournalUnavailableError | FencedError
+            ):
                 raise JournalUnavailableError(
                     f"journal write {label or '(unlabelled)'} of {ops[0].key!r} not acked by "
                     f"the broker: {type(exc).__name__}: {exc}"
@@ -706,7 +726,9 @@ class TableKv:
             p = self._locate(key)
         part = self._parts.get(p) if p is not None and p not in self._closing else None
         if part is None:
-            raise PartitionRevoked(f"{key!r}: no journal partition of this worker to ride with")
+            raise PartitionRevoked(
+                f"{key!r}: no journal partition of this worker to ride with", key
+            )
         # by the record that will hold the write: its group's, else its own
         slot = (self._group(key) if self._group is not None else None) or key
         part.riders.setdefault(slot, []).append(rider)
@@ -774,6 +796,11 @@ class TableKv:
         except BaseException as exc:
             self._give_back(taken)
             self.failed += 1
+            if isinstance(exc, FencedError) and not isinstance(exc, JournalFence):
+                raise ProducerFencedOut(
+                    f"deferred journal writes refused: a newer producer owns the "
+                    f"partitions' transactions ({exc})"
+                ) from exc
             if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError):
                 raise JournalUnavailableError(
                     f"deferred journal writes not acked by the broker: {type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ journal restored from the topic alone (a worker on a wiped data dir).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,13 @@ import pytest
 
 from botmesh import Bot, Context, Inbound, Outcome
 from botmesh.state.clock import ManualClock
-from botmesh.state.errors import JournalUnavailableError, VersionConflictError
+from botmesh.state.errors import FencedError, JournalUnavailableError, VersionConflictError
 from botmesh.state.kv import Delete, Put
 from botmesh.state.writes import Write
+from botmesh.streams.runner import BatchAbandoned, InboundRunner
 from botmesh.streams.table_kv import (
     MembershipUnconfirmed,
+    PartitionRevoked,
     ProducerFencedOut,
     TableKv,
     in_partition,
@@ -34,6 +37,8 @@ from botmesh.testing import MockProvider
 from tests.backends import BackendHandle
 from tests.conformance.test_kv_contract import *  # noqa: F403  # the contract, on TableKv
 from tests.kafka.journal import InPartition, KafkaChangelog, forget, kafka_case
+from tests.kafka.test_runner import Produced, Waits, record
+from tests.kit import policy
 
 pytestmark = pytest.mark.kafka
 
@@ -116,8 +121,87 @@ async def test_a_revoked_partition_refuses_its_old_holder(backend: BackendHandle
     assert kv.owned == {0}
     with pytest.raises(VersionConflictError):  # a holder's compare-and-set: fenced upstream
         await kv.commit([Put("s/held", {"done": True}, expect=v)])
-    with in_partition(1), pytest.raises(JournalUnavailableError, match="not owned"):
+    with in_partition(1), pytest.raises(PartitionRevoked, match="not owned") as refused:
         await kv.commit([Put("s/other", {}, expect=0)])
+    assert isinstance(refused.value, FencedError)  # a fence, never an outage to retry
+    assert not isinstance(refused.value, JournalUnavailableError)
+
+
+async def test_an_inbound_of_a_revoked_partition_is_a_fence_never_run_even_fail_open(
+    backend: BackendHandle,
+) -> None:
+    """A new inbound of a partition taken from this worker is refused as a fence: a bot
+    that dispatches without its journal in an outage (``fail_open``) must not run it here
+    while the partition's new owner runs it too (it did while the refusal was an outage)."""
+    kv, _ = table_of(backend)
+    runs: list[str] = []
+    bot = Bot("fenced", durability=policy(fail_open=True))
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        runs.append(ctx.inbound_id)
+        await ctx.reply("hi")
+
+    provider = MockProvider()
+    async with bot.bind(provider, kv, instance_id="w1") as runtime:
+        with in_partition(1):
+            assert await runtime.handle(Inbound(id="m0", chat_id="c0")) == Outcome.HANDLED
+        kv.revoke([1])  # another worker owns the chat's partition now
+        with in_partition(1), pytest.raises(PartitionRevoked, match="not owned"):
+            await runtime.handle(Inbound(id="m1", chat_id="c1", text="hi"))
+    assert runs == ["m0"] and len(provider.sent) == 1
+
+
+async def test_a_record_of_a_partition_taken_away_gives_the_batch_up(
+    backend: BackendHandle,
+) -> None:
+    """The runner over the real engine on the journal: a record of a partition taken from
+    this worker (it was evicted) is refused as a fence (its inbound is not journaled, its
+    handler does not run), and the worker is a zombie for it: the batch is given up at
+    once (``BatchAbandoned``: nothing of it acked, the worker starts afresh), not retried,
+    not dead-lettered."""
+    kv, _ = table_of(backend)
+    seen: list[str] = []
+    bot = Bot("left", durability=policy())
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        seen.append(ctx.inbound_id)
+        await ctx.reply("hi")
+
+    produced, waits = Produced(), Waits()
+    async with bot.bind(MockProvider(), kv, instance_id="w1") as runtime:
+        kv.revoke([1])  # another worker owns partition 1 now
+        runner = InboundRunner(runtime, produced, sleep=waits, owns=kv.owns)
+        gone = dataclasses.replace(record(1, "B", "B1"), partition=1)
+        with pytest.raises(BatchAbandoned, match="taken from this worker") as given_up:
+            await runner.run_batch([gone])
+    assert isinstance(given_up.value.__cause__, PartitionRevoked)
+    assert seen == [] and runner.outcomes == {} and runner.retried == 0
+    assert waits.delays == [] and produced.dead() == []
+
+
+async def test_a_record_whose_partition_is_lost_while_it_runs_is_not_settled(
+    backend: BackendHandle,
+) -> None:
+    """A worker evicted while a record's handler runs: the handler's send is refused as a
+    fence, the engine answers ``fenced``, and the runner does not count the record settled
+    (``BatchAbandoned``): nothing of the batch is acked, and nothing was sent."""
+    kv, _ = table_of(backend)
+    provider = MockProvider()
+    bot = Bot("evicted", durability=policy())
+
+    @bot.on_message
+    async def reply(ctx: Context) -> None:
+        kv.revoke([0])  # the group moved on while this handler ran
+        await ctx.reply("hi")
+
+    produced, waits = Produced(), Waits()
+    async with bot.bind(provider, kv, instance_id="w1") as runtime:
+        runner = InboundRunner(runtime, produced, sleep=waits, owns=kv.owns)
+        with pytest.raises(BatchAbandoned, match="taken from this worker"):
+            await runner.run_batch([record(0, "A", "A1")])
+    assert provider.sent == [] and runner.outcomes == {} and produced.dead() == []
 
 
 @pytest.mark.parametrize("backend", ["at_least_once"], indirect=True)
