@@ -32,12 +32,10 @@ def case(kafka_bootstrap: str, request: pytest.FixtureRequest) -> BackendCase:
     return kafka_case(kafka_bootstrap, request.param)
 
 
-#: Under ``at_least_once`` both policies; under ``exactly_once`` the default one, ``skip``:
-#: what the guarantee changes is which writes a crash loses (the open transaction too),
-#: which the policy does not touch (both policies run on it in the recovery cases below).
-#: ``resend`` under ``exactly_once`` passed here too (2026-12-06, 105 s), and is left out
-#: for CI's time.
-NAMED = [("at_least_once", "skip"), ("at_least_once", "resend"), ("exactly_once", "skip")]
+#: Both guarantees under both ambiguity policies: the guarantee changes which writes a
+#: crash loses (under ``exactly_once`` the open transaction too), the policy what recovery
+#: does with a send it finds in flight.
+NAMED = [(g, p) for g in GUARANTEES for p in POLICIES]
 
 
 def _spread(points: list[Point], count: int, offset: int) -> list[Point]:
