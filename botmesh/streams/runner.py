@@ -257,6 +257,9 @@ class InboundRunner:
     producer's limit on one record (librdkafka's ``message.max.bytes``): a dead letter
     that would not fit under it is cut (see the module doc). ``flush`` makes the journal's
     deferred writes durable (``TableKv.flush``): a batch is settled once it returned.
+    ``fresh(record)`` says whether an inbound record is fresh (it reached its partition
+    after the worker was given the partition: ``botmesh.streams.write_behind``'s
+    ``DEFERRED_WHEN_FRESH``); without it, none is.
     """
 
     def __init__(
@@ -276,6 +279,7 @@ class InboundRunner:
         flush: Callable[[], Awaitable[None]] | None = None,
         on_settled: Callable[[float], None] | None = None,
         letters: Counter[tuple[str, str]] | None = None,
+        fresh: Callable[[RawRecord], bool] | None = None,
     ) -> None:
         self.runtime = runtime
         self._flush = flush
@@ -292,6 +296,7 @@ class InboundRunner:
         self.control_topic = control_topic
         self.instance = instance
         self._owns = owns
+        self._fresh = fresh
         self._produce = produce
         self._retries = runtime.inbox_retries
         self.ack_timeout = ack_timeout
@@ -455,9 +460,11 @@ class InboundRunner:
                 del self._chains[chat]
 
     async def _run_chat(self, items: list[Item], deadline: float) -> None:
+        fresh = self._fresh
         for raw, item in items:
+            new = fresh is not None and isinstance(item, Inbound) and fresh(raw)
             # the chat's journal partition; the record's log context and span
-            with in_partition(raw.partition, item.chat_id), self.scope(raw, item):
+            with in_partition(raw.partition, item.chat_id, fresh=new), self.scope(raw, item):
                 if isinstance(item, Inbound):
                     await self._settle(raw, item, deadline)
                 elif isinstance(item, SendRequest):

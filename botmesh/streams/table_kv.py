@@ -42,9 +42,10 @@ where nothing overwrote them since; the caller does not act on it (the provider 
 called, the inbound is not acked).
 
 **Fewer writes.** The writes no side effect waits for (``DEFERRED``: an inbound done, a
-send sent; ``botmesh.streams.write_behind``) return at once and go to the changelog later,
-each key's latest version once: with the chat's next awaited write, before it, or with ``flush``,
-which the worker awaits before it acks a batch. So a turn's writes that follow its send
+send sent, and a fresh inbound journaled; ``botmesh.streams.write_behind``) return at
+once and go to the changelog later, each key's latest version once: with the chat's next
+awaited write, before it, or with ``flush``, which the worker awaits before it acks a
+batch. So a turn's writes that follow its send
 share one produce request and one acknowledgement. Receipts marked published are awaited.
 Whatever the order of the writes of a key, its last record in the changelog is its latest
 version: a value is read when it is handed to the producer, under its partition's lock, so
@@ -111,6 +112,7 @@ from botmesh.streams.journal_db import JournalDb, decode_entry, encode_entry, en
 from botmesh.streams.write_behind import (
     DEFER_MAX_BYTES,
     DEFERRED,
+    DEFERRED_WHEN_FRESH,
     LAZY_COMMIT_S,
     Deferred,
     Flusher,
@@ -119,6 +121,7 @@ from botmesh.topics.catalog import Catalog
 
 __all__ = [
     "CURRENT_PARTITION",
+    "FRESH",
     "ChangelogPort",
     "JournalFence",
     "MembershipUnconfirmed",
@@ -138,6 +141,9 @@ CURRENT_PARTITION: ContextVar[int | None] = ContextVar("botmesh_partition", defa
 #: The chat the work in progress is for, when one is (the runner's work on a chat's record):
 #: its deferred writes need to go out before its next awaited one, nobody else's do.
 CURRENT_CHAT: ContextVar[str | None] = ContextVar("botmesh_chat", default=None)
+#: The work in progress is for a fresh inbound record (``DEFERRED_WHEN_FRESH``): one that
+#: reached its partition after this worker was given the partition.
+FRESH: ContextVar[bool] = ContextVar("botmesh_fresh", default=False)
 
 #: The journal table's name: its changelog is ``<prefix>.worker-journal-changelog``.
 TABLE_NAME = "journal"
@@ -149,14 +155,19 @@ def changelog_topic(catalog: Catalog) -> str:
 
 
 @contextlib.contextmanager
-def in_partition(partition: int | None, chat: str | None = None) -> Iterator[None]:
+def in_partition(
+    partition: int | None, chat: str | None = None, *, fresh: bool = False
+) -> Iterator[None]:
     """Run the body with ``partition`` as the partition of new journal records, for
-    ``chat`` (``None``: no chat, or several; see ``DEFERRED``)."""
+    ``chat`` (``None``: no chat, or several; see ``DEFERRED``), on a ``fresh`` inbound
+    record or not (``DEFERRED_WHEN_FRESH``)."""
     token = CURRENT_PARTITION.set(partition)
     chat_token = CURRENT_CHAT.set(chat)
+    fresh_token = FRESH.set(fresh)
     try:
         yield
     finally:
+        FRESH.reset(fresh_token)
         CURRENT_CHAT.reset(chat_token)
         CURRENT_PARTITION.reset(token)
 
@@ -639,7 +650,9 @@ class TableKv:
                 versions[i] = v
             changes.append((p, before, {k: view.get(k) for k in keys}))
         chat = CURRENT_CHAT.get()
-        deferred = label in DEFERRED and not any(
+        deferred = (
+            label in DEFERRED or (label in DEFERRED_WHEN_FRESH and FRESH.get())
+        ) and not any(
             e is not None and len(self._encoded(e)) > DEFER_MAX_BYTES
             for _, _, after in changes
             for e in after.values()

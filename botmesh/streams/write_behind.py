@@ -16,16 +16,23 @@ from collections.abc import Awaitable, Callable, Container
 
 from botmesh.state.writes import Write
 
-__all__ = ["DEFERRED", "DEFER_MAX_BYTES", "FLUSH_AFTER_S", "LAZY_COMMIT_S", "Deferred", "Flusher"]
+__all__ = [
+    "DEFERRED",
+    "DEFERRED_WHEN_FRESH",
+    "DEFER_MAX_BYTES",
+    "FLUSH_AFTER_S",
+    "LAZY_COMMIT_S",
+    "Deferred",
+    "Flusher",
+]
 
 log = logging.getLogger("botmesh.journal")
 
 #: Writes no side effect waits for: ``commit`` applies them in memory (every read sees
 #: them) and returns without producing anything; they go to the changelog later, each key's
 #: latest version only, so writes of one key that follow each other make one changelog
-#: record. (A new inbound journaled is not one: its record is durable before its handlers
-#: run, so that a handler that kills the worker is counted against the inbound's
-#: attempts, and a message that always does ends dead, not in a crash loop.) They go:
+#: record. (A new inbound journaled is one only when it is fresh: ``DEFERRED_WHEN_FRESH``.)
+#: They go:
 #:
 #: - with the next awaited write of the same chat in the partition (``in_partition``'s
 #:   ``chat``; work for no chat takes every chat's), before that write's own records: so
@@ -43,6 +50,16 @@ log = logging.getLogger("botmesh.journal")
 #: the batch's offsets (the checkpoint) or the next barrier; a transaction that fails under
 #: them calls ``on_lost``.
 DEFERRED = frozenset({Write.INBOX_MARK_DONE, Write.OUTBOX_MARK_SENT})
+#: Deferred too when the work is for a fresh inbound record (``FRESH``: it reached its
+#: partition after the worker was given the partition, so it was in flight at no earlier
+#: crash): a new inbound journaled. Its record then goes out with the turn's first awaited
+#: write (a send's claim, in the inbound's group record) or with the batch's flush: no
+#: write of its own, and none awaited before its handlers run. A record that is not fresh
+#: (it was on the log when the partition was given: a crash may have come while it ran)
+#: is journaled durably before its handlers run, so a handler that kills the worker is
+#: counted against the inbound's attempts (from its second run on, when it came in
+#: fresh), and a message that always does ends dead, not in a crash loop.
+DEFERRED_WHEN_FRESH = frozenset({Write.INBOX_JOURNAL})
 #: A write of a ``DEFERRED`` label whose value is larger is awaited instead (a record the
 #: broker may refuse as too large fails the write that makes it, as it always did, and
 #: never waits in memory to fail the writes that would take it along).

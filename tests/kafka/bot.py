@@ -31,7 +31,9 @@ records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (a duration) and
 ``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``;
 ``BOTMESH_TEST_KILL_AT_DEAD_LETTER`` (a file) makes the worker SIGKILL itself once, between
 the journal's ``dead`` and its dead letter; ``BOTMESH_TEST_CRASH_MARKER`` (a file) makes the
-handler SIGKILL the worker once, in the middle of a message whose text is ``crash``.
+handler SIGKILL the worker once, in the middle of a message whose text is ``crash``;
+``BOTMESH_TEST_POISON`` (any value) makes it SIGKILL the worker every time it handles a
+message whose text is ``poison``.
 
 The module is an ordinary bot definition: ``botmesh.run(bot, FileProvider(path))`` runs it in
 one process unchanged.
@@ -123,6 +125,8 @@ async def echo(ctx: Context) -> None:
     if ctx.text == "crash" and crash and not os.path.exists(crash):  # noqa: ASYNC240
         _append(crash, ctx.inbound_id)  # once: the marker says it happened
         os.kill(os.getpid(), 9)
+    if ctx.text == "poison" and os.environ.get("BOTMESH_TEST_POISON"):
+        os.kill(os.getpid(), 9)  # every time
     await ctx.reply(reply_text(ctx.inbound_id, ctx.text))
 
 

@@ -181,17 +181,25 @@ def chat_turn(chat: str) -> Iterator[None]:
         yield
 
 
-def kafka_case(bootstrap: str, guarantee: str) -> BackendCase:
+@contextlib.contextmanager
+def fresh_chat_turn(chat: str) -> Iterator[None]:
+    """An inbound's turn as the worker runs a fresh one (``DEFERRED_WHEN_FRESH``: its
+    record is not awaited before its handlers run)."""
+    with in_partition(0, chat, fresh=True):
+        yield
+
+
+def kafka_case(bootstrap: str, guarantee: str, *, fresh: bool = False) -> BackendCase:
     """The journal on the changelog under ``guarantee``, as a backend the crash harness and
-    the contract suites run on."""
+    the contract suites run on; ``fresh``: every inbound's turn runs as a fresh one's."""
 
     async def open_(path: Path) -> DurableKv:
         return await open_table(bootstrap, guarantee, path)
 
     return BackendCase(
-        f"kafka-table-{guarantee}",
+        f"kafka-table-{guarantee}{'-fresh' if fresh else ''}",
         open_,
         persistent=True,
         abandon=abandon,
-        turn=chat_turn,
+        turn=fresh_chat_turn if fresh else chat_turn,
     )

@@ -55,15 +55,17 @@ async def test_every_named_crash_point(
     """Every point under ``make soak`` (CI's soak pass: its scale's share of them);
     ``make test`` runs every third one, each combination of ``NAMED`` a different third, to
     keep its load (the kill tests it runs beside are timed by the broker)."""
-    case = kafka_case(kafka_bootstrap, guarantee)
     labels = await _labels_of_clean_run(tmp_path)
     points = _named_points(labels)
     assert len(points) >= 40
-    points = _spread(
-        points, rounds(quick=len(points) // 3, soak=len(points)), NAMED.index((guarantee, policy))
-    )
+    offset = NAMED.index((guarantee, policy))
+    points = _spread(points, rounds(quick=len(points) // 3, soak=len(points)), offset)
     lost = 0
     for i, point in enumerate(points):
+        # every other point's inbounds fresh (journaled with their turn's first send, not
+        # before their handlers), alternating between the combinations: under ``make soak``
+        # each point of each guarantee runs both ways (one policy each)
+        case = kafka_case(kafka_bootstrap, guarantee, fresh=(i + offset) % 2 == 0)
         out = await run_case(case, tmp_path / f"n{i}", policy, [point])
         forget(kafka_bootstrap, tmp_path / f"n{i}")
         assert len(out.crashes) == 1, point

@@ -336,6 +336,60 @@ async def test_an_inbound_dead_after_a_crash_is_in_the_dlq_and_replayed_once_fro
         worker.close()
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_a_message_that_always_kills_the_worker_ends_dead_when_it_came_in_fresh(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, guarantee: str
+) -> None:
+    """A message whose handler kills the worker every time, produced while the worker runs:
+    it is fresh, so its journal record is not awaited before its handler and its first run
+    dies uncounted; at the next start it is on the log the partition was given back with,
+    so it is journaled before its handler runs and that run counts. With
+    ``inbox.max_attempts=1`` it is dead at the third start (in ``inbound.dlq``), not in a
+    crash loop, and the chat's other messages are answered once each."""
+    cat = Catalog(topic_prefix)
+    ensure_topics(kafka_bootstrap, cat.specs(partitions=PARTITIONS))
+    env = {
+        "BOTMESH_TEST_POISON": "1",
+        "BOTMESH_TEST_INBOX_ATTEMPTS": "1",
+        "BOTMESH_PROCESSING_GUARANTEE": guarantee,
+    }
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, env=env)
+    try:
+        child = worker.start()
+        await produce_inbound(
+            kafka_bootstrap, cat.inbound, [Inbound(id="y0", chat_id="c1", text="t0")]
+        )
+        await wait_for(
+            "the first reply", lambda: worker.handled()["y0"] == 1 and worker.sends(), worker
+        )
+        messages = [Inbound(id="y1", chat_id="c1", text="poison")]
+        messages += [Inbound(id=f"y{i}", chat_id="c1", text=f"t{i}") for i in range(2, 5)]
+        await produce_inbound(kafka_bootstrap, cat.inbound, messages)
+        await died(child, "the poison did not kill the worker")
+        child = worker.start()
+        await died(child, "the poison did not kill the restarted worker")
+        assert worker.handled()["y1"] == 2
+        worker.start()
+        await wait_for(
+            "the poison's dead letter",
+            lambda: (
+                [d["headers"].get("inbound.id") for d in dlq_list(worker, "--kind", "inbound")]
+                == ["y1"]
+            ),
+            worker,
+        )
+        later = {reply_text(f"y{i}", f"t{i}") for i in range(2, 5)}
+        await wait_for(
+            "the chat's other replies", lambda: later <= {s["text"] for s in worker.sends()}, worker
+        )
+        assert worker.stop() == 0
+        texts = collections.Counter(s["text"] for s in worker.sends())
+        assert texts == dict.fromkeys(later | {reply_text("y0", "t0")}, 1)
+        assert worker.handled()["y1"] == 2  # the fresh run (uncounted) and the counted one
+    finally:
+        worker.close()
+
+
 async def test_botmesh_flows_drop_and_restart_a_chats_flow_through_its_owner(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, recorder: Recorder
 ) -> None:

@@ -522,6 +522,45 @@ async def test_a_turn_writes_a_record_of_its_group_a_wait_and_its_chat_turn_none
     }
 
 
+async def test_a_fresh_inbounds_turn_writes_one_record_before_its_send_and_one_after(
+    backend: BackendHandle,
+) -> None:
+    """A fresh inbound record (``DEFERRED_WHEN_FRESH``: it came in after the worker was
+    given its partition) is journaled in memory, nothing produced before its handlers run;
+    its send's claim is the turn's first record (its group's: the inbound and the send,
+    awaited before the provider call), its marks after the call the second (the flush).
+    The same inbound not fresh is produced before its handlers run, as it always was."""
+    kv, port = table_of(backend)
+    produced = port.produced
+    with in_partition(0, "c", fresh=True):
+        await kv.commit([Put("s/in/m1", {"state": "pending"}, expect=0)], label=Write.INBOX_JOURNAL)
+        assert port.produced == produced and kv.deferred == 1  # nothing awaited yet
+        entry = await kv.get("s/in/m1")  # read back at once
+        assert entry is not None and entry.value == {"state": "pending"}
+        await kv.commit(
+            [Put("s/out/m1:0", {"state": "sending"}, expect=0)], label=Write.OUTBOX_JOURNAL
+        )
+        assert port.produced == produced + 1 and kv.deferred == 0  # one record, both in it
+        await kv.commit(
+            [Put("s/out/m1:0", {"state": "sent"}, expect=1)], label=Write.OUTBOX_MARK_SENT
+        )
+        await kv.commit([Put("s/in/m1", {"state": "done"}, expect=1)], label=Write.INBOX_MARK_DONE)
+    await kv.flush()
+    assert port.produced == produced + 2 and kv.deferred == 0
+    with in_partition(0, "c"):  # not fresh: durable before its handlers run
+        await kv.commit([Put("s/in/m2", {"state": "pending"}, expect=0)], label=Write.INBOX_JOURNAL)
+    assert port.produced == produced + 3 and kv.deferred == 0
+    restored = await backend.reopen()  # from the changelog alone
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        got = {k: await restored.kv.get(k) for k in ("s/in/m1", "s/out/m1:0", "s/in/m2")}
+    assert {k: None if e is None else e.value["state"] for k, e in got.items()} == {
+        "s/in/m1": "done",
+        "s/out/m1:0": "sent",
+        "s/in/m2": "pending",
+    }
+
+
 @pytest.mark.parametrize("backend", ["at_least_once"], indirect=True)
 async def test_deferred_writes_the_broker_does_not_ack_wait_for_the_next_flush(
     backend: BackendHandle,

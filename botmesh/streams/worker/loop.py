@@ -101,6 +101,8 @@ EXIT_SOFTWARE = 70
 #: Seconds a restore of the journal partitions given in one rebalance may take (past it,
 #: the worker exits 75 and starts afresh rather than hold partitions it cannot serve).
 RESTORE_S = 300.0
+#: Seconds to wait for an inbound partition's end when it is given.
+FRESH_ASK_S = 10.0
 
 
 def _exit_hard(why: str, code: int) -> NoReturn:
@@ -312,6 +314,7 @@ class Worker:
             flush=kv.flush if kv is not None else None,
             on_settled=timed.settled if timed is not None else None,
             letters=letters,
+            fresh=self._fresh if kv is not None else None,
         )
         if record_scope is not None:
             self.runner.scope = record_scope
@@ -342,6 +345,9 @@ class Worker:
         self.restoring: set[int] = set()
         #: partition -> the consumer epoch from which its records are started (``_serve``)
         self._serving: dict[int, int] = {}
+        #: Each inbound partition's offset from which its records are fresh (its end when
+        #: it was given to this worker).
+        self._fresh_at: dict[int, int] = {}
         self.observed = Observed(self)
         telemetry.sources = self.observed.sources()
         self.http = (
@@ -402,6 +408,7 @@ class Worker:
             self._serve(partitions, epoch)
             await self.consumer.resume(partitions)
             return
+        await self._fresh_from_now_on(partitions)
         data = self.config.data_dir / "journal"
         dbs = {p: open_database(data / f"p{p}") for p in sorted(partitions)}
         self.restoring |= set(dbs)
@@ -434,6 +441,38 @@ class Worker:
         await self.kv.assign(dbs)
         self._serve(set(dbs), epoch)
         await self.consumer.resume(set(dbs))
+
+    async def _fresh_from_now_on(self, partitions: set[int]) -> None:
+        """Each given inbound partition's end now: its records from there on are fresh
+        (``DEFERRED_WHEN_FRESH``: never in flight at an earlier crash, so their journal
+        record need not be durable before their handlers run). Not known (the broker did
+        not answer): none of the partition's records is."""
+        topic = self.cat.inbound
+
+        def ends(consumer: Any) -> dict[int, int]:
+            return {
+                p: consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=FRESH_ASK_S, cached=False
+                )[1]
+                for p in sorted(partitions)
+            }
+
+        for p in partitions:
+            self._fresh_at.pop(p, None)
+        try:
+            self._fresh_at.update(await self.consumer.call(ends))
+        except Exception as exc:
+            log.warning(
+                "the ends of inbound partitions %s not read (%s: %s): each inbound journaled "
+                "before its handlers run",
+                sorted(partitions),
+                type(exc).__name__,
+                exc,
+            )
+
+    def _fresh(self, raw: RawRecord) -> bool:
+        at = self._fresh_at.get(raw.partition)
+        return at is not None and raw.topic == self.cat.inbound and raw.offset >= at
 
     async def revoking(self, partitions: set[int]) -> None:
         """Settle what is in flight, checkpoint, then hand the journal partitions over."""
@@ -468,6 +507,8 @@ class Worker:
             self._serving.pop(p, None)
 
     def _drop(self, partitions: set[int]) -> None:
+        for p in partitions:
+            self._fresh_at.pop(p, None)
         self.checkpoint.forget(
             (t, p)
             for t in (self.cat.inbound, self.cat.requests, self.cat.control)
