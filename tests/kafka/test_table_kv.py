@@ -478,6 +478,16 @@ async def test_writes_no_side_effect_waits_for_go_out_later_and_once_per_key(
     }
 
 
+async def states_restored(backend: BackendHandle, *keys: str) -> dict[str, Any]:
+    """The ``state`` of each of ``keys`` in the journal restored from the changelog alone
+    (``None``: no record)."""
+    restored = await backend.reopen()
+    assert isinstance(restored, InPartition)
+    with in_partition(0):
+        got = {k: await restored.kv.get(k) for k in keys}
+    return {k: None if e is None else e.value["state"] for k, e in got.items()}
+
+
 async def test_a_turn_writes_a_record_of_its_group_a_wait_and_its_chat_turn_none(
     backend: BackendHandle,
 ) -> None:
@@ -511,11 +521,7 @@ async def test_a_turn_writes_a_record_of_its_group_a_wait_and_its_chat_turn_none
     assert kv.deferred == 2
     await kv.flush()
     assert port.produced == produced + 3 and kv.deferred == 0  # one record, no turn's
-    restored = await backend.reopen()  # from the changelog alone
-    assert isinstance(restored, InPartition)
-    with in_partition(0):
-        got = {k: await restored.kv.get(k) for k in ("s/in/m1", "s/out/m1:0", "s/turn/c")}
-    assert {k: None if e is None else e.value["state"] for k, e in got.items()} == {
+    assert await states_restored(backend, "s/in/m1", "s/out/m1:0", "s/turn/c") == {
         "s/in/m1": "done",
         "s/out/m1:0": "sent",
         "s/turn/c": None,
@@ -550,11 +556,7 @@ async def test_a_fresh_inbounds_turn_writes_one_record_before_its_send_and_one_a
     with in_partition(0, "c"):  # not fresh: durable before its handlers run
         await kv.commit([Put("s/in/m2", {"state": "pending"}, expect=0)], label=Write.INBOX_JOURNAL)
     assert port.produced == produced + 3 and kv.deferred == 0
-    restored = await backend.reopen()  # from the changelog alone
-    assert isinstance(restored, InPartition)
-    with in_partition(0):
-        got = {k: await restored.kv.get(k) for k in ("s/in/m1", "s/out/m1:0", "s/in/m2")}
-    assert {k: None if e is None else e.value["state"] for k, e in got.items()} == {
+    assert await states_restored(backend, "s/in/m1", "s/out/m1:0", "s/in/m2") == {
         "s/in/m1": "done",
         "s/out/m1:0": "sent",
         "s/in/m2": "pending",
