@@ -7,6 +7,7 @@ partitions over at once."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -15,6 +16,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from botmesh.streams.config import WorkerConfig, group_instance_id
+from botmesh.streams.groups import describe as real_describe
+from botmesh.streams.worker import loop as loop_module
 from botmesh.streams.worker.clients import consumer_config, worker_consumer_config
 from botmesh.streams.worker.consumer import ConsumerThread
 from botmesh.streams.worker.loop import Membership
@@ -223,3 +226,60 @@ async def test_the_membership_is_confirmed_only_while_the_coordinator_lists_the_
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     described = admin.describe_consumer_groups([config.catalog.group])[config.catalog.group]
     assert gone not in {m.member_id for m in described.result(30).members}
+
+
+async def test_a_question_answered_late_and_failed_never_leaves_a_healthy_member_unconfirmed(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    topics: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One membership question that hangs and then fails (a coordinator lookup librdkafka
+    left behind, a timeout) must not get a healthy worker's writes refused: the next
+    questions go on at their pace, and the last confirmation never gets older than the
+    limit. (Asked one after the other every quarter of the session timeout, a failed
+    question let it pass half the session timeout: the bench's workers had their writes of
+    that moment refused, and their claimed sends ended ``unknown`` a minute later.)"""
+    inbound, requests = topics
+    config = WorkerConfig(bootstrap=kafka_bootstrap, prefix=topic_prefix, session_timeout=6.0)
+    hooks = Hooks()
+    thread = ConsumerThread(
+        worker_consumer_config(config), inbound, [requests], hooks, batch_size=100
+    )
+    hooks.thread = thread
+    membership = Membership(thread, config)
+    asked: list[float] = []
+
+    def answered_late_once(*args: object) -> object:
+        asked.append(time.monotonic())
+        if len(asked) == 2:  # the coordinator answers 2.5 s late, with an error
+            time.sleep(membership.limit - 0.5)
+            raise ConnectionError("the group coordinator did not answer in time")
+        return real_describe(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop_module, "describe", answered_late_once)
+    await thread.start()
+    running: asyncio.Task[None] | None = None
+    try:
+        await until(lambda: len(hooks.held) == PARTITIONS, "the member has every partition")
+        caplog.set_level(logging.INFO, logger="botmesh.streams")
+        membership.confirm()
+        running = asyncio.ensure_future(membership.run())
+        refused: list[str] = []
+        # until the questions asked after the failed one cover twice the limit
+        while len(asked) < 2 or time.monotonic() - asked[1] < 2 * membership.limit:
+            why = membership.unconfirmed()
+            if why is not None:
+                refused.append(why)
+            await asyncio.sleep(0.05)
+        assert refused == []
+        assert membership.failed == 1
+        said = [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()]
+        assert len(said) == 1 and "did not answer in time" in said[0]
+    finally:
+        if running is not None:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        await membership.calls.settle(10.0)
+        await thread.close(leave=True)

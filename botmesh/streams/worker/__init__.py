@@ -4,7 +4,7 @@ Its floor plan, a module a concern:
 
 - ``loop``: the worker's life (start, the batches through
   ``botmesh.streams.runner.InboundRunner``, the in-flight limit, the stop) and the
-  membership fence (a member id the coordinator lists, asked every quarter of the session
+  membership fence (a member id the coordinator lists, asked every eighth of the session
   timeout);
 - ``consumer``: the one consumer, driven from a thread of its own; the side topics
   (requests, control) co-partitioned with the inbound in its rebalance callbacks;

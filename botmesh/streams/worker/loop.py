@@ -167,29 +167,47 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
     return out
 
 
+#: Membership questions a session timeout (``Membership``): the writes' limit is half of
+#: it, so three in a row must fail before a healthy worker's write is refused.
+CHECKS_A_SESSION = 8
+#: Membership questions waiting for their answer at once, at most.
+MAX_ASKING = 3
+
+
 class Membership:
     """Fenced by the group: when this worker's membership was last confirmed.
 
     Under ``at_least_once`` nothing on the broker stops a worker that lost its partitions
     from producing to their changelog, and a worker thawed after a freeze (``SIGSTOP``, a
     long pause) past the session timeout does not know yet that it was evicted. librdkafka
-    keeps its heartbeats to itself, so this asks the group coordinator: every quarter of the
+    keeps its heartbeats to itself, so this asks the group coordinator: every eighth of the
     session timeout, a describe of the group that lists this consumer's member id confirms
     the membership as of the moment the question was sent (an assignment confirms it too).
     A journal write is refused while the last confirmation is older than half the session
     timeout (``unconfirmed``): the coordinator evicts a member only a whole session timeout
     after its last heartbeat, so a write that passed leaves at least half of it before
-    another worker can own the partition."""
+    another worker can own the partition.
+
+    A healthy worker must never be refused: three questions in a row must go unanswered
+    before the last confirmation is that old, and each question runs in a task of its own,
+    so one the coordinator is slow to answer (up to its 10 s limit) does not hold up the
+    next. (Asked every quarter, one question that failed was enough: the next confirmation
+    came just past the limit, and the writes of that moment were refused; a claim refused
+    after its ack leaves its send in flight, resolved by the ambiguity policy.) A question
+    that fails is said at info, once in a row of failures."""
 
     def __init__(self, consumer: ConsumerThread, config: WorkerConfig) -> None:
         self._consumer = consumer
         self._brokers = config.kafka
         self._group = config.catalog.group
         self.limit = config.session_timeout / 2
-        self.interval = config.session_timeout / 4
+        self.interval = config.session_timeout / CHECKS_A_SESSION
         self.confirmed = time.monotonic()
         #: Questions the coordinator answered without this member (it was evicted).
         self.missing = 0
+        #: Questions that got no answer (an error, the time limit), and in a row now.
+        self.failed = 0
+        self._failing = 0
         self._admin: Any = None
         #: Its calls on that client (settled at the stop: ``ClientCalls``).
         self.calls = ClientCalls()
@@ -216,6 +234,7 @@ class Membership:
         asked = time.monotonic()
         member = self._consumer.member_id
         if not member:
+            log.debug("group membership not asked about: no member id yet")
             return False
         if self._admin is None:  # one client for the worker's life: a client dropped with a
             # request of it still pending can trip librdkafka (a refcount assertion)
@@ -235,13 +254,38 @@ class Membership:
         return False
 
     async def run(self) -> None:
-        """Ask every ``interval`` seconds, for ever (cancelled at the stop)."""
-        while True:
-            try:
-                await self.check()
-            except Exception as exc:  # the coordinator out of reach: unconfirmed meanwhile
-                log.debug("group membership not confirmed: %s", exc)
-            await asyncio.sleep(self.interval)
+        """Ask every ``interval`` seconds, each question in a task of its own (at most
+        ``MAX_ASKING`` at once), for ever (cancelled at the stop)."""
+        asking: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                if len(asking) < MAX_ASKING:
+                    task = asyncio.ensure_future(self._ask())
+                    asking.add(task)
+                    task.add_done_callback(asking.discard)
+                await asyncio.sleep(self.interval)
+        finally:
+            for task in asking:
+                task.cancel()
+
+    async def _ask(self) -> None:
+        began = time.monotonic()
+        try:
+            await self.check()
+        except Exception as exc:  # the coordinator out of reach: unconfirmed meanwhile
+            self.failed += 1
+            self._failing += 1
+            (log.info if self._failing == 1 else log.debug)(
+                "group membership not confirmed (%s after %.1fs: %s); last confirmed %.1fs ago",
+                type(exc).__name__,
+                time.monotonic() - began,
+                exc,
+                time.monotonic() - self.confirmed,
+            )
+            return
+        if self._failing:
+            log.info("group membership confirmed again, after %d questions failed", self._failing)
+            self._failing = 0
 
 
 class Worker:
