@@ -121,6 +121,12 @@ _COORDINATOR_PASSING = frozenset(
 )
 #: An attempt that timed out (asked again while time is left; see ``coordinated``).
 _ATTEMPT_TIMED_OUT = frozenset({KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
+#: An attempt whose connection went down under it (asked again while time is left): an
+#: admin client closes a connection idle for ``ADMIN_IDLE_MS`` (``connection.admin``), and
+#: a request that meets the closing connection fails at once with ``_TRANSPORT``. A
+#: worker's membership questions met it three times in a row, every 15 s for minutes in
+#: one process, and the worker refused its own journal writes for it.
+_CONNECTION_DROPPED = frozenset({KafkaError._TRANSPORT})
 #: The first attempt's time; each next one has twice as long, up to the time left.
 FIRST_ATTEMPT_S = 2.0
 
@@ -134,7 +140,9 @@ def coordinated(ask: Callable[[float], Any], bootstrap: Brokers, timeout: float)
     ``COORDINATOR_NOT_AVAILABLE`` three times in a row (its retries spent; librdkafka
     PR #3847, open): as on a broker's first group request, which creates
     ``__consumer_offsets``, or while a coordinator moves. A new request finds the
-    coordinator. Other errors, and the last attempt's, are raised (``result_of``)."""
+    coordinator. An attempt that failed because its connection went down is asked again
+    too (a new connection carries the next). Other errors, and the last attempt's, are
+    raised (``result_of``)."""
     deadline = time.monotonic() + timeout
     window = FIRST_ATTEMPT_S
     while True:
@@ -145,7 +153,11 @@ def coordinated(ask: Callable[[float], Any], bootstrap: Brokers, timeout: float)
             return fut.result(step + 5.0)  # librdkafka ends it at ``step``: a margin only
         except KafkaException as exc:
             code = error_code(exc)
-            passing = code in _COORDINATOR_PASSING or code in _ATTEMPT_TIMED_OUT
+            passing = (
+                code in _COORDINATOR_PASSING
+                or code in _ATTEMPT_TIMED_OUT
+                or code in _CONNECTION_DROPPED
+            )
             if not passing or time.monotonic() + 0.2 >= deadline:
                 return result_of(fut, bootstrap, 0)  # raised as result_of names it
         except TimeoutError:

@@ -1,5 +1,6 @@
 """``groups.coordinated``: a request to a group's coordinator asked again while the
-coordinator loads or moves and after an attempt that timed out (librdkafka leaves a group
+coordinator loads or moves, after an attempt whose connection went down, and after an
+attempt that timed out (librdkafka leaves a group
 request waiting out its whole timeout once its ``FindCoordinator`` retries are spent),
 each attempt given twice the time of the one before, up to the caller's timeout.
 
@@ -59,6 +60,15 @@ def test_no_attempt_outlasts_the_callers_timeout() -> None:
     assert coordinated(ask, BOOTSTRAP, 3.0) == "described"
     assert ask.timeouts[0] == 2.0
     assert 2.0 < ask.timeouts[1] <= 3.0  # twice 2 s, but only what is left of 3 s
+
+
+def test_an_attempt_whose_connection_went_down_is_asked_again() -> None:
+    """An admin client closes a connection idle for 5 s, and a request that meets it
+    closing fails at once (``_TRANSPORT``): seen three times in a row in a worker's
+    membership questions, which then refused its journal writes."""
+    ask = Asked(*(settled(error=KafkaError._TRANSPORT) for _ in range(3)), settled("described"))
+    assert coordinated(ask, BOOTSTRAP, 60.0) == "described"
+    assert len(ask.timeouts) == 4
 
 
 def test_another_error_is_raised_at_once() -> None:
