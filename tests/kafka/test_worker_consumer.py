@@ -198,20 +198,28 @@ async def test_a_leave_hands_the_partitions_over_at_once_and_a_restart_keeps_the
         await b.close(leave=True)
 
 
+def a_member(
+    bootstrap: str, prefix: str, topics: tuple[str, str], session_timeout: float
+) -> tuple[WorkerConfig, ConsumerThread, Hooks, Membership]:
+    """A worker's consumer (not started) with hooks that record what it is given, and its
+    membership."""
+    inbound, requests = topics
+    config = WorkerConfig(bootstrap=bootstrap, prefix=prefix, session_timeout=session_timeout)
+    hooks = Hooks()
+    thread = ConsumerThread(
+        worker_consumer_config(config), inbound, [requests], hooks, batch_size=100
+    )
+    hooks.thread = thread
+    return config, thread, hooks, Membership(thread, config)
+
+
 async def test_the_membership_is_confirmed_only_while_the_coordinator_lists_the_member(
     kafka_bootstrap: str, topic_prefix: str, topics: tuple[str, str]
 ) -> None:
     """The new runtime's fence: confirmed by a describe of the group that lists this
     consumer's member id; too old a confirmation refuses writes (``unconfirmed`` says why)
     until a describe lists the member again."""
-    inbound, requests = topics
-    config = WorkerConfig(bootstrap=kafka_bootstrap, prefix=topic_prefix, session_timeout=10.0)
-    hooks = Hooks()
-    thread = ConsumerThread(
-        worker_consumer_config(config), inbound, [requests], hooks, batch_size=100
-    )
-    hooks.thread = thread
-    membership = Membership(thread, config)
+    config, thread, hooks, membership = a_member(kafka_bootstrap, topic_prefix, topics, 10.0)
     await thread.start()
     try:
         await until(lambda: len(hooks.held) == PARTITIONS, "the member has every partition")
@@ -236,19 +244,13 @@ async def test_a_question_answered_late_and_failed_never_leaves_a_healthy_member
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One membership question that hangs and then fails (a coordinator lookup librdkafka
-    left behind, a timeout) must not get a healthy worker's writes refused: the next
-    questions go on at their pace, and the last confirmation never gets older than the
-    limit. (Asked one after the other every quarter of the session timeout, a failed
-    question let it pass half the session timeout: the bench's workers had their writes of
-    that moment refused, and their claimed sends ended ``unknown`` a minute later.)"""
-    inbound, requests = topics
-    config = WorkerConfig(bootstrap=kafka_bootstrap, prefix=topic_prefix, session_timeout=6.0)
-    hooks = Hooks()
-    thread = ConsumerThread(
-        worker_consumer_config(config), inbound, [requests], hooks, batch_size=100
-    )
-    hooks.thread = thread
-    membership = Membership(thread, config)
+    left behind, a timeout, a connection dropped for good) must not get a healthy worker's
+    writes refused: the next questions go on at their pace, and the last confirmation never
+    gets older than the limit. (Asked one after the other every quarter of the session
+    timeout, a failed question let it pass half the session timeout: the bench's workers
+    had their writes of that moment refused, and their claimed sends ended ``unknown`` a
+    minute later.)"""
+    _, thread, hooks, membership = a_member(kafka_bootstrap, topic_prefix, topics, 6.0)
     asked: list[float] = []
 
     def answered_late_once(*args: object) -> object:
