@@ -57,6 +57,7 @@ from typing import Any, Self, Unpack
 from urllib.parse import urlsplit
 
 from botmesh.providers.http import HttpAnswer, status_error
+from botmesh.providers.media_kinds import chosen_kind
 from botmesh.providers.meta import env_value
 from botmesh.providers.rest import RestChannel, RestOptions
 from botmesh.providers.webhooks import (
@@ -94,23 +95,6 @@ _TOO_LARGE = ("too long", "exceeds")
 #: Inbound message types whose ``payload`` carries a media URL.
 _INBOUND_MEDIA = frozenset({"image", "video", "audio", "file", "sticker"})
 _INTERACTIONS = frozenset({"button_reply", "list_reply", "quick_reply"})
-
-
-def _media_type(media: Media, options: Mapping[str, Any]) -> str:
-    wanted = options.get("media_type")
-    if wanted is not None:
-        if wanted not in _MEDIA_TYPES:
-            raise UnsupportedContentError(
-                f"gupshup: media_type {wanted!r} is not one of {', '.join(_MEDIA_TYPES)}"
-            )
-        return str(wanted)
-    mime = (media.mime or "").lower()
-    if mime == "image/webp":
-        return "sticker"
-    for prefix in ("image", "video", "audio"):
-        if mime.startswith(prefix + "/"):
-            return prefix
-    return "file"
 
 
 def _mapped(answer: HttpAnswer, what: str, detail: str) -> SendError:
@@ -186,7 +170,15 @@ class GupshupProvider(RestChannel):
                 "gupshup: media must be a public http(s) URL (Gupshup fetches it); bytes, "
                 "paths and channel ids cannot be sent: host the file and pass its URL"
             )
-        kind = _media_type(media, message.options)
+        kind = chosen_kind(
+            "gupshup",
+            media,
+            message.options,
+            option="media_type",
+            kinds=_MEDIA_TYPES,
+            other="file",
+            sticker="sticker",
+        )
         item: dict[str, Any] = {"type": kind}
         if kind == "image":
             item.update(originalUrl=url, previewUrl=url)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Self
 
 import aiohttp
 
+from botmesh.providers.media_kinds import chosen_kind
 from botmesh.providers.meta import (
     GRAPH_URL,
     GraphProvider,
@@ -48,21 +49,6 @@ _MIME_OF_TYPE = {
     "audio": "audio/*",
     "file": "application/octet-stream",
 }
-
-
-def _attachment_type(media: Media, options: Mapping[str, Any]) -> str:
-    wanted = options.get("attachment_type")
-    if wanted is not None:
-        if wanted not in _ATTACHMENT_TYPES:
-            raise UnsupportedContentError(
-                f"attachment_type {wanted!r} is not one of {', '.join(_ATTACHMENT_TYPES)}"
-            )
-        return str(wanted)
-    mime = (media.mime or mimetypes.guess_type(media.name or media.url or "")[0] or "").lower()
-    for prefix in ("image", "video", "audio"):
-        if mime.startswith(prefix + "/"):
-            return prefix
-    return "file"
 
 
 class MessengerProvider(GraphProvider):
@@ -124,7 +110,14 @@ class MessengerProvider(GraphProvider):
                 )
             body = {"recipient": recipient, **head, "message": {"text": message.text}}
             return self._result(await self.graph("POST", "me/messages", json_body=body))
-        kind = _attachment_type(media, options)
+        kind = chosen_kind(
+            self.name,
+            media,
+            options,
+            option="attachment_type",
+            kinds=_ATTACHMENT_TYPES,
+            other="file",
+        )
         if media.id is not None:
             payload: dict[str, Any] = {"attachment_id": media.id}
         elif media.url is not None:

@@ -40,11 +40,12 @@ import logging
 import mimetypes
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, cast
 from urllib.parse import quote, urlsplit
 
 from botmesh.providers.base import ChannelProvider, check_api_url
 from botmesh.providers.http import HttpAnswer, status_error
+from botmesh.providers.media_kinds import kind_of_type
 from botmesh.providers.meta import env_value, media_bytes
 from botmesh.providers.webhooks import MalformedWebhook, WebhookReply, WebhookRequest
 from botmesh.state.errors import ConfigError, ProviderError, SendError, UnsupportedContentError
@@ -92,17 +93,14 @@ def bridge_url(url: str, field: str, *, plain_http: bool = False) -> str:
         ) from None
 
 
-def media_kind(mime: str | None) -> Literal["image", "video", "audio", "document"]:
+#: The kinds a bridge sends a media as (none takes a sticker from us).
+BridgeKind = Literal["image", "video", "audio", "document"]
+
+
+def media_kind(mime: str | None) -> BridgeKind:
     """How WhatsApp shows a media of type ``mime``: ``image/*``, ``video/*`` and ``audio/*``
-    as such, anything else as a document."""
-    m = (mime or "").lower()
-    if m.startswith("image/"):
-        return "image"
-    if m.startswith("video/"):
-        return "video"
-    if m.startswith("audio/"):
-        return "audio"
-    return "document"
+    as such, anything else as a document (``botmesh.providers.media_kinds``)."""
+    return cast(BridgeKind, kind_of_type(mime, other="document"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +108,7 @@ class BridgeMedia:
     """A media as a bridge takes it (``BridgeProvider.bridge_media``): its bytes in base64,
     or its URL."""
 
-    kind: Literal["image", "video", "audio", "document"]
+    kind: BridgeKind
     mime: str
     name: str
     base64: str | None = None

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Self
 
 import aiohttp
 
+from botmesh.providers.media_kinds import chosen_kind
 from botmesh.providers.meta import (
     GRAPH_URL,
     GraphProvider,
@@ -50,21 +51,6 @@ _MEDIA_TYPES = ("image", "video", "audio", "document", "sticker")
 _CAPTIONED = frozenset({"image", "video", "document"})
 #: A Graph object id: what may go into a URL path (a tampered journal cannot steer the call).
 _GRAPH_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-
-
-def _media_type(media: Media, options: Mapping[str, Any]) -> str:
-    wanted = options.get("media_type")
-    if wanted is not None:
-        if wanted not in _MEDIA_TYPES:
-            raise UnsupportedContentError(
-                f"whatsapp: media_type {wanted!r} is not one of {', '.join(_MEDIA_TYPES)}"
-            )
-        return str(wanted)
-    mime = (media.mime or "").lower()
-    for prefix in ("image", "video", "audio"):
-        if mime.startswith(prefix + "/"):
-            return prefix
-    return "document"
 
 
 def _template(value: object) -> dict[str, Any]:
@@ -158,7 +144,15 @@ class WhatsAppProvider(GraphProvider):
         if options.get("template") is not None:
             body.update(type="template", template=_template(options["template"]))
         elif message.media is not None:
-            kind = _media_type(message.media, options)
+            kind = chosen_kind(
+                "whatsapp",
+                message.media,
+                options,
+                option="media_type",
+                kinds=_MEDIA_TYPES,
+                other="document",
+                sticker="sticker",
+            )
             item = await self._media_item(message.media)
             if message.text:
                 if kind not in _CAPTIONED:

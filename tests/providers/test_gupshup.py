@@ -115,6 +115,16 @@ async def test_media_urls_go_by_type_with_their_caption(rig: Rig) -> None:
     assert audio == {"type": "audio", "url": "https://cdn.example.com/v.ogg"}
 
 
+async def test_a_media_url_without_a_type_goes_by_its_file_name(rig: Rig) -> None:
+    """``botmesh.providers.media_kinds``: the URL's path says the type (before, every
+    media without a MIME type went as a file)."""
+    p = rig.provider
+    await p.send(Outbound(USER, None, Media(url="https://cdn.example.com/p/cat.jpg?x=1")))
+    await p.send(Outbound(USER, None, Media(url="https://cdn.example.com/s.webp")))
+    image, sticker = (m["message"] for m in rig.fake.messages)
+    assert image["type"] == "image" and sticker["type"] == "sticker"
+
+
 @pytest.mark.parametrize(
     ("message", "kind", "match"),
     [

@@ -81,6 +81,8 @@ async def test_a_message_tag_is_sent_as_message_tag(
         (Media(url="https://example.com/clip.mp4"), "video"),
         (Media(url="https://example.com/voice.mp3", mime="audio/mpeg"), "audio"),
         (Media(url="https://example.com/report.pdf", mime="application/pdf"), "file"),
+        (Media(url="https://example.com/p/cat.jpg?size=large"), "image"),
+        (Media(url="https://example.com/smile.webp"), "image"),  # no stickers here
     ],
 )
 async def test_media_by_url_is_a_reusable_attachment(

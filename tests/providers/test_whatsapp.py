@@ -90,6 +90,22 @@ async def test_media_by_link_and_by_id_carry_the_caption(
     assert second["document"] == {"id": media_id, "caption": "invoice", "filename": "inv.pdf"}
 
 
+async def test_a_webp_goes_as_a_sticker_and_a_link_without_a_type_by_its_name(
+    fake: tuple[GraphFake, str], wa: WhatsAppProvider
+) -> None:
+    """WhatsApp takes no WebP image, only a WebP sticker; a link without a MIME type goes
+    by what its file name says (``botmesh.providers.media_kinds``)."""
+    graph, _ = fake
+    await wa.send(Outbound(USER, None, Media(url="https://example.com/s.webp")))
+    await wa.send(Outbound(USER, None, Media(url="https://example.com/v/clip.mp4?sig=1")))
+    with pytest.raises(UnsupportedContentError, match="sticker messages take no caption"):
+        await wa.send(Outbound(USER, "hi", Media(url="https://e.example/s", mime="image/webp")))
+    sticker, video = (a.body for a in graph.accepted["whatsapp"])
+    assert sticker["type"] == "sticker"
+    assert sticker["sticker"] == {"link": "https://example.com/s.webp"}
+    assert video["type"] == "video"
+
+
 async def test_bytes_are_uploaded_first_then_sent_by_id(
     fake: tuple[GraphFake, str], wa: WhatsAppProvider
 ) -> None:
