@@ -322,10 +322,17 @@ class HttpChannel:
                 self.redact(f"{self.name}: {method} {url} failed: {what}: {exc}"), retryable=True
             ) from None
 
-    async def fetch_media(self, url: str, *, headers: Mapping[str, str] | None = None) -> bytes:
+    async def fetch_media(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        first_hop_only: bool = False,
+    ) -> bytes:
         """Download ``url`` after ``check_media_url``; redirects are followed only to URLs
         that pass the same check, and ``headers`` (credentials) only go along to the same
-        origin (scheme, host, port). Raises ``MediaUrlRefused`` or ``ProviderError``."""
+        origin (scheme, host, port), or with ``first_hop_only`` to no redirect at all.
+        Raises ``MediaUrlRefused`` or ``ProviderError``."""
         session = self._media_client()
         for _ in range(5):
             check_media_url(
@@ -338,7 +345,7 @@ class HttpChannel:
                 async with session.get(url, headers=headers, allow_redirects=False) as resp:
                     if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
                         url = str(resp.url.join(URL(resp.headers["Location"])))
-                        if headers and not _same_origin(resp.url, url):
+                        if headers and (first_hop_only or not _same_origin(resp.url, url)):
                             headers = None
                         continue
                     if resp.status != 200:

@@ -64,11 +64,8 @@ from datetime import UTC, datetime
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import aiohttp
-from yarl import URL
-
 from botmesh.providers.base import ChannelProvider
-from botmesh.providers.http import HttpAnswer, check_media_url, host_allowed, status_error
+from botmesh.providers.http import HttpAnswer, host_allowed, status_error
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
@@ -342,32 +339,7 @@ class TwilioProvider(ChannelProvider):
         if media.data is not None:
             return media.data
         url, headers = await self.media_url(media)
-        check_media_url(
-            url,
-            hosts=self.media_hosts,
-            allow_private=self.allow_private_media,
-            schemes=("https", "http") if self.allow_private_media else ("https",),
-        )
-        try:
-            async with self._media_client().get(
-                url, headers=headers, allow_redirects=False
-            ) as resp:
-                if resp.status in (301, 302, 303, 307, 308) and "Location" in resp.headers:
-                    target = str(resp.url.join(URL(resp.headers["Location"])))
-                elif resp.status != 200:
-                    raise ProviderError(f"twilio: media download: HTTP {resp.status}")
-                else:
-                    body = await resp.content.read(self.media_max_bytes + 1)
-                    if len(body) > self.media_max_bytes:
-                        raise ProviderError(
-                            f"twilio: media is over media_max_bytes={self.media_max_bytes}"
-                        )
-                    return body
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ProviderError(
-                self.redact(f"twilio: media download failed: {type(exc).__name__}: {exc}")
-            ) from None
-        return await self.fetch_media(target)
+        return await self.fetch_media(url, headers=headers, first_hop_only=True)
 
 
 def _basic(user: str, password: str) -> str:
