@@ -69,11 +69,11 @@ import re
 import smtplib
 import ssl as ssl_module
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from email.message import EmailMessage
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from botmesh.providers.base import ChannelProvider
@@ -81,6 +81,7 @@ from botmesh.providers.email_imap import ImapSentFolder
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
+    SignedWebhook,
     WebhookReply,
     WebhookRequest,
     hmac_hex,
@@ -549,7 +550,7 @@ def html_to_text(html: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-class EmailWebhook:
+class EmailWebhook(SignedWebhook):
     """Inbound mail posted by a relay (see the module docstring).
 
     ``parse`` gives one ``Inbound``: ``id`` = the Message-ID without ``<>`` (a relay that
@@ -566,28 +567,8 @@ class EmailWebhook:
     """
 
     channel = "email"
-
-    def __init__(self, secret: str, *, clock: Callable[[], float] = time.time) -> None:
-        if not secret:
-            raise ConfigError("email.secret", "is empty; pass the relay's shared secret")
-        self._secret = secret
-        self._clock = clock
-
-    def __repr__(self) -> str:
-        return "EmailWebhook(secret=***)"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        secret = env.get("EMAIL_WEBHOOK_SECRET", "").strip()
-        if not secret:
-            raise ConfigError(
-                "EMAIL_WEBHOOK_SECRET",
-                "is not set; set it to the secret the mail relay signs its posts with",
-            )
-        return cls(secret)
-
-    def handshake(self, request: WebhookRequest) -> WebhookReply | None:
-        return None
+    SECRET_ENV = "EMAIL_WEBHOOK_SECRET"
+    SECRET_HINT = "set it to the secret the mail relay signs its posts with"
 
     def verify(self, request: WebhookRequest) -> None:
         given = request.headers.get("x-botmesh-signature", "")

@@ -63,6 +63,7 @@ from botmesh.providers.rest import RestChannel, RestOptions
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
+    SignedWebhook,
     WebhookReply,
     WebhookRequest,
     same,
@@ -250,7 +251,7 @@ class GupshupProvider(RestChannel):
 # -- webhooks ---------------------------------------------------------------------------------
 
 
-class GupshupWebhook:
+class GupshupWebhook(SignedWebhook):
     """A Gupshup app's callback (JSON, version 2 "Gupshup format"), checked by the shared
     secret in its ``token`` query parameter.
 
@@ -262,33 +263,13 @@ class GupshupWebhook:
     """
 
     channel = "gupshup"
-
-    def __init__(self, secret: str) -> None:
-        if len(secret or "") < 16:
-            raise ConfigError(
-                "gupshup.webhook_secret",
-                "at least 16 characters (openssl rand -hex 16); check GUPSHUP_WEBHOOK_SECRET",
-            )
-        self._secret = secret
-
-    def __repr__(self) -> str:
-        return "GupshupWebhook(secret=***)"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        """``GUPSHUP_WEBHOOK_SECRET``: the ``token`` of the callback URL set in Gupshup."""
-        secret = env_value(
-            env,
-            "GUPSHUP_WEBHOOK_SECRET",
-            "set it to a random secret (openssl rand -hex 16) and put it in the app's "
-            "callback URL as ?token=<secret>",
-        )
-        if len(secret) < 16:
-            raise ConfigError("GUPSHUP_WEBHOOK_SECRET", "is shorter than 16 characters")
-        return cls(secret)
-
-    def handshake(self, request: WebhookRequest) -> WebhookReply | None:
-        return None
+    #: The ``token`` of the callback URL set in Gupshup.
+    SECRET_ENV = "GUPSHUP_WEBHOOK_SECRET"
+    SECRET_HINT = (
+        "set it to a random secret (openssl rand -hex 16) and put it in the app's callback "
+        "URL as ?token=<secret>"
+    )
+    MIN_SECRET = 16
 
     def verify(self, request: WebhookRequest) -> None:
         given = request.query.get("token")

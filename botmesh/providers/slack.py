@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Self
+from collections.abc import Callable
+from typing import Any
 
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
+    SignedWebhook,
     WebhookReply,
     WebhookRequest,
     hmac_hex,
     same,
 )
-from botmesh.state.errors import ConfigError
 from botmesh.state.messages import Inbound
 
 __all__ = ["MAX_AGE_S", "SlackWebhook"]
@@ -39,10 +39,16 @@ __all__ = ["MAX_AGE_S", "SlackWebhook"]
 MAX_AGE_S = 300.0
 
 
-class SlackWebhook:
+class SlackWebhook(SignedWebhook):
     """Slack Events API requests: signature, ``url_verification``, ``message`` events."""
 
     channel = "slack"
+    SECRET_ENV = "SLACK_SIGNING_SECRET"
+    SECRET_HINT = (
+        "set it to the Slack app's Signing Secret (app settings → Basic Information → App "
+        "Credentials)"
+    )
+    SECRET_NAME = "signing_secret"
 
     def __init__(
         self,
@@ -51,25 +57,8 @@ class SlackWebhook:
         max_age: float = MAX_AGE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not signing_secret:
-            raise ConfigError("SLACK_SIGNING_SECRET", "the signing secret must not be empty")
-        self._secret = signing_secret
+        super().__init__(signing_secret, clock=clock)
         self._max_age = max_age
-        self._clock = clock
-
-    def __repr__(self) -> str:
-        return "SlackWebhook(signing_secret=***)"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        secret = env.get("SLACK_SIGNING_SECRET", "").strip()
-        if not secret:
-            raise ConfigError(
-                "SLACK_SIGNING_SECRET",
-                "not set; set it to the Slack app's Signing Secret (app settings → Basic "
-                "Information → App Credentials)",
-            )
-        return cls(secret)
 
     # -- ChannelWebhook -------------------------------------------------------------------
 

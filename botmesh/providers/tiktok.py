@@ -67,6 +67,7 @@ from botmesh.providers.rest import RestChannel, RestOptions
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
+    SignedWebhook,
     WebhookReply,
     WebhookRequest,
     hmac_hex,
@@ -353,7 +354,7 @@ def _content(raw: Any) -> dict[str, Any]:
     raise MalformedWebhook("tiktok: the event's content is not a JSON object")
 
 
-class TikTokWebhook:
+class TikTokWebhook(SignedWebhook):
     """TikTok's ``DIRECT_MESSAGE`` webhooks, signed with the app secret.
 
     ``parse`` gives one ``Inbound`` per ``im_receive_msg``: ``id`` = ``message_id`` (the same
@@ -365,31 +366,18 @@ class TikTokWebhook:
     """
 
     channel = "tiktok"
+    #: The secret of the developer app the webhook belongs to.
+    SECRET_ENV = "TIKTOK_APP_SECRET"
+    SECRET_HINT = (
+        "set it to the developer app's secret (My Apps > App Detail), which signs the webhooks"
+    )
+    SECRET_NAME = "app_secret"
 
     def __init__(
         self, app_secret: str, *, tolerance: float = 300.0, clock: Callable[[], float] = time.time
     ) -> None:
-        if not app_secret:
-            raise ConfigError("tiktok.app_secret", "is empty; pass the developer app's secret")
-        self._secret = app_secret
+        super().__init__(app_secret, clock=clock)
         self.tolerance = tolerance
-        self._clock = clock
-
-    def __repr__(self) -> str:
-        return "TikTokWebhook(app_secret=***)"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        """``TIKTOK_APP_SECRET``: the secret of the developer app the webhook belongs to."""
-        secret = env_value(
-            env,
-            "TIKTOK_APP_SECRET",
-            "set it to the developer app's secret (My Apps > App Detail), which signs the webhooks",
-        )
-        return cls(secret)
-
-    def handshake(self, request: WebhookRequest) -> WebhookReply | None:
-        return None
 
     def verify(self, request: WebhookRequest) -> None:
         header = request.headers.get("tiktok-signature", "")

@@ -59,7 +59,7 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Self
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -69,6 +69,7 @@ from botmesh.providers.http import HttpAnswer, host_allowed, status_error
 from botmesh.providers.webhooks import (
     BadSignature,
     MalformedWebhook,
+    SignedWebhook,
     WebhookReply,
     WebhookRequest,
     same,
@@ -402,7 +403,7 @@ def _url_variants(url: str) -> list[str]:
     return variants
 
 
-class TwilioWebhook:
+class TwilioWebhook(SignedWebhook):
     """Twilio's incoming-message webhook (``application/x-www-form-urlencoded``).
 
     ``parse`` gives one ``Inbound`` per message: ``id`` = ``MessageSid``, ``chat_id`` =
@@ -414,27 +415,9 @@ class TwilioWebhook:
     """
 
     channel = "twilio"
-
-    def __init__(self, auth_token: str, *, clock: Callable[[], float] = time.time) -> None:
-        if not auth_token:
-            raise ConfigError("twilio.auth_token", "is empty; pass the account's auth token")
-        self._auth_token = auth_token
-        self._clock = clock
-
-    def __repr__(self) -> str:
-        return "TwilioWebhook(auth_token=***)"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        token = env.get("TWILIO_AUTH_TOKEN", "").strip()
-        if not token:
-            raise ConfigError(
-                "TWILIO_AUTH_TOKEN", "is not set; copy the auth token from the Twilio console"
-            )
-        return cls(token)
-
-    def handshake(self, request: WebhookRequest) -> WebhookReply | None:
-        return None
+    SECRET_ENV = "TWILIO_AUTH_TOKEN"
+    SECRET_HINT = "copy the auth token from the Twilio console"
+    SECRET_NAME = "auth_token"
 
     def _params(self, request: WebhookRequest) -> list[tuple[str, str]]:
         if request.body:
@@ -450,7 +433,7 @@ class TwilioWebhook:
             raise BadSignature("twilio: no X-Twilio-Signature header")
         params = self._params(request)
         for url in _url_variants(request.url):
-            if same(twilio_signature(self._auth_token, url, params), given):
+            if same(twilio_signature(self._secret, url, params), given):
                 return
         raise BadSignature(
             "twilio: X-Twilio-Signature does not match; check TWILIO_AUTH_TOKEN and that the "

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
-from botmesh.state.errors import ProviderError
+from botmesh.state.errors import ConfigError, ProviderError
 from botmesh.state.messages import Inbound
 
 __all__ = [
     "BadSignature",
     "ChannelWebhook",
     "MalformedWebhook",
+    "SignedWebhook",
     "WebhookReply",
     "WebhookRequest",
     "hmac_hex",
@@ -102,3 +104,49 @@ def same(a: str | bytes, b: str | bytes) -> bool:
     x = a.encode() if isinstance(a, str) else a
     y = b.encode() if isinstance(b, str) else b
     return hmac.compare_digest(x, y)
+
+
+class SignedWebhook:
+    """What the webhooks checked with a secret of the channel share (Slack, Twilio, TikTok,
+    Gupshup, email): the secret, held and never shown (``repr`` masks it), read from
+    ``SECRET_ENV`` by ``from_env`` (``SECRET_HINT`` says where it comes from), at least
+    ``MIN_SECRET`` characters; a clock for the signatures that carry a time; no handshake.
+    A subclass sets ``channel`` and those, and writes ``verify`` and ``parse``."""
+
+    channel: ClassVar[str]
+    #: The environment variable ``from_env`` reads the secret from.
+    SECRET_ENV: ClassVar[str]
+    #: What to set it to, said when it is missing.
+    SECRET_HINT: ClassVar[str]
+    #: The secret's name in ``repr`` and in a ``ConfigError`` of the constructor.
+    SECRET_NAME: ClassVar[str] = "secret"
+    #: Fewer characters are refused.
+    MIN_SECRET: ClassVar[int] = 1
+
+    def __init__(self, secret: str, *, clock: Callable[[], float] = time.time) -> None:
+        if len(secret or "") < self.MIN_SECRET:
+            raise ConfigError(
+                f"{self.channel}.{self.SECRET_NAME}",
+                f"{self._too_short()}; check {self.SECRET_ENV}",
+            )
+        self._secret = secret
+        self._clock = clock
+
+    @classmethod
+    def _too_short(cls) -> str:
+        return "is empty" if cls.MIN_SECRET <= 1 else f"is shorter than {cls.MIN_SECRET} characters"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.SECRET_NAME}=***)"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Self:
+        secret = env.get(cls.SECRET_ENV, "").strip()
+        if not secret:
+            raise ConfigError(cls.SECRET_ENV, f"is not set; {cls.SECRET_HINT}")
+        if len(secret) < cls.MIN_SECRET:
+            raise ConfigError(cls.SECRET_ENV, f"{cls._too_short()}; {cls.SECRET_HINT}")
+        return cls(secret)
+
+    def handshake(self, request: WebhookRequest) -> WebhookReply | None:
+        return None
