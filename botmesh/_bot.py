@@ -7,14 +7,13 @@ journal and the provider the worker chooses. Both bind it with ``bot.bind(...)``
 
 from __future__ import annotations
 
-import random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from botmesh._flows import Flow, FlowFn, Incompatible, check_flow_options
 from botmesh._runtime import Runtime
-from botmesh.state.clock import Clock
 from botmesh.state.config import DurabilityConfig
+from botmesh.state.engine import RuntimeOptions
 from botmesh.state.errors import DurabilityError
 from botmesh.state.events import (
     AmbiguousEvent,
@@ -29,9 +28,7 @@ from botmesh.state.keys import scope_id
 from botmesh.state.kv import DurableKv
 from botmesh.state.message_log import LoggedMessage
 from botmesh.state.messages import Inbound, Outbound, Receipt
-from botmesh.state.metrics import Timings
 from botmesh.state.ports import Provider
-from botmesh.state.receipts import ReceiptSink
 
 if TYPE_CHECKING:
     from botmesh._runtime import Context
@@ -204,28 +201,12 @@ class Bot:
         self,
         provider: Provider,
         journal: str | DurableKv | None = DEFAULT_JOURNAL,
-        *,
-        instance_id: str | None = None,
-        receipts: ReceiptSink | None = None,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        timings: Timings | None = None,
-        fallbacks: Mapping[str, Provider] | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> Runtime:
         """This bot on ``provider`` and ``journal``: what ``botmesh.run`` returns, and what
         the Kafka worker runs (it also gives a ``receipts`` sink, and ``timings``: its
-        Prometheus histograms). See ``botmesh.run``."""
-        runtime = self._bound = Runtime(
-            self,
-            provider,
-            journal,
-            instance_id=instance_id,
-            receipts=receipts,
-            clock=clock,
-            rng=rng,
-            timings=timings,
-            fallbacks=fallbacks,
-        )
+        Prometheus histograms). See ``botmesh.run`` and ``RuntimeOptions``."""
+        runtime = self._bound = Runtime(self, provider, journal, **options)
         return runtime
 
     # -- what it sent -----------------------------------------------------------------------

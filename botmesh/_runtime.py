@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import random
 import socket
 import time
 import uuid
@@ -23,9 +22,8 @@ from botmesh._media import load_media_of
 from botmesh.providers.http import HttpChannel
 from botmesh.state.backends import check_url, is_shared, open_backend
 from botmesh.state.backoff import Retries
-from botmesh.state.clock import Clock
 from botmesh.state.delivery import send_direct
-from botmesh.state.engine import Engine, EngineHooks
+from botmesh.state.engine import Engine, EngineHooks, RuntimeOptions, checked_options
 from botmesh.state.errors import (
     BadRecord,
     ConfigError,
@@ -41,10 +39,8 @@ from botmesh.state.inbox import Outcome
 from botmesh.state.keys import check_explicit, derived_key, fingerprint, random_key
 from botmesh.state.kv import DurableKv, Entry, Op
 from botmesh.state.messages import Inbound, Media, Outbound, Receipt
-from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
-from botmesh.state.receipts import ReceiptSink
 
 if TYPE_CHECKING:
     from botmesh._bot import Bot
@@ -184,14 +180,11 @@ class Runtime:
         bot: Bot,
         provider: Provider,
         journal: str | DurableKv | None,
-        *,
-        instance_id: str | None = None,
-        receipts: ReceiptSink | None = None,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        timings: Timings | None = None,
-        fallbacks: Mapping[str, Provider] | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> None:
+        options = checked_options(options)
+        instance_id = options.get("instance_id")
+        fallbacks = options.get("fallbacks")
         _check_provider(provider)
         for name, channel in (fallbacks or {}).items():
             if not isinstance(name, str) or not name:
@@ -219,10 +212,10 @@ class Runtime:
         self.provider = provider
         self.journal = journal
         self._instance_id = instance_id
-        self._receipts = receipts
-        self._clock = clock
-        self._rng = rng
-        self._timings = timings
+        self._receipts = options.get("receipts")
+        self._clock = options.get("clock")
+        self._rng = options.get("rng")
+        self._timings = options.get("timings")
         #: The channels a send's ``Fallback`` may name, by name.
         self.fallbacks: dict[str, Provider] = dict(fallbacks or {})
         self._kv: DurableKv | None = None
@@ -546,10 +539,7 @@ def run(
     provider: Provider,
     *,
     journal: str | DurableKv | None = "memory://",
-    instance_id: str | None = None,
-    clock: Clock | None = None,
-    rng: random.Random | None = None,
-    fallbacks: Mapping[str, Provider] | None = None,
+    **options: Unpack[RuntimeOptions],
 ) -> Runtime:
     """Run ``bot`` in this process::
 
@@ -559,10 +549,9 @@ def run(
     ``journal`` defaults to ``"memory://"`` (retries, dedupe and dead letters within this
     process; nothing survives it). Use ``file:///path`` to survive a crash on one host.
     ``journal=None`` runs without any journal: an explicit opt-out. A bad URL or option is
-    refused here, naming it. ``fallbacks`` names the other channels a send's ``Fallback``
-    may go out through (``{"sms": TwilioProvider(...)}``). ``clock`` and ``rng`` are for
-    tests.
+    refused here, naming it. The other options (``RuntimeOptions``): ``fallbacks`` names the
+    other channels a send's ``Fallback`` may go out through (``{"sms":
+    TwilioProvider(...)}``), ``instance_id`` this runtime's name among the bot's, ``clock``
+    and ``rng`` are for tests.
     """
-    return bot.bind(
-        provider, journal, instance_id=instance_id, clock=clock, rng=rng, fallbacks=fallbacks
-    )
+    return bot.bind(provider, journal, **options)

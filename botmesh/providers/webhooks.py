@@ -113,7 +113,7 @@ class SignedWebhook:
     ``MIN_SECRET`` characters; a clock for the signatures that carry a time; no handshake.
     A subclass sets ``channel`` and those, and writes ``verify`` and ``parse``."""
 
-    channel: ClassVar[str]
+    channel: str
     #: The environment variable ``from_env`` reads the secret from.
     SECRET_ENV: ClassVar[str]
     #: What to set it to, said when it is missing.

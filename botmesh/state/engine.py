@@ -38,6 +38,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypedDict, cast
 
 from botmesh.state.clock import Clock, SystemClock
 from botmesh.state.config import DurabilityConfig
@@ -60,9 +61,42 @@ from botmesh.state.retention import Retention
 from botmesh.state.scheduler import Scheduler, Sweeper
 from botmesh.state.turns import Turns
 
-__all__ = ["Engine", "EngineHooks"]
+__all__ = ["Engine", "EngineHooks", "RuntimeOptions", "checked_options"]
 
 log = logging.getLogger("botmesh.engine")
+
+
+class RuntimeOptions(TypedDict, total=False):
+    """The keyword options of a bot bound to a provider and a journal, spelled once:
+    ``botmesh.run``, ``Bot.bind``, ``Runtime`` and the worker's ``BotDefinition.bind`` take
+    them as ``**options`` (checked by name: ``checked_options``), and the engine gets them."""
+
+    #: This runtime's name among the bot's (the leases' owner); default: the host and a
+    #: random suffix.
+    instance_id: str | None
+    #: Where each settled send's receipt goes (the worker's Kafka sink); default: nowhere.
+    receipts: ReceiptSink | None
+    #: The engine's time (tests); default: the system's.
+    clock: Clock | None
+    #: The engine's randomness, the backoff's jitter (tests).
+    rng: random.Random | None
+    #: Histograms of handler and provider times (the worker's Prometheus ones).
+    timings: Timings | None
+    #: The other channels a send's ``Fallback`` may go out through, by name.
+    fallbacks: Mapping[str, Provider] | None
+
+
+def checked_options(given: Mapping[str, object]) -> RuntimeOptions:
+    """``given`` as ``RuntimeOptions``; a ``TypeError`` naming any other keyword (a typo
+    would otherwise be dropped without a word)."""
+    known = RuntimeOptions.__optional_keys__
+    unknown = sorted(k for k in given if k not in known)
+    if unknown:
+        raise TypeError(
+            f"unknown option {', '.join(map(repr, unknown))}: a bound bot takes "
+            f"{', '.join(sorted(known))}"
+        )
+    return cast(RuntimeOptions, dict(given))
 
 
 @dataclass(frozen=True, slots=True)

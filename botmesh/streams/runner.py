@@ -120,11 +120,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, Unpack, runtime_checkable
 
 import msgspec
 
 from botmesh.state.backoff import GiveUp, Retries
+from botmesh.state.engine import RuntimeOptions
 from botmesh.state.erasure import ErasureReceipt
 from botmesh.state.errors import (
     BadRecord,
@@ -139,10 +140,8 @@ from botmesh.state.errors import (
 from botmesh.state.inbox import Outcome
 from botmesh.state.kv import DurableKv
 from botmesh.state.messages import Inbound, Media, Receipt
-from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
-from botmesh.state.receipts import ReceiptSink
 from botmesh.streams.dead_letter_copies import (
     MAX_REQUEST_SIZE,
     BatchAbandoned,
@@ -235,11 +234,7 @@ class BotDefinition(Protocol):
         self,
         provider: Provider,
         journal: str | DurableKv | None = ...,
-        *,
-        instance_id: str | None = None,
-        receipts: ReceiptSink | None = None,
-        timings: Timings | None = None,
-        fallbacks: Mapping[str, Provider] | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> RuntimeLike: ...
 
 

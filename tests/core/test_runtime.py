@@ -4,13 +4,14 @@ listeners and the send hooks."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import botmesh
 import botmesh.state.backends
-from botmesh import Bot, Context, DeadEvent, Inbound, Outbound, Receipt, SentEvent
+from botmesh import Bot, Context, DeadEvent, Inbound, Outbound, Receipt, Runtime, SentEvent
 from botmesh.errors import ConfigError, DurabilityError, UnsupportedContentError
 from botmesh.journal import FileKv, MemoryKv, open_backend
 from botmesh.state.backends import register_backend, schemes
@@ -80,6 +81,21 @@ def test_a_runtime_refuses_what_is_not_a_provider_or_an_instance_id() -> None:
     with pytest.raises(ConfigError) as info:
         botmesh.run(Bot("b"), MockProvider(), journal=42)  # type: ignore[arg-type]
     assert info.value.field == "journal"
+
+
+def test_a_misspelt_option_is_refused_by_its_name_on_every_way_in() -> None:
+    """The options are spelled once (``RuntimeOptions``) and taken as ``**options``: a
+    keyword that is not one of them is a ``TypeError`` naming it, never dropped."""
+    bot, provider = Bot("b"), MockProvider()
+    ways: list[Callable[[], object]] = [
+        lambda: botmesh.run(bot, provider, instanse_id="host-1"),  # type: ignore[call-arg]
+        lambda: bot.bind(provider, "memory://", instanse_id="host-1"),  # type: ignore[call-arg]
+        lambda: Runtime(bot, provider, "memory://", instanse_id="host-1"),  # type: ignore[call-arg]
+    ]
+    for way in ways:
+        with pytest.raises(TypeError, match=r"unknown option 'instanse_id'.*instance_id"):
+            way()
+    assert botmesh.run(bot, provider, instance_id="host-1").instance_id == "host-1"
 
 
 class SharedKv(MemoryKv):
