@@ -71,8 +71,8 @@ class RuntimeOptions(TypedDict, total=False):
     ``botmesh.run``, ``Bot.bind``, ``Runtime`` and the worker's ``BotDefinition.bind`` take
     them as ``**options`` (checked by name: ``checked_options``), and the engine gets them."""
 
-    #: This runtime's name among the bot's (the leases' owner); default: the host and a
-    #: random suffix.
+    #: This runtime's name among the bot's (the leases' owner); default: the host, the bot
+    #: and its connection (and a random suffix on a journal other hosts share).
     instance_id: str | None
     #: Where each settled send's receipt goes (the worker's Kafka sink); default: nowhere.
     receipts: ReceiptSink | None
