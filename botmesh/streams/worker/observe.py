@@ -15,24 +15,66 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from botmesh.observability.http import Readiness
 from botmesh.observability.metrics import WorkerSources
+from botmesh.streams.membership import AssignmentWatch
+from botmesh.streams.retry_tiers import RetryTiers
+from botmesh.streams.runner import InboundRunner, RuntimeLike
+from botmesh.streams.table_kv import TableKv
+from botmesh.streams.worker.changelog import RdChangelog
+from botmesh.streams.worker.consumer import ConsumerThread
+from botmesh.topics.catalog import Catalog
 from botmesh.topics.metrics import metrics_record
 
-if TYPE_CHECKING:
-    from botmesh.streams.worker.loop import Worker
-
-__all__ = ["Observed"]
+__all__ = ["Observed", "WorkerParts"]
 
 log = logging.getLogger("botmesh.streams")
+
+
+class Confirmed(Protocol):
+    """The worker's membership, as readiness asks it (``loop.Membership``)."""
+
+    def unconfirmed(self) -> str | None: ...
+
+
+class WorkerParts(Protocol):
+    """What ``Observed`` reads of a worker (``loop.Worker`` has it): its parts, named here
+    so this module needs nothing of the loop's."""
+
+    @property
+    def cat(self) -> Catalog: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def restoring(self) -> set[int]: ...
+    @property
+    def consumer(self) -> ConsumerThread: ...
+    @property
+    def watch(self) -> AssignmentWatch: ...
+    @property
+    def kv(self) -> TableKv | None: ...
+    @property
+    def membership(self) -> Confirmed: ...
+    @property
+    def runtime(self) -> RuntimeLike: ...
+    @property
+    def runner(self) -> InboundRunner: ...
+    @property
+    def tiers(self) -> RetryTiers: ...
+    @property
+    def changelog(self) -> RdChangelog: ...
 
 
 class Observed:
     """A worker's readiness and samples, read from its parts (see the module docstring)."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerParts) -> None:
         self.w = worker
 
     def readiness(self) -> Readiness:
