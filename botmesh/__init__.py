@@ -16,10 +16,10 @@ from botmesh._version import __version__
 #: ``botmesh`` (or any of its subpackages, which imports this module first) costs nothing.
 _WHERE = {
     "AmbiguousEvent": "botmesh.state.events",
-    "Bot": "botmesh._bot",
+    "Bot": "botmesh._bot.bot",
     "ConsoleProvider": "botmesh.providers.console",
-    "Context": "botmesh._runtime",
-    "Conversation": "botmesh._flows",
+    "Context": "botmesh._bot.context",
+    "Conversation": "botmesh._bot.flow_runner",
     "DeadEvent": "botmesh.state.events",
     "DurabilityConfig": "botmesh.state.config",
     "ErasedEvent": "botmesh.state.events",
@@ -35,18 +35,19 @@ _WHERE = {
     "Outcome": "botmesh.state.inbox",
     "Provider": "botmesh.state.ports",
     "Receipt": "botmesh.state.messages",
-    "Runtime": "botmesh._runtime",
+    "Runtime": "botmesh._bot.runtime",
     "SendResult": "botmesh.state.messages",
     "SentEvent": "botmesh.state.events",
-    "load_media_of": "botmesh._media",
-    "run": "botmesh._runtime",
+    "load_media_of": "botmesh._bot.media",
+    "run": "botmesh._bot.bot",
 }
 
 if _typing.TYPE_CHECKING:
-    from botmesh._bot import Bot
-    from botmesh._flows import Conversation
-    from botmesh._media import load_media_of
-    from botmesh._runtime import Context, Runtime, run
+    from botmesh._bot.bot import Bot, run
+    from botmesh._bot.context import Context
+    from botmesh._bot.flow_runner import Conversation
+    from botmesh._bot.media import load_media_of
+    from botmesh._bot.runtime import Runtime
     from botmesh.providers.console import ConsoleProvider
     from botmesh.state.config import DurabilityConfig
     from botmesh.state.errors import FlowCancelled, FlowTimeout

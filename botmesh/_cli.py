@@ -245,7 +245,7 @@ def fallbacks_of_env() -> dict[str, Provider]:
 
 
 def _cmd_run(args: Args) -> int:
-    from botmesh._bot import Bot
+    from botmesh._bot.bot import Bot
     from botmesh._console import run_console
 
     bot = load_app(args.app)

@@ -24,7 +24,7 @@ from typing import TextIO
 
 import msgspec
 
-from botmesh._bot import Bot
+from botmesh._bot.bot import Bot
 from botmesh.state.errors import BadRecord, JournalUnavailableError
 from botmesh.state.inbox import Outcome
 from botmesh.state.messages import Inbound

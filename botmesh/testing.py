@@ -22,7 +22,7 @@ a new one on the *unwrapped* journal with the same ``instance_id``::
 The write labels are ``botmesh.journal.Write`` (``WRITE_LABELS`` lists their values).
 """
 
-from botmesh._faults import WRITE_LABELS, CrashableProvider, FaultyKv, SimulatedCrash, crashable
+from botmesh._bot.faults import WRITE_LABELS, CrashableProvider, FaultyKv, SimulatedCrash, crashable
 from botmesh.providers.mock import MockProvider, SentCall
 from botmesh.state.clock import ManualClock
 

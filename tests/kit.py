@@ -58,7 +58,7 @@ class App:
 
     @property
     def engine(self) -> Engine:
-        engine = self.runtime._engine
+        engine = self.runtime._core.engine
         assert engine is not None
         return engine
 

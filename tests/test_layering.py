@@ -53,12 +53,15 @@ RULES: dict[str, frozenset[str]] = {
     "observability": frozenset({"state"}),
     "streams": frozenset({"state", "topics", "observability"}),
     "console": frozenset({"state", "topics", "observability", "streams"}),
-    "botmesh": frozenset({"state", "providers", "topics", "observability", "streams", "console"}),
+    "_bot": frozenset({"state", "providers"}),
+    "botmesh": frozenset(
+        {"state", "providers", "topics", "observability", "streams", "console", "_bot"}
+    ),
 }
 #: The Kafka client and the journal's store (and the stack retired in issue 38).
 KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})
 #: Packages that never import a Kafka client, anywhere (functions and TYPE_CHECKING included).
-NO_KAFKA = frozenset({"state", "providers", "topics", "observability"})
+NO_KAFKA = frozenset({"state", "providers", "topics", "observability", "_bot"})
 #: Importing the key loads none of these (modules, or packages with all their modules): they
 #: load when a command or a URL needs them. ``botmesh`` is the front door with every public
 #: name of it loaded (``from botmesh import Bot, run``).

@@ -245,7 +245,7 @@ async def run_case(
         out.inbox = {r.id: r.state for r in await d.inbox.list()}
         out.unpublished = {r.key for r in await d.outbox.list() if not r.published}
         for chat in sorted({m.chat_id for m in INBOUNDS}):
-            out.logged += await final.bot.messages(chat, limit=1000)
+            out.logged += await final.messages(chat, limit=1000)
         await final.stop()
     finally:
         await handle.close()

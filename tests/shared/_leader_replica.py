@@ -84,7 +84,7 @@ async def main(backend: str, path: str, name: str, folder: str) -> None:
     )
     async with bot.bind(Channel(Path(folder), name), kv, instance_id=name) as app:
         d = app.durability
-        engine = app._engine
+        engine = app._core.engine
         assert d is not None and engine is not None and engine.leader is not None
         print("ready", flush=True)
         while True:

@@ -28,14 +28,15 @@ commit); a non-persistent flow's lives in this process only.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack
+from typing import Any, Unpack
 
+from botmesh._bot.flow import Flow
+from botmesh._bot.parts import Host, Slot, Turn
+from botmesh._bot.sends import SendOptions, outbound
 from botmesh.state.durations import Duration, parse_duration
 from botmesh.state.errors import (
-    ConfigError,
     FlowCancelled,
     FlowDivergedError,
     FlowInvalidAnswer,
@@ -51,76 +52,9 @@ from botmesh.state.media import journaled, rehydrated
 from botmesh.state.messages import Inbound, OutboxState, Receipt
 from botmesh.state.records import Json, decode_inbound, encode_inbound, receipt_of
 
-if TYPE_CHECKING:
-    from botmesh._runtime import Context, Runtime, SendOptions
-
-__all__ = ["Conversation", "Flow", "FlowFn", "FlowRunner", "Incompatible"]
+__all__ = ["Conversation", "FlowRunner"]
 
 log = logging.getLogger("botmesh.flows")
-
-R = TypeVar("R")
-
-#: A flow's body: ``async def flow(conv: Conversation) -> result``.
-FlowFn = Callable[["Conversation"], Awaitable[R]]
-#: What to do with a checkpoint this code cannot replay (another version, or diverged).
-Incompatible = Literal["refuse", "restart", "drop"]
-_INCOMPATIBLE = ("refuse", "restart", "drop")
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
-
-
-class Flow(Generic[R]):
-    """A registered flow (``@bot.flow(...)``): what ``ctx.start_flow`` takes."""
-
-    def __init__(
-        self,
-        name: str,
-        fn: FlowFn[R],
-        *,
-        persistent: bool,
-        version: int,
-        cancel: tuple[str, ...],
-        on_incompatible: Incompatible,
-    ) -> None:
-        self.name = name
-        self.fn = fn
-        self.persistent = persistent
-        self.version = version
-        self.cancel = frozenset(cancel)
-        self.on_incompatible: Incompatible = on_incompatible
-        self.__name__ = getattr(fn, "__name__", name)
-        self.__doc__ = getattr(fn, "__doc__", None)
-
-    def __repr__(self) -> str:
-        kind = "persistent" if self.persistent else "in-memory"
-        return f"<Flow {self.name!r} v{self.version} {kind}>"
-
-
-def check_flow_options(
-    name: object, version: object, cancel: object, on_incompatible: object
-) -> tuple[str, ...]:
-    """Refuse bad ``bot.flow`` options, naming them; returns the cancel commands."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(
-            "flow name",
-            f"{name!r}: use 1-100 letters, digits, '_', '.', ':' or '-' (it is journaled)",
-        )
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ConfigError(f"flow {name!r} version", f"expected an int >= 1, got {version!r}")
-    if isinstance(cancel, str):
-        raise ConfigError(
-            f"flow {name!r} cancel", f"expected a tuple of commands, e.g. ({cancel!r},)"
-        )
-    if not isinstance(cancel, tuple | list | frozenset | set):
-        raise ConfigError(f"flow {name!r} cancel", f"expected a tuple of commands, got {cancel!r}")
-    commands: tuple[str, ...] = tuple(cancel)
-    if not all(isinstance(c, str) and c for c in commands):
-        raise ConfigError(f"flow {name!r} cancel", "every command must be a non-empty string")
-    if on_incompatible not in _INCOMPATIBLE:
-        raise ConfigError(
-            f"flow {name!r} on_incompatible",
-            f"expected 'refuse', 'restart' or 'drop', got {on_incompatible!r}",
-        )
-    return commands
 
 
 class _Suspend(BaseException):
@@ -302,22 +236,12 @@ class Conversation:
         self._sends = 0
 
 
-@dataclass(slots=True)
-class Slot:
-    """A chat's flow as a turn read it: the record and the version to compare-and-set."""
-
-    key: str
-    record: Json | None
-    version: int
-    journaled: bool
-
-
 class FlowRunner:
     """Runs the turns of a bot's flows for one runtime: routing, replay, checkpoints."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
-        self._flows: dict[str, Flow[Any]] = runtime.bot._flows
+    def __init__(self, host: Host, flows: dict[str, Flow[Any]]) -> None:
+        self._host = host
+        self._flows = flows
         #: Checkpoints kept in memory: non-persistent flows (and every flow without a journal).
         self._memory: dict[str, Json] = {}
         self._any_journaled = any(f.persistent for f in self._flows.values())
@@ -325,7 +249,7 @@ class FlowRunner:
     # -- loading and storing ------------------------------------------------------------
 
     def _key(self, chat_id: str) -> str:
-        engine = self._rt._engine
+        engine = self._host.engine
         return engine.checkpoints.key(chat_id) if engine is not None else "flow/" + chat_id
 
     async def load(self, chat_id: str) -> Slot:
@@ -333,7 +257,7 @@ class FlowRunner:
         mem = self._memory.get(chat_id)
         if mem is not None and mem["status"] == ACTIVE:
             return Slot(key, mem, 0, False)
-        engine = self._rt._engine
+        engine = self._host.engine
         if engine is not None and self._any_journaled:
             entry = await engine.checkpoints.get(key)
             if entry is not None:
@@ -343,42 +267,42 @@ class FlowRunner:
 
     def _persistent(self, record: Json) -> bool:
         flow = self._flows.get(record["flow"])
-        return self._rt._engine is not None and (flow is None or flow.persistent)
+        return self._host.engine is not None and (flow is None or flow.persistent)
 
-    def store(self, ctx: Context, slot: Slot, record: Json) -> None:
+    def store(self, turn: Turn, slot: Slot, record: Json) -> None:
         """Keep ``record`` as the chat's checkpoint: journaled ones ride on the inbound's
-        done write (``ctx._riders``), in-memory ones are kept at once."""
+        done write (``turn.riders``), in-memory ones are kept at once."""
         chat = record["chat_id"]
         if self._persistent(record):
-            engine = self._rt._engine
+            engine = self._host.engine
             assert engine is not None
             now = engine.clock.now()
             # compare-and-set on the version this turn read (unknown when the chat's flow
             # was an in-memory one: then the write replaces whatever is there)
             expect = slot.version if slot.journaled else None
-            ctx._riders[slot.key] = engine.checkpoints.op(slot.key, record, expect=expect, now=now)
+            turn.riders[slot.key] = engine.checkpoints.op(slot.key, record, expect=expect, now=now)
             self._memory.pop(chat, None)
         else:
             self._memory[chat] = record
             if slot.journaled and slot.record is not None and slot.record["status"] == ACTIVE:
                 # a journaled flow replaced by an in-memory one: end it in the journal too
-                engine = self._rt._engine
+                engine = self._host.engine
                 assert engine is not None
                 now = engine.clock.now()
                 gone = ended_record(slot.record, "cancelled", now)
-                ctx._riders[slot.key] = engine.checkpoints.op(
+                turn.riders[slot.key] = engine.checkpoints.op(
                     slot.key, gone, expect=slot.version, now=now
                 )
         slot.record = record
 
     # -- routing: a message of a chat -----------------------------------------------------
 
-    async def route(self, ctx: Context) -> bool:
-        """Give ``ctx.message`` to its chat's active flow; True when the flow took it (the
+    async def route(self, turn: Turn) -> bool:
+        """Give ``turn.message`` to its chat's active flow; True when the flow took it (the
         handlers do not run), False when it goes to the handlers."""
-        message = ctx.message
+        message = turn.message
         slot = await self.load(message.chat_id)
-        ctx._flow = slot
+        turn.flow = slot
         record = slot.record
         if record is None:
             return False
@@ -402,7 +326,7 @@ class FlowRunner:
         flow = self._flows.get(record["flow"])
         problem = _refusal(flow, record)
         if problem is not None:
-            return await self._incompatible(ctx, slot, flow, problem)
+            return await self._incompatible(turn, slot, flow, problem)
         assert flow is not None
         text = message.text
         if text is not None and text.strip() in flow.cancel:
@@ -414,73 +338,73 @@ class FlowRunner:
         outcome = await self._turn(flow, record, step)
         if isinstance(outcome, _Diverged):
             err = FlowDivergedError(flow.name, message.chat_id, _diverged_text(flow, outcome))
-            return await self._incompatible(ctx, slot, flow, err)
-        self.store(ctx, slot, outcome.record)
+            return await self._incompatible(turn, slot, flow, err)
+        self.store(turn, slot, outcome.record)
         await self._ended(flow, outcome)
         return True
 
     async def _incompatible(
-        self, ctx: Context, slot: Slot, flow: Flow[Any] | None, err: FlowVersionError
+        self, turn: Turn, slot: Slot, flow: Flow[Any] | None, err: FlowVersionError
     ) -> bool:
         record = slot.record
         assert record is not None
         policy = flow.on_incompatible if flow is not None else "refuse"
-        rt = self._rt
-        now = rt._now()
-        await rt._emit(ErrorEvent(err, "flow", ctx.message.id))
+        host = self._host
+        now = host.now()
+        await host.emit(ErrorEvent(err, "flow", turn.message.id))
         if policy == "refuse" or flow is None:
             log.error("%s (the message goes to the handlers)", err)
             return False
         if policy == "drop":
-            self.store(ctx, slot, ended_record(record, "dropped", now))
-            await rt._emit(FlowEndedEvent(record["flow"], record["chat_id"], "dropped", None, err))
+            self.store(turn, slot, ended_record(record, "dropped", now))
+            await host.emit(FlowEndedEvent(record["flow"], record["chat_id"], "dropped", None, err))
             return False
-        await rt._emit(FlowEndedEvent(record["flow"], record["chat_id"], "dropped", None, err))
-        await self._start(ctx, slot, flow, record["args"], replace=False)
+        await host.emit(FlowEndedEvent(record["flow"], record["chat_id"], "dropped", None, err))
+        await self._start(turn, slot, flow, record["args"], replace=False)
         return True
 
     # -- starting -----------------------------------------------------------------------
 
-    async def start(self, ctx: Context, flow: Flow[Any] | str, args: Mapping[str, Any]) -> None:
+    async def start(self, turn: Turn, flow: Flow[Any] | str, args: Mapping[str, Any]) -> None:
         """``ctx.start_flow``: start ``flow`` in the message's chat (replacing an active
         flow there: it ends ``cancelled``); its first question goes out now."""
         resolved = self.resolve(flow)
-        slot = ctx._flow if ctx._flow is not None else await self.load(ctx.chat_id)
-        ctx._flow = slot
+        slot = turn.flow if turn.flow is not None else await self.load(turn.message.chat_id)
+        turn.flow = slot
         record = slot.record
         if (
             record is not None
             and record["status"] == ACTIVE
             and record["flow"] == resolved.name
-            and record["origin"]["base"] == ctx.message.id
+            and record["origin"]["base"] == turn.message.id
             and not record.get("restart")
         ):
             return  # this very message started it already (a redelivery): nothing new
-        await self._start(ctx, slot, resolved, dict(args), replace=True)
+        await self._start(turn, slot, resolved, dict(args), replace=True)
 
     async def _start(
-        self, ctx: Context, slot: Slot, flow: Flow[Any], args: Json, *, replace: bool
+        self, turn: Turn, slot: Slot, flow: Flow[Any], args: Json, *, replace: bool
     ) -> None:
-        rt = self._rt
+        host = self._host
         old = slot.record
         if replace and old is not None and old["status"] == ACTIVE:
-            await rt._emit(FlowEndedEvent(old["flow"], old["chat_id"], "cancelled"))
+            await host.emit(FlowEndedEvent(old["flow"], old["chat_id"], "cancelled"))
         record = fresh_record(
             flow.name,
             flow.version,
-            ctx.chat_id,
+            turn.message.chat_id,
             _json_args(flow, args),
-            rt._now(),
-            origin=ctx.message.id,
-            n=ctx._sends,
+            host.now(),
+            origin=turn.message.id,
+            n=turn.sends,
         )
         sends, outcome = await self._run_start(flow, record)
-        ctx._sends += sends
-        self.store(ctx, slot, outcome.record)
+        turn.sends += sends
+        self.store(turn, slot, outcome.record)
         await self._ended(flow, outcome)
 
     async def _run_start(self, flow: Flow[Any], record: Json) -> tuple[int, _Result]:
-        conv = Conversation(self, flow, record, None, self._rt._now())
+        conv = Conversation(self, flow, record, None, self._host.now())
         outcome = await self._drive(flow, conv)
         assert not isinstance(outcome, _Diverged)  # nothing recorded: nothing to diverge from
         return (conv._sends if conv._cursor == 0 else 0), outcome
@@ -495,13 +419,13 @@ class FlowRunner:
         resolved = self.resolve(flow)
         slot = await self.load(chat_id)
         old = slot.record
-        now = self._rt._now()
+        now = self._host.now()
         record = fresh_record(
             resolved.name, resolved.version, chat_id, _json_args(resolved, dict(args)), now
         )
         if old is not None and old["status"] == ACTIVE:
-            await self._rt._emit(FlowEndedEvent(old["flow"], chat_id, "cancelled"))
-        engine = self._rt._engine
+            await self._host.emit(FlowEndedEvent(old["flow"], chat_id, "cancelled"))
+        engine = self._host.engine
         if resolved.persistent and engine is not None:
             record["restart"] = True
             self._memory.pop(chat_id, None)
@@ -557,7 +481,7 @@ class FlowRunner:
             err = problem or FlowDivergedError(
                 record["flow"], record["chat_id"], _diverged_text(flow, outcome)
             )
-            await self._rt._emit(ErrorEvent(err, "flow"))
+            await self._host.emit(ErrorEvent(err, "flow"))
             if flow is not None and flow.on_incompatible == "drop":
                 outcome = _Result(ended_record(record, "dropped", now), "dropped", None, err)
             else:  # parked until a message or an operator: the sweeper leaves it alone
@@ -569,7 +493,7 @@ class FlowRunner:
         return acted
 
     async def _write(self, entry: Entry, record: Json, now: float) -> int:
-        engine = self._rt._engine
+        engine = self._host.engine
         assert engine is not None
         # 0 when a message (or another replica) moved the flow first
         return int(await engine.checkpoints.write_over(entry, record, now))
@@ -601,13 +525,13 @@ class FlowRunner:
         """Replay ``record`` and feed ``step`` at the first ask past it."""
         work: Json = copy_json(record)
         work.pop("parked", None)
-        conv = Conversation(self, flow, work, step, self._rt._now())
+        conv = Conversation(self, flow, work, step, self._host.now())
         return await self._drive(flow, conv)
 
     async def _drive(self, flow: Flow[Any], conv: Conversation) -> _Result | _Diverged:
         """Run the flow coroutine once: suspended at an ask, ended, or diverged."""
         record = conv._record
-        now = self._rt._now()
+        now = self._host.now()
         result: Any = None
         error: BaseException | None = None
         suspended = False
@@ -637,7 +561,7 @@ class FlowRunner:
         elif error is not None:
             status = "failed"
             log.warning("flow %s in chat %s failed: %s", flow.name, conv.chat_id, error)
-            await self._rt._emit(ErrorEvent(error, "flow", _last_src(conv)))
+            await self._host.emit(ErrorEvent(error, "flow", _last_src(conv)))
         stored = result if error is None and _is_json(result) else None
         return _Result(ended_record(record, status, now, stored), status, result, error)
 
@@ -645,7 +569,7 @@ class FlowRunner:
         if outcome.status is None:
             return
         record = outcome.record
-        await self._rt._emit(
+        await self._host.emit(
             FlowEndedEvent(
                 flow.name, record["chat_id"], outcome.status, outcome.result, outcome.error
             )
@@ -663,14 +587,14 @@ class FlowRunner:
         derived: bool,
         inbound_id: str | None,
     ) -> Receipt:
-        message = self._rt._outbound(chat_id, text, opts)
-        return await self._rt._submit(message, key, derived, inbound_id, inline=True)
+        message = outbound(chat_id, text, opts)
+        return await self._host.submit(message, key, derived, inbound_id, inline=True)
 
     async def replayed(self, key: str, chat_id: str, inbound_id: str | None) -> Receipt:
         """The receipt of a send an earlier turn made: from the outbox, else a stand-in
         (purged by retention, or no journal). Nothing is sent, nothing journaled."""
-        engine = self._rt._engine
-        now = self._rt._now()
+        engine = self._host.engine
+        now = self._host.now()
         if engine is not None:
             entry = await engine.kv.get(engine.out_prefix + key)
             if entry is not None:
@@ -685,16 +609,16 @@ class FlowRunner:
         )
 
     def _journaled(self, message: Inbound) -> Json:
-        engine = self._rt._engine
+        engine = self._host.engine
         refs = engine.config.inbox.media_refs if engine is not None else True
-        return encode_inbound(journaled(message, self._rt.provider, media_refs=refs))
+        return encode_inbound(journaled(message, self._host.provider, media_refs=refs))
 
     def inbound_of(self, step: Json, chat_id: str) -> Inbound:
         """The inbound of a recorded answer (its media rebuilt from the journaled form)."""
         encoded = step.get("message")
         if encoded is not None:
             try:
-                return rehydrated(decode_inbound(encoded), self._rt.provider)
+                return rehydrated(decode_inbound(encoded), self._host.provider)
             except Exception as exc:  # the text is what the flow needs
                 log.warning("flow answer %s: journaled message unreadable: %s", step["src"], exc)
         return Inbound(id=step["src"], chat_id=chat_id, text=step.get("text"))

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from botmesh._flows import Flow, FlowFn, Incompatible, check_flow_options
-from botmesh._runtime import Runtime
+from botmesh._bot.flow import Flow, FlowFn, Incompatible, check_flow_options
+from botmesh._bot.parts import AfterSend, BeforeSend, Registry
+from botmesh._bot.runtime import Runtime
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.engine import RuntimeOptions
 from botmesh.state.errors import DurabilityError
@@ -27,13 +28,13 @@ from botmesh.state.events import (
 from botmesh.state.keys import scope_id
 from botmesh.state.kv import DurableKv
 from botmesh.state.message_log import LoggedMessage
-from botmesh.state.messages import Inbound, Outbound, Receipt
+from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
 
 if TYPE_CHECKING:
-    from botmesh._runtime import Context
+    from botmesh._bot.context import Context
 
-__all__ = ["AfterSend", "BeforeSend", "Bot", "Handler", "Listener"]
+__all__ = ["Bot", "Handler", "Listener", "run"]
 
 E = TypeVar(
     "E",
@@ -60,10 +61,6 @@ _EVENTS = (
 Handler = Callable[["Context"], Awaitable[None]]
 #: An event listener: called with the event; may be a coroutine function.
 Listener = Callable[[E], object]
-#: ``before_send``: may return a changed ``Outbound`` (or ``None`` to keep it).
-BeforeSend = Callable[[Outbound], "Outbound | Awaitable[Outbound | None] | None"]
-#: ``after_send``: called with the receipt of each part that went out.
-AfterSend = Callable[[Receipt], object]
 
 DEFAULT_JOURNAL = "memory://"
 
@@ -92,11 +89,9 @@ class Bot:
         self.environment_id = environment_id
         self.connection_id = connection_id
         self.config = DurabilityConfig.of(durability)
-        self._handlers: list[tuple[Callable[[Inbound], bool] | None, Handler]] = []
-        self._listeners: dict[type, list[Callable[[Any], object]]] = {}
-        self._before_send: list[BeforeSend] = []
-        self._after_send: list[AfterSend] = []
-        self._flows: dict[str, Flow[Any]] = {}
+        #: What this bot registered (its handlers, listeners, hooks and flows): what a
+        #: runtime runs.
+        self.registry = Registry()
         #: The runtime this bot was last bound to (``bind``): what ``messages`` reads.
         self._bound: Runtime | None = None
 
@@ -109,14 +104,14 @@ class Bot:
 
     def on_message(self, handler: Handler) -> Handler:
         """Register ``handler`` for every inbound (decorator)."""
-        self._handlers.append((None, handler))
+        self.registry.handlers.append((None, handler))
         return handler
 
     def when(self, predicate: Callable[[Inbound], bool]) -> Callable[[Handler], Handler]:
         """Register a handler for the inbounds ``predicate`` accepts (decorator)."""
 
         def register(handler: Handler) -> Handler:
-            self._handlers.append((predicate, handler))
+            self.registry.handlers.append((predicate, handler))
             return handler
 
         return register
@@ -138,7 +133,7 @@ class Bot:
             raise TypeError(f"bot.on({event!r}): listen to {', '.join(names[:-1])} or {names[-1]}")
 
         def register(fn: Listener[E]) -> Listener[E]:
-            self._listeners.setdefault(event, []).append(fn)
+            self.registry.listeners.setdefault(event, []).append(fn)
             return fn
 
         return register if listener is None else register(listener)
@@ -166,7 +161,7 @@ class Bot:
         ``cancel`` commands raises ``FlowCancelled`` at the pending ask. See docs/flows.md.
         """
         commands = check_flow_options(name, version, cancel, on_incompatible)
-        if name in self._flows:
+        if name in self.registry.flows:
             raise ValueError(f"a flow named {name!r} is registered already on bot {self.bot_id!r}")
 
         def register(fn: FlowFn[R]) -> Flow[R]:
@@ -178,7 +173,7 @@ class Bot:
                 cancel=commands,
                 on_incompatible=on_incompatible,
             )
-            self._flows[name] = flow
+            self.registry.flows[name] = flow
             return flow
 
         return register
@@ -186,13 +181,13 @@ class Bot:
     def before_send(self, hook: BeforeSend) -> BeforeSend:
         """Run ``hook(outbound)`` once per send, before the journal and before a text is
         split; it may return a changed ``Outbound`` (decorator)."""
-        self._before_send.append(hook)
+        self.registry.before_send.append(hook)
         return hook
 
     def after_send(self, hook: AfterSend) -> AfterSend:
         """Run ``hook(receipt)`` after each part went out, inline or in the background
         (decorator)."""
-        self._after_send.append(hook)
+        self.registry.after_send.append(hook)
         return hook
 
     # -- binding ----------------------------------------------------------------------------
@@ -224,9 +219,32 @@ class Bot:
         the runtime this bot was last bound to (``botmesh.run``; on the Kafka worker, the
         partitions it owns: a handler reads its own chat's log). See docs/message-log.md."""
         runtime = self._bound
-        if runtime is None or runtime.journal is None:
+        if runtime is None:
             raise DurabilityError(
                 "no message log: the bot is not running on a journal; use `async with "
                 "botmesh.run(bot, provider, journal=...) as app` first"
             )
-        return await runtime._started().messages.history(chat_id, limit=limit, before=before)
+        return await runtime.messages(chat_id, limit=limit, before=before)
+
+
+def run(
+    bot: Bot,
+    provider: Provider,
+    *,
+    journal: str | DurableKv | None = "memory://",
+    **options: Unpack[RuntimeOptions],
+) -> Runtime:
+    """Run ``bot`` in this process::
+
+        async with botmesh.run(bot, provider, journal="file:///var/lib/bot/journal") as app:
+            outcome = await app.handle(Inbound(id="wamid.1", chat_id="42", text="hi"))
+
+    ``journal`` defaults to ``"memory://"`` (retries, dedupe and dead letters within this
+    process; nothing survives it). Use ``file:///path`` to survive a crash on one host.
+    ``journal=None`` runs without any journal: an explicit opt-out. A bad URL or option is
+    refused here, naming it. The other options (``RuntimeOptions``): ``fallbacks`` names the
+    other channels a send's ``Fallback`` may go out through (``{"sms":
+    TwilioProvider(...)}``), ``instance_id`` this runtime's name among the bot's, ``clock``
+    and ``rng`` are for tests.
+    """
+    return bot.bind(provider, journal, **options)

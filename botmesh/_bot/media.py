@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from botmesh._bot.parts import Received
 from botmesh.state.errors import MediaUnavailableError, ProviderError
 from botmesh.state.ports import MediaDownloads
-
-if TYPE_CHECKING:
-    from botmesh._runtime import Context
 
 __all__ = ["load_media_of"]
 
 log = logging.getLogger("botmesh")
 
 
-async def load_media_of(ctx: Context, *, throw_on_error: bool = False) -> bytes | None:
+async def load_media_of(ctx: Received, *, throw_on_error: bool = False) -> bytes | None:
     """Download the media of ``ctx``'s message through the bot's provider.
 
     ``None`` when the message has no media, and, unless ``throw_on_error``, when the
@@ -34,7 +31,7 @@ async def load_media_of(ctx: Context, *, throw_on_error: bool = False) -> bytes 
         if media.unavailable is not None:
             raise MediaUnavailableError(
                 media.unavailable,
-                f"the media of inbound {ctx.inbound_id!r} cannot be downloaded after a replay "
+                f"the media of inbound {ctx.message.id!r} cannot be downloaded after a replay "
                 f"({media.unavailable}); ask the user to send it again",
             )
         if isinstance(provider, MediaDownloads):
@@ -45,14 +42,14 @@ async def load_media_of(ctx: Context, *, throw_on_error: bool = False) -> bytes 
             f"provider {provider.name!r} cannot download media (it has no download_media)"
         )
     except MediaUnavailableError as exc:
-        log.info("media of inbound %s unavailable: %s", ctx.inbound_id, exc.reason)
+        log.info("media of inbound %s unavailable: %s", ctx.message.id, exc.reason)
         if throw_on_error:
             raise
         return None
     except Exception as exc:
         log.warning(
             "media of inbound %s: download failed: %s: %s",
-            ctx.inbound_id,
+            ctx.message.id,
             type(exc).__name__,
             exc,
         )
@@ -61,6 +58,6 @@ async def load_media_of(ctx: Context, *, throw_on_error: bool = False) -> bytes 
         if media.ref is not None:  # rebuilt from the journal: the stored reference is stale
             raise MediaUnavailableError(
                 "rehydrate-failed",
-                f"the media of replayed inbound {ctx.inbound_id!r} no longer downloads: {exc}",
+                f"the media of replayed inbound {ctx.message.id!r} no longer downloads: {exc}",
             ) from exc
         raise
