@@ -136,7 +136,8 @@ def vm_mib(pid: int, name: str) -> float:
     return float("nan")
 
 
-#: A worker's text log line (``botmesh.logs.TEXT_FORMAT``): time, level, logger, message.
+#: A worker's text log line (``botmesh.observability.logs.TEXT_FORMAT``): time, level,
+#: logger, message.
 _LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z]+ [\w.]+: (.*)$")
 #: A journal partition brought up to the end of its changelog (``worker/loop.py``).
 _RESTORED = re.compile(

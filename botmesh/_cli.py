@@ -274,7 +274,7 @@ def _cmd_run(args: Args) -> int:
 
 
 def _cmd_worker(args: Args) -> int:
-    from botmesh import logs, tracing
+    from botmesh.observability import logs, tracing
     from botmesh.streams.config import WorkerConfig, check_worker_journal
 
     if args.journal is not None:
@@ -513,7 +513,8 @@ def _cmd_operator(args: Args) -> int:
 
 
 def _cmd_gateway(args: Args) -> int:
-    from botmesh import _gateway, logs, tracing
+    from botmesh import _gateway
+    from botmesh.observability import logs, tracing
     from botmesh.providers.channels import CHANNELS, webhook_from_env
 
     raw = list(args.channel) or [os.environ.get("BOTMESH_GATEWAY_CHANNELS", "")]
@@ -562,8 +563,8 @@ def _console_tokens(token_file: str | None) -> Any:
 
 
 def _cmd_console(args: Args) -> int:
-    from botmesh import logs
     from botmesh.console import ConsoleConfig, serve
+    from botmesh.observability import logs
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be 0-65535")

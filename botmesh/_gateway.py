@@ -21,8 +21,8 @@ A webhook goes through, in order:
    acked after its 503 still counts as produced: the retry is then a duplicate);
 7. ``reply`` (usually a bare 200).
 
-With tracing on (``botmesh.tracing``) all of it is one ``SERVER`` span, and each record
-produced carries that span's W3C ``traceparent`` header, which the worker continues.
+With tracing on (``botmesh.observability.tracing``) all of it is one ``SERVER`` span, and
+each record produced carries that span's W3C ``traceparent`` header, which the worker continues.
 
 Duplicates: a channel retries a webhook it got no 2xx for, with the same event id. The
 gateway keeps the ``(channel, id)`` of what it produced in memory (at most ``seen_max``
@@ -67,7 +67,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from botmesh import tracing
+from botmesh.observability import tracing
 from botmesh.observability.http import serving_app
 from botmesh.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from botmesh.observability.metrics import exposition, gateway_registry
@@ -80,7 +80,7 @@ from botmesh.providers.webhooks import (
 )
 from botmesh.state.messages import Inbound
 from botmesh.streams.connection import Brokers
-from botmesh.streams.gateway import GatewayKafka, KafkaUnavailable
+from botmesh.streams.gateway_kafka import GatewayKafka, KafkaUnavailable
 from botmesh.topics.catalog import Catalog
 from botmesh.topics.records import chat_key, encode_inbound
 
@@ -323,7 +323,7 @@ class Gateway:
         route = f"/{name}"
 
         async def handle(request: web.Request) -> web.Response:
-            # a SERVER span per webhook when tracing is on (botmesh.tracing)
+            # a SERVER span per webhook when tracing is on (botmesh.observability.tracing)
             with tracing.webhook_span(request.method, route, request.headers) as span:
                 response = await self._webhook(name, request)
                 span.answered(response.status)

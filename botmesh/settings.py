@@ -225,7 +225,8 @@ SETTINGS: tuple[Setting, ...] = (
         "the console is read-only",
         secret=True,
     ),
-    # -- traces, with the otel extra (botmesh.tracing; the SDK reads its other OTEL_* itself)
+    # -- traces, with the otel extra (botmesh.observability.tracing; the SDK reads its other
+    # OTEL_* itself)
     _s(
         "OTEL_TRACES_EXPORTER",
         "",

@@ -50,7 +50,7 @@ RULES: dict[str, frozenset[str]] = {
     "state": frozenset(),
     "providers": frozenset({"state"}),
     "topics": frozenset({"state"}),
-    "observability": frozenset({"state"}),
+    "observability": frozenset({"state", "topics"}),
     "streams": frozenset({"state", "topics", "observability"}),
     "console": frozenset({"state", "topics", "observability", "streams"}),
     "_bot": frozenset({"state", "providers"}),

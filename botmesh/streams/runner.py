@@ -179,8 +179,8 @@ log = logging.getLogger("botmesh.streams")
 #: What one record of a batch is, once decoded.
 Item = tuple["RawRecord", Inbound | SendRequest | ControlRequest]
 #: What the runner settles each record inside, entered once a record: ``scope(raw, item)``
-#: (the worker's command line gives ``botmesh.logs.record_scope``: the record's log context
-#: and, with tracing on, its span). The default does nothing.
+#: (the worker's command line gives ``botmesh.observability.logs.record_scope``: the
+#: record's log context and, with tracing on, its span). The default does nothing.
 RecordScope = Callable[
     ["RawRecord", Inbound | SendRequest | ControlRequest], AbstractContextManager[object]
 ]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from typing import Any
 
+from botmesh.observability.tracing import TRACE_HEADERS
 from botmesh.state.messages import Receipt
 from botmesh.state.records import Json
 from botmesh.streams.retry_tiers import parked_record
@@ -19,18 +19,13 @@ from botmesh.streams.table_kv import Rider
 from botmesh.topics.dead_letters import inbound_dead_letter, outbox_dead_letter
 from botmesh.topics.records import chat_key, encode_receipt
 
-__all__ = ["TRACE_HEADERS", "Headers", "KafkaReceipts", "Produce"]
+__all__ = ["Headers", "KafkaReceipts", "Produce"]
 
 Headers = list[tuple[str, bytes]]
 #: ``produce(role, key, value, headers)`` hands a record to the producer (role ``"sent"``,
 #: ``"dlq"``, ``"requests-dlq"``, ``"outbox-dlq"``, ``"control-results"`` or
 #: ``"retry:<tier>"``) and returns an awaitable that resolves on the broker's ack.
 Produce = Callable[[str, bytes | None, bytes, Headers], Awaitable[Awaitable[Any]]]
-#: The W3C headers (``traceparent``) of the record being settled, set by its span when
-#: tracing is on (``botmesh.tracing``): the receipts published meanwhile carry them.
-TRACE_HEADERS: ContextVar[tuple[tuple[str, bytes], ...]] = ContextVar(
-    "botmesh_trace_headers", default=()
-)
 
 
 class KafkaReceipts:

@@ -1,6 +1,6 @@
-"""``botmesh.logs``: the log format setting refused when it is neither ``text`` nor ``json``,
-JSON lines with the record's context, the same lines from the libraries' loggers, and no
-message text logged at ``info`` or above anywhere in the package."""
+"""``botmesh.observability.logs``: the log format setting refused when it is neither
+``text`` nor ``json``, JSON lines with the record's context, the same lines from the
+libraries' loggers, and no message text logged at ``info`` or above anywhere in the package."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from botmesh import logs
 from botmesh._cli import main
+from botmesh.observability import logs
 from botmesh.state.messages import Inbound
 from botmesh.streams.runner import RawRecord
 from botmesh.topics.records import SendRequest

@@ -1,8 +1,8 @@
-"""``botmesh.tracing``: off, it is a shared no-op that allocates nothing per record (and with
-the extra missing it says which ``pip install`` turns it on); on, the W3C headers go onto
-records and come back off them, and the worker's runner continues a record's trace: the turn
-span a child of the record's ``traceparent``, the log lines and the receipts carrying it.
-The spans go to an in-memory exporter."""
+"""``botmesh.observability.tracing``: off, it is a shared no-op that allocates nothing per
+record (and with the extra missing it says which ``pip install`` turns it on); on, the W3C
+headers go onto records and come back off them, and the worker's runner continues a
+record's trace: the turn span a child of the record's ``traceparent``, the log lines and
+the receipts carrying it. The spans go to an in-memory exporter."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from yarl import URL
 
-from botmesh import Bot, Context, logs, tracing
+from botmesh import Bot, Context
 from botmesh.journal import MemoryKv
+from botmesh.observability import logs, tracing
 from botmesh.state.messages import Inbound
 from botmesh.streams.runner import InboundRunner, RawRecord
 from botmesh.streams.sink import KafkaReceipts
@@ -114,7 +115,7 @@ def test_off_by_default_nothing_is_imported_and_every_call_is_the_shared_no_op()
     out = _run(
         """
         import sys, tracemalloc
-        from botmesh import logs, tracing
+        from botmesh.observability import logs, tracing
         from botmesh.state.messages import Inbound
         from botmesh.streams.runner import RawRecord
 
@@ -147,7 +148,7 @@ def test_without_the_extra_tracing_asked_for_is_off_and_says_how_to_install_it()
         import logging, sys
         sys.modules["opentelemetry"] = None  # as if botmesh[otel] were not installed
         logging.basicConfig(level="WARNING", format="%(message)s")
-        from botmesh import tracing
+        from botmesh.observability import tracing
         assert tracing.configure("botmesh-worker") is False and tracing.ENABLED is False
         print("off")
         """,
@@ -172,7 +173,7 @@ def test_the_environment_turns_it_on_with_the_sdk_s_provider(env: dict[str, str]
     out = _run(
         """
         from opentelemetry import trace
-        from botmesh import tracing
+        from botmesh.observability import tracing
         on = tracing.configure("botmesh-worker")
         provider = trace.get_tracer_provider()
         name = provider.resource.attributes["service.name"] if on else "-"

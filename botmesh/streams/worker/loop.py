@@ -828,11 +828,11 @@ def run_worker(
 ) -> int:
     """Run a worker on librdkafka until SIGTERM / Ctrl-C; the exit status.
 
-    What the command line brings (``botmesh.logs``, ``botmesh.tracing``: this package imports
-    neither): ``record_scope``, what the runner settles each record inside (its log context
-    and span); ``journal_written``, told the seconds of each awaited journal write (its
-    span). A stop still under way ``config.stop_timeout`` seconds after the first signal
-    ends with the process (``_stop_overdue``)."""
+    What the command line brings (``botmesh.observability.logs`` and ``.tracing``: this
+    package imports neither): ``record_scope``, what the runner settles each record inside
+    (its log context and span); ``journal_written``, told the seconds of each awaited
+    journal write (its span). A stop still under way ``config.stop_timeout`` seconds after
+    the first signal ends with the process (``_stop_overdue``)."""
 
     async def main() -> int:
         worker = Worker(

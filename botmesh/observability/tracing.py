@@ -51,7 +51,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from botmesh._version import __version__
 from botmesh.state.messages import Inbound
@@ -62,12 +62,13 @@ if TYPE_CHECKING:
     from opentelemetry.propagators.textmap import Getter, Setter
     from opentelemetry.trace import Span, Tracer
 
-    from botmesh.streams.runner import RawRecord
     from botmesh.topics.control import ControlRequest
 
 __all__ = [
     "ENABLED",
     "NO_SPAN",
+    "TRACE_HEADERS",
+    "ReadRecord",
     "configure",
     "current_ids",
     "extract",
@@ -92,6 +93,27 @@ ASKING = (
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 )
 _EXTRA = "pip install 'botmesh[otel]'"
+#: The W3C headers (``traceparent``) of the record being settled, set by its span when
+#: tracing is on: the receipts the worker publishes meanwhile carry them.
+TRACE_HEADERS: ContextVar[tuple[tuple[str, bytes], ...]] = ContextVar(
+    "botmesh_trace_headers", default=()
+)
+
+
+class ReadRecord(Protocol):
+    """A record as the worker read it: where it was, and its headers."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
 def _env(environ: Mapping[str, str], name: str) -> str:
@@ -343,7 +365,7 @@ def webhook_span(method: str, route: str, headers: Mapping[str, str]) -> _Span |
 
 class _RecordSpan(_Span):
     """A record's span while the worker settles it; the receipts published meanwhile carry
-    its ``traceparent`` (``botmesh.streams.sink.TRACE_HEADERS``)."""
+    its ``traceparent`` (``TRACE_HEADERS``)."""
 
     __slots__ = ("_token",)
 
@@ -351,7 +373,7 @@ class _RecordSpan(_Span):
         super().__enter__()
         headers: list[tuple[str, bytes]] = []
         inject(headers)
-        self._token = _trace_headers().set(tuple(headers))
+        self._token = TRACE_HEADERS.set(tuple(headers))
         return self
 
     def __exit__(
@@ -360,20 +382,12 @@ class _RecordSpan(_Span):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _trace_headers().reset(self._token)
+        TRACE_HEADERS.reset(self._token)
         super().__exit__(kind, exc, tb)
 
 
-@functools.cache
-def _trace_headers() -> ContextVar[tuple[tuple[str, bytes], ...]]:
-    """The sink's ``TRACE_HEADERS`` (imported once tracing is on: the worker has it)."""
-    from botmesh.streams.sink import TRACE_HEADERS  # noqa: PLC0415
-
-    return TRACE_HEADERS
-
-
 def record_span(
-    raw: RawRecord, item: Inbound | SendRequest | ControlRequest
+    raw: ReadRecord, item: Inbound | SendRequest | ControlRequest
 ) -> _RecordSpan | _NoSpan:
     """The worker's span of one record (``CONSUMER``, a child of the context its headers
     carry); ``NO_SPAN`` when tracing is off."""

@@ -13,7 +13,7 @@ in text or in JSON lines, with the context of the record being handled.
 
   ``ts`` is ISO 8601 in UTC; while a record is handled its context is added (``chat_id``,
   ``message_id``, ``topic``, ``partition``, ``offset``, ``idempotency_key`` for a send
-  request), and ``trace_id`` / ``span_id`` when tracing is on (``botmesh.tracing``); an
+  request), and ``trace_id`` / ``span_id`` when tracing is on (``tracing.py``); an
   exception comes as ``exc_type`` and ``exc`` (its traceback, as text).
 
 librdkafka's own lines come out the same way: the clients hand them to Python's logging
@@ -41,14 +41,13 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from botmesh import tracing
+from botmesh.observability import tracing
 from botmesh.topics.records import SendRequest
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from botmesh.state.messages import Inbound
-    from botmesh.streams.runner import RawRecord
     from botmesh.topics.control import ControlRequest
 
 __all__ = [
@@ -193,7 +192,7 @@ class _RecordContext(LogContext):
 
     def __init__(
         self,
-        raw: RawRecord,
+        raw: tracing.ReadRecord,
         item: Inbound | SendRequest | ControlRequest,
         inner: AbstractContextManager[object] | None,
     ) -> None:
@@ -247,10 +246,12 @@ def current_context() -> dict[str, object]:
     return ctx.fields() if ctx is not None else {}
 
 
-def record_scope(raw: RawRecord, item: Inbound | SendRequest | ControlRequest) -> LogContext:
+def record_scope(
+    raw: tracing.ReadRecord, item: Inbound | SendRequest | ControlRequest
+) -> LogContext:
     """What the worker's runner settles each record inside
     (``botmesh.streams.runner.RecordScope``): its log context, and its span when tracing
-    is on (``botmesh.tracing.record_span``)."""
+    is on (``tracing.record_span``)."""
     return _RecordContext(raw, item, tracing.record_span(raw, item) if tracing.ENABLED else None)
 
 
