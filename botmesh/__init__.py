@@ -19,7 +19,7 @@ _WHERE = {
     "Bot": "botmesh._bot.bot",
     "ConsoleProvider": "botmesh.providers.console",
     "Context": "botmesh._bot.context",
-    "Conversation": "botmesh._bot.flow_runner",
+    "Conversation": "botmesh._bot.conversation",
     "DeadEvent": "botmesh.state.events",
     "DurabilityConfig": "botmesh.state.config",
     "ErasedEvent": "botmesh.state.events",
@@ -45,7 +45,7 @@ _WHERE = {
 if _typing.TYPE_CHECKING:
     from botmesh._bot.bot import Bot, run
     from botmesh._bot.context import Context
-    from botmesh._bot.flow_runner import Conversation
+    from botmesh._bot.conversation import Conversation
     from botmesh._bot.media import load_media_of
     from botmesh._bot.runtime import Runtime
     from botmesh.providers.console import ConsoleProvider
