@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from botmesh import logs
-from botmesh._cli import main
+from botmesh._cli.main import main
 from botmesh.state.messages import Inbound
 from botmesh.streams.runner import RawRecord
 from botmesh.topics.records import SendRequest
