@@ -9,11 +9,11 @@ bar and the owners' report (``progress``, ``say``) serve ``botmesh flows`` too.
 """
 
 # Kafka code loads only when a dlq command runs (import cost ~1 s):
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import sys
@@ -117,6 +117,8 @@ def _read(
     servers: str, cat: Catalog, kinds: Sequence[str], flt: Filter | None, quiet: bool
 ) -> tuple[list[str], list[DeadLetter]]:
     """The dead-letter topics of ``kinds`` and their letters that ``flt`` matches."""
+    import asyncio
+
     from botmesh.streams.ops import dlq as ops
 
     topics = [ops.dlq_topic(cat, k) for k in kinds]
@@ -272,6 +274,8 @@ def _act(
     wait: float,
     as_json: bool,
 ) -> int:
+    import asyncio
+
     from botmesh.streams.ops import dlq as ops
 
     with progress(f"waiting for the owners ({name})", as_json) as shown:

@@ -17,11 +17,11 @@ within ``--wait`` seconds (no worker running?).
 """
 
 # Kafka code loads only when the command runs (import cost ~1 s):
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import uuid
@@ -69,6 +69,8 @@ def erase(
     """Erase a chat's journal records (inbounds, sends, flow checkpoint, message log)
     through the worker that owns it, once its sends in flight finished; print the receipt
     (JSON) with the chat's dead letters to handle. A dry run unless --yes."""
+    import asyncio
+
     cat, servers = catalog_of(prefix), bootstrap_of(bootstrap)
     chat = (chat_id or "").strip()
     if not chat:

@@ -4,11 +4,11 @@ Exit statuses as ``botmesh dlq``'s: 0 done, 1 refused, 2 bad input, 3 Kafka unre
 no answer from an owner within ``--wait`` seconds."""
 
 # Kafka code loads only when a flows command runs (import cost ~1 s):
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import uuid
 from typing import Any, Literal
@@ -74,6 +74,8 @@ def _ask(
 ) -> list[dict[str, Any]]:
     """The owners' answers to a ``restart_flow`` or ``drop_flow`` request for each chat, one
     report line each (``no answer`` within ``wait`` seconds)."""
+    import asyncio
+
     from botmesh.streams.ops import dlq as ops
     from botmesh.topics.control import ControlRequest
 

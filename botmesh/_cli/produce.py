@@ -2,11 +2,11 @@
 ``<prefix>.inbound``."""
 
 # the Kafka producer loads only when the command runs (import cost ~1 s):
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
@@ -49,6 +49,8 @@ def produce(
     as_json: bool,
 ) -> int:
     """Produce demo inbound messages (N over M chats), or given texts."""
+    import asyncio
+
     from botmesh.streams.ops.tools import demo_records, produce_inbound
 
     cat, servers = catalog_of(prefix), bootstrap_of(bootstrap)

@@ -2,11 +2,11 @@
 receipt, until ``--limit`` receipts, ``--idle`` seconds without one, or Ctrl-C."""
 
 # the Kafka consumer loads only when the command runs (import cost ~1 s):
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 
@@ -26,6 +26,8 @@ def receipts(
     *, prefix: str, bootstrap: str, from_beginning: bool, limit: int | None, idle: float | None
 ) -> int:
     """Tail the sent-receipts topic (JSON lines)."""
+    import asyncio
+
     from botmesh.streams.ops.tools import tail_receipts
 
     cat, servers = catalog_of(prefix), bootstrap_of(bootstrap)

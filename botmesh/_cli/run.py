@@ -9,11 +9,11 @@ memory://`` keeps nothing, ``--journal none`` runs without a journal.
 """
 
 # the bot library and the journal's backends load only when the command runs:
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -57,6 +57,8 @@ def run(
     instance_id: str | None,
 ) -> int:
     """Run a bot in this process, one inbound message per stdin line."""
+    import asyncio
+
     from botmesh._bot import Bot
     from botmesh._cli.stdin import run_stdin
 

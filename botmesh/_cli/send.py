@@ -5,11 +5,11 @@ order with the chat's other sends. It prints the request id and the send's idemp
 the bot still sends once."""
 
 # the Kafka producer loads only when the command runs (import cost ~1 s):
+# asyncio too, so that --help and shell completion load fast:
 # ruff: noqa: PLC0415
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import click
@@ -56,6 +56,8 @@ def send(
     as_json: bool,
 ) -> int:
     """Ask the bot to send to a chat (a request on <prefix>.requests)."""
+    import asyncio
+
     from botmesh.state.messages import Media
     from botmesh.streams.ops.tools import request_send
     from botmesh.topics.records import REQUEST_KEY_PREFIX
