@@ -174,6 +174,7 @@ def list_(
 
 
 def _table(letters: Sequence[DeadLetter]) -> None:
+    """The letters of ``dlq list``, a row each."""
     from rich.console import Console
     from rich.table import Table
 
@@ -210,6 +211,7 @@ def show(*, prefix: str, bootstrap: str, as_json: bool, which: str, kind: str | 
 
 
 def _show(which: str, letters: list[DeadLetter], as_json: bool) -> int:
+    """The letters ``which`` names, in full (headers and body); none: refused."""
     found = [
         d
         for d in letters
@@ -274,6 +276,8 @@ def _act(
     wait: float,
     as_json: bool,
 ) -> int:
+    """The owners' answers to ``name`` (retry, replay, discard) of ``letters``, said, and the
+    exit status: nothing to act on or a refusal 1, an owner that did not answer 4."""
     import asyncio
 
     from botmesh.streams.ops import dlq as ops
