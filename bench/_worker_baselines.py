@@ -114,7 +114,7 @@ def confluent_loop(bootstrap: str, src: str, dst: str, group: str) -> None:
 
 def profile_worker(out: str, worker_args: list[str]) -> int:
     """``botmesh worker worker_args`` under cProfile; stats dumped to ``out`` at exit."""
-    from botmesh._cli import main
+    from botmesh._cli.main import main
 
     profile = cProfile.Profile()
     profile.enable()
@@ -128,7 +128,7 @@ def profile_worker(out: str, worker_args: list[str]) -> int:
 def unjournaled_worker(worker_args: list[str]) -> int:
     """``botmesh worker worker_args --journal memory://`` (bench only: see the module doc)."""
     import botmesh.streams.config
-    from botmesh._cli import main
+    from botmesh._cli.main import main
 
     check = botmesh.streams.config.check_worker_journal
 

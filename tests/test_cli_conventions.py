@@ -1,4 +1,4 @@
-"""The ``botmesh`` command line keeps its conventions (``botmesh._commands``): one name per
+"""The ``botmesh`` command line keeps its conventions (``botmesh._cli``): one name per
 concept, ``--json`` wherever a command reports, help that names each option's default and
 environment variable, ``--version``, shell completion. Read from the command tree itself,
 so a new command or option is held to them too."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import pytest
 
-from botmesh._commands import cli
+from botmesh._cli.main import cli
 from botmesh._version import __version__
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from botmesh._cli import load_app
+from botmesh._cli.load import load_app
 from botmesh.streams.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,10 +43,8 @@ def test_compose_kafka_is_the_release_we_test() -> None:
 
 def test_compose_worker_environment_is_what_the_worker_reads() -> None:
     env = {k: str(v) for k, v in compose()["services"]["worker"]["environment"].items()}
-    source = "".join(
-        (ROOT / f).read_text()
-        for f in ("botmesh/streams/config.py", "botmesh/topics/catalog.py", "botmesh/_cli.py")
-    )
+    files = [ROOT / "botmesh/streams/config.py", ROOT / "botmesh/topics/catalog.py"]
+    source = "".join(f.read_text() for f in [*files, *(ROOT / "botmesh/_cli").glob("*.py")])
     for name in env:
         assert f'"{name}"' in source, f"{name} is set in docker-compose.yml but never read"
     config = WorkerConfig.from_env(env)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from botmesh._cli import load_app
+from botmesh._cli.load import load_app
 from botmesh._gateway import DEFAULT_REQUEST_TIMEOUT, Gateway, GatewayConfig
 from botmesh.observability.http import HealthServer, Readiness
 from botmesh.observability.metrics import metric_names

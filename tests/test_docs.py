@@ -8,7 +8,7 @@
   in an empty temporary folder, unless the line before it says why it cannot
   (``<!-- not run: it needs a broker -->``); those still compile;
 - every ``botmesh ...`` command of a ```` ```bash ```` block parses with the real command
-  line (``botmesh._commands.cli``), running nothing: each documented command and option
+  line (``botmesh._cli.main.cli``), running nothing: each documented command and option
   exists and takes the values shown;
 - every ```` ```toml ```` block is a configuration file botmesh reads;
 - README.md stays a front door: at most 200 lines, its relative links lead to files.
@@ -31,7 +31,7 @@ import click
 import pytest
 import yaml  # type: ignore[import-untyped]  # pyyaml ships no types
 
-from botmesh._commands import cli
+from botmesh._cli.main import cli
 from botmesh.settings import read_config_file
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,11 +1,11 @@
 """Imports point down. ``RULES`` below is the one statement of which of our packages may
 import which (a package here is an area of the one installed ``botmesh``: its subpackages
 ``botmesh.state``, ``botmesh.providers``, ``botmesh.topics``, ``botmesh.observability``,
-``botmesh.streams``, ``botmesh.console`` (the ops console, on ``streams``), and the
-front door, ``botmesh``'s own modules; ``botmesh/__init__`` itself loads nothing, so
-importing any area loads only that area and what it may import); ``NO_KAFKA`` and
-``LAZY`` say who never loads a Kafka client and what a module must not load when it is
-imported. Everything else in this file reads those tables.
+``botmesh.streams``, ``botmesh.console`` (the ops console, on ``streams``), the
+front door, ``botmesh``'s own modules, and ``botmesh._cli`` (the command line, on top);
+``botmesh/__init__`` itself loads nothing, so importing any area loads only that area and
+what it may import); ``NO_KAFKA`` and ``LAZY`` say who never loads a Kafka client and what a
+module must not load when it is imported. Everything else in this file reads those tables.
 
 Two readings of the code check them:
 
@@ -57,6 +57,10 @@ RULES: dict[str, frozenset[str]] = {
     "botmesh": frozenset(
         {"state", "providers", "topics", "observability", "streams", "console", "_bot"}
     ),
+    # the command line (``python -m botmesh`` too), on top of everything it runs
+    "_cli": frozenset(
+        {"state", "providers", "topics", "observability", "streams", "console", "_bot", "botmesh"}
+    ),
 }
 #: The Kafka client and the journal's store (and the stack retired in issue 38).
 KAFKA = frozenset({"faust", "aiokafka", "confluent_kafka", "mode", "rocksdict"})
@@ -67,7 +71,7 @@ NO_KAFKA = frozenset({"state", "providers", "topics", "observability", "_bot"})
 #: name of it loaded (``from botmesh import Bot, run``).
 LAZY: dict[str, frozenset[str]] = {
     "botmesh": KAFKA,  # a bot module imports botmesh: no Kafka until a worker runs
-    "botmesh._cli": KAFKA,  # the console script: Kafka only for the commands that use it
+    "botmesh._cli.main": KAFKA,  # the console script: Kafka only for the commands that use it
     "botmesh.testing": KAFKA,  # a bot's unit tests run without Kafka
     "botmesh.state.backends": frozenset(
         {"botmesh.state.backends.file", "botmesh.state.backends.urls"}
@@ -102,13 +106,15 @@ class Import:
 
 def area(module: str) -> str:
     """The package of ``RULES`` a module of ours belongs to (``botmesh.state.kv``: ``state``;
-    ``botmesh._cli``: ``botmesh``; ``botmesh`` itself: ``root``); another library's module:
-    its top-level name."""
+    ``botmesh._gateway``: ``botmesh``; ``botmesh.__main__``: ``_cli``; ``botmesh`` itself:
+    ``root``); another library's module: its top-level name."""
     parts = module.split(".")
     if parts[0] != "botmesh":
         return parts[0]
     if module in ROOT_MODULES:
         return "root"
+    if module == "botmesh.__main__":  # python -m botmesh: the command line
+        return "_cli"
     if len(parts) > 1 and parts[1] in RULES:
         return parts[1]
     if len(parts) > 1 and parts[1] == "examples":
@@ -413,7 +419,7 @@ def test_the_closure_follows_module_level_imports_only() -> None:
         "b": ["g"],
     }
     assert import_time_closure("a", graph) == {"a", "b", "b.c", "g"}
-    real = import_time_closure("botmesh._cli")
+    real = import_time_closure("botmesh._cli.main")
     assert {"botmesh", "botmesh._cli", "botmesh.state", "botmesh.state.errors"} <= real
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import pkgutil
 import signal
 import subprocess
 import sys
@@ -36,8 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from botmesh._cli import load_app
-from botmesh.errors import AppLoadError
 from botmesh.examples.echo_bot import bot as echo_bot
 from botmesh.streams.connection import local_kafka_script
 from botmesh.streams.ops.tools import (
@@ -49,6 +48,7 @@ from botmesh.streams.ops.tools import (
     tail_receipts,
 )
 from botmesh.streams.provision import ensure_topics
+from botmesh.streams.runner import BotDefinition
 from botmesh.streams.table_kv import changelog_topic
 from botmesh.topics.catalog import Catalog, prefix_from_env
 
@@ -231,6 +231,21 @@ def _show_journal(bootstrap: str, cat: Catalog, scope: str = echo_bot.scope) -> 
     )
 
 
+def _scope_of(app: str) -> str | None:
+    """The journal scope of the bot ``app`` (``module:attribute``) names, read before anything
+    starts so that a wrong ``--app`` stops the demo at once; ``None`` (said on stderr) when
+    it names no bot."""
+    try:
+        bot = pkgutil.resolve_name(app)
+    except (ImportError, AttributeError, ValueError) as exc:
+        print(f"demo: --app {app!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    if not isinstance(bot, BotDefinition):
+        print(f"demo: --app {app!r} is a {type(bot).__name__}, not a bot", file=sys.stderr)
+        return None
+    return str(getattr(bot, "scope", echo_bot.scope))
+
+
 def _sigterm(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -251,10 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the bot the worker runs, module:attribute (default botmesh.examples.echo_bot:bot)",
     )
     args = parser.parse_args(argv)
-    try:
-        scope = getattr(load_app(args.app), "scope", echo_bot.scope)
-    except AppLoadError as exc:
-        print(f"demo: {exc}", file=sys.stderr)
+    scope = _scope_of(args.app)
+    if scope is None:
         return 2
     signal.signal(signal.SIGTERM, _sigterm)
     cat = Catalog(args.prefix) if args.prefix else Catalog(prefix_from_env())

@@ -297,7 +297,7 @@ async def test_a_fallback_that_is_not_a_fallback_is_refused_before_journaling() 
 
 
 def test_the_fallback_providers_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from botmesh._cli import fallbacks_of_env
+    from botmesh._cli.load import fallbacks_of_env
     from botmesh.state.errors import AppLoadError
 
     monkeypatch.setenv(

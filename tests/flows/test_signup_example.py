@@ -54,7 +54,7 @@ def test_the_signup_example_resumes_in_a_new_process(tmp_path: Path) -> None:
 
 
 def test_produce_text_makes_one_message_per_text_in_order() -> None:
-    from botmesh._cli import text_records
+    from botmesh._cli.produce import text_records
 
     records = text_records(["/signup", "Ann"], "7", "r1")
     assert [(r.id, r.chat_id, r.text) for r in records] == [

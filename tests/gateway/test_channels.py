@@ -1,5 +1,5 @@
 """The channel registry (``botmesh.providers.channels``) and ``botmesh worker --provider <channel>``
-(``botmesh._cli.load_provider``), without the adapters of other channels: a test channel is
+(``botmesh._cli.load.load_provider``), without the adapters of other channels: a test channel is
 put in the registry where a test needs one."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Self
 
 import pytest
 
-from botmesh._cli import load_provider
+from botmesh._cli.load import load_provider
 from botmesh.providers import channels
 from botmesh.providers.channels import CHANNELS, Channel, provider_from_env, webhook_from_env
 from botmesh.providers.mock import MockProvider

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from botmesh._cli import main
+from botmesh._cli.main import main
 from botmesh._gateway import Gateway, GatewayConfig, SeenSet
 from botmesh.topics.catalog import Catalog
 from tests.gateway.kit import webhooks

@@ -1,6 +1,6 @@
 """``botmesh replay``, ``status`` and ``metrics`` against a real broker and real ``botmesh
 worker`` processes (``tests/kafka/worker.py``): their output (``--json`` and the tables),
-their exit statuses (``botmesh._exit``) and what they change on the broker.
+their exit statuses (``botmesh._cli.exit``) and what they change on the broker.
 
 Every wait below ends as soon as its condition holds; the time limits are hang guards."""
 

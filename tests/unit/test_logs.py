@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from botmesh._cli import main
+from botmesh._cli.main import main
 from botmesh.observability import logs
 from botmesh.state.messages import Inbound
 from botmesh.streams.runner import RawRecord

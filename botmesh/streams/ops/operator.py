@@ -1,5 +1,5 @@
 """The operator's view of a deployment on Kafka: ``botmesh replay``, ``status`` and
-``metrics`` (``botmesh._ops`` prints what these functions return).
+``metrics`` (``botmesh._cli.operator`` prints what these functions return).
 
 - :func:`replay` resets the worker group's committed offsets (``<prefix>.worker``) on the
   inbound and/or requests topic, as ``kafka-consumer-groups.sh --reset-offsets`` does: to

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from botmesh._console import run_console
+from botmesh._cli.stdin import run_stdin
 from botmesh.examples.helpdesk import bot as helpdesk
 from botmesh.testing import MockProvider
 from tests.kill import ROOT
@@ -100,7 +100,7 @@ async def test_json_lines_are_inbound_records(line: str, expect: str) -> None:
 
     provider = MockProvider()
     err = io.StringIO()
-    status = await run_console(
+    status = await run_stdin(
         echo,
         provider,
         journal="memory://",

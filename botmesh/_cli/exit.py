@@ -1,5 +1,5 @@
-"""The exit statuses of the ``botmesh`` operator commands (``replay``, ``status``,
-``metrics``, ``dlq``): the one place they are defined.
+"""The exit statuses of the ``botmesh`` commands (``replay``, ``status``, ``metrics``,
+``dlq``, ``flows``, ``erase``, a usage error in any): the one place they are defined.
 
 ======  ===============  ===============================================================
 status  name             meaning
@@ -62,8 +62,8 @@ def stop_on_sigterm_until_started() -> None:
     would end it by the signal (status 143, or -15 to a parent), which a supervisor takes
     for a crash. The worker's own handlers replace this one once its event loop runs; this
     stop has ``BOTMESH_STOP_TIMEOUT`` seconds too. Installed once, as early as the process
-    can (``python -m botmesh`` does it before importing the command line), and says so with
-    ``botmesh worker: starting``."""
+    can (``python -m botmesh`` does it before importing the command line: this module
+    imports the standard library only), and says so with ``botmesh worker: starting``."""
 
     def stop(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the stop goes on

@@ -1,4 +1,5 @@
-"""``botmesh run``: a bot in this process with stdin as its transport.
+"""The runtime of ``botmesh run`` (``botmesh._cli.run``): a bot in this process with stdin as
+its transport.
 
 Each line of stdin is one inbound message: plain text for one chat, or (``json_lines``) an
 inbound record as it travels on the inbound topic (``{"v": 1, "id": ..., "chat_id": ...}``).
@@ -31,7 +32,7 @@ from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
 from botmesh.topics.records import decode_inbound
 
-__all__ = ["run_console"]
+__all__ = ["run_stdin"]
 
 PROMPT = "> "
 
@@ -87,7 +88,7 @@ async def _lines(source: TextIO, prompt: TextIO | None) -> AsyncIterator[bytes |
         yield line
 
 
-async def run_console(
+async def run_stdin(
     bot: Bot,
     provider: Provider,
     *,
