@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
 import pkgutil
+import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -13,18 +17,41 @@ import botmesh
 import botmesh.state
 import botmesh.state.errors
 
-#: The modules a bot author imports from.
-PUBLIC_MODULES = ["botmesh", "botmesh.errors", "botmesh.journal", "botmesh.testing"]
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The modules a bot author or an operator imports from (``botmesh.client``: a send from
+#: another service; ``botmesh.settings``: every setting, ``python -m botmesh.settings``).
+PUBLIC_MODULES = [
+    "botmesh",
+    "botmesh.client",
+    "botmesh.errors",
+    "botmesh.journal",
+    "botmesh.settings",
+    "botmesh.testing",
+]
 
 
 def _public_names(module: ModuleType) -> set[str]:
-    """What a user can reach: public names, minus submodules and ``annotations``."""
+    """What a user can reach: public names, minus submodules, ``annotations`` and what the
+    module imported from outside botmesh (``Path``, ``Mapping``: not ours to offer)."""
     return {
         name
         for name, value in vars(module).items()
         if not name.startswith("_")
         and not isinstance(value, ModuleType)
         and name != "annotations"  # ``from __future__ import annotations``
+        and name not in _imported_from_elsewhere(module)
+    }
+
+
+def _imported_from_elsewhere(module: ModuleType) -> set[str]:
+    """The names ``module`` imports from outside botmesh, read from its source."""
+    source = inspect.getsource(module)
+    return {
+        alias.asname or alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("botmesh")
+        for alias in node.names
     }
 
 
@@ -62,3 +89,39 @@ def test_every_state_module_declares_all() -> None:
         if not info.ispkg and not hasattr(module, "__all__"):
             missing.append(info.name)
     assert missing == []
+
+
+#: Where a user reads how to import us: the docs, the README and the example bots.
+_USER_FACING = [
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "README.md",
+    *sorted((ROOT / "botmesh" / "examples").glob("*_bot.py")),
+    ROOT / "botmesh" / "examples" / "helpdesk.py",
+]
+#: The demo (``make run``) drives Kafka as an operator would (the catalog, the topics, the
+#: demo traffic), so it may import those areas; never a private module.
+_DEMO = ROOT / "botmesh" / "examples" / "demo.py"
+_IMPORT = re.compile(r"^\s*(?:from\s+(botmesh[\w.]*)\s+import|import\s+(botmesh[\w.]*))", re.M)
+
+
+def _imports_of(path: Path) -> list[tuple[int, str]]:
+    text = path.read_text()
+    return [(text.count("\n", 0, m.start()) + 1, m[1] or m[2]) for m in _IMPORT.finditer(text)]
+
+
+def test_users_are_shown_public_modules_only() -> None:
+    """Every import of ours that the docs, the README and the example bots show names a
+    module of ``PUBLIC_MODULES`` (or an example bot): a name worth showing is worth
+    exporting; and the demo imports no private module."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _USER_FACING
+        for line, module in _imports_of(path)
+        if module not in PUBLIC_MODULES and not module.startswith("botmesh.examples")
+    ]
+    bad += [
+        f"{_DEMO.relative_to(ROOT)}:{line} imports {module}"
+        for line, module in _imports_of(_DEMO)
+        if any(part.startswith("_") for part in module.split("."))
+    ]
+    assert bad == [], "export these from a public module (and show that):\n" + "\n".join(bad)

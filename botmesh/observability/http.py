@@ -100,9 +100,8 @@ class HealthServer:
                 "(or unset it to serve none)"
             ) from exc
         self._runner = runner
-        sockets = getattr(site._server, "sockets", None) or ()  # the port bound, for port 0
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        if runner.addresses:  # the port bound, for port 0
+            self.port = int(runner.addresses[0][1])
         log.info("serving /healthz, /readyz and /metrics on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
