@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,29 +148,9 @@ def overview(
     if status is not None:
         body.append(_group(view, status, inbound, workers))
     body.append("<h2>Dead letters by kind and reason</h2>")
-    body.append(
-        table(
-            ["kind", "reason", "dead letters"],
-            (
-                (
-                    [e(kind), e(reason), (f"{n:,}", {"class": "n"})],
-                    {"data-testid": "dead-count", "data-kind": kind, "data-reason": reason},
-                )
-                for (kind, reason), n in dead.items()
-            ),
-            testid="dead-counts",
-        )
-    )
+    body.append(_dead_counts(dead))
     if status is not None:
-        body.append(
-            table(
-                ["topic", "records (end minus start)"],
-                (
-                    ([e(d.topic), ("missing" if d.records is None else f"{d.records:,}", {})], {})
-                    for d in status.dead_letters
-                ),
-            )
-        )
+        body.append(_dead_topics(status))
     body.append(
         "<h2>Ambiguous sends</h2><p>sends a crash left in flight and "
         '<code>on_ambiguous="skip"</code> gave up (state <code>unknown</code>), in the journal '
@@ -178,31 +158,82 @@ def overview(
     )
     if status is not None:
         body.append("<h2>Sends parked on the retry tiers</h2>")
-        body.append(
-            table(
-                ["tier", "topic", "parked"],
-                (
-                    (
-                        [
-                            e(t.tier),
-                            e(t.topic),
-                            ("missing" if t.parked is None else f"{t.parked:,}", {"class": "n"}),
-                        ],
-                        {"data-testid": "parked-count", "data-tier": t.tier},
-                    )
-                    for t in status.parked
-                ),
-            )
-        )
+        body.append(_parked(status))
     body.append(_counters(history, workers, counters))
     return frame(view, "Overview", "".join(body))
 
 
+def _dead_counts(dead: Mapping[tuple[str, str], int]) -> str:
+    """The table of dead letters counted by kind and reason."""
+    return table(
+        ["kind", "reason", "dead letters"],
+        (
+            (
+                [e(kind), e(reason), (f"{n:,}", {"class": "n"})],
+                {"data-testid": "dead-count", "data-kind": kind, "data-reason": reason},
+            )
+            for (kind, reason), n in dead.items()
+        ),
+        testid="dead-counts",
+    )
+
+
+def _dead_topics(status: Status) -> str:
+    """The table of records held on each dead-letter topic."""
+    return table(
+        ["topic", "records (end minus start)"],
+        (
+            ([e(d.topic), ("missing" if d.records is None else f"{d.records:,}", {})], {})
+            for d in status.dead_letters
+        ),
+    )
+
+
+def _parked(status: Status) -> str:
+    """The table of sends parked on each retry tier."""
+    return table(
+        ["tier", "topic", "parked"],
+        (
+            (
+                [
+                    e(t.tier),
+                    e(t.topic),
+                    ("missing" if t.parked is None else f"{t.parked:,}", {"class": "n"}),
+                ],
+                {"data-testid": "parked-count", "data-tier": t.tier},
+            )
+            for t in status.parked
+        ),
+    )
+
+
 def _group(view: View, status: Status, inbound: str, workers: Mapping[str, WorkerMetrics]) -> str:
     g = status.group
+    return (
+        f"<h2>Workers</h2><p>group <code>{e(g.group)}</code>: "
+        f'<span data-testid="group-state">{e(g.state)}</span>, {len(g.members)} member(s); '
+        "ready or not as each worker last published it on the metrics topic</p>"
+        + table(
+            ["instance id", f"partitions of {inbound}", "status", "published", "client"],
+            _worker_rows(status, inbound, workers),
+            testid="workers",
+            empty="no worker in the group",
+        )
+        + f'<h2>Lag per partition</h2><p>total <strong data-testid="total-lag">'
+        f"{status.total_lag:,}</strong> (end offset minus the group's committed offset)</p>"
+        + table(
+            ["topic", "partition", "committed", "end", "lag", "owner"],
+            _lag_rows(view, status),
+            testid="lags",
+        )
+    )
+
+
+def _worker_rows(status: Status, inbound: str, workers: Mapping[str, WorkerMetrics]) -> list[Row]:
+    """A row per member of the group, with its status as the worker last published it."""
     by_id = {group_instance_id(k): m for k, m in workers.items()}
-    rows = []
-    for m in g.members:
+    rows: list[Row] = []
+    for m in status.group.members:
         who = m.instance_id or m.member_id
         published = by_id.get(m.instance_id or "")
         state, why = _worker_status(published)
@@ -224,7 +255,12 @@ def _group(view: View, status: Status, inbound: str, workers: Mapping[str, Worke
                 {"data-testid": "worker-row", "data-instance": who},
             )
         )
-    lags: list[Row] = [
+    return rows
+
+
+def _lag_rows(view: View, status: Status) -> list[Row]:
+    """A row per partition the group reads, with its committed offset, end and lag."""
+    return [
         (
             [
                 e(_role(x.topic, view.prefix)),
@@ -246,20 +282,6 @@ def _group(view: View, status: Status, inbound: str, workers: Mapping[str, Worke
         )
         for x in status.lags
     ]
-    return (
-        f"<h2>Workers</h2><p>group <code>{e(g.group)}</code>: "
-        f'<span data-testid="group-state">{e(g.state)}</span>, {len(g.members)} member(s); '
-        "ready or not as each worker last published it on the metrics topic</p>"
-        + table(
-            ["instance id", f"partitions of {inbound}", "status", "published", "client"],
-            rows,
-            testid="workers",
-            empty="no worker in the group",
-        )
-        + f'<h2>Lag per partition</h2><p>total <strong data-testid="total-lag">'
-        f"{status.total_lag:,}</strong> (end offset minus the group's committed offset)</p>"
-        + table(["topic", "partition", "committed", "end", "lag", "owner"], lags, testid="lags")
-    )
 
 
 def counter_series(
@@ -599,6 +621,10 @@ def cli_line(words: Sequence[str]) -> str:
     return shlex.join(["botmesh", *words])
 
 
+#: The columns of an action's plan and of its results.
+ACTION_HEAD = ("target", "chat", "outcome", "state", "detail", "worker")
+
+
 def action(
     view: View,
     command: str,
@@ -615,7 +641,39 @@ def action(
     for name in ("chat_id", "key", "reason", "since", "until"):
         if fields.get(name):
             words += [f"--{name.replace('_', '-')}", fields[name]]
-    rows = (
+    back = '<p><a href="/dead-letters" data-testid="action-back">back to the dead letters</a></p>'
+    if nothing:
+        text = f'<p class="error" data-testid="action-summary">{e(summary)}</p>'
+        return frame(
+            view,
+            f"{command}: nothing to do",
+            f'<div data-testid="action-result">{text}</div>{back}',
+        )
+    if dry_run:
+        body = _dry_run(
+            view,
+            command,
+            fields,
+            words=words,
+            report_results=report_results,
+            summary=summary,
+            control=control,
+        )
+        return frame(view, f"{command}: dry run", body)
+    body = (
+        f'<div data-testid="action-result"><p class="ok" data-testid="action-summary">'
+        f"{e(summary)}</p><p>as <code>{e(cli_line(words))}</code> does: the owners' answers "
+        f"from <code>{e(control)}.results</code></p>"
+        + table(ACTION_HEAD, _result_rows(report_results), testid="action-results")
+        + "</div>"
+        + back
+    )
+    return frame(view, f"{command}: done", body)
+
+
+def _result_rows(report_results: Sequence[Mapping[str, Any]]) -> Iterator[Row]:
+    """A row per dead letter an action would touch or touched, with its outcome."""
+    return (
         (
             [
                 f"<code>{e(r.get('target') or '')}</code>",
@@ -634,43 +692,36 @@ def action(
         )
         for r in report_results
     )
-    head = ["target", "chat", "outcome", "state", "detail", "worker"]
-    back = '<p><a href="/dead-letters" data-testid="action-back">back to the dead letters</a></p>'
-    if nothing:
-        text = f'<p class="error" data-testid="action-summary">{e(summary)}</p>'
-        return frame(
-            view,
-            f"{command}: nothing to do",
-            f'<div data-testid="action-result">{text}</div>{back}',
-        )
-    if dry_run:
-        confirm = form(
-            "/dead-letters/action",
-            hidden("command", command)
-            + _filter_inputs(fields)
-            + hidden("confirm", "yes")
-            + f'<button type="submit" data-testid="action-confirm">yes, {e(command)} '
-            f"through the chats' owners</button>",
-            csrf=view.csrf,
-        )
-        body = (
-            f'<div data-testid="action-dry-run"><p data-testid="action-summary">{e(summary)}</p>'
-            f"<p>as <code>{e(cli_line([*words, '--dry-run']))}</code> says; nothing was done. "
-            f"Confirm to ask each chat's owner through <code>{e(control)}</code>:</p>"
-            + table(head, rows, testid="action-plan")
-            + confirm
-            + '<p><a href="/dead-letters" data-testid="action-cancel">cancel</a></p></div>'
-        )
-        return frame(view, f"{command}: dry run", body)
-    body = (
-        f'<div data-testid="action-result"><p class="ok" data-testid="action-summary">'
-        f"{e(summary)}</p><p>as <code>{e(cli_line(words))}</code> does: the owners' answers "
-        f"from <code>{e(control)}.results</code></p>"
-        + table(head, rows, testid="action-results")
-        + "</div>"
-        + back
+
+
+def _dry_run(
+    view: View,
+    command: str,
+    fields: Mapping[str, str],
+    *,
+    words: Sequence[str],
+    report_results: Sequence[Mapping[str, Any]],
+    summary: str,
+    control: str,
+) -> str:
+    """A dry run's plan, with the form that confirms it."""
+    confirm = form(
+        "/dead-letters/action",
+        hidden("command", command)
+        + _filter_inputs(fields)
+        + hidden("confirm", "yes")
+        + f'<button type="submit" data-testid="action-confirm">yes, {e(command)} '
+        f"through the chats' owners</button>",
+        csrf=view.csrf,
     )
-    return frame(view, f"{command}: done", body)
+    return (
+        f'<div data-testid="action-dry-run"><p data-testid="action-summary">{e(summary)}</p>'
+        f"<p>as <code>{e(cli_line([*words, '--dry-run']))}</code> says; nothing was done. "
+        f"Confirm to ask each chat's owner through <code>{e(control)}</code>:</p>"
+        + table(ACTION_HEAD, _result_rows(report_results), testid="action-plan")
+        + confirm
+        + '<p><a href="/dead-letters" data-testid="action-cancel">cancel</a></p></div>'
+    )
 
 
 # -- replay ---------------------------------------------------------------------------------
@@ -683,6 +734,20 @@ def replay(
     error: str | None,
     words: Sequence[str],
 ) -> str:
+    body = [
+        "<p>The offsets <code>botmesh replay</code> would set for the worker group, with its "
+        "refusals. Nothing changes here: run the command shown to apply it.</p>",
+        _replay_form(fields),
+    ]
+    if error is not None:
+        body.append(f'<p class="error" data-testid="replay-error">{e(error)}</p>')
+    if result is not None:
+        body.append(_replay_plan(view, result, words))
+    return frame(view, "Replay", "".join(body))
+
+
+def _replay_form(fields: Mapping[str, str]) -> str:
+    """The form that asks for a replay: the mode, its value, the topics and partitions."""
     mode = fields.get("mode", "")
     modes = "".join(
         f'<label><input type="radio" name="mode" value="{m}"'
@@ -699,7 +764,7 @@ def replay(
         f'{" checked" if t in topics else ""} data-testid="replay-topic-{t}"> {t}</label>'
         for t in ("inbound", "requests")
     )
-    ask = form(
+    return form(
         "/replay",
         f'{modes}<br><label>N or TIME <input name="value" data-testid="replay-value" '
         f'value="{e(fields.get("value", ""))}"></label>{boxes}'
@@ -709,52 +774,45 @@ def replay(
         method="get",
         testid="replay-form",
     )
-    body = [
-        "<p>The offsets <code>botmesh replay</code> would set for the worker group, with its "
-        "refusals. Nothing changes here: run the command shown to apply it.</p>",
-        ask,
-    ]
-    if error is not None:
-        body.append(f'<p class="error" data-testid="replay-error">{e(error)}</p>')
-    if result is not None:
-        body.append(
-            f"<p>as <code>{e(cli_line([*words, '--dry-run']))}</code> says, for group "
-            f"<code>{e(result.group)}</code> to {e(result.target)}:</p>"
+
+
+def _replay_plan(view: View, result: ReplayResult, words: Sequence[str]) -> str:
+    """The offsets a replay would set, with the refusal a real run would meet."""
+    head = (
+        f"<p>as <code>{e(cli_line([*words, '--dry-run']))}</code> says, for group "
+        f"<code>{e(result.group)}</code> to {e(result.target)}:</p>"
+    )
+    if result.refused is not None:
+        head += (
+            f'<p class="error" data-testid="replay-refusal">the real run would be refused: '
+            f"{e(result.refused)}</p>"
         )
-        if result.refused is not None:
-            body.append(
-                f'<p class="error" data-testid="replay-refusal">the real run would be refused: '
-                f"{e(result.refused)}</p>"
-            )
-        rows = (
-            (
-                [
-                    e(m.topic),
-                    (str(m.partition), {"class": "n"}),
-                    (
-                        "-" if m.current is None else str(m.current),
-                        {"class": "n", "data-testid": "replay-current"},
-                    ),
-                    (str(m.new), {"class": "n", "data-testid": "replay-new"}),
-                    (str(m.records), {"class": "n"}),
-                    e(f"{m.start}-{m.end}"),
-                ],
-                {
-                    "data-testid": "replay-move",
-                    "data-topic": _role(m.topic, view.prefix),
-                    "data-partition": m.partition,
-                },
-            )
-            for m in result.moves
+    rows = (
+        (
+            [
+                e(m.topic),
+                (str(m.partition), {"class": "n"}),
+                (
+                    "-" if m.current is None else str(m.current),
+                    {"class": "n", "data-testid": "replay-current"},
+                ),
+                (str(m.new), {"class": "n", "data-testid": "replay-new"}),
+                (str(m.records), {"class": "n"}),
+                e(f"{m.start}-{m.end}"),
+            ],
+            {
+                "data-testid": "replay-move",
+                "data-topic": _role(m.topic, view.prefix),
+                "data-partition": m.partition,
+            },
         )
-        body.append(
-            table(
-                ["topic", "partition", "committed", "new", "read again", "retained"],
-                rows,
-                testid="replay-moves",
-            )
-        )
-    return frame(view, "Replay", "".join(body))
+        for m in result.moves
+    )
+    return head + table(
+        ["topic", "partition", "committed", "new", "read again", "retained"],
+        rows,
+        testid="replay-moves",
+    )
 
 
 # -- login ----------------------------------------------------------------------------------

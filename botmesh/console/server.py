@@ -283,6 +283,40 @@ class Console:
             asked,
             "confirmed" if confirmed else "dry run",
         )
+        report = await self._carry_out(view, who, command, kind, flt, confirmed=confirmed)
+        if isinstance(report, web.Response):
+            return report
+        log.info(
+            "console: %s %s: %s [%s]",
+            who,
+            command,
+            report.summary,
+            ", ".join(f"{r.get('target')}: {r['outcome']}" for r in report.results),
+        )
+        html = pages.action(
+            view,
+            command,
+            fields,
+            report.results,
+            report.summary,
+            dry_run=not confirmed,
+            nothing=report.nothing,
+            control=self.cat.control,
+        )
+        return _html(html)
+
+    async def _carry_out(
+        self,
+        view: pages.View,
+        who: str,
+        command: str,
+        kind: str,
+        flt: dlq.Filter,
+        *,
+        confirmed: bool,
+    ) -> dlq.ActionReport | web.Response:
+        """Reads the dead letters ``flt`` picks and asks their owners to act (or only plans
+        it, unless ``confirmed``); the error page (503) if Kafka fails on the way."""
         try:
             letters = await dlq.read_dead_letters(
                 self.config.bootstrap, [dlq.dlq_topic(self.cat, kind)], flt
@@ -306,24 +340,7 @@ class Console:
                 "letters and the timeline, then try again"
             )
             return _html(pages.message(view, f"{command}: failed", text, testid="error"), 503)
-        log.info(
-            "console: %s %s: %s [%s]",
-            who,
-            command,
-            report.summary,
-            ", ".join(f"{r.get('target')}: {r['outcome']}" for r in report.results),
-        )
-        html = pages.action(
-            view,
-            command,
-            fields,
-            report.results,
-            report.summary,
-            dry_run=not confirmed,
-            nothing=report.nothing,
-            control=self.cat.control,
-        )
-        return _html(html)
+        return report
 
     async def replay(self, request: web.Request) -> web.Response:
         q = request.query

@@ -33,7 +33,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -147,6 +148,31 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class _Receipts:
+    """The receipts the demo waits for, and the worker whose exit (or silence) ends a wait."""
+
+    stream: AsyncGenerator[Seen, None]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def exited(self) -> DemoError:
+        return DemoError(f"the worker exited with {self.proc.returncode}; see {self.log_path}")
+
+    async def next(self, deadline: float) -> Seen:
+        """The next receipt; ``DemoError`` if the worker exits or ``deadline`` passes first."""
+        task = asyncio.ensure_future(anext(self.stream))
+        while not task.done():
+            if self.proc.poll() is not None:
+                task.cancel()
+                raise self.exited()
+            if time.monotonic() > deadline:
+                task.cancel()
+                raise DemoError(f"no receipt for {WAIT_S:.0f} s; see {self.log_path}")
+            await asyncio.wait({task}, timeout=0.5)
+        return task.result()
+
+
 async def _run(
     bootstrap: str,
     cat: Catalog,
@@ -156,29 +182,39 @@ async def _run(
 ) -> bool:
     run = f"demo{uuid.uuid4().hex[:6]}"
     start = await end_offsets(bootstrap, cat.sent)
-    receipts = tail_receipts(bootstrap, cat.sent, start=start)
+    receipts = _Receipts(tail_receipts(bootstrap, cat.sent, start=start), proc, log_path)
+    await _warm_up(bootstrap, cat, receipts, run)
+    ok = await _burst(bootstrap, cat, receipts, run, args)
+    if args.once:
+        await receipts.stream.aclose()
+        return ok
+    print(
+        f"demo: running; send more with `botmesh produce --prefix {cat.prefix} -n 50`; Ctrl-C stops"
+    )
+    async for seen in receipts.stream:
+        if proc.poll() is not None:
+            raise receipts.exited()
+        r = seen.receipt
+        print(f"  [{r.chat_id}] {r.state} {r.key} -> {r.message_id}")
+    return True
 
-    async def next_receipt(deadline: float) -> Seen:
-        task = asyncio.ensure_future(anext(receipts))
-        while not task.done():
-            if proc.poll() is not None:
-                task.cancel()
-                raise DemoError(f"the worker exited with {proc.returncode}; see {log_path}")
-            if time.monotonic() > deadline:
-                task.cancel()
-                raise DemoError(f"no receipt for {WAIT_S:.0f} s; see {log_path}")
-            await asyncio.wait({task}, timeout=0.5)
-        return task.result()
 
-    # warm-up: one message, so the worker has joined the group before the clock starts
+async def _warm_up(bootstrap: str, cat: Catalog, receipts: _Receipts, run: str) -> None:
+    """One message, so the worker has joined the group before the clock starts."""
     print("demo: waiting for the worker (first receipt) ...")
     warm = demo_records(1, 1, run=f"{run}w")
     await produce_inbound(bootstrap, cat.inbound, warm)
     while True:
-        seen = await next_receipt(time.monotonic() + WAIT_S)
+        seen = await receipts.next(time.monotonic() + WAIT_S)
         if seen.receipt.inbound_id == warm[0].id:
             break
 
+
+async def _burst(
+    bootstrap: str, cat: Catalog, receipts: _Receipts, run: str, args: argparse.Namespace
+) -> bool:
+    """Produces the demo's messages, waits for each receipt and prints the summary; whether
+    every receipt came back in per-chat order."""
     records = demo_records(args.messages, args.chats, run=run)
     want = {r.id for r in records}
     index = {r.id: i for i, r in enumerate(records)}
@@ -188,7 +224,7 @@ async def _run(
     got: dict[str, list[int]] = {}
     count, t_last = 0, t0
     while count < len(want):
-        seen = await next_receipt(time.monotonic() + WAIT_S)
+        seen = await receipts.next(time.monotonic() + WAIT_S)
         r = seen.receipt
         if r.inbound_id not in want:
             continue
@@ -205,18 +241,7 @@ async def _run(
         f"demo: summary: {count}/{len(records)} receipts, {len(got)} chats, per-chat order "
         f"{'OK' if order_ok else 'BROKEN'}, {elapsed:.2f} s, {rate:.0f} messages/s"
     )
-    if args.once:
-        await receipts.aclose()
-        return order_ok and count == len(records)
-    print(
-        f"demo: running; send more with `botmesh produce --prefix {cat.prefix} -n 50`; Ctrl-C stops"
-    )
-    async for seen in receipts:
-        if proc.poll() is not None:
-            raise DemoError(f"the worker exited with {proc.returncode}; see {log_path}")
-        r = seen.receipt
-        print(f"  [{r.chat_id}] {r.state} {r.key} -> {r.message_id}")
-    return True
+    return order_ok and count == len(records)
 
 
 def _show_journal(bootstrap: str, cat: Catalog, scope: str = echo_bot.scope) -> None:

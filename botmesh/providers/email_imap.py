@@ -79,6 +79,64 @@ def imap_date(when: float) -> str:
     return f"{day.day}-{_MONTHS[day.month - 1]}-{day.year}"
 
 
+def _check_server(host: str, security: str) -> None:
+    """``ConfigError`` unless ``host`` is given and ``security`` is known and safe for it
+    (plain IMAP only on the loopback)."""
+    if not host:
+        raise ConfigError("email.imap.host", "is empty; give the IMAP server's host name")
+    if security not in ("imaps", "starttls", "plain"):
+        raise ConfigError(
+            "email.imap.security", f"{security!r} is not 'imaps', 'starttls' or 'plain'"
+        )
+    if security == "plain" and host not in _LOOPBACK:
+        raise ConfigError(
+            "EMAIL_IMAP_URL",
+            f"plain imap:// to {host} would send the password in clear; use imaps:// "
+            "(port 993) or imap://…?starttls=1 (plain IMAP is only accepted on 127.0.0.1)",
+        )
+
+
+def _check_login(username: str, password: str) -> None:
+    """``ConfigError`` unless both are given and IMAP ``LOGIN`` can carry them."""
+    if not username or not password:
+        raise ConfigError(
+            "EMAIL_IMAP_URL", "needs the mailbox's user and password: imaps://user:pass@host"
+        )
+    for what, value in (("user", username), ("password", password)):
+        if not value.isascii() or any(c in value for c in "\r\n\0"):
+            raise ConfigError(
+                "EMAIL_IMAP_URL",
+                f"the {what} has a non-ASCII or control character, which IMAP LOGIN cannot "
+                "carry; use an app password of ASCII characters",
+            )
+
+
+def _check_folders(folders: Iterable[str]) -> None:
+    """``ConfigError`` for a folder name that is empty or not ASCII."""
+    for name in folders:
+        if not name or not name.isascii() or any(c in name for c in "\r\n\0"):
+            raise ConfigError(
+                "EMAIL_IMAP_URL",
+                f"folder {name!r} is empty or not ASCII; give the name the server lists "
+                "(a non-ASCII name in its modified UTF-7 form, as `LIST` shows it)",
+            )
+
+
+def _secret_forms(username: str, password: str) -> list[str]:
+    """The password as it may appear in a message or a log line (plain, quoted, in an
+    AUTHENTICATE exchange), longest first so redaction replaces the longest match."""
+    return sorted(
+        {
+            password,
+            base64.b64encode(password.encode()).decode(),
+            base64.b64encode(f"\0{username}\0{password}".encode()).decode(),
+            _quoted(password),
+        },
+        key=len,
+        reverse=True,
+    )
+
+
 class ImapSentFolder:
     """Where sent mail is looked up (see the module docstring). ``security``: ``"imaps"``
     (TLS from the first byte, port 993), ``"starttls"`` (port 143, upgraded before the
@@ -101,37 +159,10 @@ class ImapSentFolder:
         timeout: float = 30.0,
         tls_context: ssl_module.SSLContext | None = None,
     ) -> None:
-        if not host:
-            raise ConfigError("email.imap.host", "is empty; give the IMAP server's host name")
-        if security not in ("imaps", "starttls", "plain"):
-            raise ConfigError(
-                "email.imap.security", f"{security!r} is not 'imaps', 'starttls' or 'plain'"
-            )
-        if security == "plain" and host not in _LOOPBACK:
-            raise ConfigError(
-                "EMAIL_IMAP_URL",
-                f"plain imap:// to {host} would send the password in clear; use imaps:// "
-                "(port 993) or imap://…?starttls=1 (plain IMAP is only accepted on 127.0.0.1)",
-            )
-        if not username or not password:
-            raise ConfigError(
-                "EMAIL_IMAP_URL", "needs the mailbox's user and password: imaps://user:pass@host"
-            )
-        for what, value in (("user", username), ("password", password)):
-            if not value.isascii() or any(c in value for c in "\r\n\0"):
-                raise ConfigError(
-                    "EMAIL_IMAP_URL",
-                    f"the {what} has a non-ASCII or control character, which IMAP LOGIN cannot "
-                    "carry; use an app password of ASCII characters",
-                )
+        _check_server(host, security)
+        _check_login(username, password)
         folders = (folder, *also)
-        for name in folders:
-            if not name or not name.isascii() or any(c in name for c in "\r\n\0"):
-                raise ConfigError(
-                    "EMAIL_IMAP_URL",
-                    f"folder {name!r} is empty or not ASCII; give the name the server lists "
-                    "(a non-ASCII name in its modified UTF-7 form, as `LIST` shows it)",
-                )
+        _check_folders(folders)
         if timeout <= 0:
             raise ConfigError("email.imap.timeout", f"must be > 0 seconds, got {timeout}")
         if grace < 0:
@@ -146,16 +177,7 @@ class ImapSentFolder:
         self.grace = grace
         self.timeout = timeout
         self.tls_context = tls_context
-        self._secrets = sorted(
-            {
-                password,
-                base64.b64encode(password.encode()).decode(),
-                base64.b64encode(f"\0{username}\0{password}".encode()).decode(),
-                _quoted(password),
-            },
-            key=len,
-            reverse=True,
-        )
+        self._secrets = _secret_forms(username, password)
 
     @property
     def folder(self) -> str:

@@ -354,6 +354,62 @@ def _content(raw: Any) -> dict[str, Any]:
     raise MalformedWebhook("tiktok: the event's content is not a JSON object")
 
 
+def _event(body: bytes) -> dict[str, Any]:
+    """The webhook's JSON envelope, which names its ``event``."""
+    try:
+        event = json.loads(body)
+    except ValueError:
+        raise MalformedWebhook("tiktok: the body is not JSON") from None
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        raise MalformedWebhook("tiktok: not a TikTok webhook (no event)")
+    return event
+
+
+def _body(
+    msg: dict[str, Any], kind: str, conversation: str, mid: str, data: dict[str, Any]
+) -> tuple[Any, Media | None]:
+    """A message's text and media, by its ``kind``; a part of another kind (a shared post,
+    a template click) goes into ``data`` as TikTok sent it."""
+    text: Any = None
+    media: Media | None = None
+    block = msg.get(kind)
+    part: dict[str, Any] = block if isinstance(block, dict) else {}
+    if kind == "text":
+        text = part.get("body")
+    elif kind in _ID_MEDIA:
+        if not part.get("media_id"):
+            raise MalformedWebhook(f"tiktok: {kind} message {mid} has no media_id")
+        media = Media(
+            provider="tiktok",
+            id=str(part["media_id"]),
+            mime=_ID_MEDIA[kind],
+            extra={
+                "conversation_id": conversation,
+                "message_id": mid,
+                "index": 0,
+                "type": kind,
+            },
+        )
+    elif kind in _URL_MEDIA and isinstance(part.get("url"), str):
+        media = Media(provider="tiktok", url=part["url"], mime=_URL_MEDIA[kind])
+    elif part:
+        data[kind] = part  # share_post, template clicks…: what TikTok sent
+    return text, media
+
+
+def _timestamp(msg: dict[str, Any], event: dict[str, Any]) -> float | None:
+    """When the message was sent: its ``timestamp`` (milliseconds), else the event's
+    ``create_time`` (seconds, or milliseconds on some events)."""
+    stamp = msg.get("timestamp")
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+        return stamp / 1000.0
+    created = event.get("create_time")
+    ts = float(created) if isinstance(created, int | float) else None
+    if ts is not None and ts > 1e11:
+        ts /= 1000.0
+    return ts
+
+
 class TikTokWebhook(SignedWebhook):
     """TikTok's ``DIRECT_MESSAGE`` webhooks, signed with the app secret.
 
@@ -400,12 +456,7 @@ class TikTokWebhook(SignedWebhook):
             )
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
-        try:
-            event = json.loads(request.body)
-        except ValueError:
-            raise MalformedWebhook("tiktok: the body is not JSON") from None
-        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
-            raise MalformedWebhook("tiktok: not a TikTok webhook (no event)")
+        event = _event(request.body)
         if event["event"] != "im_receive_msg":
             return []  # im_send_msg (ours), read receipts, referrals, comments
         msg = _content(event.get("content"))
@@ -418,51 +469,20 @@ class TikTokWebhook(SignedWebhook):
         conversation, mid = str(conversation), str(mid)
         kind = str(msg.get("type") or "").lower()
         data: dict[str, Any] = {"type": kind, "business_id": event.get("user_openid")}
-        text: str | None = None
-        media: Media | None = None
-        block = msg.get(kind)
-        part: dict[str, Any] = block if isinstance(block, dict) else {}
-        if kind == "text":
-            text = part.get("body")
-        elif kind in _ID_MEDIA:
-            if not part.get("media_id"):
-                raise MalformedWebhook(f"tiktok: {kind} message {mid} has no media_id")
-            media = Media(
-                provider="tiktok",
-                id=str(part["media_id"]),
-                mime=_ID_MEDIA[kind],
-                extra={
-                    "conversation_id": conversation,
-                    "message_id": mid,
-                    "index": 0,
-                    "type": kind,
-                },
-            )
-        elif kind in _URL_MEDIA and isinstance(part.get("url"), str):
-            media = Media(provider="tiktok", url=part["url"], mime=_URL_MEDIA[kind])
-        elif part:
-            data[kind] = part  # share_post, template clicks…: what TikTok sent
+        text, media = _body(msg, kind, conversation, mid, data)
         reference = msg.get("referenced_message_info") or msg.get("reply_source_payload")
         if isinstance(reference, dict):
             ref = reference.get("referenced_message_id") or reference.get("reply_source_msg_id")
             if ref:
                 data["reply_to"] = str(ref)
         who = sender.get("id") if isinstance(sender, dict) else None
-        stamp = msg.get("timestamp")
-        if isinstance(stamp, int | float) and not isinstance(stamp, bool):
-            ts: float | None = stamp / 1000.0
-        else:
-            created = event.get("create_time")  # seconds, or milliseconds on some events
-            ts = float(created) if isinstance(created, int | float) else None
-            if ts is not None and ts > 1e11:
-                ts /= 1000.0
         return [
             Inbound(
                 id=mid,
                 chat_id=conversation,
                 sender=str(who) if who else None,
                 channel=self.channel,
-                ts=ts,
+                ts=_timestamp(msg, event),
                 text=text if isinstance(text, str) else None,
                 media=media,
                 data=data,

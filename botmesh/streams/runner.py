@@ -185,6 +185,9 @@ RecordScope = Callable[
     ["RawRecord", Inbound | SendRequest | ControlRequest], AbstractContextManager[object]
 ]
 _NO_SCOPE = nullcontext()
+#: A chat's records of one batch: the chat, its records, what they wait for (the end of its
+#: records of the batches before, if any) and the future they set once settled.
+_Chain = tuple[str, list[Item], asyncio.Future[None] | None, asyncio.Future[None]]
 _T = TypeVar("_T")
 #: Seconds between attempts at a record refused because the worker's group membership is
 #: unconfirmed (``botmesh.streams.table_kv.MembershipUnconfirmed``; not charged as attempts).
@@ -336,42 +339,8 @@ class InboundRunner:
 
     async def _run_batch(self, records: Sequence[RawRecord]) -> None:
         deadline = time.monotonic() + self.batch_deadline
-        chats: dict[str, list[Item]] = {}
-        mixed: set[str] = set()  # chats with requests: their records are merged by time
-        requests = self.requests_topic
-        #: undecodable records, dead-lettered once the chats' places are taken
-        bad: list[tuple[RawRecord, Reason, str, Exception]] = []
-        for raw in records:
-            item: Inbound | SendRequest | ControlRequest
-            try:
-                if raw.topic == requests:
-                    item = decode_request(raw.value)
-                    mixed.add(item.chat_id)
-                elif raw.topic == self.control_topic:
-                    item = decode_control(raw.value)
-                    mixed.add(item.chat_id)
-                else:
-                    item = decode_inbound(raw.value)
-                    if not item.id:
-                        item = msgspec.structs.replace(item, id=raw.where)
-            except BadRecord as exc:
-                bad.append((raw, exc.reason, exc.detail, exc))
-                continue
-            except Exception as exc:  # the decoder failed on it: the same record fails again
-                detail = f"decoding the record raised {type(exc).__name__}: {exc}"
-                bad.append((raw, Reason.HANDLE_FAILED, detail, exc))
-                continue
-            chats.setdefault(item.chat_id, []).append((raw, item))
-        for chat in mixed:
-            chats[chat] = in_time_order(chats[chat])
-        # each chat after its records of the batches before: the places are taken before
-        # anything here waits, so in the order the batches were handed over
-        loop = asyncio.get_running_loop()
-        chains = []
-        for chat, items in chats.items():
-            done: asyncio.Future[None] = loop.create_future()
-            chains.append((chat, items, self._chains.get(chat), done))
-            self._chains[chat] = done
+        chats, bad = self._decode(records)
+        chains = self._take_places(chats)
         try:
             for raw, reason, detail, error in bad:
                 await self.dead_letter(raw, reason, detail, error=error)
@@ -397,6 +366,52 @@ class InboundRunner:
         except Exception as exc:  # they stay unpublished in the journal: published again
             log.warning("receipts not recorded as published yet (%s: %s)", type(exc).__name__, exc)
         await self._flush_journal(deadline)
+
+    def _decode(
+        self, records: Sequence[RawRecord]
+    ) -> tuple[dict[str, list[Item]], list[tuple[RawRecord, Reason, str, Exception]]]:
+        """The batch's records decoded, by chat (a chat with requests or operator actions in
+        time order across the topics), and the records that could not be decoded, to be
+        dead-lettered once the chats' places are taken."""
+        chats: dict[str, list[Item]] = {}
+        mixed: set[str] = set()  # chats with requests: their records are merged by time
+        requests = self.requests_topic
+        bad: list[tuple[RawRecord, Reason, str, Exception]] = []
+        for raw in records:
+            item: Inbound | SendRequest | ControlRequest
+            try:
+                if raw.topic == requests:
+                    item = decode_request(raw.value)
+                    mixed.add(item.chat_id)
+                elif raw.topic == self.control_topic:
+                    item = decode_control(raw.value)
+                    mixed.add(item.chat_id)
+                else:
+                    item = decode_inbound(raw.value)
+                    if not item.id:
+                        item = msgspec.structs.replace(item, id=raw.where)
+            except BadRecord as exc:
+                bad.append((raw, exc.reason, exc.detail, exc))
+                continue
+            except Exception as exc:  # the decoder failed on it: the same record fails again
+                detail = f"decoding the record raised {type(exc).__name__}: {exc}"
+                bad.append((raw, Reason.HANDLE_FAILED, detail, exc))
+                continue
+            chats.setdefault(item.chat_id, []).append((raw, item))
+        for chat in mixed:
+            chats[chat] = in_time_order(chats[chat])
+        return chats, bad
+
+    def _take_places(self, chats: dict[str, list[Item]]) -> list[_Chain]:
+        """Each chat after its records of the batches before: the places are taken before
+        anything of the batch waits, so in the order the batches were handed over."""
+        loop = asyncio.get_running_loop()
+        chains: list[_Chain] = []
+        for chat, items in chats.items():
+            done: asyncio.Future[None] = loop.create_future()
+            chains.append((chat, items, self._chains.get(chat), done))
+            self._chains[chat] = done
+        return chains
 
     async def _flush_journal(self, deadline: float) -> None:
         """The journal's deferred writes (the batch's ``done`` and ``sent`` records among
@@ -605,19 +620,7 @@ class InboundRunner:
                 await self.dead_letter(raw, bad.reason, bad.detail, error=bad, attempts=attempt)
                 return None
             except Exception as exc:
-                if self._owns is not None and not self._owns(raw.partition):
-                    raise BatchAbandoned(
-                        f"partition {raw.partition} was taken from this worker while "
-                        f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
-                    ) from exc
-                if caused_by(exc, JournalFence):
-                    # a zombie for this record (its producer fenced by a newer one, its
-                    # partition taken away): never retried, never dead-lettered, no record
-                    # of the batch acked; the worker exits before it writes anything more
-                    raise BatchAbandoned(
-                        f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
-                        "owns its partition now, so nothing of the batch is acked"
-                    ) from exc
+                self._abandon_if_lost(raw, name, exc)
                 if caused_by(exc, MembershipUnconfirmed):
                     # not the record's fault: wait a little for the group to confirm this
                     # worker; an evicted worker is never confirmed while this batch holds its
@@ -633,38 +636,8 @@ class InboundRunner:
                         ) from exc
                     await self._wait(UNCONFIRMED_WAIT_S, deadline, f"{self._noun(raw)} {name!r}")
                     continue
-                cause = too_large(exc)
-                if cause is not None:  # trying again cannot make it smaller
-                    detail = (
-                        f"the {self._noun(raw)} cannot be journaled: a record holding it is "
-                        f"too large for the producer ({type(cause).__name__}: {cause})"
-                    )
-                    await self.dead_letter(
-                        raw, Reason.TOO_LARGE, detail, error=exc, attempts=attempt
-                    )
+                if await self._dead_letter_or_wait(raw, name, exc, attempt, deadline):
                     return None
-                decision = self._retries.decide(exc, attempt, self._rng)
-                if isinstance(decision, GiveUp):
-                    reason = (
-                        Reason.JOURNAL_UNAVAILABLE
-                        if isinstance(exc, JournalUnavailableError)
-                        else Reason.HANDLE_FAILED
-                    )
-                    detail = f"not settled in {attempt} attempts: {type(exc).__name__}: {exc}"
-                    await self.dead_letter(raw, reason, detail, error=exc, attempts=attempt)
-                    return None
-                log.warning(
-                    "%s %s at %s failed (attempt %d): %s: %s; retrying in %.2fs",
-                    self._noun(raw),
-                    name,
-                    raw.where,
-                    attempt,
-                    type(exc).__name__,
-                    redact(str(exc)),
-                    decision.delay,
-                )
-                self.retried += 1
-                await self._wait(decision.delay, deadline, f"{self._noun(raw)} {name!r}")
                 continue
             if self._owns is not None and not self._owns(raw.partition):
                 # lost while it ran (this worker was evicted): what it wrote since was
@@ -675,6 +648,61 @@ class InboundRunner:
                     f"{raw.where} was settled; its new owner handles it"
                 )
             return result, attempt
+
+    def _abandon_if_lost(self, raw: RawRecord, name: str, exc: Exception) -> None:
+        """``BatchAbandoned`` when ``exc`` says the record is another worker's now: its
+        partition was taken from this worker, or the journal fenced this worker's write."""
+        if self._owns is not None and not self._owns(raw.partition):
+            raise BatchAbandoned(
+                f"partition {raw.partition} was taken from this worker while "
+                f"{raw.where} failed ({type(exc).__name__}); its new owner handles it"
+            ) from exc
+        if caused_by(exc, JournalFence):
+            # a zombie for this record (its producer fenced by a newer one, its
+            # partition taken away): never retried, never dead-lettered, no record
+            # of the batch acked; the worker exits before it writes anything more
+            raise BatchAbandoned(
+                f"{self._noun(raw)} {name!r} at {raw.where}: {exc}; another worker "
+                "owns its partition now, so nothing of the batch is acked"
+            ) from exc
+
+    async def _dead_letter_or_wait(
+        self, raw: RawRecord, name: str, exc: Exception, attempt: int, deadline: float
+    ) -> bool:
+        """After a failed attempt: dead-letters the record when trying again cannot help (it
+        is too large to journal, or the bot's retry budget is spent), else waits out the
+        bot's backoff before the next attempt; whether it dead-lettered the record."""
+        cause = too_large(exc)
+        if cause is not None:  # trying again cannot make it smaller
+            detail = (
+                f"the {self._noun(raw)} cannot be journaled: a record holding it is "
+                f"too large for the producer ({type(cause).__name__}: {cause})"
+            )
+            await self.dead_letter(raw, Reason.TOO_LARGE, detail, error=exc, attempts=attempt)
+            return True
+        decision = self._retries.decide(exc, attempt, self._rng)
+        if isinstance(decision, GiveUp):
+            reason = (
+                Reason.JOURNAL_UNAVAILABLE
+                if isinstance(exc, JournalUnavailableError)
+                else Reason.HANDLE_FAILED
+            )
+            detail = f"not settled in {attempt} attempts: {type(exc).__name__}: {exc}"
+            await self.dead_letter(raw, reason, detail, error=exc, attempts=attempt)
+            return True
+        log.warning(
+            "%s %s at %s failed (attempt %d): %s: %s; retrying in %.2fs",
+            self._noun(raw),
+            name,
+            raw.where,
+            attempt,
+            type(exc).__name__,
+            redact(str(exc)),
+            decision.delay,
+        )
+        self.retried += 1
+        await self._wait(decision.delay, deadline, f"{self._noun(raw)} {name!r}")
+        return False
 
     def _noun(self, raw: RawRecord) -> str:
         if raw.topic == self.control_topic:

@@ -306,6 +306,8 @@ class _Part:
 
 #: What ``_produce_and_wait`` produces: per partition, the keys whose latest version goes.
 _Produce = list[tuple[int, list[str]]]
+#: What a commit changed in one partition: the partition, its records before and after.
+_Change = tuple[int, dict[str, Entry | None], dict[str, Entry | None]]
 
 #: A record of another topic that rides with a journal write (``TableKv.ride``): hands it to
 #: the producer, and returns its ack (which nobody waits for: its transaction's failure
@@ -624,59 +626,20 @@ class TableKv:
             return []
         stale = self._port.unconfirmed()
         if stale is not None:  # the group may have given the partitions to another worker
-            self.unconfirmed += 1
-            raise MembershipUnconfirmed(
-                f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: {stale}"
-            )
+            raise self._stale(label, ops[0].key, "refused", stale)
         groups = self._route(ops)
         versions = [0] * len(ops)
-        changes: list[tuple[int, dict[str, Entry | None], dict[str, Entry | None]]] = []
-        for p, items in groups.items():  # every check first: nothing applied on a conflict
-            part = self._parts.get(p) if p not in self._closing else None
-            if part is None:
-                op = items[0][1]
-                if op.expect:  # a holder's compare-and-set: the record is not ours now
-                    raise VersionConflictError(op.key, op.expect, None)
-                raise PartitionRevoked(
-                    f"journal partition {p} is not owned by this worker (it was "
-                    f"revoked); {op.key!r} not written",
-                    op.key,
-                )
-            part_ops = [op for _, op in items]
-            keys = list(dict.fromkeys(op.key for op in part_ops))
-            view = {k: e for k in keys if (e := self._read(p, part, k)) is not None}
-            before = {k: view.get(k) for k in keys}
-            for (i, _), v in zip(items, apply_ops(view, part_ops), strict=True):
-                versions[i] = v
-            changes.append((p, before, {k: view.get(k) for k in keys}))
+        changes = self._apply(groups, versions)
         chat = CURRENT_CHAT.get()
-        deferred = (
-            label in DEFERRED or (label in DEFERRED_WHEN_FRESH and FRESH.get())
-        ) and not any(
-            e is not None and len(self._encoded(e)) > DEFER_MAX_BYTES
-            for _, _, after in changes
-            for e in after.values()
-        )
-        volatile = self._volatile
-        kept = 0  # keys that go to the changelog
-        for p, _, after in changes:
-            part = self._parts[p]
-            for key, entry in after.items():
-                part.overlay[key] = entry
-                self._cache.pop(key, None)
-                if volatile is not None and volatile(key):
-                    continue
-                if self._group is not None and (g := self._group(key)) is not None:
-                    part.grouped.setdefault(g, set()).add(key)
-                kept += 1
-                if deferred:
-                    part.deferred.add(key, chat)
+        deferred = self._defers(label, changes)
+        kept = self._overlay(changes, chat, deferred=deferred)
         if deferred or not kept:
             if deferred and kept:
                 self.write_behind.soon()
             return versions
         # an awaited write: what this chat's work deferred in its partitions goes first, then
         # its own records (a key deferred and written again here goes once)
+        volatile = self._volatile
         taken: list[tuple[int, dict[str, str | None]]] = []
         produce: _Produce = []
         for p, _, after in changes:
@@ -695,37 +658,83 @@ class TableKv:
                 await self._produce_and_wait(produce)
                 timed(time.perf_counter() - started)
         except BaseException as exc:
-            for p, before, after in reversed(changes):
-                self._undo(p, before, after)
-            self._give_back(taken)
-            self.failed += 1
-            # the producer's fence (``botmesh.streams.worker.changelog``: a ``FencedError``)
-            if isinstance(exc, FencedError) and not isinstance(exc, JournalFence):
-                raise ProducerFencedOut(
-                    f"journal write {label or '(unlabelled)'} of {ops[0].key!r} refused: a "
-                    f"newer producer owns its partition's transactions ({exc})",
-                    ops[0].key,
-                ) from exc
-            if isinstance(exc, Exception) and not isinstance(
-                exc, JournalUnavailableError | FencedError
-            ):
-                raise JournalUnavailableError(
-                    f"journal write {label or '(unlabelled)'} of {ops[0].key!r} not acked by "
-                    f"the broker: {type(exc).__name__}: {exc}"
-                ) from exc
-            raise
+            self._roll_back(changes, taken)
+            error = _write_error(exc, label, ops[0].key)
+            if error is None:
+                raise
+            raise error from exc
         # acked, but maybe after this worker was frozen past its session: the record may
         # have reached the log after another owner restored the partition, which then acts
         # on what it found; so nothing acts on this write here (it is durable: a send it
         # claimed is in flight, resolved by the ambiguity policy, by whoever owns it then)
         stale = self._port.unconfirmed(acked=True)
         if stale is not None:
-            self.unconfirmed += 1
-            raise MembershipUnconfirmed(
-                f"journal write {label or '(unlabelled)'} of {ops[0].key!r} acked, but "
-                f"not acted on: {stale}"
-            )
+            raise self._stale(label, ops[0].key, "acked, but not acted on", stale)
         return versions
+
+    def _stale(self, label: str, key: str, what: str, why: str) -> MembershipUnconfirmed:
+        """A write refused (or not acted on) while this worker's group membership is
+        unconfirmed, counted in ``unconfirmed``."""
+        self.unconfirmed += 1
+        return MembershipUnconfirmed(
+            f"journal write {label or '(unlabelled)'} of {key!r} {what}: {why}"
+        )
+
+    def _apply(self, groups: dict[int, list[tuple[int, Op]]], versions: list[int]) -> list[_Change]:
+        """Applies each partition's ops to a view of its records (``VersionConflictError``,
+        or ``PartitionRevoked`` for a partition this worker does not own, before anything is
+        applied), setting each op's new version in ``versions``; each partition's records
+        before and after."""
+        changes: list[_Change] = []
+        for p, items in groups.items():  # every check first: nothing applied on a conflict
+            part = self._parts.get(p) if p not in self._closing else None
+            if part is None:
+                op = items[0][1]
+                if op.expect:  # a holder's compare-and-set: the record is not ours now
+                    raise VersionConflictError(op.key, op.expect, None)
+                raise PartitionRevoked(
+                    f"journal partition {p} is not owned by this worker (it was "
+                    f"revoked); {op.key!r} not written",
+                    op.key,
+                )
+            part_ops = [op for _, op in items]
+            keys = list(dict.fromkeys(op.key for op in part_ops))
+            view = {k: e for k in keys if (e := self._read(p, part, k)) is not None}
+            before = {k: view.get(k) for k in keys}
+            for (i, _), v in zip(items, apply_ops(view, part_ops), strict=True):
+                versions[i] = v
+            changes.append((p, before, {k: view.get(k) for k in keys}))
+        return changes
+
+    def _defers(self, label: str, changes: list[_Change]) -> bool:
+        """Whether a commit labelled ``label`` is written behind (``DEFERRED``, or
+        ``DEFERRED_WHEN_FRESH`` on a fresh record) rather than awaited: never when one of
+        its records is over ``DEFER_MAX_BYTES``."""
+        return (label in DEFERRED or (label in DEFERRED_WHEN_FRESH and FRESH.get())) and not any(
+            e is not None and len(self._encoded(e)) > DEFER_MAX_BYTES
+            for _, _, after in changes
+            for e in after.values()
+        )
+
+    def _overlay(self, changes: list[_Change], chat: str | None, *, deferred: bool) -> int:
+        """Puts the committed records in memory (each partition's overlay), noting the
+        deferred ones for the chat's next write; how many go to the changelog (the
+        volatile ones do not)."""
+        volatile = self._volatile
+        kept = 0
+        for p, _, after in changes:
+            part = self._parts[p]
+            for key, entry in after.items():
+                part.overlay[key] = entry
+                self._cache.pop(key, None)
+                if volatile is not None and volatile(key):
+                    continue
+                if self._group is not None and (g := self._group(key)) is not None:
+                    part.grouped.setdefault(g, set()).add(key)
+                kept += 1
+                if deferred:
+                    part.deferred.add(key, chat)
+        return kept
 
     def ride(self, key: str, rider: Rider) -> Callable[[], None]:
         """Hand ``rider`` to the producer right after the next changelog record that holds
@@ -764,6 +773,16 @@ class TableKv:
                 continue
             if isinstance(ack, asyncio.Future):
                 ack.add_done_callback(_quiet)
+
+    def _roll_back(
+        self, changes: list[_Change], taken: list[tuple[int, dict[str, str | None]]]
+    ) -> None:
+        """After a failed write: the records it replaced put back in memory and the deferred
+        writes it took given back (for the next write), counted in ``failed``."""
+        for p, before, after in reversed(changes):
+            self._undo(p, before, after)
+        self._give_back(taken)
+        self.failed += 1
 
     def _give_back(self, taken: list[tuple[int, dict[str, str | None]]]) -> None:
         for p, keys in taken:
@@ -1042,6 +1061,25 @@ def _ranged(
     if not mem:
         return disk
     return list(heapq.merge(disk, mem))[:limit]
+
+
+def _write_error(exc: BaseException, label: str, key: str) -> Exception | None:
+    """What a commit raises when its changelog write failed with ``exc``: the producer's
+    fence (``botmesh.streams.worker.changelog``: a ``FencedError``) as ``ProducerFencedOut``,
+    any other error that is not the journal's own as ``JournalUnavailableError``; ``None``
+    for ``exc`` itself (a journal error, a fence, a cancellation)."""
+    if isinstance(exc, FencedError) and not isinstance(exc, JournalFence):
+        return ProducerFencedOut(
+            f"journal write {label or '(unlabelled)'} of {key!r} refused: a "
+            f"newer producer owns its partition's transactions ({exc})",
+            key,
+        )
+    if isinstance(exc, Exception) and not isinstance(exc, JournalUnavailableError | FencedError):
+        return JournalUnavailableError(
+            f"journal write {label or '(unlabelled)'} of {key!r} not acked by "
+            f"the broker: {type(exc).__name__}: {exc}"
+        )
+    return None
 
 
 def _quiet(ack: asyncio.Future[object]) -> None:

@@ -105,6 +105,27 @@ class TopicSpec:
         return self.config.get("cleanup.policy") == "compact"
 
 
+@dataclass(frozen=True, slots=True)
+class _SpecMaker:
+    """Makes the catalog's topic specs at one partition count and replication factor; every
+    topic gets ``min.insync.replicas`` 2 from 3 replicas up (else 1)."""
+
+    partitions: int
+    replication: int
+
+    def __call__(self, name: str, role: Role, config: dict[str, str], purpose: str) -> TopicSpec:
+        common = {"min.insync.replicas": "2" if self.replication >= 3 else "1"}
+        return TopicSpec(
+            name, role, self.partitions, self.replication, {**common, **config}, purpose
+        )
+
+    def deleted(self, name: str, role: Role, retention_ms: int, purpose: str) -> TopicSpec:
+        """A topic whose records are deleted ``retention_ms`` after they were written."""
+        return self(
+            name, role, {"cleanup.policy": "delete", "retention.ms": str(retention_ms)}, purpose
+        )
+
+
 def prefix_from_env(environ: Mapping[str, str] | None = None) -> str:
     """The topic prefix from ``BOTMESH_TOPIC_PREFIX`` (default ``botmesh``), validated."""
     env = os.environ if environ is None else environ
@@ -244,76 +265,83 @@ class Catalog:
             raise ValueError(f"partitions must be >= 1, got {partitions}")
         if replication < 1:
             raise ValueError(f"replication must be >= 1, got {replication}")
-        min_isr = "2" if replication >= 3 else "1"
-        common = {"min.insync.replicas": min_isr}
+        make = _SpecMaker(partitions, replication)
+        return [
+            *self._message_specs(make),
+            *self._retry_specs(make),
+            *self._dlq_specs(make),
+            *self._compacted_specs(make),
+        ]
 
-        def spec(name: str, role: Role, config: dict[str, str], purpose: str) -> TopicSpec:
-            return TopicSpec(name, role, partitions, replication, {**common, **config}, purpose)
-
-        out = [
-            spec(
+    def _message_specs(self, make: _SpecMaker) -> list[TopicSpec]:
+        """The topics of messages, requests, operator actions and receipts (kept 7 days)."""
+        week = 7 * _DAY_MS
+        return [
+            make.deleted(
                 self.inbound,
                 "inbound",
-                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                week,
                 "inbound messages and interactions, keyed by chat id",
             ),
-            spec(
+            make.deleted(
                 self.requests,
                 "requests",
-                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                week,
                 "send requests (sends from outside a handler), keyed by chat id",
             ),
-            spec(
+            make.deleted(
                 self.control,
                 "control",
-                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                week,
                 "operator actions (retry_send, replay_inbound, discard, restart_flow, "
                 "drop_flow), keyed by chat id",
             ),
-            spec(
+            make.deleted(
                 self.control_results,
                 "results",
-                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
+                week,
                 "results of operator actions, keyed by request id",
             ),
-            spec(
-                self.sent,
-                "sent",
-                {"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS)},
-                "sent receipts, keyed by chat id",
-            ),
+            make.deleted(self.sent, "sent", week, "sent receipts, keyed by chat id"),
         ]
-        out += [
-            spec(
+
+    def _retry_specs(self, make: _SpecMaker) -> list[TopicSpec]:
+        """The outbox's retry tiers (kept a day)."""
+        return [
+            make.deleted(
                 self.retry(name),
                 "retry",
-                {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)},
+                _DAY_MS,
                 f"outbox retry tier: sends due again after {name}",
             )
             for name, _ in RETRY_TIERS
         ]
-        out += [
-            spec(
+
+    def _dlq_specs(self, make: _SpecMaker) -> list[TopicSpec]:
+        """The dead-letter topics (kept 30 days)."""
+        month = 30 * _DAY_MS
+        return [
+            make.deleted(
                 self.inbound_dlq,
                 "dlq",
-                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                month,
                 "inbound records that could not be decoded or handled (header 'reason')",
             ),
-            spec(
+            make.deleted(
                 self.requests_dlq,
                 "dlq",
-                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
+                month,
                 "send requests that could not be decoded or settled (header 'reason')",
             ),
-            spec(
-                self.outbox_dlq,
-                "dlq",
-                {"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS)},
-                "sends that failed for good (header 'reason')",
+            make.deleted(
+                self.outbox_dlq, "dlq", month, "sends that failed for good (header 'reason')"
             ),
         ]
-        out += [
-            spec(
+
+    def _compacted_specs(self, make: _SpecMaker) -> list[TopicSpec]:
+        """The compacted topics: each table's changelog, and the workers' metrics."""
+        changelogs = [
+            make(
                 self.changelog(table),
                 "changelog",
                 # segments roll hourly (or at 64 MiB) so that the cleaner can compact them:
@@ -328,19 +356,17 @@ class Catalog:
             )
             for table in TABLES
         ]
-        out.append(
-            spec(
-                self.metrics,
-                "metrics",
-                {
-                    "cleanup.policy": "compact",
-                    "segment.ms": str(3600 * 1000),
-                    "min.cleanable.dirty.ratio": "0.1",
-                },
-                "each worker's engine counters, keyed by its instance id",
-            )
+        metrics = make(
+            self.metrics,
+            "metrics",
+            {
+                "cleanup.policy": "compact",
+                "segment.ms": str(3600 * 1000),
+                "min.cleanable.dirty.ratio": "0.1",
+            },
+            "each worker's engine counters, keyed by its instance id",
         )
-        return out
+        return [*changelogs, metrics]
 
     def specs_beside(
         self,

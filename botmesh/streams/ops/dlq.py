@@ -31,11 +31,11 @@ import contextlib
 import datetime as dt
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from botmesh.streams.clients import (
     ONE_SHOT,
@@ -274,22 +274,39 @@ async def ask_owners(
     consumer = reader(
         bootstrap, "botmesh-dlq", {"enable.partition.eof": False, "fetch.wait.max.ms": 100}
     )
-    answered: dict[str, ControlResult] = {}
-    polling: asyncio.Future[list[Message]] | None = None
     try:
         # the results of earlier requests are not ours: read from the end as it is now
         spans = await asyncio.to_thread(watermarks, consumer, tps)
         consumer.assign([TopicPartition(t, p, spans[(t, p)][1]) for t, p in tps])
-        producer = AsyncProducer(bootstrap, settings=ONE_SHOT)
-        try:
-            acks = [
-                await producer.send(cat.control, encode_control(r), key=chat_key(r.chat_id))
-                for r in requests
-            ]
-            await asyncio.gather(*acks)
-        finally:
-            await producer.close()
-        wanted = {r.id for r in requests}
+        await _produce_requests(bootstrap, cat, requests)
+        return await _answers(consumer, {r.id for r in requests}, wait_s, progress)
+    finally:
+        await asyncio.to_thread(consumer.close)
+
+
+async def _produce_requests(
+    bootstrap: Brokers, cat: Catalog, requests: Sequence[ControlRequest]
+) -> None:
+    """Each request to the control topic, keyed by its chat id, acknowledged by all."""
+    producer = AsyncProducer(bootstrap, settings=ONE_SHOT)
+    try:
+        acks = [
+            await producer.send(cat.control, encode_control(r), key=chat_key(r.chat_id))
+            for r in requests
+        ]
+        await asyncio.gather(*acks)
+    finally:
+        await producer.close()
+
+
+async def _answers(
+    consumer: Consumer, wanted: set[str], wait_s: float, progress: Progress | None
+) -> dict[str, ControlResult]:
+    """The results ``consumer`` reads for the ``wanted`` request ids within ``wait_s``
+    seconds; request id -> result, for those answered."""
+    answered: dict[str, ControlResult] = {}
+    polling: asyncio.Future[list[Message]] | None = None
+    try:
         deadline = time.monotonic() + wait_s
         while wanted - answered.keys() and time.monotonic() < deadline:
             # shielded: the consumer is closed only once this call returned
@@ -309,7 +326,6 @@ async def ask_owners(
     finally:
         if polling is not None:
             await asyncio.wait([polling])
-        await asyncio.to_thread(consumer.close)
     return answered
 
 
@@ -411,27 +427,7 @@ async def act(
         return report
     requests = control_requests(picked, action, ident, by=by)
     answers = await ask_owners(bootstrap, cat, requests, wait_s=wait_s, progress=progress)
-    by_target = {r.target: r for r in requests}
-    missing_record = []
-    for d in picked:
-        target = ident(d) or ""
-        answer = answers.get(by_target[target].id) if target in by_target else None
-        if answer is None:
-            report.results.append({"target": target, "chat_id": d.chat_id, "outcome": "no answer"})
-            continue
-        if action == "replay_inbound" and answer.outcome == "refused" and answer.state is None:
-            missing_record.append(d)  # never journaled: produced again to the inbound topic
-            continue
-        report.results.append(
-            {
-                "target": target,
-                "chat_id": d.chat_id,
-                "outcome": answer.outcome,
-                "state": answer.state,
-                "detail": answer.detail,
-                "worker": answer.instance,
-            }
-        )
+    missing_record = _take_answers(report, picked, ident, requests, answers)
     if missing_record:
         await reproduce(bootstrap, cat.inbound, missing_record)
         report.results += [
@@ -445,3 +441,41 @@ async def act(
         ]
     report.summary = f"{command}: {report.done} of {len(report.results)} done"
     return report
+
+
+def _take_answers(
+    report: ActionReport,
+    picked: Sequence[DeadLetter],
+    ident: Callable[[DeadLetter], str | None],
+    requests: Sequence[ControlRequest],
+    answers: Mapping[str, ControlResult],
+) -> list[DeadLetter]:
+    """A row of ``report`` per dead letter picked, with its owner's answer (or none); the
+    dead inbound records an owner refused because its journal never held them, which are
+    to be produced again to the inbound topic instead."""
+    by_target = {r.target: r for r in requests}
+    missing_record = []
+    for d in picked:
+        target = ident(d) or ""
+        answer = answers.get(by_target[target].id) if target in by_target else None
+        if answer is None:
+            report.results.append({"target": target, "chat_id": d.chat_id, "outcome": "no answer"})
+            continue
+        if (
+            COMMANDS[report.command] == "replay_inbound"
+            and answer.outcome == "refused"
+            and answer.state is None
+        ):
+            missing_record.append(d)  # never journaled: produced again to the inbound topic
+            continue
+        report.results.append(
+            {
+                "target": target,
+                "chat_id": d.chat_id,
+                "outcome": answer.outcome,
+                "state": answer.state,
+                "detail": answer.detail,
+                "worker": answer.instance,
+            }
+        )
+    return missing_record

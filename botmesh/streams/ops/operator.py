@@ -39,6 +39,7 @@ from confluent_kafka import (
     IsolationLevel,
     KafkaError,
     KafkaException,
+    Message,
     TopicPartition,
 )
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
@@ -315,24 +316,11 @@ def replay(
     ``from_offset`` (clamped into each partition's retained range), to the first record at
     or after ``from_time_ms`` (the end where there is none), or to the earliest retained
     record. ``dry_run``: compute and return the moves only."""
-    if sum(x is not None and x is not False for x in (from_offset, from_time_ms, to_earliest)) != 1:
-        raise ValueError("give exactly one of --from-offset, --from-time, --to-earliest")
-    if from_offset is not None and from_offset < 0:
-        raise ValueError(f"--from-offset {from_offset}: must be >= 0")
-    unknown = [t for t in topics if t not in REPLAYABLE]
-    if unknown or not topics:
-        raise ValueError(f"--topic {unknown}: use {' or '.join(REPLAYABLE)}")
+    _check_replay(from_offset, from_time_ms, to_earliest, topics)
     admin = admin_client(bootstrap, timeout)
     have = _topics(admin, bootstrap, timeout)
     names = [cat.inbound if t == "inbound" else cat.requests for t in dict.fromkeys(topics)]
-    tps: list[tuple[str, int]] = []
-    for name in names:
-        count = _require(have, name, cat)
-        chosen = sorted(set(partitions)) if partitions else list(range(count))
-        bad = [p for p in chosen if not 0 <= p < count]
-        if bad:
-            raise ValueError(f"--partition {bad}: {name} has partitions 0-{count - 1}")
-        tps += [(name, p) for p in chosen]
+    tps = _replay_partitions(have, names, partitions, cat)
     info = describe(admin, cat.group, bootstrap, timeout)
     committed = _committed(admin, cat.group, bootstrap, timeout)
     starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
@@ -363,20 +351,57 @@ def replay(
         return result
     if info.members:
         result.removed = asyncio.run(remove_members(bootstrap, cat.group, info.members, timeout))
+    _apply(admin, cat.group, moves, bootstrap, timeout)
+    result.applied = True
+    return result
+
+
+def _check_replay(
+    from_offset: int | None, from_time_ms: int | None, to_earliest: bool, topics: Sequence[str]
+) -> None:
+    """``ValueError`` unless the replay names exactly one target and only replayable topics."""
+    if sum(x is not None and x is not False for x in (from_offset, from_time_ms, to_earliest)) != 1:
+        raise ValueError("give exactly one of --from-offset, --from-time, --to-earliest")
+    if from_offset is not None and from_offset < 0:
+        raise ValueError(f"--from-offset {from_offset}: must be >= 0")
+    unknown = [t for t in topics if t not in REPLAYABLE]
+    if unknown or not topics:
+        raise ValueError(f"--topic {unknown}: use {' or '.join(REPLAYABLE)}")
+
+
+def _replay_partitions(
+    have: Mapping[str, int], names: Sequence[str], partitions: Sequence[int] | None, cat: Catalog
+) -> list[tuple[str, int]]:
+    """The partitions of topics ``names`` a replay moves: ``partitions`` of each (every one
+    when ``None``); ``ValueError`` naming a partition a topic does not have."""
+    tps: list[tuple[str, int]] = []
+    for name in names:
+        count = _require(have, name, cat)
+        chosen = sorted(set(partitions)) if partitions else list(range(count))
+        bad = [p for p in chosen if not 0 <= p < count]
+        if bad:
+            raise ValueError(f"--partition {bad}: {name} has partitions 0-{count - 1}")
+        tps += [(name, p) for p in chosen]
+    return tps
+
+
+def _apply(
+    admin: Any, group: str, moves: Sequence[Move], bootstrap: Brokers, timeout: float
+) -> None:
+    """Sets the group's offsets to ``moves``, asking again while the group settles as empty
+    just after its last member left (``Refused`` once a member is back)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            _alter(admin, cat.group, moves, bootstrap, timeout)
+            _alter(admin, group, moves, bootstrap, timeout)
             break
         except Refused:
             # the group settles as empty just after its last member left; a member that
             # is back is a running worker
-            again = describe(admin, cat.group, bootstrap, timeout)
+            again = describe(admin, group, bootstrap, timeout)
             if again.members or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    result.applied = True
-    return result
 
 
 def _for_time(
@@ -459,14 +484,15 @@ def _read_compacted(
     topic spans (sum of end minus start) and the records read."""
     admin = admin_client(bootstrap, timeout)
     tps = [(topic, p) for p in range(partitions)]
-    starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
-    ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
-    span = sum(ends[tp] - starts[tp] for tp in tps)
-    todo = {tp for tp in tps if ends[tp] > starts[tp]}
-    read = 0
+    reading = _CompactedRead(
+        topic,
+        starts=_offsets(admin, tps, _EARLIEST, bootstrap, timeout),
+        ends=_offsets(admin, tps, _LATEST, bootstrap, timeout),
+    )
+    span = reading.span
     if progress is not None:
         progress(0, span)
-    if not todo:
+    if not reading.todo:
         return span, 0
     consumer = Consumer(
         {
@@ -479,46 +505,84 @@ def _read_compacted(
         }
     )
     try:
-        consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in sorted(todo)])
-        done_offsets = dict(starts)
-        quiet_since = time.monotonic()
-        while todo:
-            batch = consumer.consume(num_messages=5000, timeout=0.5)
-            if not batch:
-                if time.monotonic() - quiet_since > 3 * timeout:
-                    raise ConnectionError(
-                        f"reading {topic} stalled at {done_offsets} (ends {ends}); is the "
-                        f"broker at {servers(bootstrap)!r} still up?"
-                    )
-                continue
-            quiet_since = time.monotonic()
-            for m in batch:
-                tp = (str(m.topic()), int(m.partition() or 0))
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if int(m.offset() or 0) >= ends[tp]:
-                            todo.discard(tp)
-                        continue
-                    raise KafkaException(err)
-                offset = int(m.offset() or 0)
-                if offset >= ends[tp]:
-                    todo.discard(tp)
-                    continue
-                key, value = m.key(), m.value()
-                on_record(
-                    key if isinstance(key, bytes) else b"",
-                    value if isinstance(value, bytes) else None,
-                )
-                read += 1
-                done_offsets[tp] = offset + 1
-            if progress is not None:
-                progress(sum(done_offsets[tp] - starts[tp] for tp in tps), span)
+        reading.run(consumer, on_record, bootstrap=bootstrap, timeout=timeout, progress=progress)
     finally:
         consumer.close()
     if progress is not None:
         progress(span, span)
-    return span, read
+    return span, reading.read
+
+
+@dataclass(slots=True)
+class _CompactedRead:
+    """One read of a compacted topic from each partition's start to its end: how far each
+    partition got, which still have records to read, and how many records were read."""
+
+    topic: str
+    starts: dict[tuple[str, int], int]
+    ends: dict[tuple[str, int], int]
+    #: the offsets the topic spans: the sum of end minus start
+    span: int = field(init=False)
+    todo: set[tuple[str, int]] = field(init=False)
+    done_offsets: dict[tuple[str, int], int] = field(init=False)
+    read: int = 0
+
+    def __post_init__(self) -> None:
+        self.span = sum(self.ends[tp] - self.starts[tp] for tp in self.starts)
+        self.todo = {tp for tp in self.starts if self.ends[tp] > self.starts[tp]}
+        self.done_offsets = dict(self.starts)
+
+    def run(
+        self,
+        consumer: Consumer,
+        on_record: Callable[[bytes, bytes | None], None],
+        *,
+        bootstrap: Brokers,
+        timeout: float,
+        progress: Progress | None,
+    ) -> None:
+        """Reads until every partition reached its end; ``ConnectionError`` when nothing
+        comes for three times ``timeout``."""
+        consumer.assign([TopicPartition(t, p, self.starts[(t, p)]) for t, p in sorted(self.todo)])
+        quiet_since = time.monotonic()
+        while self.todo:
+            batch = consumer.consume(num_messages=5000, timeout=0.5)
+            if not batch:
+                if time.monotonic() - quiet_since > 3 * timeout:
+                    raise ConnectionError(
+                        f"reading {self.topic} stalled at {self.done_offsets} (ends "
+                        f"{self.ends}); is the broker at {servers(bootstrap)!r} still up?"
+                    )
+                continue
+            quiet_since = time.monotonic()
+            self._take(batch, on_record)
+            if progress is not None:
+                done = sum(self.done_offsets[tp] - self.starts[tp] for tp in self.starts)
+                progress(done, self.span)
+
+    def _take(self, batch: list[Message], on_record: Callable[[bytes, bytes | None], None]) -> None:
+        """Hands each record of ``batch`` short of its partition's end to ``on_record``,
+        and marks the partitions it shows at their end."""
+        for m in batch:
+            tp = (str(m.topic()), int(m.partition() or 0))
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if int(m.offset() or 0) >= self.ends[tp]:
+                        self.todo.discard(tp)
+                    continue
+                raise KafkaException(err)
+            offset = int(m.offset() or 0)
+            if offset >= self.ends[tp]:
+                self.todo.discard(tp)
+                continue
+            key, value = m.key(), m.value()
+            on_record(
+                key if isinstance(key, bytes) else b"",
+                value if isinstance(value, bytes) else None,
+            )
+            self.read += 1
+            self.done_offsets[tp] = offset + 1
 
 
 # -- status ------------------------------------------------------------------------------------
@@ -622,13 +686,39 @@ def status(
     have = _topics(admin, bootstrap, timeout)
     _require(have, cat.inbound, cat)
     info = describe(admin, cat.group, bootstrap, timeout)
+    lags = _lags(admin, have, cat, bootstrap, timeout, members=info.members)
+    dead = _dead_letter_counts(admin, have, cat, bootstrap, timeout)
+    summary = None
+    changelog = cat.changelog(TABLE_NAME)
+    if journal and changelog in have:
+        summary = _journal_summary(
+            bootstrap=bootstrap,
+            cat=cat,
+            changelog=changelog,
+            partitions=have[changelog],
+            timeout=timeout,
+            progress=progress,
+        )
+    return Status(info, lags, dead, summary, _parked(admin, have, cat, bootstrap, timeout))
+
+
+def _lags(
+    admin: Any,
+    have: Mapping[str, int],
+    cat: Catalog,
+    bootstrap: Brokers,
+    timeout: float,
+    *,
+    members: Sequence[Member],
+) -> list[Lag]:
+    """The lag of the group on each inbound and requests partition, with its owner."""
     committed = _committed(admin, cat.group, bootstrap, timeout)
     tps = [(t, p) for t in (cat.inbound, cat.requests) if t in have for p in range(have[t])]
     starts = _offsets(admin, tps, _EARLIEST, bootstrap, timeout)
     ends = _offsets(admin, tps, _LATEST, bootstrap, timeout)
     owners = {
         (t, p): m.instance_id or m.member_id
-        for m in info.members
+        for m in members
         for t, ps in m.partitions.items()
         for p in ps
     }
@@ -647,40 +737,56 @@ def status(
                 owners.get(tp),
             )
         )
+    return lags
+
+
+def _dead_letter_counts(
+    admin: Any, have: Mapping[str, int], cat: Catalog, bootstrap: Brokers, timeout: float
+) -> list[TopicCount]:
+    """The records held on each dead-letter topic (``None`` for one that does not exist)."""
     dlqs = [cat.inbound_dlq, cat.requests_dlq, cat.outbox_dlq]
     dlq_tps = [(t, p) for t in dlqs if t in have for p in range(have[t])]
     dstarts = _offsets(admin, dlq_tps, _EARLIEST, bootstrap, timeout)
     dends = _offsets(admin, dlq_tps, _LATEST, bootstrap, timeout)
-    dead = [
+    return [
         TopicCount(
             t, sum(dends[tp] - dstarts[tp] for tp in dlq_tps if tp[0] == t) if t in have else None
         )
         for t in dlqs
     ]
-    summary = None
-    changelog = cat.changelog(TABLE_NAME)
-    if journal and changelog in have:
-        view = JournalView()
-        size = 0
 
-        def keep(key: bytes, value: bytes | None) -> None:
-            nonlocal size
-            size += len(key) + len(value or b"")
-            view.apply(key, value)
 
-        span, read = _read_compacted(
-            bootstrap=bootstrap,
-            cat=cat,
-            topic=changelog,
-            partitions=have[changelog],
-            on_record=keep,
-            timeout=timeout,
-            progress=progress,
-        )
-        keys = len(view.entries)
-        ambiguous = sum(is_ambiguous_send(e.key, e.value) for e in view.entries.values())
-        summary = JournalSummary(changelog, span, read, size, keys, ambiguous)
-    return Status(info, lags, dead, summary, _parked(admin, have, cat, bootstrap, timeout))
+def _journal_summary(
+    *,
+    bootstrap: Brokers,
+    cat: Catalog,
+    changelog: str,
+    partitions: int,
+    timeout: float,
+    progress: Progress | None,
+) -> JournalSummary:
+    """The journal's changelog read to its end: its records, bytes, live keys and the
+    ambiguous sends among them."""
+    view = JournalView()
+    size = 0
+
+    def keep(key: bytes, value: bytes | None) -> None:
+        nonlocal size
+        size += len(key) + len(value or b"")
+        view.apply(key, value)
+
+    span, read = _read_compacted(
+        bootstrap=bootstrap,
+        cat=cat,
+        topic=changelog,
+        partitions=partitions,
+        on_record=keep,
+        timeout=timeout,
+        progress=progress,
+    )
+    keys = len(view.entries)
+    ambiguous = sum(is_ambiguous_send(e.key, e.value) for e in view.entries.values())
+    return JournalSummary(changelog, span, read, size, keys, ambiguous)
 
 
 def _parked(

@@ -220,6 +220,27 @@ class Seen:
     arrived: float  # time.monotonic() when consumed
 
 
+def _records(batch: list[Message]) -> list[Message]:
+    """The records of ``batch``, leaving out its errors; ``KafkaException`` for a fatal one."""
+    records = [m for m in batch if m.error() is None]
+    for m in batch:
+        err = m.error()
+        if err is not None and err.fatal():
+            raise KafkaException(err)
+    return records
+
+
+def _receipt(m: Message, on_bad: Callable[[bytes | None, str], None] | None) -> Receipt | None:
+    """The receipt ``m`` holds; ``None`` (told to ``on_bad``) when it holds none."""
+    value = m.value()
+    try:
+        return decode_receipt(value)
+    except ValueError as exc:
+        if on_bad is not None:
+            on_bad(value, str(exc))
+        return None
+
+
 async def tail_receipts(
     bootstrap: Brokers,
     topic: str,
@@ -260,25 +281,16 @@ async def tail_receipts(
             polling = asyncio.ensure_future(asyncio.to_thread(consumer.consume, 1000, 0.2))
             batch = await asyncio.shield(polling)
             now = time.monotonic()
-            records = [m for m in batch if m.error() is None]
-            for m in batch:
-                err = m.error()
-                if err is not None and err.fatal():
-                    raise KafkaException(err)
+            records = _records(batch)
             if not records:
                 if idle_timeout is not None and now - last > idle_timeout:
                     return
                 continue
             last = now
             for m in records:
-                value = m.value()
-                try:
-                    rec = decode_receipt(value)
-                except ValueError as exc:
-                    if on_bad is not None:
-                        on_bad(value, str(exc))
-                    continue
-                yield Seen(rec, int(m.partition() or 0), int(m.offset() or 0), now)
+                rec = _receipt(m, on_bad)
+                if rec is not None:
+                    yield Seen(rec, int(m.partition() or 0), int(m.offset() or 0), now)
     finally:
         if polling is not None:
             await asyncio.wait([polling])

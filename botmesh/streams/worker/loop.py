@@ -81,6 +81,7 @@ from botmesh.streams.worker.clients import worker_consumer_config, worker_produc
 from botmesh.streams.worker.consumer import Batch, ConsumerThread
 from botmesh.streams.worker.observe import Observed
 from botmesh.streams.worker.restore import open_database, restore
+from botmesh.topics.catalog import Catalog
 from botmesh.topics.dead_letters import redact
 
 __all__ = [
@@ -303,31 +304,83 @@ class Worker:
     ) -> None:
         self.config = config
         cat = self.cat = config.catalog
-        self._names = {
-            "sent": cat.sent,
-            "dlq": cat.inbound_dlq,
-            "requests-dlq": cat.requests_dlq,
-            "outbox-dlq": cat.outbox_dlq,
-            "control-results": cat.control_results,
-        }
-        # the producer's transactional id is the runtime's instance id (set once bound)
-        self.changelog = RdChangelog(
-            worker_producer_config(config, config.instance_id or "worker"),
-            cat.changelog(TABLE_NAME),
-            unconfirmed=self._unconfirmed,
-        )
-        # the journal on Kafka (a table in RocksDB, changelogged), or a file (one worker alone)
-        kv = self.kv = (
-            TableKv(self.changelog, volatile=is_turn_key, group=record_group)
-            if config.kafka_journal
-            else None
-        )
-        self.changelog.kv = kv
+        self._names = _role_topics(cat)
+        self.changelog, self.kv = self._journal()
+        kv = self.kv
         letters: Counter[tuple[str, str]] = Counter()
         telemetry = WorkerTelemetry(WorkerSources())
         # the histograms are fed only when /metrics is served (BOTMESH_HTTP_PORT)
         timed = telemetry if config.http_port is not None else None
-        runtime: RuntimeLike = bot.bind(
+        runtime = self.runtime = self._bind(bot, provider, letters, timed, fallbacks)
+        self.instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
+        self.changelog.config = worker_producer_config(config, self.instance)
+        if kv is not None:
+            kv.on_assigned = self._recover
+            kv.on_revoking = runtime.flush_receipts
+            kv.on_lost = self._lost_writes
+            kv.write_seconds = _both(timed.journal_write if timed else None, journal_written)
+        self.runner = self._inbound_runner(letters, timed)
+        if record_scope is not None:
+            self.runner.scope = record_scope
+        self.checkpoint = Checkpoint(self._flush, self._commit)
+        self.consumer = self._consumer_thread()
+        self.changelog.writer(self.instance, -1)
+        self.changelog.on_fatal = self._producer_failed
+        self.membership = Membership(self.consumer, config)
+        self.watch = self._assignment_watch()
+        #: Journal partitions being restored from the changelog now (``/readyz``).
+        self.restoring: set[int] = set()
+        #: partition -> the consumer epoch from which its records are started (``_serve``)
+        self._serving: dict[int, int] = {}
+        #: Each inbound partition's offset from which its records are fresh (its end when
+        #: it was given to this worker).
+        self._fresh_at: dict[int, int] = {}
+        self.observed = Observed(self)
+        telemetry.sources = self.observed.sources()
+        self.http = self._health_server(telemetry)
+        self._background: list[asyncio.Task[None]] = []
+        self._watching: asyncio.Task[None] | None = None
+        self.tiers = RetryTiers(config.kafka, cat, self._owned, self._retry, self._repark)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._paused = False
+        self._settled = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.started = False
+
+    # -- the parts the constructor builds -------------------------------------------------
+
+    def _journal(self) -> tuple[RdChangelog, TableKv | None]:
+        """The worker's producer (the journal's changelog goes through it), and the journal
+        on Kafka over it (a table in RocksDB, changelogged); ``None`` for a journal in a
+        file (one worker alone)."""
+        config = self.config
+        # the producer's transactional id is the runtime's instance id (set once bound)
+        changelog = RdChangelog(
+            worker_producer_config(config, config.instance_id or "worker"),
+            self.cat.changelog(TABLE_NAME),
+            unconfirmed=self._unconfirmed,
+        )
+        kv = (
+            TableKv(changelog, volatile=is_turn_key, group=record_group)
+            if config.kafka_journal
+            else None
+        )
+        changelog.kv = kv
+        return changelog, kv
+
+    def _bind(
+        self,
+        bot: BotDefinition,
+        provider: Provider,
+        letters: Counter[tuple[str, str]],
+        timed: WorkerTelemetry | None,
+        fallbacks: Mapping[str, Provider] | None,
+    ) -> RuntimeLike:
+        """``bot`` bound to this worker's journal, its receipts and dead letters produced
+        through the worker's producer (under ``exactly_once``, riding with the journal's
+        writes)."""
+        kv, config = self.kv, self.config
+        return bot.bind(
             provider,
             kv if kv is not None else config.journal_url,
             instance_id=config.instance_id,
@@ -339,76 +392,64 @@ class Worker:
             timings=timed,
             fallbacks=fallbacks,
         )
-        self.runtime = runtime
-        self.instance = str(getattr(runtime, "instance_id", config.instance_id or ""))
-        self.changelog.config = worker_producer_config(config, self.instance)
-        if kv is not None:
-            kv.on_assigned = self._recover
-            kv.on_revoking = runtime.flush_receipts
-            kv.on_lost = self._lost_writes
-            kv.write_seconds = _both(timed.journal_write if timed else None, journal_written)
-        self.runner = InboundRunner(
-            runtime,
+
+    def _inbound_runner(
+        self, letters: Counter[tuple[str, str]], timed: WorkerTelemetry | None
+    ) -> InboundRunner:
+        """The runner that settles the records of the inbound, requests and control topics
+        through the bound bot."""
+        kv = self.kv
+        return InboundRunner(
+            self.runtime,
             self.produce,
-            batch_deadline=config.batch_deadline,
+            batch_deadline=self.config.batch_deadline,
             owns=kv.owns if kv is not None else None,
-            requests_topic=cat.requests,
-            control_topic=cat.control,
+            requests_topic=self.cat.requests,
+            control_topic=self.cat.control,
             instance=self.instance,
             flush=kv.flush if kv is not None else None,
             on_settled=timed.settled if timed is not None else None,
             letters=letters,
             fresh=self._fresh if kv is not None else None,
         )
-        if record_scope is not None:
-            self.runner.scope = record_scope
-        self.checkpoint = Checkpoint(self._flush, self._commit)
-        self.consumer = ConsumerThread(
-            worker_consumer_config(config),
+
+    def _consumer_thread(self) -> ConsumerThread:
+        """The worker's one consumer: the inbound, with the requests and control topics."""
+        cat = self.cat
+        return ConsumerThread(
+            worker_consumer_config(self.config),
             cat.inbound,
             [cat.requests, cat.control],
             self,
-            batch_size=config.batch_size,
+            batch_size=self.config.batch_size,
             hook_timeout=RESTORE_S + 60.0,  # a restore's own limit comes first
             on_generation=self._generation,
         )
-        self.changelog.writer(self.instance, -1)
-        self.changelog.on_fatal = self._producer_failed
-        self.membership = Membership(self.consumer, config)
+
+    def _health_server(self, telemetry: WorkerTelemetry) -> HealthServer | None:
+        """The HTTP server of ``/healthz``, ``/readyz`` and ``/metrics``, when a port is set
+        (``BOTMESH_HTTP_PORT``)."""
+        config = self.config
+        if config.http_port is None:
+            return None
+        return HealthServer(
+            config.http_host, config.http_port, self.observed.readiness, telemetry.scrape
+        )
+
+    def _assignment_watch(self) -> AssignmentWatch:
+        """What checks, while this worker owns no inbound partition, that the group leaves
+        none without an owner."""
+        config = self.config
         instance_id = config.instance_id or ""
-        self.watch = AssignmentWatch(
+        return AssignmentWatch(
             bootstrap=config.kafka,
-            group=cat.group,
-            topic=cat.inbound,
+            group=self.cat.group,
+            topic=self.cat.inbound,
             owned=lambda: set(self.consumer.partitions),
             instance_id=None if config.instance_id is None else group_instance_id(instance_id),
             member_id=lambda: self.consumer.member_id or None,
             rebalancing=lambda: self.consumer.rebalancing,
         )
-        #: Journal partitions being restored from the changelog now (``/readyz``).
-        self.restoring: set[int] = set()
-        #: partition -> the consumer epoch from which its records are started (``_serve``)
-        self._serving: dict[int, int] = {}
-        #: Each inbound partition's offset from which its records are fresh (its end when
-        #: it was given to this worker).
-        self._fresh_at: dict[int, int] = {}
-        self.observed = Observed(self)
-        telemetry.sources = self.observed.sources()
-        self.http = (
-            HealthServer(
-                config.http_host, config.http_port, self.observed.readiness, telemetry.scrape
-            )
-            if config.http_port is not None
-            else None
-        )
-        self._background: list[asyncio.Task[None]] = []
-        self._watching: asyncio.Task[None] | None = None
-        self.tiers = RetryTiers(config.kafka, cat, self._owned, self._retry, self._repark)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._paused = False
-        self._settled = asyncio.Event()
-        self._stopping = asyncio.Event()
-        self.started = False
 
     @property
     def stopping(self) -> bool:
@@ -881,6 +922,18 @@ def _stop_overdue(limit: float) -> None:
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     _exit_hard(f"the stop took longer than {limit:g}s", EXIT_SOFTWARE)
+
+
+def _role_topics(cat: Catalog) -> dict[str, str]:
+    """The topic of each role the worker produces to (``Worker.produce``), but the retry
+    tiers'."""
+    return {
+        "sent": cat.sent,
+        "dlq": cat.inbound_dlq,
+        "requests-dlq": cat.requests_dlq,
+        "outbox-dlq": cat.outbox_dlq,
+        "control-results": cat.control_results,
+    }
 
 
 def _both(
