@@ -26,7 +26,13 @@ LIMIT = 60
 
 #: The functions allowed over ``LIMIT`` lines, ``file:Class.function``, each with why it
 #: reads better whole. An entry that is no longer long fails too, so the list stays true.
-LONG: dict[str, str] = {}
+LONG: dict[str, str] = {
+    "botmesh/streams/runner.py:InboundRunner.__init__": (
+        "it stores its collaborators and the counters the worker bumps once a record "
+        "(outcomes, requests, retried, actions) as plain attributes, read by name in "
+        "worker/observe.py: a holder object would cost a lookup a record"
+    ),
+}
 
 #: Private names of the standard library that are its documented API.
 DOCUMENTED = frozenset(
