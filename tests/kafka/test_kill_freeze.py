@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from botmesh.streams.table_kv import changelog_topic
+from botmesh.streams.worker.changelog import TIMED_OUT_TXN
 from botmesh.streams.worker.loop import EXIT_ABANDONED
 from botmesh.topics import Catalog
 from tests.kafka.recorder import Recorder, Tally, check_effects
@@ -63,12 +64,15 @@ def writers(records: list[object]) -> list[tuple[str, int, float]]:
 
 
 #: What a worker that gave its batch up says: the journal refused its writes (membership
-#: unconfirmed) or, under exactly_once, a newer transactional producer fenced it.
+#: unconfirmed) or, under exactly_once, a newer transactional producer fenced it, or the
+#: transaction coordinator had aborted the transaction it held over the freeze (its
+#: ``transaction.timeout.ms`` is shorter than the freeze).
 FENCED = (
     "membership stays unconfirmed",
     "group membership was last confirmed",
     "fenced by a newer producer",
     "ProducerFenced",
+    TIMED_OUT_TXN,
 )
 
 

@@ -53,7 +53,13 @@ from botmesh.streams.table_kv import MembershipUnconfirmed
 if TYPE_CHECKING:
     from botmesh.streams.table_kv import TableKv
 
-__all__ = ["ABORTED_AGAIN", "FENCED_CODES", "ProducerFencedError", "RdChangelog"]
+__all__ = [
+    "ABORTED_AGAIN",
+    "FENCED_CODES",
+    "TIMED_OUT_TXN",
+    "ProducerFencedError",
+    "RdChangelog",
+]
 
 #: How many times a transaction aborted on an abortable error is produced again before its
 #: records fail.
@@ -88,12 +94,21 @@ class ProducerFencedError(FencedError):
         )
 
 
+#: What ``INVALID_TXN_STATE`` means where a worker ends its transaction: the coordinator
+#: aborted it already, past ``transaction.timeout.ms`` (the worker stood still that long).
+TIMED_OUT_TXN = (
+    "the transaction coordinator no longer holds this worker's transaction (it timed out "
+    "while the worker stood still; another worker may own its partitions now)"
+)
+
+
 def _failure(err: KafkaError, key: bytes, what: str = "not acked by the broker") -> Exception:
     """The exception a record's awaitable raises for librdkafka's error ``err``."""
     if err.code() in FENCED_CODES:
         return ProducerFencedError(key.decode(errors="replace"), f"{err.name()}: {err.str()}")
+    why = f"{TIMED_OUT_TXN}: " if err.code() == KafkaError.INVALID_TXN_STATE else ""
     return JournalUnavailableError(
-        f"changelog record {key.decode(errors='replace')!r} {what}: {err.name()}: {err.str()}"
+        f"changelog record {key.decode(errors='replace')!r} {what}: {why}{err.name()}: {err.str()}"
     )
 
 
