@@ -18,16 +18,14 @@ was before the claim (``hand_back``: the attempt not charged, due now) for the l
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from botmesh.state import records
 from botmesh.state.backoff import PARK_GRACE, GiveUp, park_delay
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import (
     FencedError,
@@ -39,12 +37,11 @@ from botmesh.state.errors import (
 )
 from botmesh.state.events import AmbiguousEvent, DeadEvent, Emit, FallbackEvent, SentEvent
 from botmesh.state.fallback import Route, fallback_key, fallback_payload, routed, switches
-from botmesh.state.kv import DurableKv, Entry, Put, anywhere, handover
+from botmesh.state.kv import Entry, Put, handover
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Held, Leases
 from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
-from botmesh.state.metrics import Metrics, Timings
 from botmesh.state.outbox import ChatOrder, new_values, part_payloads
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
 from botmesh.state.receipts import Publisher
@@ -158,9 +155,8 @@ class Delivery:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        prefix: str,
         config: OutboxConfig,
         poll: float,
         provider: Provider,
@@ -170,24 +166,16 @@ class Delivery:
         publisher: Publisher | None,
         purge_at: PurgeAt,
         emit: Emit,
-        wake: asyncio.Event,
-        clock: Clock,
-        rng: random.Random,
-        metrics: Metrics,
-        timings: Timings | None,
         fallbacks: Mapping[str, Provider] | None = None,
         message_log: MessageLog | None = None,
-        near: Callable[[str], contextlib.AbstractContextManager[None]] = anywhere,
     ) -> None:
-        self._kv = kv
-        #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``).
+        self._common = common
+        #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``);
+        #: a new log entry goes in the partition of its send's record (``self._common.near``).
         self._message_log = message_log
-        #: The partition of a record's follow-up writes (``Partitioned.near``): a new log
-        #: entry goes where its send's record is.
-        self._near = near
         #: The channels a send's fallback may name, by name (``Fallback.channel``).
         self._fallbacks = dict(fallbacks or {})
-        self._prefix = prefix
+        self._prefix = common.keys.outbox
         self._on_ambiguous = config.on_ambiguous
         self._poll = poll
         self._provider = provider
@@ -197,11 +185,6 @@ class Delivery:
         self._publisher = publisher
         self._purge_at = purge_at
         self._emit = emit
-        self._wake = wake
-        self._clock = clock
-        self._rng = rng
-        self._metrics = metrics
-        self._timings = timings
         self._retries = config.retry_policy()
         self._lease = config.lease
         self._inline_max = config.inline_max
@@ -284,11 +267,11 @@ class Delivery:
                 if delay is None:
                     if held.value.get("state") == OutboxState.DEAD:
                         raise
-                    self._metrics.outbox_deferred += 1
+                    self._common.metrics.outbox_deferred += 1
                     raise SendDeferredError(held.value["key"], str(exc)) from exc
-                await self._clock.sleep(delay)
+                await self._common.clock.sleep(delay)
                 await self._leases.reclaim(held, self._lease)
-                self._metrics.outbox_retried += 1
+                self._common.metrics.outbox_retried += 1
                 continue
             return await self.sent(held, result.message_id, background=False)
 
@@ -299,9 +282,9 @@ class Delivery:
             # the attempt that fails with an error its fallback names switches now, even a
             # retryable one (``Fallback(on=("RateLimitedError",))``): never after retries
             return await self._fall_back(held, exc, started)
-        now = self._clock.now()
+        now = self._common.clock.now()
         attempts = int(held.value.get("attempts", 1))
-        decision = self._retries.decide(exc, attempts, self._rng)
+        decision = self._retries.decide(exc, attempts, self._common.rng)
         if isinstance(decision, GiveUp):
             log.error("send %s dead-lettered: %s", held.value["key"], exc)
             await self.dead(
@@ -332,7 +315,7 @@ class Delivery:
         self._order.block(failed)
         if parked and self._publisher is not None:
             await self._publisher.park(failed, retry_at)
-        self._wake.set()
+        self._common.wake.set()
         return None
 
     async def _fall_back(self, held: Held, exc: Exception, started: float | None) -> float | None:
@@ -341,7 +324,7 @@ class Delivery:
         under its own key. Returns 0 (retry inline at once) or ``None`` (the sweeper)."""
         fallback = switches(held.value, exc)
         assert fallback is not None
-        now = self._clock.now()
+        now = self._common.clock.now()
         key = held.value["key"]
         spec = {**held.value["fallback"], "used": True, "key": fallback_key(key)}
         inline = started is not None
@@ -368,7 +351,7 @@ class Delivery:
         await self._emit(FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel))
         if inline:
             if rest:
-                got = await self._kv.get_many([op.key for op in extra])
+                got = await self._common.kv.get_many([op.key for op in extra])
                 self._fallback_parts[held.key] = [
                     (
                         Held(op.key, 1, got[op.key].version, v, self._lease, v["lease"]["until"]),
@@ -379,7 +362,7 @@ class Delivery:
                 ]
             return 0.0  # the caller takes a new attempt on it at once
         self._leases.held.pop(held.key, None)
-        self._wake.set()
+        self._common.wake.set()
         return None
 
     def _fallback_texts(self, payload: Json, spec: Json) -> list[Json]:
@@ -421,12 +404,14 @@ class Delivery:
         rest[0]["attempts"] = 0
         for value in rest:
             value["fallback"] = {**spec, "key": value["key"]}
-        existing = await self._kv.get_many([self._prefix + v["key"] for v in rest])
+        existing = await self._common.kv.get_many([self._prefix + v["key"] for v in rest])
         return [v for v in rest if self._prefix + v["key"] not in existing]
 
     async def _call(self, route: Route) -> SendResult:
         """One provider call: the send's own channel, or its fallback's."""
-        return await timed_send(self._channel(route), route.message, route.key, self._timings)
+        return await timed_send(
+            self._channel(route), route.message, route.key, self._common.timings
+        )
 
     def _channel(self, route: Route) -> Provider:
         if route.channel is None:
@@ -444,7 +429,7 @@ class Delivery:
 
     async def _release(self, helds: list[Held]) -> None:
         """Later parts of a deferred send: drop our lease, leave them to the sweeper."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         for held in helds:
             try:
                 await self._leases.write(
@@ -466,7 +451,7 @@ class Delivery:
     # -- settling -------------------------------------------------------------------------
 
     async def sent(self, held: Held, message_id: str, *, background: bool) -> Receipt:
-        now = self._clock.now()
+        now = self._common.clock.now()
         value = _closed(held.value, now, OutboxState.SENT, message_id=message_id, error=None)
         receipt = await self._settle(held, value, now, background=background)
         assert receipt is not None  # a holder's write lands or raises FencedError
@@ -474,12 +459,12 @@ class Delivery:
 
     async def dead(self, target: Held | Entry, error: Json, *, background: bool) -> bool:
         """The one dead-letter path of a send (held, or read by the sweeper)."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         first = target.value.get("failed_first", now)
         value = _closed(target.value, now, OutboxState.DEAD, error=error, failed_first=first)
         if await self._settle(target, value, now, background=background) is None:
             return False
-        self._metrics.outbox_dead += 1
+        self._common.metrics.outbox_dead += 1
         key = value["key"]
         await self._emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
         return True
@@ -494,7 +479,7 @@ class Delivery:
         return 1
 
     async def _ambiguous(self, value: Json, *, resent: bool) -> None:
-        self._metrics.outbox_ambiguous += 1
+        self._common.metrics.outbox_ambiguous += 1
         what = "sending it again" if resent else "marked unknown"
         log.warning("send %s is ambiguous after a crash: %s", value["key"], what)
         await self._emit(AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent))
@@ -532,7 +517,7 @@ class Delivery:
         back = await publisher.ride(target.key, receipt, value) if rides and publisher else None
         try:
             if logged:
-                with self._near(target.key):
+                with self._common.near(target.key):
                     await self._leases.write(
                         target, value, label, due=due, purge=purge, before=logged
                     )
@@ -559,8 +544,8 @@ class Delivery:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
         if self._leader is not None:  # it cannot be journaled, so it cannot wait for the leader
             await self._leader.ensure()
-        self._metrics.outbox_bypassed += 1
-        now = self._clock.now()
+        self._common.metrics.outbox_bypassed += 1
+        now = self._common.clock.now()
         receipt = await send_direct(self._provider, message, key, inbound_id, part=part, now=now)
         await self._emit(SentEvent(receipt, False))
         if self._publisher is not None:
@@ -621,7 +606,7 @@ class Delivery:
         value = entry.value
         previous = value.get("previous_part")
         if previous is not None:
-            prev = await self._kv.get(self._prefix + previous)
+            prev = await self._common.kv.get(self._prefix + previous)
             state = prev.value.get("state") if prev is not None else None
             if state == OutboxState.DEAD:
                 error = _fate_of(previous, OutboxState.DEAD)
@@ -641,7 +626,7 @@ class Delivery:
                 return 0
         after = value.get("after")
         if after is not None:
-            prev = await self._kv.get(self._prefix + after)
+            prev = await self._common.kv.get(self._prefix + after)
             if prev is not None and prev.value.get("state") not in SETTLED:
                 await self._wait(entry, prev, now)
                 return 0
@@ -676,7 +661,7 @@ class Delivery:
         claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:
-            versions = await self._kv.commit(
+            versions = await self._common.kv.commit(
                 [handover(entry.key, claimed, expect=entry.version, due=due), *extra],
                 label=Write.OUTBOX_CLAIM,
             )
@@ -685,7 +670,7 @@ class Delivery:
         if resend and not ask:
             await self._ambiguous(claimed, resent=True)
         elif claimed["attempts"] > 1:
-            self._metrics.outbox_retried += 1
+            self._common.metrics.outbox_retried += 1
         held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
         self._leases.held[entry.key] = held
         message = records.decode_outbound(claimed["payload"])
@@ -717,7 +702,7 @@ class Delivery:
         pending, its attempt not charged, due now, for the leader. A send that was in flight
         before the claim (``inflight``: its outcome lost in a crash) stays so, with an
         expired lease, so the leader resolves it by the ambiguity policy."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         lease = {**self._leases.lease(now, 0.0)} if inflight else None
         value = revise(
             held.value,
@@ -752,7 +737,7 @@ class Delivery:
         except Exception as exc:
             log.warning("send %s is ambiguous and %s cannot tell: %s", key, provider.name, exc)
             if self._on_ambiguous == "skip":
-                now = self._clock.now()
+                now = self._common.clock.now()
                 unknown = _closed(value, now, OutboxState.UNKNOWN, error=_AMBIGUOUS, ambiguous=True)
                 await self._settle(held, unknown, now, background=True)
                 await self._ambiguous(unknown, resent=False)
@@ -761,11 +746,11 @@ class Delivery:
             await self._ambiguous(value, resent=True)
             return None
         if found is None:
-            self._metrics.outbox_resolved_unsent += 1
+            self._common.metrics.outbox_resolved_unsent += 1
             value["resolved"] = "unsent"
             log.info("ambiguous send %s: %s says it never arrived; sending it", key, provider.name)
             return None
-        self._metrics.outbox_resolved_sent += 1
+        self._common.metrics.outbox_resolved_sent += 1
         value["resolved"] = "sent"
         log.info("ambiguous send %s: %s says it went out; not sending again", key, provider.name)
         return found
@@ -817,7 +802,7 @@ class Delivery:
             after=None,
         )
         rest[0]["previous_part"] = value["key"]
-        existing = await self._kv.get_many([self._prefix + v["key"] for v in rest])
+        existing = await self._common.kv.get_many([self._prefix + v["key"] for v in rest])
         extra = [
             handover(self._prefix + v["key"], v, expect=0, due=now)
             for v in rest

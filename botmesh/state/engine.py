@@ -32,27 +32,25 @@ crash, a cancel) always goes through, so nothing is written after it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
-from botmesh.state.clock import Clock, SystemClock
+from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.events import Emit, ErasedEvent
 from botmesh.state.flows import Checkpoints
 from botmesh.state.inbox import Dispatch, Inbox
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Entry, Partitioned, anywhere, unpartitioned
+from botmesh.state.kv import DurableKv, Entry
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
 from botmesh.state.message_log import JournalMessageLog
-from botmesh.state.metrics import Metrics, Timings
+from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
 from botmesh.state.outbox import ChatOrder, Outbox
 from botmesh.state.ports import Provider
@@ -137,29 +135,20 @@ class Engine:
         self.kv = kv
         #: The channels a send's fallback may name (``botmesh.state.fallback``), by name.
         self.fallbacks = dict(fallbacks or {})
-        #: What the engine times (handlers, provider calls), when anything does.
-        self.timings = timings
-        #: The context of the work on one record found by a scan (``Partitioned.near``).
-        self.near = kv.near if isinstance(kv, Partitioned) else anywhere
-        #: The context of work on records of several partitions (``Partitioned``).
-        self.across_partitions = (
-            kv.across_partitions if isinstance(kv, Partitioned) else unpartitioned
-        )
-        #: This engine is the only writer of the records it sees (``Partitioned``).
-        self.exclusive = isinstance(kv, Partitioned)
         self.scope = scope
         self.config = config
         self.provider = provider
         self.hooks = hooks
         self.instance_id = instance_id
-        self.clock: Clock = clock or SystemClock()
-        self.rng = rng or random.Random()
-        self.boot = uuid.uuid4().hex[:12]
-        self.keys = keys = ScopeKeys.of(scope)
+        #: What every part shares: the journal, the scope's keys, this instance, its time,
+        #: randomness, counters and wake-up call.
+        self.common = common = Common.of(
+            kv, scope=scope, instance_id=instance_id, clock=clock, rng=rng, timings=timings
+        )
+        self.clock = common.clock
+        self.keys = keys = common.keys
         self.in_prefix = keys.inbox
         self.out_prefix = keys.outbox
-        self.metrics = Metrics()
-        self.wake = asyncio.Event()
         self._wire(receipts)
         # The runtime's entry points, bound once (no pass-through call on the hot path):
         #: Journal an inbound, run its handlers, mark it done -> ``Outcome`` (``Inbox.handle``).
@@ -173,15 +162,15 @@ class Engine:
 
     def _wire(self, receipts: ReceiptSink | None) -> None:
         """Every part, in the order of the table (a part after the parts it calls)."""
-        kv, keys, config = self.kv, self.keys, self.config
-        self.leases = self._new_leases()
+        kv, keys, config, common = self.kv, self.keys, self.config, self.common
+        self.leases = Leases(common)
         self.retention = Retention(kv, prefix=keys.all, retention=config.retention, logged=keys.log)
         self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
         #: The provider session's lease (``provider_session="leader"``), else ``None``.
         self.leader = self._new_leader()
         #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
         self.turns = self._new_turns()
-        self.publisher = self._new_publisher(receipts)
+        self.publisher = None if receipts is None else Publisher(common, receipts)
         self.messages = self._new_messages()
         self.delivery = self._new_delivery()
         self.outbox = self._new_outbox()
@@ -191,64 +180,31 @@ class Engine:
         self.scheduler = self._new_scheduler()
         self.operations = self._new_operations()
 
-    def _new_leases(self) -> Leases:
-        return Leases(
-            self.kv,
-            keys=self.keys,
-            instance_id=self.instance_id,
-            boot=self.boot,
-            exclusive=self.exclusive,
-            clock=self.clock,
-            metrics=self.metrics,
-        )
-
     def _new_leader(self) -> Leadership | None:
-        if not Leadership.wanted(self.config, exclusive=self.exclusive):
+        if not Leadership.wanted(self.config, exclusive=self.common.exclusive):
             return None
         return Leadership(
-            self.kv,
-            key=self.keys.leader,
+            self.common,
             lease=self.config.leader.lease,
-            instance_id=self.instance_id,
-            boot=self.boot,
             provider=self.provider,
             rebuild_tails=self.order.rebuild_tails,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
         )
 
     def _new_turns(self) -> Turns | None:
-        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.exclusive):
+        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.common.exclusive):
             return None
         return Turns(
-            self.kv,
-            prefix=self.keys.turn,
+            self.common,
             config=self.config.inbox,
             poll=self.config.poll,
             leases=self.leases,
             purge_at=self.retention.purge_at,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
-        )
-
-    def _new_publisher(self, sink: ReceiptSink | None) -> Publisher | None:
-        if sink is None:
-            return None
-        return Publisher(
-            sink,
-            kv=self.kv,
-            keys=self.keys,
-            across_partitions=self.across_partitions,
-            clock=self.clock,
         )
 
     def _new_messages(self) -> JournalMessageLog:
         """The message log: what was sent, per chat (``history``)."""
         return JournalMessageLog(
-            self.kv,
-            keys=self.keys,
+            self.common,
             channel=self.provider.name,
             retention=self.config.message_log_retention,
             enabled=self.config.message_log.enabled,
@@ -257,8 +213,7 @@ class Engine:
 
     def _new_delivery(self) -> Delivery:
         return Delivery(
-            self.kv,
-            prefix=self.keys.outbox,
+            self.common,
             config=self.config.outbox,
             poll=self.config.poll,
             provider=self.provider,
@@ -268,20 +223,13 @@ class Engine:
             publisher=self.publisher,
             purge_at=self.retention.purge_at,
             emit=self.hooks.emit,
-            wake=self.wake,
-            clock=self.clock,
-            rng=self.rng,
-            metrics=self.metrics,
-            timings=self.timings,
             fallbacks=self.fallbacks,
             message_log=self.messages,
-            near=self.near,
         )
 
     def _new_outbox(self) -> Outbox:
         return Outbox(
-            self.kv,
-            prefix=self.keys.outbox,
+            self.common,
             config=self.config.outbox,
             fail_open=self.config.fail_open,
             provider=self.provider,
@@ -290,15 +238,11 @@ class Engine:
             leader=self.leader,
             delivery=self.delivery,
             publisher=self.publisher,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
         )
 
     def _new_inbox(self) -> Inbox:
         return Inbox(
-            self.kv,
-            prefix=self.keys.inbox,
+            self.common,
             config=self.config.inbox,
             fail_open=self.config.fail_open,
             provider=self.provider,
@@ -308,17 +252,11 @@ class Engine:
             dispatch=self.hooks.dispatch,
             purge_at=self.retention.purge_at,
             emit=self.hooks.emit,
-            wake=self.wake,
-            clock=self.clock,
-            rng=self.rng,
-            metrics=self.metrics,
-            timings=self.timings,
         )
 
     def _new_sweeper(self) -> Sweeper:
         return Sweeper(
-            self.kv,
-            keys=self.keys,
+            self.common,
             backoff=self.config.inbox.backoff,
             leases=self.leases,
             leader=self.leader,
@@ -328,21 +266,17 @@ class Engine:
             retention=self.retention,
             flow_due=self.hooks.flow_due,
             sweep=self.hooks.sweep,
-            near=self.near,
             emit=self.hooks.emit,
-            clock=self.clock,
-            rng=self.rng,
         )
 
     def _new_scheduler(self) -> Scheduler:
         return Scheduler(
-            self.config,
+            self.common,
+            config=self.config,
             leases=self.leases,
             leader=self.leader,
             sweeper=self.sweeper,
             publisher=self.publisher,
-            wake=self.wake,
-            clock=self.clock,
         )
 
     def _new_erasure(self) -> Erasure:
@@ -352,33 +286,23 @@ class Engine:
             await emit(ErasedEvent(receipt.chat_id, receipt))
 
         return Erasure(
-            self.kv,
-            keys=self.keys,
-            instance_id=self.instance_id,
+            self.common,
             order=self.order,
             leases=self.leases,
             publisher=self.publisher,
-            near=self.near,
             erased=erased,
-            clock=self.clock,
         )
 
     def _new_operations(self) -> Operations:
         return Operations(
-            self.kv,
-            keys=self.keys,
-            instance_id=self.instance_id,
+            self.common,
             leases=self.leases,
             delivery=self.delivery,
             sweeper=self.sweeper,
             checkpoints=self.checkpoints,
             erasure=self._new_erasure(),  # the operator's alone: no other part calls it
             recover=self.recover,  # a callback: the recovery pass is the engine's own
-            near=self.near,
             emit=self.hooks.emit,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
         )
 
     async def open(self) -> None:

@@ -55,8 +55,9 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
+from botmesh.state.common import Common
 from botmesh.state.keys import ScopeKeys, part_base
-from botmesh.state.kv import DurableKv, Entry, Op, handover
+from botmesh.state.kv import Entry, Op, handover
 
 __all__ = [
     "JournalMessageLog",
@@ -237,16 +238,14 @@ class JournalMessageLog:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        keys: ScopeKeys,
         channel: str | None,
         retention: float,
         enabled: bool = True,
         texts: bool = True,
     ) -> None:
-        self._kv = kv
-        self._keys = keys
+        self._common = common
         self._channel = channel
         self._retention = retention
         self.enabled = enabled
@@ -264,7 +263,10 @@ class JournalMessageLog:
         # no version check: the key is the send's own, so a rewrite writes the same entry
         return (
             handover(
-                entry_key(self._keys, message), entry, expect=None, purge=self.purge_at(sent_at)
+                entry_key(self._common.keys, message),
+                entry,
+                expect=None,
+                purge=self.purge_at(sent_at),
             ),
         )
 
@@ -279,8 +281,8 @@ class JournalMessageLog:
             raise ValueError(f"history(limit=...) must be a whole number >= 0, got {limit!r}")
         if limit == 0:
             return []
-        prefix = self._keys.log_of(chat_id)
-        entries = await self._kv.scan(prefix)  # key order: oldest first
+        prefix = self._common.keys.log_of(chat_id)
+        entries = await self._common.kv.scan(prefix)  # key order: oldest first
         if before is not None:
             if isinstance(before, LoggedMessage):
                 bound = prefix + before.position
@@ -297,7 +299,7 @@ class JournalMessageLog:
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
         if not self.enabled:
             return None
-        entries = await self._kv.scan(self._keys.log_of(chat_id))
+        entries = await self._common.kv.scan(self._common.keys.log_of(chat_id))
         found = _messages((e for e in entries if e.value.get("key") == key), 1)
         return found[0] if found else None
 

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import msgspec
 
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import DurabilityError, JournalUnavailableError, VersionConflictError
 from botmesh.state.keys import diverged_key, part_base, part_key
@@ -40,7 +40,6 @@ from botmesh.state.kv import DurableKv, handover
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Held, Leases
 from botmesh.state.messages import Outbound, OutboxState, Receipt
-from botmesh.state.metrics import Metrics
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
@@ -153,9 +152,8 @@ class Outbox:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        prefix: str,
         config: OutboxConfig,
         fail_open: bool,
         provider: Provider,
@@ -164,12 +162,9 @@ class Outbox:
         leader: Leadership | None,
         delivery: Deliveries,
         publisher: Publisher | None,
-        wake: asyncio.Event,
-        clock: Clock,
-        metrics: Metrics,
     ) -> None:
-        self._kv = kv
-        self._prefix = prefix
+        self._common = common
+        self._prefix = common.keys.outbox
         self._config = config
         self._fail_open = fail_open
         self._provider = provider
@@ -178,9 +173,6 @@ class Outbox:
         self._leader = leader
         self._delivery = delivery
         self._publisher = publisher
-        self._wake = wake
-        self._clock = clock
-        self._metrics = metrics
         self._lease = config.lease
         self._keep_order = config.keep_chat_order
         #: Texts shorter than this fit ``max_payload_bytes`` whatever they hold (6 bytes a
@@ -225,7 +217,7 @@ class Outbox:
             if not plan.parts:
                 assert first is not None
                 return first
-            now = self._clock.now()
+            now = self._common.clock.now()
             try:
                 result = await self._journal(
                     plan, key, derived, fp, inbound_id, inline=inline, fallback=fallback
@@ -256,7 +248,7 @@ class Outbox:
         sweeper (``pending``: enqueued, or waiting behind a send of its chat)."""
         tails = self._order.tails
         for _ in range(4):
-            now = self._clock.now()
+            now = self._common.clock.now()
             after = tails.get(plan.chat_id) if self._keep_order else None
             standby = inline and self._leader is not None and not self._leader.may_send(now)
             live = inline and after is None and not standby
@@ -276,7 +268,7 @@ class Outbox:
             due = now + self._lease if live else now
             ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
             try:
-                versions = await self._kv.commit(
+                versions = await self._common.kv.commit(
                     ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
                 )
             except VersionConflictError:
@@ -285,15 +277,15 @@ class Outbox:
                     return answer
                 key = answer
                 continue
-            self._metrics.outbox_journaled += 1
+            self._common.metrics.outbox_journaled += 1
             if after is not None or (standby and self._keep_order):
                 tails[plan.chat_id] = values[-1]["key"]
             if not live:
-                self._wake.set()
+                self._common.wake.set()
                 if standby:  # handed to the leader
-                    self._metrics.provider_not_leader += 1
+                    self._common.metrics.provider_not_leader += 1
                 elif inline:  # its chat waits for a retry: it goes after that send
-                    self._metrics.outbox_deferred += 1
+                    self._common.metrics.outbox_deferred += 1
                 return receipt_of(values[0], now)
             return [
                 Held(op.key, v["token"], ver, v, self._lease, due)
@@ -302,13 +294,13 @@ class Outbox:
         raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
 
     async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:
-        entry = await self._kv.get(self._prefix + key)
+        entry = await self._common.kv.get(self._prefix + key)
         if entry is None:
             return key  # discarded or purged meanwhile: journal again
         value = entry.value
         recorded = value.get("fp")
         if derived and fp is not None and recorded is not None and recorded != fp:
-            self._metrics.outbox_diverged += 1
+            self._common.metrics.outbox_diverged += 1
             log.warning(
                 "replay produced other content under key %r (on_diverged=%s)",
                 key,
@@ -316,8 +308,8 @@ class Outbox:
             )
             if self._config.on_diverged == "send":
                 return diverged_key(key, fp)
-        self._metrics.outbox_deduped += 1
-        receipt = receipt_of(value, self._clock.now())
+        self._common.metrics.outbox_deduped += 1
+        receipt = receipt_of(value, self._common.clock.now())
         publisher = self._publisher
         if publisher is not None and receipt.state in SETTLED and publisher.replays_publish:
             # a replay asks again: its receipt goes out again (at least once); the record's

@@ -20,18 +20,16 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import BackoffConfig, DurabilityConfig
 from botmesh.state.delivery import Delivery
 from botmesh.state.errors import FencedError, JournalUnavailableError
 from botmesh.state.events import Emit, ErrorEvent
 from botmesh.state.inbox import Inbox
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Entry
+from botmesh.state.kv import Entry
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
 from botmesh.state.receipts import Publisher
@@ -53,9 +51,8 @@ class Sweeper:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        keys: ScopeKeys,
         backoff: BackoffConfig,
         leases: Leases,
         leader: Leadership | None,
@@ -65,13 +62,9 @@ class Sweeper:
         retention: Retention,
         flow_due: Callable[[Entry, float], Awaitable[int]] | None,
         sweep: Callable[[float], Awaitable[int]] | None,
-        near: Callable[[str], contextlib.AbstractContextManager[None]],
         emit: Emit,
-        clock: Clock,
-        rng: random.Random,
     ) -> None:
-        self._kv = kv
-        self._keys = keys
+        self._common = common
         self._leases = leases
         self._leader = leader
         self._inbox = inbox
@@ -81,11 +74,7 @@ class Sweeper:
         #: The bot's hooks: a due flow checkpoint; due work it keeps in memory.
         self._flow_due = flow_due
         self._sweep = sweep
-        #: The context of the work on one record found by a scan (``Partitioned.near``).
-        self._near = near
         self._emit = emit
-        self._clock = clock
-        self._rng = rng
         self._fail_counts: dict[str, int] = {}
         self._not_before: dict[str, float] = {}
         self._backoff = backoff.backoff()
@@ -94,12 +83,14 @@ class Sweeper:
         """One pass; returns how many records it acted on. ``recovering`` (the first pass
         after start) also takes this instance's leases of earlier boots, whatever their
         expiry, and publishes every receipt left unpublished."""
-        now = self._clock.now() if now is None else now
+        now = self._common.clock.now() if now is None else now
         if self._leader is not None:
             await self._leader.tick(now)
         until = math.inf if recovering else now
-        scope = self._keys
-        keys = await self._kv.range("due", scope.all, until, limit=1_000_000 if recovering else 500)
+        scope = self._common.keys
+        keys = await self._common.kv.range(
+            "due", scope.all, until, limit=1_000_000 if recovering else 500
+        )
         # Sends first: a replayed handler must find its earlier sends settled (sent,
         # unknown or resent), so that a later reply never overtakes them in the chat.
         keys.sort(key=lambda k: k.startswith(scope.inbox))
@@ -120,13 +111,13 @@ class Sweeper:
         if nb is not None and nb > now:
             return 0
         try:
-            with self._near(key):
-                entry = await self._kv.get(key)
+            with self._common.near(key):
+                entry = await self._common.kv.get(key)
                 acted = 0 if entry is None else await self._route(entry, now, recovering)
         except Exception as exc:
             count = self._fail_counts.get(key, 0) + 1
             self._fail_counts[key] = count
-            self._not_before[key] = now + self._backoff.delay(count, self._rng)
+            self._not_before[key] = now + self._backoff.delay(count, self._common.rng)
             log.warning("sweeper: %s failed (%d in a row): %s", key, count, exc)
             await self._emit(ErrorEvent(exc, "sweeper"))
             return 0
@@ -141,11 +132,11 @@ class Sweeper:
         unpublished = state in _COPIED and value.get("published") is False
         if unpublished and self._publisher is not None and (recovering or _due_by(entry, now)):
             return await self._publisher.republish(entry)
-        if entry.key.startswith(self._keys.flow):
+        if entry.key.startswith(self._common.keys.flow):
             if self._flow_due is None or not _due_by(entry, now):
                 return 0
             return await self._flow_due(entry, now)
-        if entry.key.startswith(self._keys.inbox):
+        if entry.key.startswith(self._common.keys.inbox):
             if state != InboxState.PENDING or not self._due(entry, now):
                 return 0
             outcome = await self._inbox.replay(entry, now)
@@ -181,21 +172,19 @@ class Scheduler:
 
     def __init__(
         self,
-        config: DurabilityConfig,
+        common: Common,
         *,
+        config: DurabilityConfig,
         leases: Leases,
         leader: Leadership | None,
         sweeper: Sweeper,
         publisher: Publisher | None,
-        wake: asyncio.Event,
-        clock: Clock,
     ) -> None:
+        self._common = common
         self._leases = leases
         self._leader = leader
         self._sweeper = sweeper
         self._publisher = publisher
-        self._wake = wake
-        self._clock = clock
         self.poll = config.poll
         self.tick = min(config.poll, config.inbox.lease / 3, config.outbox.lease / 3)
         if leader is not None:
@@ -215,7 +204,7 @@ class Scheduler:
         if task is None:
             return
         self._stopping = True
-        self._wake.set()
+        self._common.wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(task), self.grace)
         except TimeoutError:
@@ -229,15 +218,15 @@ class Scheduler:
         unavailable = False
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.tick)
+                await asyncio.wait_for(self._common.wake.wait(), self.tick)
             if self._stopping:
                 return
-            woken = self._wake.is_set()
-            self._wake.clear()
+            woken = self._common.wake.is_set()
+            self._common.wake.clear()
             try:
                 if self._leader is not None:
                     await self._leader.tick()
-                await self._leases.heartbeat_once(self._clock.now())
+                await self._leases.heartbeat_once(self._common.clock.now())
                 mono = time.monotonic()
                 if woken or mono - last >= self.poll:
                     last = mono
