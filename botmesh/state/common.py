@@ -1,82 +1,63 @@
-"""``Common``: what every part of one engine (``Leases``, ``Delivery``, ``Inbox``, ...) shares:
-the journal, the scope's keys, this instance, its time, randomness, counters and wake-up call.
+"""``Common``: what the engine's parts share, passed once: the ``Basis`` (the journal, the
+scope's keys, this instance, its time, randomness, counters, wake-up call), the first
+parts, which nearly every later part calls (the leases, the provider session's lease, the
+receipts publisher, the retention rule), and the bot's listeners (``emit``).
 
-The engine (``botmesh.state.engine``) makes one ``Common`` and hands it to each part it
-wires, with the collaborators that part uses besides (other parts, its configuration, the
-bot's hooks); the part keeps it as ``self._common``. So a part's signature names only what
-is its own, and a new engine-wide collaborator is added in one place.
+The engine (``botmesh.state.engine``) makes one ``Common`` once those first parts exist and
+hands it to each part after them (``Delivery``, ``Outbox``, ``Inbox``, ``Sweeper``, ...),
+with the collaborators that part alone uses (other parts, its configuration, the bot's
+channel and hooks); the part keeps it as ``self._common``. So a part's signature names only
+what is its own, and a collaborator the parts share is added in one place.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import random
-import uuid
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 
-from botmesh.state.clock import Clock, SystemClock
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Partitioned, anywhere, unpartitioned
-from botmesh.state.metrics import Metrics, Timings
+from botmesh.state.basis import Basis
+from botmesh.state.events import Emit
+from botmesh.state.leader import Leadership
+from botmesh.state.lease import Leases
+from botmesh.state.receipts import Publisher
+from botmesh.state.retention import Retention
 
 __all__ = ["Common"]
 
 
 @dataclass(frozen=True, slots=True)
-class Common:
-    """What every part of one engine shares."""
+class Common(Basis):
+    """The ``Basis``, the engine's first parts and the bot's listeners."""
 
-    kv: DurableKv
-    keys: ScopeKeys
-    #: This runtime's name among the bot's (the leases' owner).
-    instance_id: str
-    #: This start of the instance: a lease an earlier boot wrote is reclaimed at once.
-    boot: str
-    #: This engine is the only writer of the records it sees (``Partitioned``).
-    exclusive: bool
-    #: The context of the work on one record found by a scan (``Partitioned.near``).
-    near: Callable[[str], contextlib.AbstractContextManager[None]]
-    #: The context of work on records of several partitions (``Partitioned``).
-    across_partitions: Callable[[], contextlib.AbstractContextManager[None]]
-    clock: Clock
-    #: The backoff's jitter.
-    rng: random.Random
-    metrics: Metrics
-    #: Histograms of handler and provider times, when anything keeps them.
-    timings: Timings | None
-    #: Set to make the scheduler run a pass now rather than at its next tick.
-    wake: asyncio.Event
+    #: The leases this engine holds, and its fenced writes.
+    leases: Leases
+    #: The provider session's lease (``provider_session="leader"``), else ``None``.
+    leader: Leadership | None
+    #: Where settled records' receipts go, when the runtime takes them; else ``None``.
+    publisher: Publisher | None
+    #: When finished records are purged (``Retention.purge_at``), and their purge.
+    retention: Retention
+    #: Delivers an event to the bot's listeners (never raises).
+    emit: Emit
 
     @classmethod
-    def of(
+    def on(
         cls,
-        kv: DurableKv,
+        basis: Basis,
         *,
-        scope: str,
-        instance_id: str,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        timings: Timings | None = None,
+        leases: Leases,
+        leader: Leadership | None,
+        publisher: Publisher | None,
+        retention: Retention,
+        emit: Emit,
     ) -> Common:
-        """A new engine's: fresh counters and boot id; the system's clock and a new
-        ``Random`` unless given; ``near`` and ``across_partitions`` from a partitioned
-        journal, else the ones that choose nothing."""
-        partitioned = kv if isinstance(kv, Partitioned) else None
+        """``basis`` with the first parts built on it, and the bot's listeners."""
+        built = {field.name: getattr(basis, field.name) for field in dataclasses.fields(basis)}
         return cls(
-            kv=kv,
-            keys=ScopeKeys.of(scope),
-            instance_id=instance_id,
-            boot=uuid.uuid4().hex[:12],
-            exclusive=partitioned is not None,
-            near=anywhere if partitioned is None else partitioned.near,
-            across_partitions=(
-                unpartitioned if partitioned is None else partitioned.across_partitions
-            ),
-            clock=clock or SystemClock(),
-            rng=rng or random.Random(),
-            metrics=Metrics(),
-            timings=timings,
-            wake=asyncio.Event(),
+            **built,
+            leases=leases,
+            leader=leader,
+            publisher=publisher,
+            retention=retention,
+            emit=emit,
         )

@@ -35,18 +35,16 @@ from botmesh.state.errors import (
     SendError,
     VersionConflictError,
 )
-from botmesh.state.events import AmbiguousEvent, DeadEvent, Emit, FallbackEvent, SentEvent
+from botmesh.state.events import AmbiguousEvent, DeadEvent, FallbackEvent, SentEvent
 from botmesh.state.fallback import Route, fallback_key, fallback_payload, routed, switches
 from botmesh.state.kv import Entry, Put, handover
-from botmesh.state.leader import Leadership
-from botmesh.state.lease import Held, Leases
+from botmesh.state.lease import Held
 from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
-from botmesh.state.outbox import ChatOrder, new_values, part_payloads
+from botmesh.state.order import ChatOrder
+from botmesh.state.outbox import new_values, part_payloads
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
-from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, revise
-from botmesh.state.retention import PurgeAt
 from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.writes import Write
 
@@ -161,11 +159,6 @@ class Delivery:
         poll: float,
         provider: Provider,
         order: ChatOrder,
-        leases: Leases,
-        leader: Leadership | None,
-        publisher: Publisher | None,
-        purge_at: PurgeAt,
-        emit: Emit,
         fallbacks: Mapping[str, Provider] | None = None,
         message_log: MessageLog | None = None,
     ) -> None:
@@ -180,11 +173,6 @@ class Delivery:
         self._poll = poll
         self._provider = provider
         self._order = order
-        self._leases = leases
-        self._leader = leader
-        self._publisher = publisher
-        self._purge_at = purge_at
-        self._emit = emit
         self._retries = config.retry_policy()
         self._lease = config.lease
         self._inline_max = config.inline_max
@@ -201,7 +189,7 @@ class Delivery:
         """Deliver the journaled parts of one send in order; the receipt of the first."""
         helds, outs = list(helds), list(outs)
         for held in helds:
-            self._leases.held[held.key] = held
+            self._common.leases.held[held.key] = held
         first: Receipt | None = None
         try:
             i = -1
@@ -218,7 +206,7 @@ class Delivery:
                             await self.dead(rest, _SUPERSEDED, background=False)
                     break
                 if i > 0:
-                    await self._leases.reclaim(held, self._lease)
+                    await self._common.leases.reclaim(held, self._lease)
                 try:
                     try:
                         receipt = await self._attempt_inline(held, outs[i], started)
@@ -227,7 +215,7 @@ class Delivery:
                         # journaled its later parts: they go next, before the send's own
                         extra = self._fallback_parts.pop(held.key, [])
                         for added in extra:
-                            self._leases.held[added[0].key] = added[0]
+                            self._common.leases.held[added[0].key] = added[0]
                         helds[i + 1 : i + 1] = [h for h, _ in extra]
                         outs[i + 1 : i + 1] = [m for _, m in extra]
                 except ProviderNotLeaderError:  # the leader's sweeper delivers it
@@ -246,7 +234,7 @@ class Delivery:
                 first = first or receipt
         finally:
             for held in helds:
-                self._leases.held.pop(held.key, None)
+                self._common.leases.held.pop(held.key, None)
         assert first is not None
         return first
 
@@ -254,8 +242,8 @@ class Delivery:
         while True:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
-            if self._leader is not None:
-                await self._leader.ensure()
+            if self._common.leader is not None:
+                await self._common.leader.ensure()
             try:
                 result = await self._call(routed(held.value, message))
             except ProviderNotLeaderError:
@@ -270,7 +258,7 @@ class Delivery:
                     self._common.metrics.outbox_deferred += 1
                     raise SendDeferredError(held.value["key"], str(exc)) from exc
                 await self._common.clock.sleep(delay)
-                await self._leases.reclaim(held, self._lease)
+                await self._common.leases.reclaim(held, self._lease)
                 self._common.metrics.outbox_retried += 1
                 continue
             return await self.sent(held, result.message_id, background=False)
@@ -292,8 +280,8 @@ class Delivery:
             )
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
-        lease = self._leases.lease(now, decision.delay + self._lease) if inline else None
-        parked = not inline and self._publisher is not None and self._publisher.parks
+        lease = self._common.leases.lease(now, decision.delay + self._lease) if inline else None
+        parked = not inline and self._common.publisher is not None and self._common.publisher.parks
         retry_at = now + (park_delay(decision.delay) if parked else decision.delay)
         failed = revise(
             held.value,
@@ -308,13 +296,13 @@ class Delivery:
         due = lease["until"] if lease is not None else retry_at
         if parked:  # the tier brings it back; the sweeper only if the parked record is lost
             due += PARK_GRACE
-        await self._leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
+        await self._common.leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
         if inline:
             return decision.delay
-        self._leases.held.pop(held.key, None)
+        self._common.leases.held.pop(held.key, None)
         self._order.block(failed)
-        if parked and self._publisher is not None:
-            await self._publisher.park(failed, retry_at)
+        if parked and self._common.publisher is not None:
+            await self._common.publisher.park(failed, retry_at)
         self._common.wake.set()
         return None
 
@@ -337,18 +325,20 @@ class Delivery:
             state=OutboxState.PENDING,
             inflight=None,
             attempts=0,
-            lease=self._leases.lease(now, self._lease) if inline else None,
+            lease=self._common.leases.lease(now, self._lease) if inline else None,
             payload=payloads[0],
             fallback=spec,
             error=records.error_of(exc, None),
         )
         rest = await self._fallback_rest(switched, payloads, now, inline=inline)
         extra = [handover(self._prefix + v["key"], v, expect=0, due=now) for v in rest]
-        await self._leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now, extra=extra)
+        await self._common.leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now, extra=extra)
         log.info(
             "send %s refused (%s): sending its fallback %s", key, type(exc).__name__, spec["key"]
         )
-        await self._emit(FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel))
+        await self._common.emit(
+            FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel)
+        )
         if inline:
             if rest:
                 got = await self._common.kv.get_many([op.key for op in extra])
@@ -361,7 +351,7 @@ class Delivery:
                     if op.key in got
                 ]
             return 0.0  # the caller takes a new attempt on it at once
-        self._leases.held.pop(held.key, None)
+        self._common.leases.held.pop(held.key, None)
         self._common.wake.set()
         return None
 
@@ -396,7 +386,7 @@ class Delivery:
             fp=None,
             inbound_id=switched.get("inbound_id"),
             now=now,
-            lease=self._leases.lease(now, self._lease) if inline else None,
+            lease=self._common.leases.lease(now, self._lease) if inline else None,
             after=None,
         )
         rest[0]["previous_part"] = switched["key"]
@@ -432,13 +422,13 @@ class Delivery:
         now = self._common.clock.now()
         for held in helds:
             try:
-                await self._leases.write(
+                await self._common.leases.write(
                     held, revise(held.value, now, lease=None), Write.OUTBOX_RELEASE, due=now
                 )
             except FencedError:
                 continue
             finally:
-                self._leases.held.pop(held.key, None)
+                self._common.leases.held.pop(held.key, None)
 
     async def _cascade(self, helds: list[Held], previous: str, exc: BaseException) -> None:
         for held in helds:
@@ -466,11 +456,11 @@ class Delivery:
             return False
         self._common.metrics.outbox_dead += 1
         key = value["key"]
-        await self._emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
+        await self._common.emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
         return True
 
     async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
-        taken = self._leases.claimed(entry.value, now, self._lease)
+        taken = self._common.leases.claimed(entry.value, now, self._lease)
         value = _closed(taken, now, OutboxState.UNKNOWN, error=error, ambiguous=ambiguous or None)
         if await self._settle(entry, value, now, background=True) is None:
             return 0
@@ -482,7 +472,9 @@ class Delivery:
         self._common.metrics.outbox_ambiguous += 1
         what = "sending it again" if resent else "marked unknown"
         log.warning("send %s is ambiguous after a crash: %s", value["key"], what)
-        await self._emit(AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent))
+        await self._common.emit(
+            AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent)
+        )
 
     async def _settle(
         self, target: Held | Entry, value: Json, now: float, *, background: bool
@@ -491,13 +483,13 @@ class Delivery:
         ``None`` when someone else wrote the record first (an ``Entry`` target)."""
         state: OutboxState = value["state"]
         due: float | None = None
-        publisher = self._publisher
+        publisher = self._common.publisher
         rides = publisher is not None and publisher.rides
         if publisher is not None:
             # riding with the record, the receipt is published when the record is written
             value["published"] = rides
             due = None if rides else now + self._lease
-        purge = self._purge_at(now) if state == OutboxState.SENT else None
+        purge = self._common.retention.purge_at(now) if state == OutboxState.SENT else None
         label = _SETTLE_LABEL[state]
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
         # very commit, ahead of the record (on Kafka two changelog records, in that order),
@@ -518,10 +510,10 @@ class Delivery:
         try:
             if logged:
                 with self._common.near(target.key):
-                    await self._leases.write(
+                    await self._common.leases.write(
                         target, value, label, due=due, purge=purge, before=logged
                     )
-            elif not await self._leases.write(target, value, label, due=due, purge=purge):
+            elif not await self._common.leases.write(target, value, label, due=due, purge=purge):
                 if back is not None:
                     back()
                 return None
@@ -530,10 +522,10 @@ class Delivery:
                 back()
             raise
         if isinstance(target, Held):
-            self._leases.held.pop(target.key, None)
+            self._common.leases.held.pop(target.key, None)
         self._order.unblock(value)
         if state == OutboxState.SENT:
-            await self._emit(SentEvent(receipt, background))
+            await self._common.emit(SentEvent(receipt, background))
         if publisher is not None and not rides:
             await publisher.publish(receipt, value=value)
         return receipt
@@ -542,14 +534,16 @@ class Delivery:
         self, message: Outbound, key: str, inbound_id: str | None, part: int
     ) -> Receipt:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
-        if self._leader is not None:  # it cannot be journaled, so it cannot wait for the leader
-            await self._leader.ensure()
+        if (
+            self._common.leader is not None
+        ):  # it cannot be journaled, so it cannot wait for the leader
+            await self._common.leader.ensure()
         self._common.metrics.outbox_bypassed += 1
         now = self._common.clock.now()
         receipt = await send_direct(self._provider, message, key, inbound_id, part=part, now=now)
-        await self._emit(SentEvent(receipt, False))
-        if self._publisher is not None:
-            await self._publisher.publish(receipt, journaled=False)
+        await self._common.emit(SentEvent(receipt, False))
+        if self._common.publisher is not None:
+            await self._common.publisher.publish(receipt, journaled=False)
         return receipt
 
     # -- background (the sweeper) -----------------------------------------------------------
@@ -558,10 +552,10 @@ class Delivery:
         """A pending or failed send whose time came: wait its turn, resolve an ambiguous
         send, or deliver it. Returns how many records it acted on."""
         value = entry.value
-        ls = self._leases.state(value, now)
+        ls = self._common.leases.state(value, now)
         if ls == "live" or not (ls == "orphan" or entry.due is None or entry.due <= now):
             return 0
-        if self._leader is not None and not self._leader.may_send(now):
+        if self._common.leader is not None and not self._common.leader.may_send(now):
             return 0  # a standby: left to the leader, nothing written
         gated = await self._gate(entry, now)
         if gated is not None:
@@ -588,7 +582,7 @@ class Delivery:
         found = await self._message_log.find(value["payload"]["chat_id"], value["key"])
         if found is None:
             return None
-        taken = self._leases.claimed(value, now, self._lease)
+        taken = self._common.leases.claimed(value, now, self._lease)
         sent = _closed(taken, now, OutboxState.SENT, message_id=found.message_id, error=None)
         if await self._settle(entry, sent, now, background=True) is None:
             return 0
@@ -635,9 +629,9 @@ class Delivery:
     async def parked_due(self, entry: Entry, now: float) -> int:
         """A parked send whose retry tier brought it back: as :meth:`due`, without waiting
         for the journal's ``due`` (the sweeper's backstop, later)."""
-        if self._leases.state(entry.value, now) == "live":
+        if self._common.leases.state(entry.value, now) == "live":
             return 0
-        if self._leader is not None and not self._leader.may_send(now):
+        if self._common.leader is not None and not self._common.leader.may_send(now):
             return 0
         gated = await self._gate(entry, now)
         if gated is not None:
@@ -649,7 +643,7 @@ class Delivery:
         expected = prev.value.get("retry_at", prev.due or 0.0)
         later = max(min(prev.due or 0.0, expected), now + max(self._poll, 0.001))
         value = revise(entry.value, now, lease=None)
-        await self._leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
+        await self._common.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
     async def _deliver(self, entry: Entry, now: float, *, resend: bool, ask: bool = False) -> int:
         """Claim and send. ``resend``: its last attempt's outcome was lost; ``ask``: the
@@ -672,17 +666,17 @@ class Delivery:
         elif claimed["attempts"] > 1:
             self._common.metrics.outbox_retried += 1
         held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
-        self._leases.held[entry.key] = held
+        self._common.leases.held[entry.key] = held
         message = records.decode_outbound(claimed["payload"])
         try:
             async with self._order.chat_lock(message.chat_id):
                 try:
-                    if self._leader is not None:
-                        await self._leader.ensure()
+                    if self._common.leader is not None:
+                        await self._common.leader.ensure()
                     result = await self._resolve(held, message) if ask else None
                     if result is None:
-                        if self._leader is not None and ask:
-                            await self._leader.ensure()
+                        if self._common.leader is not None and ask:
+                            await self._common.leader.ensure()
                         result = await self._call(routed(claimed, message))
                 except _Skipped:
                     return 1
@@ -695,7 +689,7 @@ class Delivery:
                 await self.sent(held, result.message_id, background=True)
                 return 1
         finally:
-            self._leases.held.pop(entry.key, None)
+            self._common.leases.held.pop(entry.key, None)
 
     async def hand_back(self, held: Held, *, inflight: bool) -> Receipt:
         """A claimed send this replica may not deliver (``ProviderNotLeaderError``): back to
@@ -703,7 +697,7 @@ class Delivery:
         before the claim (``inflight``: its outcome lost in a crash) stays so, with an
         expired lease, so the leader resolves it by the ambiguity policy."""
         now = self._common.clock.now()
-        lease = {**self._leases.lease(now, 0.0)} if inflight else None
+        lease = {**self._common.leases.lease(now, 0.0)} if inflight else None
         value = revise(
             held.value,
             now,
@@ -713,11 +707,11 @@ class Delivery:
             attempts=max(int(held.value.get("attempts", 1)) - 1, 0),
         )
         try:
-            await self._leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
+            await self._common.leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
         except FencedError:
             pass
         finally:
-            self._leases.held.pop(held.key, None)
+            self._common.leases.held.pop(held.key, None)
         log.info("send %s left to the provider leader", value["key"])
         return records.receipt_of(value, now)
 
@@ -770,7 +764,7 @@ class Delivery:
         """The claimed record, and the later parts to journal when its text is over the
         channel's limit (an older record, or one journaled under a larger limit)."""
         value = entry.value
-        claimed = self._leases.claimed(value, now, self._lease)
+        claimed = self._common.leases.claimed(value, now, self._lease)
         claimed.update(
             state=OutboxState.PENDING, inflight=True, attempts=int(value.get("attempts", 0)) + 1
         )

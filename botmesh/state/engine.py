@@ -3,11 +3,11 @@
 ===============  ================================================================================
 ``leases``       leases, fencing tokens, heartbeats (``botmesh.state.lease``)
 ``retention``    purge of finished records (``botmesh.state.retention``)
-``order``        per-chat order of sends: chat locks, tails (``botmesh.state.outbox``)
+``order``        per-chat order of sends: chat locks, tails (``botmesh.state.order``)
 ``leader``       the provider session's lease, ``provider_session="leader"``
                  (``botmesh.state.leader``)
-``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
 ``publisher``    receipts to the runtime's sink, at least once (``botmesh.state.receipts``)
+``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
 ``messages``     the message log: each part sent, logged in the commit that records it
                  sent; a chat's history (``botmesh.state.message_log``)
 ``delivery``     provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
@@ -21,7 +21,12 @@
 ===============  ================================================================================
 
 Each part gets the collaborators it uses, never the engine; this is the one place that
-wires them, in the order of the table (a part comes after the parts it calls).
+wires them, in the order of the table (a part comes after the parts it calls). What they
+all use is passed as one value: the first parts (leases, leader, publisher, the message
+log; the erasure) take the ``Basis`` (``botmesh.state.basis``: the journal, the keys, the
+clock, ...), the parts after them a ``Common`` (``botmesh.state.common``: the basis with
+the leases, the leader, the publisher, the retention rule and the bot's listeners), each
+with what is its own besides.
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
 does. ``open()`` recovers what an earlier run of this instance left (leases reclaimed at
@@ -38,6 +43,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
+from botmesh.state.basis import Basis
 from botmesh.state.clock import Clock
 from botmesh.state.common import Common
 from botmesh.state.config import DurabilityConfig
@@ -52,7 +58,8 @@ from botmesh.state.lease import Leases
 from botmesh.state.message_log import JournalMessageLog
 from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
-from botmesh.state.outbox import ChatOrder, Outbox
+from botmesh.state.order import ChatOrder
+from botmesh.state.outbox import Outbox
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher, ReceiptSink
 from botmesh.state.retention import Retention
@@ -140,13 +147,13 @@ class Engine:
         self.provider = provider
         self.hooks = hooks
         self.instance_id = instance_id
-        #: What every part shares: the journal, the scope's keys, this instance, its time,
-        #: randomness, counters and wake-up call.
-        self.common = common = Common.of(
+        #: What the engine is built on: the journal, the scope's keys, this instance, its
+        #: time, randomness, counters and wake-up call.
+        self.basis = basis = Basis.of(
             kv, scope=scope, instance_id=instance_id, clock=clock, rng=rng, timings=timings
         )
-        self.clock = common.clock
-        self.keys = keys = common.keys
+        self.clock = basis.clock
+        self.keys = keys = basis.keys
         self.in_prefix = keys.inbox
         self.out_prefix = keys.outbox
         self._wire(receipts)
@@ -162,49 +169,52 @@ class Engine:
 
     def _wire(self, receipts: ReceiptSink | None) -> None:
         """Every part, in the order of the table (a part after the parts it calls)."""
-        kv, keys, config, common = self.kv, self.keys, self.config, self.common
-        self.leases = Leases(common)
+        kv, keys, config, basis = self.kv, self.keys, self.config, self.basis
+        self.leases = Leases(basis)
         self.retention = Retention(kv, prefix=keys.all, retention=config.retention, logged=keys.log)
         self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
         #: The provider session's lease (``provider_session="leader"``), else ``None``.
         self.leader = self._new_leader()
+        self.publisher = None if receipts is None else Publisher(basis, receipts)
+        #: What the parts from here on share: the basis, the parts above, the listeners.
+        self.common = Common.on(
+            basis,
+            leases=self.leases,
+            leader=self.leader,
+            publisher=self.publisher,
+            retention=self.retention,
+            emit=self.hooks.emit,
+        )
         #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
         self.turns = self._new_turns()
-        self.publisher = None if receipts is None else Publisher(common, receipts)
         self.messages = self._new_messages()
         self.delivery = self._new_delivery()
         self.outbox = self._new_outbox()
         self.inbox = self._new_inbox()
         self.checkpoints = Checkpoints(kv, prefix=keys.flow, purge_at=self.retention.purge_at)
         self.sweeper = self._new_sweeper()
-        self.scheduler = self._new_scheduler()
+        self.scheduler = Scheduler(self.common, config=config, sweeper=self.sweeper)
         self.operations = self._new_operations()
 
     def _new_leader(self) -> Leadership | None:
-        if not Leadership.wanted(self.config, exclusive=self.common.exclusive):
+        if not Leadership.wanted(self.config, exclusive=self.basis.exclusive):
             return None
         return Leadership(
-            self.common,
+            self.basis,
             lease=self.config.leader.lease,
             provider=self.provider,
             rebuild_tails=self.order.rebuild_tails,
         )
 
     def _new_turns(self) -> Turns | None:
-        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.common.exclusive):
+        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.basis.exclusive):
             return None
-        return Turns(
-            self.common,
-            config=self.config.inbox,
-            poll=self.config.poll,
-            leases=self.leases,
-            purge_at=self.retention.purge_at,
-        )
+        return Turns(self.common, config=self.config.inbox, poll=self.config.poll)
 
     def _new_messages(self) -> JournalMessageLog:
         """The message log: what was sent, per chat (``history``)."""
         return JournalMessageLog(
-            self.common,
+            self.basis,
             channel=self.provider.name,
             retention=self.config.message_log_retention,
             enabled=self.config.message_log.enabled,
@@ -218,11 +228,6 @@ class Engine:
             poll=self.config.poll,
             provider=self.provider,
             order=self.order,
-            leases=self.leases,
-            leader=self.leader,
-            publisher=self.publisher,
-            purge_at=self.retention.purge_at,
-            emit=self.hooks.emit,
             fallbacks=self.fallbacks,
             message_log=self.messages,
         )
@@ -234,10 +239,7 @@ class Engine:
             fail_open=self.config.fail_open,
             provider=self.provider,
             order=self.order,
-            leases=self.leases,
-            leader=self.leader,
             delivery=self.delivery,
-            publisher=self.publisher,
         )
 
     def _new_inbox(self) -> Inbox:
@@ -246,37 +248,18 @@ class Engine:
             config=self.config.inbox,
             fail_open=self.config.fail_open,
             provider=self.provider,
-            leases=self.leases,
             turns=self.turns,
-            publisher=self.publisher,
             dispatch=self.hooks.dispatch,
-            purge_at=self.retention.purge_at,
-            emit=self.hooks.emit,
         )
 
     def _new_sweeper(self) -> Sweeper:
         return Sweeper(
             self.common,
             backoff=self.config.inbox.backoff,
-            leases=self.leases,
-            leader=self.leader,
             inbox=self.inbox,
             delivery=self.delivery,
-            publisher=self.publisher,
-            retention=self.retention,
             flow_due=self.hooks.flow_due,
             sweep=self.hooks.sweep,
-            emit=self.hooks.emit,
-        )
-
-    def _new_scheduler(self) -> Scheduler:
-        return Scheduler(
-            self.common,
-            config=self.config,
-            leases=self.leases,
-            leader=self.leader,
-            sweeper=self.sweeper,
-            publisher=self.publisher,
         )
 
     def _new_erasure(self) -> Erasure:
@@ -286,7 +269,7 @@ class Engine:
             await emit(ErasedEvent(receipt.chat_id, receipt))
 
         return Erasure(
-            self.common,
+            self.basis,
             order=self.order,
             leases=self.leases,
             publisher=self.publisher,
@@ -296,13 +279,11 @@ class Engine:
     def _new_operations(self) -> Operations:
         return Operations(
             self.common,
-            leases=self.leases,
             delivery=self.delivery,
             sweeper=self.sweeper,
             checkpoints=self.checkpoints,
             erasure=self._new_erasure(),  # the operator's alone: no other part calls it
             recover=self.recover,  # a callback: the recovery pass is the engine's own
-            emit=self.hooks.emit,
         )
 
     async def open(self) -> None:

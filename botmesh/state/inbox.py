@@ -36,13 +36,12 @@ from botmesh.state.errors import (
     Reason,
     VersionConflictError,
 )
-from botmesh.state.events import DeadEvent, Emit, ErrorEvent
+from botmesh.state.events import DeadEvent, ErrorEvent
 from botmesh.state.kv import Entry, Op, handover
-from botmesh.state.lease import Held, Leases
+from botmesh.state.lease import Held
 from botmesh.state.media import journaled, rehydrated
 from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
-from botmesh.state.receipts import Publisher
 from botmesh.state.records import (
     InboxState,
     Json,
@@ -52,7 +51,6 @@ from botmesh.state.records import (
     error_of,
     revise,
 )
-from botmesh.state.retention import PurgeAt
 from botmesh.state.turns import Turns
 from botmesh.state.writes import Write
 
@@ -144,12 +142,8 @@ class Inbox:
         config: InboxConfig,
         fail_open: bool,
         provider: Provider,
-        leases: Leases,
         turns: Turns | None,
-        publisher: Publisher | None,
         dispatch: Dispatch,
-        purge_at: PurgeAt,
-        emit: Emit,
     ) -> None:
         self._common = common
         self._prefix = common.keys.inbox
@@ -157,12 +151,8 @@ class Inbox:
         self._max_attempts = config.max_attempts
         self._fail_open = fail_open
         self._provider = provider
-        self._leases = leases
         self._turns = turns
-        self._publisher = publisher
         self._dispatch = dispatch
-        self._purge_at = purge_at
-        self._emit = emit
         self._inflight: set[str] = set()
         #: Records whose handlers ran but whose ``done`` did not land (retried on redelivery).
         self._undone: dict[str, Held] = {}
@@ -211,7 +201,7 @@ class Inbox:
             encoded = encode_inbound(kept)
         except (TypeError, ValueError) as exc:
             raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
-        value = new_value(encoded, now, self._leases.lease(now, self._lease), source)
+        value = new_value(encoded, now, self._common.leases.lease(now, self._lease), source)
         try:
             [version] = await self._common.kv.commit(
                 [handover(key, value, expect=0, due=now + self._lease)],
@@ -232,7 +222,7 @@ class Inbox:
             log.warning(
                 "inbound %s not journaled (%s); dispatched anyway (fail_open)", message.id, exc
             )
-            await self._emit(ErrorEvent(exc, "inbox.journal", message.id))
+            await self._common.emit(ErrorEvent(exc, "inbox.journal", message.id))
             await self._dispatch(message)
             return Outcome.UNJOURNALED
         log.error("inbound %s not journaled, not dispatched (fail closed): %s", message.id, exc)
@@ -243,7 +233,7 @@ class Inbox:
     async def _redelivered(self, key: str, message: Inbound, source: str | None) -> Outcome:
         entry = await self._common.kv.get(key)
         state = entry.value.get("state") if entry is not None else InboxState.DONE
-        leases = self._leases
+        leases = self._common.leases
         if entry is not None and state == InboxState.PENDING and key not in leases.held:
             now = self._common.clock.now()
             if leases.state(entry.value, now) != "live" or leases.this_boot(entry.value):
@@ -305,17 +295,17 @@ class Inbox:
         chat's turn is taken first (waited for when ``wait``) and released with the
         mark-done; a turn that stays held elsewhere leaves the record pending
         (``Outcome.DEFERRED``)."""
-        self._leases.held[held.key] = held
+        self._common.leases.held[held.key] = held
         turn: Held | None = None
         try:
             # -- chat turns (botmesh.state.turns) --------------------------------------------------
             if self._turns is not None:
                 turn = await self._turns.take(message.chat_id, message.id, wait=wait)
                 if turn is None:
-                    self._leases.held.pop(held.key, None)
+                    self._common.leases.held.pop(held.key, None)
                     stepped = await self._turns.step_aside(held)
                     return Outcome.DEFERRED if stepped else Outcome.FENCED
-                self._leases.held[turn.key] = turn
+                self._common.leases.held[turn.key] = turn
             # ---------------------------------------------------------------------------------
             timings = self._common.timings
             if timings is None:
@@ -331,9 +321,9 @@ class Inbox:
                 await self._turns.give_back(turn, written=isinstance(exc, Exception))
             raise
         finally:
-            self._leases.held.pop(held.key, None)
+            self._common.leases.held.pop(held.key, None)
             if turn is not None:
-                self._leases.held.pop(turn.key, None)
+                self._common.leases.held.pop(turn.key, None)
         if riders:  # a flow turn: its checkpoint lands with done, or the turn runs again
             return await self._mark_done_with(held, message.id, riders, turn)
         return await self._mark_done(held, message.id, turn)
@@ -345,7 +335,7 @@ class Inbox:
             await self._write_done(held, done, now, turn)
         except FencedError as exc:
             self._undone.pop(held.key, None)
-            await self._emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            await self._common.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
             if turn is not None and self._turns is not None:
@@ -364,14 +354,16 @@ class Inbox:
     ) -> None:
         """Mark done, with ``riders`` (a flow checkpoint) in the same commit; with a chat
         turn, release it in that commit too (``botmesh.state.turns``)."""
-        purge = self._purge_at(now)
+        purge = self._common.retention.purge_at(now)
         if turn is None or self._turns is None:
-            await self._leases.write(held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders)
+            await self._common.leases.write(
+                held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders
+            )
             return
         for _ in range(4):
             release = self._turns.release_op(turn, now)
             try:
-                await self._leases.write(
+                await self._common.leases.write(
                     held, done, Write.INBOX_MARK_DONE, purge=purge, extra=[*riders, release]
                 )
             except VersionConflictError as exc:
@@ -399,7 +391,7 @@ class Inbox:
         try:
             await self._write_done(held, done, now, turn, riders)
         except FencedError as exc:
-            await self._emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            await self._common.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
             if turn is not None and self._turns is not None:
@@ -415,7 +407,7 @@ class Inbox:
         now = self._common.clock.now()
         retry = revise(held.value, now, state=InboxState.PENDING, lease=None)
         try:
-            await self._leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
+            await self._common.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
         except Exception as release_exc:
             log.warning("inbound %s not released (%s); its lease expires", inbound_id, release_exc)
         self._common.wake.set()
@@ -446,7 +438,7 @@ class Inbox:
                 error["last"] = value["error"]
             await self._dead(entry, error)
             return Outcome.DEAD
-        claimed = self._leases.claimed(value, now, self._lease)
+        claimed = self._common.leases.claimed(value, now, self._lease)
         # replayed: the run that completes it gets the journaled message (see _rerun)
         claimed.update(attempts=attempts + 1, state=InboxState.PENDING, replayed=True)
         try:
@@ -486,7 +478,9 @@ class Inbox:
         retry = revise(
             held.value, now, state=InboxState.PENDING, lease=None, error=error, failed_first=first
         )
-        await self._leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
+        await self._common.leases.write(
+            held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay
+        )
 
     async def _dead(self, target: Held | Entry, error: Json) -> None:
         now = self._common.clock.now()
@@ -494,7 +488,7 @@ class Inbox:
         dead = revise(
             target.value, now, state=InboxState.DEAD, lease=None, error=error, failed_first=first
         )
-        publisher = self._publisher
+        publisher = self._common.publisher
         copied = publisher is not None and publisher.dead_letters
         rides = copied and publisher is not None and publisher.rides
         due = None
@@ -504,7 +498,7 @@ class Inbox:
         # riding with the record, the dead letter commits with it (``Publisher.ride``)
         back = publisher.ride_inbound(target.key, dead) if rides and publisher else None
         try:
-            written = await self._leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due)
+            written = await self._common.leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due)
         except BaseException:
             if back is not None:
                 back()
@@ -519,4 +513,6 @@ class Inbox:
         log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
         if copied and not rides and publisher is not None:
             await publisher.publish_inbound(dead)
-        await self._emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))
+        await self._common.emit(
+            DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"])
+        )

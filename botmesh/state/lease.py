@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from botmesh.state.common import Common
+from botmesh.state.basis import Basis
 from botmesh.state.errors import DurabilityError, FencedError, VersionConflictError
 from botmesh.state.kv import Entry, Op, handover
 from botmesh.state.records import Json
@@ -52,15 +52,15 @@ class Held:
 class Leases:
     """The leases one engine holds, and its fenced writes."""
 
-    def __init__(self, common: Common) -> None:
-        self._common = common
+    def __init__(self, basis: Basis) -> None:
+        self._basis = basis
         self.held: dict[str, Held] = {}
 
     def lease(self, now: float, seconds: float) -> Json:
         """A lease of ``seconds`` for this instance and boot."""
         return {
-            "owner": self._common.instance_id,
-            "boot": self._common.boot,
+            "owner": self._basis.instance_id,
+            "boot": self._basis.boot,
             "until": now + seconds,
         }
 
@@ -68,10 +68,10 @@ class Leases:
         lease = value.get("lease")
         if not lease:
             return "free"
-        if lease.get("owner") == self._common.instance_id:
-            if lease.get("boot") != self._common.boot:
+        if lease.get("owner") == self._basis.instance_id:
+            if lease.get("boot") != self._basis.boot:
                 return "orphan"
-        elif self._common.exclusive:  # a partitioned journal: its owner is the only writer
+        elif self._basis.exclusive:  # a partitioned journal: its owner is the only writer
             return "orphan"
         if lease.get("until", 0.0) <= now:
             return "expired"
@@ -81,8 +81,7 @@ class Leases:
         """Leased by this very instance and boot (whether or not still held here)."""
         lease = value.get("lease") or {}
         return (
-            lease.get("owner") == self._common.instance_id
-            and lease.get("boot") == self._common.boot
+            lease.get("owner") == self._basis.instance_id and lease.get("boot") == self._basis.boot
         )
 
     def claimed(self, value: Json, now: float, seconds: float) -> Json:
@@ -115,7 +114,7 @@ class Leases:
         """
         if isinstance(target, Entry):
             try:
-                await self._common.kv.commit(
+                await self._basis.kv.commit(
                     [handover(target.key, value, expect=target.version, due=due, purge=purge)],
                     label=label,
                 )
@@ -136,7 +135,7 @@ class Leases:
         extra: Sequence[Op] = (),
         before: Sequence[Op] = (),
     ) -> None:
-        kv = self._common.kv
+        kv = self._basis.kv
         for _ in range(8):
             try:
                 versions = await kv.commit(
@@ -168,7 +167,7 @@ class Leases:
     def _fenced(self, held: Held, label: Write, current: int | None) -> FencedError:
         held.fenced = True
         self.held.pop(held.key, None)
-        self._common.metrics.stale_leases += 1
+        self._basis.metrics.stale_leases += 1
         log.warning(
             "stale completion of %s refused (%s): token %s, record at %s",
             held.key,
@@ -181,7 +180,7 @@ class Leases:
     async def reclaim(self, held: Held, seconds: float) -> None:
         """Take a fresh fencing token on a record we hold, as a new attempt (before a
         provider call)."""
-        now = self._common.clock.now()
+        now = self._basis.clock.now()
         new = self.claimed(held.value, now, seconds)
         new["state"] = "pending"
         new["inflight"] = True
@@ -190,9 +189,9 @@ class Leases:
         held.token = new["token"]
 
     def _heartbeat_label(self, key: str) -> Write:
-        if key.startswith(self._common.keys.inbox):
+        if key.startswith(self._basis.keys.inbox):
             return Write.INBOX_HEARTBEAT
-        if key.startswith(self._common.keys.outbox):
+        if key.startswith(self._basis.keys.outbox):
             return Write.OUTBOX_HEARTBEAT
         return Write.TURN_HEARTBEAT
 
@@ -209,12 +208,12 @@ class Leases:
             new["lease"] = {**lease, "until": now + held.lease}
             label = self._heartbeat_label(held.key)
             try:
-                [version] = await self._common.kv.commit(
+                [version] = await self._basis.kv.commit(
                     [handover(held.key, new, expect=held.version, due=now + held.lease)],
                     label=label,
                 )
             except VersionConflictError:
-                entry = await self._common.kv.get(held.key)
+                entry = await self._basis.kv.get(held.key)
                 if entry is None or entry.value.get("token") != held.token:
                     held.fenced = True
                 continue  # else the holder itself wrote meanwhile; next tick

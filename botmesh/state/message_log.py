@@ -55,7 +55,7 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from botmesh.state.common import Common
+from botmesh.state.basis import Basis
 from botmesh.state.keys import ScopeKeys, part_base
 from botmesh.state.kv import Entry, Op, handover
 
@@ -238,14 +238,14 @@ class JournalMessageLog:
 
     def __init__(
         self,
-        common: Common,
+        basis: Basis,
         *,
         channel: str | None,
         retention: float,
         enabled: bool = True,
         texts: bool = True,
     ) -> None:
-        self._common = common
+        self._basis = basis
         self._channel = channel
         self._retention = retention
         self.enabled = enabled
@@ -263,7 +263,7 @@ class JournalMessageLog:
         # no version check: the key is the send's own, so a rewrite writes the same entry
         return (
             handover(
-                entry_key(self._common.keys, message),
+                entry_key(self._basis.keys, message),
                 entry,
                 expect=None,
                 purge=self.purge_at(sent_at),
@@ -281,8 +281,8 @@ class JournalMessageLog:
             raise ValueError(f"history(limit=...) must be a whole number >= 0, got {limit!r}")
         if limit == 0:
             return []
-        prefix = self._common.keys.log_of(chat_id)
-        entries = await self._common.kv.scan(prefix)  # key order: oldest first
+        prefix = self._basis.keys.log_of(chat_id)
+        entries = await self._basis.kv.scan(prefix)  # key order: oldest first
         if before is not None:
             if isinstance(before, LoggedMessage):
                 bound = prefix + before.position
@@ -299,7 +299,7 @@ class JournalMessageLog:
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
         if not self.enabled:
             return None
-        entries = await self._common.kv.scan(self._common.keys.log_of(chat_id))
+        entries = await self._basis.kv.scan(self._basis.keys.log_of(chat_id))
         found = _messages((e for e in entries if e.value.get("key") == key), 1)
         return found[0] if found else None
 

@@ -11,7 +11,7 @@ from botmesh.state.common import Common
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.errors import Reason, RecordStateError
-from botmesh.state.events import Emit, FlowEndedEvent
+from botmesh.state.events import FlowEndedEvent
 from botmesh.state.flows import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
 from botmesh.state.inbox import replay_value
 from botmesh.state.keys import part_base, part_key
@@ -113,29 +113,25 @@ class Operations:
         self,
         common: Common,
         *,
-        leases: Leases,
         delivery: Delivery,
         sweeper: Sweeper,
         checkpoints: Checkpoints,
         erasure: Erasure,
         recover: Callable[[], Awaitable[int]],
-        emit: Emit,
     ) -> None:
         self._common = common
-        self._leases = leases
         self._delivery = delivery
         self._sweeper = sweeper
         self._checkpoints = checkpoints
         self._erasure = erasure
         #: The engine's recovery pass (``Engine.recover``), a callback: the engine owns it.
         self._recover = recover
-        self._emit = emit
-        self.inbox = InboxView(self._common.kv, prefix=self._common.keys.inbox)
+        self.inbox = InboxView(common.kv, prefix=common.keys.inbox)
         self.outbox = OutboxView(
-            self._common.kv,
-            prefix=self._common.keys.outbox,
-            leases=leases,
-            clock=self._common.clock,
+            common.kv,
+            prefix=common.keys.outbox,
+            leases=common.leases,
+            clock=common.clock,
         )
 
     @property
@@ -172,7 +168,7 @@ class Operations:
             raise RecordStateError(inbound_id, None, "no inbox record under this id in this scope")
         now = self._common.clock.now()
         state = entry.value.get("state")
-        if state == InboxState.PENDING and self._leases.state(entry.value, now) == "live":
+        if state == InboxState.PENDING and self._common.leases.state(entry.value, now) == "live":
             raise RecordStateError(inbound_id, state, "it is being processed now; try again later")
         await self._common.kv.commit(
             [handover(key, replay_value(entry.value, now), expect=entry.version, due=now)],
@@ -257,7 +253,7 @@ class Operations:
         ended = ended_record(entry.value, "dropped", now)
         with self._common.near(entry.key):
             version = await self._checkpoints.write(entry.key, ended, expect=entry.version, now=now)
-        await self._emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
+        await self._common.emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
         return FlowRecord.from_value(ended, version)
 
     async def _flow_entry(self, chat_id: str) -> Entry:

@@ -27,14 +27,10 @@ from botmesh.state.common import Common
 from botmesh.state.config import BackoffConfig, DurabilityConfig
 from botmesh.state.delivery import Delivery
 from botmesh.state.errors import FencedError, JournalUnavailableError
-from botmesh.state.events import Emit, ErrorEvent
+from botmesh.state.events import ErrorEvent
 from botmesh.state.inbox import Inbox
 from botmesh.state.kv import Entry
-from botmesh.state.leader import Leadership
-from botmesh.state.lease import Leases
-from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, InboxState, OutboxState
-from botmesh.state.retention import Retention
 
 __all__ = ["Scheduler", "Sweeper"]
 
@@ -54,27 +50,17 @@ class Sweeper:
         common: Common,
         *,
         backoff: BackoffConfig,
-        leases: Leases,
-        leader: Leadership | None,
         inbox: Inbox,
         delivery: Delivery,
-        publisher: Publisher | None,
-        retention: Retention,
         flow_due: Callable[[Entry, float], Awaitable[int]] | None,
         sweep: Callable[[float], Awaitable[int]] | None,
-        emit: Emit,
     ) -> None:
         self._common = common
-        self._leases = leases
-        self._leader = leader
         self._inbox = inbox
         self._delivery = delivery
-        self._publisher = publisher
-        self._retention = retention
         #: The bot's hooks: a due flow checkpoint; due work it keeps in memory.
         self._flow_due = flow_due
         self._sweep = sweep
-        self._emit = emit
         self._fail_counts: dict[str, int] = {}
         self._not_before: dict[str, float] = {}
         self._backoff = backoff.backoff()
@@ -84,8 +70,8 @@ class Sweeper:
         after start) also takes this instance's leases of earlier boots, whatever their
         expiry, and publishes every receipt left unpublished."""
         now = self._common.clock.now() if now is None else now
-        if self._leader is not None:
-            await self._leader.tick(now)
+        if self._common.leader is not None:
+            await self._common.leader.tick(now)
         until = math.inf if recovering else now
         scope = self._common.keys
         keys = await self._common.kv.range(
@@ -99,13 +85,13 @@ class Sweeper:
             acted += await self._visit(key, now, recovering)
         if self._sweep is not None:
             acted += await self._sweep(now)
-        acted += await self._retention.purge(now)
-        if self._publisher is not None:
-            await self._publisher.flush(wait=False)
+        acted += await self._common.retention.purge(now)
+        if self._common.publisher is not None:
+            await self._common.publisher.flush(wait=False)
         return acted
 
     async def _visit(self, key: str, now: float, recovering: bool) -> int:
-        if key in self._leases.held:
+        if key in self._common.leases.held:
             return 0
         nb = self._not_before.get(key)
         if nb is not None and nb > now:
@@ -119,7 +105,7 @@ class Sweeper:
             self._fail_counts[key] = count
             self._not_before[key] = now + self._backoff.delay(count, self._common.rng)
             log.warning("sweeper: %s failed (%d in a row): %s", key, count, exc)
-            await self._emit(ErrorEvent(exc, "sweeper"))
+            await self._common.emit(ErrorEvent(exc, "sweeper"))
             return 0
         if self._fail_counts:
             self._fail_counts.pop(key, None)
@@ -130,8 +116,12 @@ class Sweeper:
         value = entry.value
         state = value.get("state")
         unpublished = state in _COPIED and value.get("published") is False
-        if unpublished and self._publisher is not None and (recovering or _due_by(entry, now)):
-            return await self._publisher.republish(entry)
+        if (
+            unpublished
+            and self._common.publisher is not None
+            and (recovering or _due_by(entry, now))
+        ):
+            return await self._common.publisher.republish(entry)
         if entry.key.startswith(self._common.keys.flow):
             if self._flow_due is None or not _due_by(entry, now):
                 return 0
@@ -146,7 +136,7 @@ class Sweeper:
         return 0
 
     def _due(self, entry: Entry, now: float) -> bool:
-        ls = self._leases.state(entry.value, now)
+        ls = self._common.leases.state(entry.value, now)
         if ls == "live":
             return False
         return ls == "orphan" or entry.due is None or entry.due <= now
@@ -175,19 +165,13 @@ class Scheduler:
         common: Common,
         *,
         config: DurabilityConfig,
-        leases: Leases,
-        leader: Leadership | None,
         sweeper: Sweeper,
-        publisher: Publisher | None,
     ) -> None:
         self._common = common
-        self._leases = leases
-        self._leader = leader
         self._sweeper = sweeper
-        self._publisher = publisher
         self.poll = config.poll
         self.tick = min(config.poll, config.inbox.lease / 3, config.outbox.lease / 3)
-        if leader is not None:
+        if common.leader is not None:
             self.tick = min(self.tick, config.leader.lease / 6)
         self.grace = config.outbox.lease
         self._task: asyncio.Task[None] | None = None
@@ -224,15 +208,15 @@ class Scheduler:
             woken = self._common.wake.is_set()
             self._common.wake.clear()
             try:
-                if self._leader is not None:
-                    await self._leader.tick()
-                await self._leases.heartbeat_once(self._common.clock.now())
+                if self._common.leader is not None:
+                    await self._common.leader.tick()
+                await self._common.leases.heartbeat_once(self._common.clock.now())
                 mono = time.monotonic()
                 if woken or mono - last >= self.poll:
                     last = mono
                     await self._sweeper.sweep_once()
-                elif self._publisher is not None:
-                    await self._publisher.flush(wait=False)
+                elif self._common.publisher is not None:
+                    await self._common.publisher.flush(wait=False)
                 unavailable = False
             except FencedError as exc:  # a partition taken away meanwhile: its new owner's
                 log.info("sweeper pass stopped: %s", exc)

@@ -36,9 +36,8 @@ from botmesh.state.common import Common
 from botmesh.state.config import InboxConfig
 from botmesh.state.errors import FencedError, VersionConflictError
 from botmesh.state.kv import DurableKv, Put, handover
-from botmesh.state.lease import Held, Leases
+from botmesh.state.lease import Held
 from botmesh.state.records import Json, revise
-from botmesh.state.retention import PurgeAt
 from botmesh.state.writes import Write
 
 __all__ = ["Turns"]
@@ -59,16 +58,12 @@ class Turns:
         *,
         config: InboxConfig,
         poll: float,
-        leases: Leases,
-        purge_at: PurgeAt,
     ) -> None:
         self._common = common
         self.prefix = common.keys.turn
         self._lease = config.lease
         self._wait = config.turn_wait
         self._poll = poll
-        self._leases = leases
-        self._purge_at = purge_at
         #: Chat id -> the turn this engine holds (one inbound of the chat at a time).
         self._mine: dict[str, Held] = {}
         #: Chats whose turn this engine is taking now (set before the first await).
@@ -107,7 +102,7 @@ class Turns:
         entry = await self._common.kv.get(self.prefix + chat_id)
         if entry is None:
             return False
-        leases = self._leases
+        leases = self._common.leases
         now = self._common.clock.now()
         return leases.state(entry.value, now) == "live" and not leases.this_boot(entry.value)
 
@@ -125,11 +120,11 @@ class Turns:
         entry = await self._common.kv.get(key)
         now = self._common.clock.now()
         value: Json = entry.value if entry is not None else {"chat_id": chat_id, "token": 0}
-        live = entry is not None and self._leases.state(value, now) == "live"
-        if live and not self._leases.this_boot(value):
+        live = entry is not None and self._common.leases.state(value, now) == "live"
+        if live and not self._common.leases.this_boot(value):
             return None  # another live instance runs this chat's handlers
         # (ours, of this boot, yet not held here: a release that did not land; taken again)
-        taken = self._leases.claimed(value, now, self._lease)
+        taken = self._common.leases.claimed(value, now, self._lease)
         taken.update(inbound=inbound_id, state="held")
         try:
             [version] = await self._common.kv.commit(
@@ -145,7 +140,9 @@ class Turns:
     def release_op(self, turn: Held, now: float) -> Put:
         """The write that releases ``turn``, joined to the inbound's mark-done commit."""
         value = revise(turn.value, now, lease=None, inbound=None, state="done")
-        return handover(turn.key, value, expect=turn.version, purge=self._purge_at(now))
+        return handover(
+            turn.key, value, expect=turn.version, purge=self._common.retention.purge_at(now)
+        )
 
     def released(self, turn: Held) -> None:
         """The release landed (or the turn is given up): the chat is free here."""
@@ -193,7 +190,7 @@ class Turns:
         value = revise(held.value, now, lease=None, attempts=attempts)
         due = now + max(self._poll, 0.05)
         try:
-            await self._leases.write(held, value, Write.INBOX_TURN_WAIT, due=due)
+            await self._common.leases.write(held, value, Write.INBOX_TURN_WAIT, due=due)
         except FencedError:
             return False
         log.info("inbound %s waits for its chat's turn (left to the sweeper)", held.key)
