@@ -102,6 +102,27 @@ def _fell_back(value: Json) -> bool:
     return isinstance(spec, dict) and bool(spec.get("used"))
 
 
+def _later_parts(
+    key: str, payloads: list[Json], first: Json, now: float, lease: Json | None
+) -> list[Json]:
+    """The records of parts 2, 3… of a send whose text was split in ``payloads``, part 1
+    being the record ``first``: each under a part key of ``key``, after the part before it
+    (``previous_part``), of ``first``'s inbound; leased to this engine when ``lease``."""
+    rest = new_values(
+        key,
+        payloads[1:],
+        first_part=2,
+        parts=len(payloads),
+        fp=None,
+        inbound_id=first.get("inbound_id"),
+        now=now,
+        lease=lease,
+        after=None,
+    )
+    rest[0]["previous_part"] = first["key"]
+    return rest
+
+
 def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
     """The error of a part that shares the fate of an earlier part, dead or unknown."""
     dead = state == OutboxState.DEAD
@@ -378,24 +399,19 @@ class Delivery:
         if len(payloads) < 2:
             return []
         spec = {k: v for k, v in switched["fallback"].items() if k != "parts"}
-        rest = new_values(
-            spec["key"],
-            payloads[1:],
-            first_part=2,
-            parts=len(payloads),
-            fp=None,
-            inbound_id=switched.get("inbound_id"),
-            now=now,
-            lease=self._common.leases.lease(now, self._lease) if inline else None,
-            after=None,
-        )
-        rest[0]["previous_part"] = switched["key"]
+        lease = self._common.leases.lease(now, self._lease) if inline else None
+        rest = _later_parts(spec["key"], payloads, switched, now, lease)
         rest[0].pop("inflight", None)  # leased for the inline delivery, not yet attempted
         rest[0]["attempts"] = 0
         for value in rest:
             value["fallback"] = {**spec, "key": value["key"]}
-        existing = await self._common.kv.get_many([self._prefix + v["key"] for v in rest])
-        return [v for v in rest if self._prefix + v["key"] not in existing]
+        return await self._unjournaled(rest)
+
+    async def _unjournaled(self, values: list[Json]) -> list[Json]:
+        """The records of ``values`` the journal does not hold yet (an earlier attempt may
+        have journaled them)."""
+        existing = await self._common.kv.get_many([self._prefix + v["key"] for v in values])
+        return [v for v in values if self._prefix + v["key"] not in existing]
 
     async def _call(self, route: Route) -> SendResult:
         """One provider call: the send's own channel, or its fallback's."""
@@ -784,22 +800,5 @@ class Delivery:
         texts: list[str | None] = list(split_text(text, limit, unit_of(self._provider)))
         payloads = part_payloads(value["payload"], texts)
         claimed.update(payload=payloads[0], parts=len(texts))
-        rest = new_values(
-            value["key"],
-            payloads[1:],
-            first_part=2,
-            parts=len(texts),
-            fp=None,
-            inbound_id=value.get("inbound_id"),
-            now=now,
-            lease=None,
-            after=None,
-        )
-        rest[0]["previous_part"] = value["key"]
-        existing = await self._common.kv.get_many([self._prefix + v["key"] for v in rest])
-        extra = [
-            handover(self._prefix + v["key"], v, expect=0, due=now)
-            for v in rest
-            if self._prefix + v["key"] not in existing
-        ]
-        return claimed, extra
+        rest = await self._unjournaled(_later_parts(value["key"], payloads, value, now, None))
+        return claimed, [handover(self._prefix + v["key"], v, expect=0, due=now) for v in rest]
