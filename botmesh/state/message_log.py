@@ -203,7 +203,8 @@ def logged_message(
 class MessageLog(Protocol):
     """The message log port: its write side is the operations it adds to the commit that
     records a send ``sent`` (so the entry and the ``sent`` mark land together or not at
-    all); its read side is a chat's history.
+    all); its read side is a chat's history: ``history`` checks its arguments, the same
+    for every store, and asks the store for one ``page``.
 
     Another store (a SQL table of its own, say) keeps the exactly-once property only when
     it is fed from the journal (following the entries or the receipts), never by a write
@@ -225,6 +226,15 @@ class MessageLog(Protocol):
         """The chat's logged messages, newest first: up to ``limit``, sent before
         ``before`` (a message of an earlier page: the ones after it in this order; a time:
         the ones sent earlier)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"history(limit=...) must be a whole number >= 0, got {limit!r}")
+        if limit == 0:
+            return []
+        return await self.page(chat_id, limit, _position_before(before))
+
+    async def page(self, chat_id: str, limit: int, before: str | None) -> list[LoggedMessage]:
+        """Up to ``limit`` (at least 1) of the chat's logged messages, newest first: those
+        whose ``position`` sorts before ``before`` (``None``: from the newest)."""
         ...
 
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
@@ -233,7 +243,7 @@ class MessageLog(Protocol):
         ...
 
 
-class JournalMessageLog:
+class JournalMessageLog(MessageLog):
     """The message log in the journal itself (see the module docstring)."""
 
     def __init__(
@@ -270,30 +280,11 @@ class JournalMessageLog:
             ),
         )
 
-    async def history(
-        self,
-        chat_id: str,
-        *,
-        limit: int = 50,
-        before: LoggedMessage | float | None = None,
-    ) -> list[LoggedMessage]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"history(limit=...) must be a whole number >= 0, got {limit!r}")
-        if limit == 0:
-            return []
+    async def page(self, chat_id: str, limit: int, before: str | None) -> list[LoggedMessage]:
         prefix = self._basis.keys.log_of(chat_id)
         entries = await self._basis.kv.scan(prefix)  # key order: oldest first
         if before is not None:
-            if isinstance(before, LoggedMessage):
-                bound = prefix + before.position
-            elif isinstance(before, int | float) and not isinstance(before, bool):
-                bound = prefix + f"{_micros(float(before)):017d}"
-            else:
-                raise TypeError(
-                    "history(before=...) takes a LoggedMessage of an earlier page or a time "
-                    f"(seconds since the epoch), got {type(before).__name__}"
-                )
-            entries = entries[: bisect.bisect_left([e.key for e in entries], bound)]
+            entries = entries[: bisect.bisect_left([e.key for e in entries], prefix + before)]
         return _messages(reversed(entries), limit)
 
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
@@ -302,6 +293,21 @@ class JournalMessageLog:
         entries = await self._basis.kv.scan(self._basis.keys.log_of(chat_id))
         found = _messages((e for e in entries if e.value.get("key") == key), 1)
         return found[0] if found else None
+
+
+def _position_before(before: LoggedMessage | float | None) -> str | None:
+    """The log position ``history(before=...)`` pages from: a message's own, or a time's
+    (every message sent earlier sorts before it)."""
+    if before is None:
+        return None
+    if isinstance(before, LoggedMessage):
+        return before.position
+    if isinstance(before, int | float) and not isinstance(before, bool):
+        return f"{_micros(float(before)):017d}"
+    raise TypeError(
+        "history(before=...) takes a LoggedMessage of an earlier page or a time "
+        f"(seconds since the epoch), got {type(before).__name__}"
+    )
 
 
 def _messages(entries: Iterable[Entry], limit: int) -> list[LoggedMessage]:
