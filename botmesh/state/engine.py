@@ -22,11 +22,13 @@
 
 Each part gets the collaborators it uses, never the engine; this is the one place that
 wires them, in the order of the table (a part comes after the parts it calls). What they
-all use is passed as one value: the first parts (leases, leader, publisher, the message
-log; the erasure) take the ``Basis`` (``botmesh.state.basis``: the journal, the keys, the
-clock, ...), the parts after them a ``Common`` (``botmesh.state.common``: the basis with
-the leases, the leader, the publisher, the retention rule and the bot's listeners), each
-with what is its own besides.
+all use is passed as one value, with what is each part's own besides: the first parts
+(leases, leader, publisher) and the message log take the ``Basis``
+(``botmesh.state.basis``: the journal, the keys, the clock, ...); the parts after them
+take a ``Common`` (``botmesh.state.common``: the basis with the leases, the leader, the
+publisher, the retention rule and the bot's listeners). The erasure takes the basis and
+its parts one by one: the events module names its receipt, so it may not import
+``Common``, which names the events' ``emit``.
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
 does. ``open()`` recovers what an earlier run of this instance left (leases reclaimed at
