@@ -2,8 +2,8 @@
 keys, this instance, its time, randomness, counters and wake-up call.
 
 The engine (``botmesh.state.engine``) makes one ``Basis``; its first parts (``Leases``,
-``Leadership``, ``Publisher``, the message log) take it, and the parts after them take it
-with those first parts as ``botmesh.state.common.Common``.
+``Leadership``, ``Publisher``) and the erasure take it, and the parts after the first take
+it with them as ``botmesh.state.common.Common``.
 """
 
 from __future__ import annotations

@@ -23,12 +23,11 @@
 Each part gets the collaborators it uses, never the engine; this is the one place that
 wires them, in the order of the table (a part comes after the parts it calls). What they
 all use is passed as one value, with what is each part's own besides: the first parts
-(leases, leader, publisher) and the message log take the ``Basis``
-(``botmesh.state.basis``: the journal, the keys, the clock, ...); the parts after them
-take a ``Common`` (``botmesh.state.common``: the basis with the leases, the leader, the
-publisher, the retention rule and the bot's listeners). The erasure takes the basis and
-its parts one by one: the events module names its receipt, so it may not import
-``Common``, which names the events' ``emit``.
+(leases, leader, publisher) take the ``Basis`` (``botmesh.state.basis``: the journal, the
+keys, the clock, ...); the parts after them take a ``Common`` (``botmesh.state.common``:
+the basis with the leases, the leader, the publisher, the retention rule and the bot's
+listeners). The erasure takes the basis and its parts one by one: the events module names
+its receipt, so it may not import ``Common``, which names the events' ``emit``.
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
 does. ``open()`` recovers what an earlier run of this instance left (leases reclaimed at
@@ -216,7 +215,8 @@ class Engine:
     def _new_messages(self) -> JournalMessageLog:
         """The message log: what was sent, per chat (``history``)."""
         return JournalMessageLog(
-            self.basis,
+            self.kv,
+            keys=self.keys,
             channel=self.provider.name,
             retention=self.config.message_log_retention,
             enabled=self.config.message_log.enabled,

@@ -50,14 +50,14 @@ import bisect
 import logging
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from botmesh.state.basis import Basis
 from botmesh.state.keys import ScopeKeys, part_base
-from botmesh.state.kv import Entry, Op, handover
+from botmesh.state.kv import DurableKv, Entry, Op, handover
 
 __all__ = [
     "JournalMessageLog",
@@ -243,46 +243,42 @@ class MessageLog(Protocol):
         ...
 
 
+@dataclass(eq=False)
 class JournalMessageLog(MessageLog):
     """The message log in the journal itself (see the module docstring)."""
 
-    def __init__(
-        self,
-        basis: Basis,
-        *,
-        channel: str | None,
-        retention: float,
-        enabled: bool = True,
-        texts: bool = True,
-    ) -> None:
-        self._basis = basis
-        self._channel = channel
-        self._retention = retention
-        self.enabled = enabled
-        self._texts = texts
+    kv: DurableKv
+    _: KW_ONLY
+    #: The scope's keys: its log is ``keys.log_of(chat)`` for each chat.
+    keys: ScopeKeys
+    #: The channel of a send whose record names none (the provider's ``name``).
+    channel: str | None
+    #: Seconds an entry is kept after its send (``message_log.retention``); 0 keeps it.
+    retention: float
+    #: Whether sends are logged (``message_log.enabled``).
+    enabled: bool = True
+    #: Whether their texts are kept (``message_log.texts``).
+    texts: bool = True
 
     def purge_at(self, sent_at: float) -> float | None:
         """When an entry sent at ``sent_at`` is deleted; ``None`` when it is kept."""
-        return sent_at + self._retention if self._retention > 0 else None
+        return sent_at + self.retention if self.retention > 0 else None
 
     def entry_ops(self, value: Json, sent_at: float) -> Sequence[Op]:
         if not self.enabled:
             return ()
-        message = logged_message(value, sent_at, channel=self._channel, texts=self._texts)
+        message = logged_message(value, sent_at, channel=self.channel, texts=self.texts)
         entry: Json = msgspec.to_builtins(message)
         # no version check: the key is the send's own, so a rewrite writes the same entry
         return (
             handover(
-                entry_key(self._basis.keys, message),
-                entry,
-                expect=None,
-                purge=self.purge_at(sent_at),
+                entry_key(self.keys, message), entry, expect=None, purge=self.purge_at(sent_at)
             ),
         )
 
     async def page(self, chat_id: str, limit: int, before: str | None) -> list[LoggedMessage]:
-        prefix = self._basis.keys.log_of(chat_id)
-        entries = await self._basis.kv.scan(prefix)  # key order: oldest first
+        prefix = self.keys.log_of(chat_id)
+        entries = await self.kv.scan(prefix)  # key order: oldest first
         if before is not None:
             entries = entries[: bisect.bisect_left([e.key for e in entries], prefix + before)]
         return _messages(reversed(entries), limit)
@@ -290,7 +286,7 @@ class JournalMessageLog(MessageLog):
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
         if not self.enabled:
             return None
-        entries = await self._basis.kv.scan(self._basis.keys.log_of(chat_id))
+        entries = await self.kv.scan(self.keys.log_of(chat_id))
         found = _messages((e for e in entries if e.value.get("key") == key), 1)
         return found[0] if found else None
 
