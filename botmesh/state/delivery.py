@@ -18,16 +18,14 @@ was before the claim (``hand_back``: the attempt not charged, due now) for the l
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from botmesh.state import records
 from botmesh.state.backoff import PARK_GRACE, GiveUp, park_delay
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import (
     FencedError,
@@ -37,19 +35,16 @@ from botmesh.state.errors import (
     SendError,
     VersionConflictError,
 )
-from botmesh.state.events import AmbiguousEvent, DeadEvent, Emit, FallbackEvent, SentEvent
+from botmesh.state.events import AmbiguousEvent, DeadEvent, FallbackEvent, SentEvent
 from botmesh.state.fallback import Route, fallback_key, fallback_payload, routed, switches
-from botmesh.state.kv import DurableKv, Entry, Put, anywhere, handover
-from botmesh.state.leader import Leadership
-from botmesh.state.lease import Held, Leases
+from botmesh.state.kv import Entry, Put, handover
+from botmesh.state.lease import Held
 from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
-from botmesh.state.metrics import Metrics, Timings
-from botmesh.state.outbox import ChatOrder, new_values, part_payloads
+from botmesh.state.order import ChatOrder
+from botmesh.state.outbox import new_values, part_payloads
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
-from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, revise
-from botmesh.state.retention import PurgeAt
 from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.writes import Write
 
@@ -107,6 +102,27 @@ def _fell_back(value: Json) -> bool:
     return isinstance(spec, dict) and bool(spec.get("used"))
 
 
+def _later_parts(
+    key: str, payloads: list[Json], first: Json, now: float, lease: Json | None
+) -> list[Json]:
+    """The records of parts 2, 3… of a send whose text was split in ``payloads``, part 1
+    being the record ``first``: each under a part key of ``key``, after the part before it
+    (``previous_part``), of ``first``'s inbound; leased to this engine when ``lease``."""
+    rest = new_values(
+        key,
+        payloads[1:],
+        first_part=2,
+        parts=len(payloads),
+        fp=None,
+        inbound_id=first.get("inbound_id"),
+        now=now,
+        lease=lease,
+        after=None,
+    )
+    rest[0]["previous_part"] = first["key"]
+    return rest
+
+
 def _fate_of(previous: str, state: OutboxState, cause: object = None) -> Json:
     """The error of a part that shares the fate of an earlier part, dead or unknown."""
     dead = state == OutboxState.DEAD
@@ -158,50 +174,26 @@ class Delivery:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        prefix: str,
         config: OutboxConfig,
         poll: float,
         provider: Provider,
         order: ChatOrder,
-        leases: Leases,
-        leader: Leadership | None,
-        publisher: Publisher | None,
-        purge_at: PurgeAt,
-        emit: Emit,
-        wake: asyncio.Event,
-        clock: Clock,
-        rng: random.Random,
-        metrics: Metrics,
-        timings: Timings | None,
         fallbacks: Mapping[str, Provider] | None = None,
         message_log: MessageLog | None = None,
-        near: Callable[[str], contextlib.AbstractContextManager[None]] = anywhere,
     ) -> None:
-        self._kv = kv
-        #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``).
+        self._common = common
+        #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``);
+        #: a new log entry goes in the partition of its send's record (``self._common.near``).
         self._message_log = message_log
-        #: The partition of a record's follow-up writes (``Partitioned.near``): a new log
-        #: entry goes where its send's record is.
-        self._near = near
         #: The channels a send's fallback may name, by name (``Fallback.channel``).
         self._fallbacks = dict(fallbacks or {})
-        self._prefix = prefix
+        self._prefix = common.keys.outbox
         self._on_ambiguous = config.on_ambiguous
         self._poll = poll
         self._provider = provider
         self._order = order
-        self._leases = leases
-        self._leader = leader
-        self._publisher = publisher
-        self._purge_at = purge_at
-        self._emit = emit
-        self._wake = wake
-        self._clock = clock
-        self._rng = rng
-        self._metrics = metrics
-        self._timings = timings
         self._retries = config.retry_policy()
         self._lease = config.lease
         self._inline_max = config.inline_max
@@ -218,7 +210,7 @@ class Delivery:
         """Deliver the journaled parts of one send in order; the receipt of the first."""
         helds, outs = list(helds), list(outs)
         for held in helds:
-            self._leases.held[held.key] = held
+            self._common.leases.held[held.key] = held
         first: Receipt | None = None
         try:
             i = -1
@@ -235,7 +227,7 @@ class Delivery:
                             await self.dead(rest, _SUPERSEDED, background=False)
                     break
                 if i > 0:
-                    await self._leases.reclaim(held, self._lease)
+                    await self._common.leases.reclaim(held, self._lease)
                 try:
                     try:
                         receipt = await self._attempt_inline(held, outs[i], started)
@@ -244,7 +236,7 @@ class Delivery:
                         # journaled its later parts: they go next, before the send's own
                         extra = self._fallback_parts.pop(held.key, [])
                         for added in extra:
-                            self._leases.held[added[0].key] = added[0]
+                            self._common.leases.held[added[0].key] = added[0]
                         helds[i + 1 : i + 1] = [h for h, _ in extra]
                         outs[i + 1 : i + 1] = [m for _, m in extra]
                 except ProviderNotLeaderError:  # the leader's sweeper delivers it
@@ -263,7 +255,7 @@ class Delivery:
                 first = first or receipt
         finally:
             for held in helds:
-                self._leases.held.pop(held.key, None)
+                self._common.leases.held.pop(held.key, None)
         assert first is not None
         return first
 
@@ -271,8 +263,8 @@ class Delivery:
         while True:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
-            if self._leader is not None:
-                await self._leader.ensure()
+            if self._common.leader is not None:
+                await self._common.leader.ensure()
             try:
                 result = await self._call(routed(held.value, message))
             except ProviderNotLeaderError:
@@ -284,11 +276,11 @@ class Delivery:
                 if delay is None:
                     if held.value.get("state") == OutboxState.DEAD:
                         raise
-                    self._metrics.outbox_deferred += 1
+                    self._common.metrics.outbox_deferred += 1
                     raise SendDeferredError(held.value["key"], str(exc)) from exc
-                await self._clock.sleep(delay)
-                await self._leases.reclaim(held, self._lease)
-                self._metrics.outbox_retried += 1
+                await self._common.clock.sleep(delay)
+                await self._common.leases.reclaim(held, self._lease)
+                self._common.metrics.outbox_retried += 1
                 continue
             return await self.sent(held, result.message_id, background=False)
 
@@ -299,9 +291,9 @@ class Delivery:
             # the attempt that fails with an error its fallback names switches now, even a
             # retryable one (``Fallback(on=("RateLimitedError",))``): never after retries
             return await self._fall_back(held, exc, started)
-        now = self._clock.now()
+        now = self._common.clock.now()
         attempts = int(held.value.get("attempts", 1))
-        decision = self._retries.decide(exc, attempts, self._rng)
+        decision = self._retries.decide(exc, attempts, self._common.rng)
         if isinstance(decision, GiveUp):
             log.error("send %s dead-lettered: %s", held.value["key"], exc)
             await self.dead(
@@ -309,8 +301,8 @@ class Delivery:
             )
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
-        lease = self._leases.lease(now, decision.delay + self._lease) if inline else None
-        parked = not inline and self._publisher is not None and self._publisher.parks
+        lease = self._common.leases.lease(now, decision.delay + self._lease) if inline else None
+        parked = not inline and self._common.publisher is not None and self._common.publisher.parks
         retry_at = now + (park_delay(decision.delay) if parked else decision.delay)
         failed = revise(
             held.value,
@@ -325,14 +317,14 @@ class Delivery:
         due = lease["until"] if lease is not None else retry_at
         if parked:  # the tier brings it back; the sweeper only if the parked record is lost
             due += PARK_GRACE
-        await self._leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
+        await self._common.leases.write(held, failed, Write.OUTBOX_MARK_FAILED, due=due)
         if inline:
             return decision.delay
-        self._leases.held.pop(held.key, None)
+        self._common.leases.held.pop(held.key, None)
         self._order.block(failed)
-        if parked and self._publisher is not None:
-            await self._publisher.park(failed, retry_at)
-        self._wake.set()
+        if parked and self._common.publisher is not None:
+            await self._common.publisher.park(failed, retry_at)
+        self._common.wake.set()
         return None
 
     async def _fall_back(self, held: Held, exc: Exception, started: float | None) -> float | None:
@@ -341,7 +333,7 @@ class Delivery:
         under its own key. Returns 0 (retry inline at once) or ``None`` (the sweeper)."""
         fallback = switches(held.value, exc)
         assert fallback is not None
-        now = self._clock.now()
+        now = self._common.clock.now()
         key = held.value["key"]
         spec = {**held.value["fallback"], "used": True, "key": fallback_key(key)}
         inline = started is not None
@@ -354,21 +346,23 @@ class Delivery:
             state=OutboxState.PENDING,
             inflight=None,
             attempts=0,
-            lease=self._leases.lease(now, self._lease) if inline else None,
+            lease=self._common.leases.lease(now, self._lease) if inline else None,
             payload=payloads[0],
             fallback=spec,
             error=records.error_of(exc, None),
         )
         rest = await self._fallback_rest(switched, payloads, now, inline=inline)
         extra = [handover(self._prefix + v["key"], v, expect=0, due=now) for v in rest]
-        await self._leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now, extra=extra)
+        await self._common.leases.write(held, switched, Write.OUTBOX_FALLBACK, due=now, extra=extra)
         log.info(
             "send %s refused (%s): sending its fallback %s", key, type(exc).__name__, spec["key"]
         )
-        await self._emit(FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel))
+        await self._common.emit(
+            FallbackEvent(key, spec["key"], type(exc).__name__, fallback.channel)
+        )
         if inline:
             if rest:
-                got = await self._kv.get_many([op.key for op in extra])
+                got = await self._common.kv.get_many([op.key for op in extra])
                 self._fallback_parts[held.key] = [
                     (
                         Held(op.key, 1, got[op.key].version, v, self._lease, v["lease"]["until"]),
@@ -378,8 +372,8 @@ class Delivery:
                     if op.key in got
                 ]
             return 0.0  # the caller takes a new attempt on it at once
-        self._leases.held.pop(held.key, None)
-        self._wake.set()
+        self._common.leases.held.pop(held.key, None)
+        self._common.wake.set()
         return None
 
     def _fallback_texts(self, payload: Json, spec: Json) -> list[Json]:
@@ -405,28 +399,25 @@ class Delivery:
         if len(payloads) < 2:
             return []
         spec = {k: v for k, v in switched["fallback"].items() if k != "parts"}
-        rest = new_values(
-            spec["key"],
-            payloads[1:],
-            first_part=2,
-            parts=len(payloads),
-            fp=None,
-            inbound_id=switched.get("inbound_id"),
-            now=now,
-            lease=self._leases.lease(now, self._lease) if inline else None,
-            after=None,
-        )
-        rest[0]["previous_part"] = switched["key"]
+        lease = self._common.leases.lease(now, self._lease) if inline else None
+        rest = _later_parts(spec["key"], payloads, switched, now, lease)
         rest[0].pop("inflight", None)  # leased for the inline delivery, not yet attempted
         rest[0]["attempts"] = 0
         for value in rest:
             value["fallback"] = {**spec, "key": value["key"]}
-        existing = await self._kv.get_many([self._prefix + v["key"] for v in rest])
-        return [v for v in rest if self._prefix + v["key"] not in existing]
+        return await self._unjournaled(rest)
+
+    async def _unjournaled(self, values: list[Json]) -> list[Json]:
+        """The records of ``values`` the journal does not hold yet (an earlier attempt may
+        have journaled them)."""
+        existing = await self._common.kv.get_many([self._prefix + v["key"] for v in values])
+        return [v for v in values if self._prefix + v["key"] not in existing]
 
     async def _call(self, route: Route) -> SendResult:
         """One provider call: the send's own channel, or its fallback's."""
-        return await timed_send(self._channel(route), route.message, route.key, self._timings)
+        return await timed_send(
+            self._channel(route), route.message, route.key, self._common.timings
+        )
 
     def _channel(self, route: Route) -> Provider:
         if route.channel is None:
@@ -444,16 +435,16 @@ class Delivery:
 
     async def _release(self, helds: list[Held]) -> None:
         """Later parts of a deferred send: drop our lease, leave them to the sweeper."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         for held in helds:
             try:
-                await self._leases.write(
+                await self._common.leases.write(
                     held, revise(held.value, now, lease=None), Write.OUTBOX_RELEASE, due=now
                 )
             except FencedError:
                 continue
             finally:
-                self._leases.held.pop(held.key, None)
+                self._common.leases.held.pop(held.key, None)
 
     async def _cascade(self, helds: list[Held], previous: str, exc: BaseException) -> None:
         for held in helds:
@@ -466,7 +457,7 @@ class Delivery:
     # -- settling -------------------------------------------------------------------------
 
     async def sent(self, held: Held, message_id: str, *, background: bool) -> Receipt:
-        now = self._clock.now()
+        now = self._common.clock.now()
         value = _closed(held.value, now, OutboxState.SENT, message_id=message_id, error=None)
         receipt = await self._settle(held, value, now, background=background)
         assert receipt is not None  # a holder's write lands or raises FencedError
@@ -474,18 +465,18 @@ class Delivery:
 
     async def dead(self, target: Held | Entry, error: Json, *, background: bool) -> bool:
         """The one dead-letter path of a send (held, or read by the sweeper)."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         first = target.value.get("failed_first", now)
         value = _closed(target.value, now, OutboxState.DEAD, error=error, failed_first=first)
         if await self._settle(target, value, now, background=background) is None:
             return False
-        self._metrics.outbox_dead += 1
+        self._common.metrics.outbox_dead += 1
         key = value["key"]
-        await self._emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
+        await self._common.emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
         return True
 
     async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
-        taken = self._leases.claimed(entry.value, now, self._lease)
+        taken = self._common.leases.claimed(entry.value, now, self._lease)
         value = _closed(taken, now, OutboxState.UNKNOWN, error=error, ambiguous=ambiguous or None)
         if await self._settle(entry, value, now, background=True) is None:
             return 0
@@ -494,10 +485,12 @@ class Delivery:
         return 1
 
     async def _ambiguous(self, value: Json, *, resent: bool) -> None:
-        self._metrics.outbox_ambiguous += 1
+        self._common.metrics.outbox_ambiguous += 1
         what = "sending it again" if resent else "marked unknown"
         log.warning("send %s is ambiguous after a crash: %s", value["key"], what)
-        await self._emit(AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent))
+        await self._common.emit(
+            AmbiguousEvent(value["key"], value["payload"]["chat_id"], resent=resent)
+        )
 
     async def _settle(
         self, target: Held | Entry, value: Json, now: float, *, background: bool
@@ -506,13 +499,13 @@ class Delivery:
         ``None`` when someone else wrote the record first (an ``Entry`` target)."""
         state: OutboxState = value["state"]
         due: float | None = None
-        publisher = self._publisher
+        publisher = self._common.publisher
         rides = publisher is not None and publisher.rides
         if publisher is not None:
             # riding with the record, the receipt is published when the record is written
             value["published"] = rides
             due = None if rides else now + self._lease
-        purge = self._purge_at(now) if state == OutboxState.SENT else None
+        purge = self._common.retention.purge_at(now) if state == OutboxState.SENT else None
         label = _SETTLE_LABEL[state]
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
         # very commit, ahead of the record (on Kafka two changelog records, in that order),
@@ -532,11 +525,11 @@ class Delivery:
         back = await publisher.ride(target.key, receipt, value) if rides and publisher else None
         try:
             if logged:
-                with self._near(target.key):
-                    await self._leases.write(
+                with self._common.near(target.key):
+                    await self._common.leases.write(
                         target, value, label, due=due, purge=purge, before=logged
                     )
-            elif not await self._leases.write(target, value, label, due=due, purge=purge):
+            elif not await self._common.leases.write(target, value, label, due=due, purge=purge):
                 if back is not None:
                     back()
                 return None
@@ -545,10 +538,10 @@ class Delivery:
                 back()
             raise
         if isinstance(target, Held):
-            self._leases.held.pop(target.key, None)
+            self._common.leases.held.pop(target.key, None)
         self._order.unblock(value)
         if state == OutboxState.SENT:
-            await self._emit(SentEvent(receipt, background))
+            await self._common.emit(SentEvent(receipt, background))
         if publisher is not None and not rides:
             await publisher.publish(receipt, value=value)
         return receipt
@@ -557,14 +550,16 @@ class Delivery:
         self, message: Outbound, key: str, inbound_id: str | None, part: int
     ) -> Receipt:
         """Send without the journal (too large, not JSON, or ``fail_open``); counted."""
-        if self._leader is not None:  # it cannot be journaled, so it cannot wait for the leader
-            await self._leader.ensure()
-        self._metrics.outbox_bypassed += 1
-        now = self._clock.now()
+        if (
+            self._common.leader is not None
+        ):  # it cannot be journaled, so it cannot wait for the leader
+            await self._common.leader.ensure()
+        self._common.metrics.outbox_bypassed += 1
+        now = self._common.clock.now()
         receipt = await send_direct(self._provider, message, key, inbound_id, part=part, now=now)
-        await self._emit(SentEvent(receipt, False))
-        if self._publisher is not None:
-            await self._publisher.publish(receipt, journaled=False)
+        await self._common.emit(SentEvent(receipt, False))
+        if self._common.publisher is not None:
+            await self._common.publisher.publish(receipt, journaled=False)
         return receipt
 
     # -- background (the sweeper) -----------------------------------------------------------
@@ -573,10 +568,10 @@ class Delivery:
         """A pending or failed send whose time came: wait its turn, resolve an ambiguous
         send, or deliver it. Returns how many records it acted on."""
         value = entry.value
-        ls = self._leases.state(value, now)
+        ls = self._common.leases.state(value, now)
         if ls == "live" or not (ls == "orphan" or entry.due is None or entry.due <= now):
             return 0
-        if self._leader is not None and not self._leader.may_send(now):
+        if self._common.leader is not None and not self._common.leader.may_send(now):
             return 0  # a standby: left to the leader, nothing written
         gated = await self._gate(entry, now)
         if gated is not None:
@@ -603,7 +598,7 @@ class Delivery:
         found = await self._message_log.find(value["payload"]["chat_id"], value["key"])
         if found is None:
             return None
-        taken = self._leases.claimed(value, now, self._lease)
+        taken = self._common.leases.claimed(value, now, self._lease)
         sent = _closed(taken, now, OutboxState.SENT, message_id=found.message_id, error=None)
         if await self._settle(entry, sent, now, background=True) is None:
             return 0
@@ -621,7 +616,7 @@ class Delivery:
         value = entry.value
         previous = value.get("previous_part")
         if previous is not None:
-            prev = await self._kv.get(self._prefix + previous)
+            prev = await self._common.kv.get(self._prefix + previous)
             state = prev.value.get("state") if prev is not None else None
             if state == OutboxState.DEAD:
                 error = _fate_of(previous, OutboxState.DEAD)
@@ -641,7 +636,7 @@ class Delivery:
                 return 0
         after = value.get("after")
         if after is not None:
-            prev = await self._kv.get(self._prefix + after)
+            prev = await self._common.kv.get(self._prefix + after)
             if prev is not None and prev.value.get("state") not in SETTLED:
                 await self._wait(entry, prev, now)
                 return 0
@@ -650,9 +645,9 @@ class Delivery:
     async def parked_due(self, entry: Entry, now: float) -> int:
         """A parked send whose retry tier brought it back: as :meth:`due`, without waiting
         for the journal's ``due`` (the sweeper's backstop, later)."""
-        if self._leases.state(entry.value, now) == "live":
+        if self._common.leases.state(entry.value, now) == "live":
             return 0
-        if self._leader is not None and not self._leader.may_send(now):
+        if self._common.leader is not None and not self._common.leader.may_send(now):
             return 0
         gated = await self._gate(entry, now)
         if gated is not None:
@@ -664,7 +659,7 @@ class Delivery:
         expected = prev.value.get("retry_at", prev.due or 0.0)
         later = max(min(prev.due or 0.0, expected), now + max(self._poll, 0.001))
         value = revise(entry.value, now, lease=None)
-        await self._leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
+        await self._common.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
     async def _deliver(self, entry: Entry, now: float, *, resend: bool, ask: bool = False) -> int:
         """Claim and send. ``resend``: its last attempt's outcome was lost; ``ask``: the
@@ -676,7 +671,7 @@ class Delivery:
         claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:
-            versions = await self._kv.commit(
+            versions = await self._common.kv.commit(
                 [handover(entry.key, claimed, expect=entry.version, due=due), *extra],
                 label=Write.OUTBOX_CLAIM,
             )
@@ -685,19 +680,19 @@ class Delivery:
         if resend and not ask:
             await self._ambiguous(claimed, resent=True)
         elif claimed["attempts"] > 1:
-            self._metrics.outbox_retried += 1
+            self._common.metrics.outbox_retried += 1
         held = Held(entry.key, claimed["token"], versions[0], claimed, self._lease, due)
-        self._leases.held[entry.key] = held
+        self._common.leases.held[entry.key] = held
         message = records.decode_outbound(claimed["payload"])
         try:
             async with self._order.chat_lock(message.chat_id):
                 try:
-                    if self._leader is not None:
-                        await self._leader.ensure()
+                    if self._common.leader is not None:
+                        await self._common.leader.ensure()
                     result = await self._resolve(held, message) if ask else None
                     if result is None:
-                        if self._leader is not None and ask:
-                            await self._leader.ensure()
+                        if self._common.leader is not None and ask:
+                            await self._common.leader.ensure()
                         result = await self._call(routed(claimed, message))
                 except _Skipped:
                     return 1
@@ -710,15 +705,15 @@ class Delivery:
                 await self.sent(held, result.message_id, background=True)
                 return 1
         finally:
-            self._leases.held.pop(entry.key, None)
+            self._common.leases.held.pop(entry.key, None)
 
     async def hand_back(self, held: Held, *, inflight: bool) -> Receipt:
         """A claimed send this replica may not deliver (``ProviderNotLeaderError``): back to
         pending, its attempt not charged, due now, for the leader. A send that was in flight
         before the claim (``inflight``: its outcome lost in a crash) stays so, with an
         expired lease, so the leader resolves it by the ambiguity policy."""
-        now = self._clock.now()
-        lease = {**self._leases.lease(now, 0.0)} if inflight else None
+        now = self._common.clock.now()
+        lease = {**self._common.leases.lease(now, 0.0)} if inflight else None
         value = revise(
             held.value,
             now,
@@ -728,11 +723,11 @@ class Delivery:
             attempts=max(int(held.value.get("attempts", 1)) - 1, 0),
         )
         try:
-            await self._leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
+            await self._common.leases.write(held, value, Write.OUTBOX_NOT_LEADER, due=now)
         except FencedError:
             pass
         finally:
-            self._leases.held.pop(held.key, None)
+            self._common.leases.held.pop(held.key, None)
         log.info("send %s left to the provider leader", value["key"])
         return records.receipt_of(value, now)
 
@@ -752,7 +747,7 @@ class Delivery:
         except Exception as exc:
             log.warning("send %s is ambiguous and %s cannot tell: %s", key, provider.name, exc)
             if self._on_ambiguous == "skip":
-                now = self._clock.now()
+                now = self._common.clock.now()
                 unknown = _closed(value, now, OutboxState.UNKNOWN, error=_AMBIGUOUS, ambiguous=True)
                 await self._settle(held, unknown, now, background=True)
                 await self._ambiguous(unknown, resent=False)
@@ -761,11 +756,11 @@ class Delivery:
             await self._ambiguous(value, resent=True)
             return None
         if found is None:
-            self._metrics.outbox_resolved_unsent += 1
+            self._common.metrics.outbox_resolved_unsent += 1
             value["resolved"] = "unsent"
             log.info("ambiguous send %s: %s says it never arrived; sending it", key, provider.name)
             return None
-        self._metrics.outbox_resolved_sent += 1
+        self._common.metrics.outbox_resolved_sent += 1
         value["resolved"] = "sent"
         log.info("ambiguous send %s: %s says it went out; not sending again", key, provider.name)
         return found
@@ -785,7 +780,7 @@ class Delivery:
         """The claimed record, and the later parts to journal when its text is over the
         channel's limit (an older record, or one journaled under a larger limit)."""
         value = entry.value
-        claimed = self._leases.claimed(value, now, self._lease)
+        claimed = self._common.leases.claimed(value, now, self._lease)
         claimed.update(
             state=OutboxState.PENDING, inflight=True, attempts=int(value.get("attempts", 0)) + 1
         )
@@ -805,22 +800,5 @@ class Delivery:
         texts: list[str | None] = list(split_text(text, limit, unit_of(self._provider)))
         payloads = part_payloads(value["payload"], texts)
         claimed.update(payload=payloads[0], parts=len(texts))
-        rest = new_values(
-            value["key"],
-            payloads[1:],
-            first_part=2,
-            parts=len(texts),
-            fp=None,
-            inbound_id=value.get("inbound_id"),
-            now=now,
-            lease=None,
-            after=None,
-        )
-        rest[0]["previous_part"] = value["key"]
-        existing = await self._kv.get_many([self._prefix + v["key"] for v in rest])
-        extra = [
-            handover(self._prefix + v["key"], v, expect=0, due=now)
-            for v in rest
-            if self._prefix + v["key"] not in existing
-        ]
-        return claimed, extra
+        rest = await self._unjournaled(_later_parts(value["key"], payloads, value, now, None))
+        return claimed, [handover(self._prefix + v["key"], v, expect=0, due=now) for v in rest]

@@ -3,11 +3,11 @@
 ===============  ================================================================================
 ``leases``       leases, fencing tokens, heartbeats (``botmesh.state.lease``)
 ``retention``    purge of finished records (``botmesh.state.retention``)
-``order``        per-chat order of sends: chat locks, tails (``botmesh.state.outbox``)
+``order``        per-chat order of sends: chat locks, tails (``botmesh.state.order``)
 ``leader``       the provider session's lease, ``provider_session="leader"``
                  (``botmesh.state.leader``)
-``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
 ``publisher``    receipts to the runtime's sink, at least once (``botmesh.state.receipts``)
+``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
 ``messages``     the message log: each part sent, logged in the commit that records it
                  sent; a chat's history (``botmesh.state.message_log``)
 ``delivery``     provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
@@ -21,7 +21,13 @@
 ===============  ================================================================================
 
 Each part gets the collaborators it uses, never the engine; this is the one place that
-wires them, in the order of the table (a part comes after the parts it calls).
+wires them, in the order of the table (a part comes after the parts it calls). What they
+all use is passed as one value, with what is each part's own besides: the first parts
+(leases, leader, publisher) take the ``Basis`` (``botmesh.state.basis``: the journal, the
+keys, the clock, ...); the parts after them take a ``Common`` (``botmesh.state.common``:
+the basis with the leases, the leader, the publisher, the retention rule and the bot's
+listeners). The erasure takes the basis and its parts one by one: the events module names
+its receipt, so it may not import ``Common``, which names the events' ``emit``.
 
 The engine never opens or closes the journal (``DurableKv``): the runtime that chose it
 does. ``open()`` recovers what an earlier run of this instance left (leases reclaimed at
@@ -32,29 +38,29 @@ crash, a cancel) always goes through, so nothing is written after it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
-from botmesh.state.clock import Clock, SystemClock
+from botmesh.state.basis import Basis
+from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.events import Emit, ErasedEvent
 from botmesh.state.flows import Checkpoints
 from botmesh.state.inbox import Dispatch, Inbox
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Entry, Partitioned, anywhere, unpartitioned
+from botmesh.state.kv import DurableKv, Entry
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
 from botmesh.state.message_log import JournalMessageLog
-from botmesh.state.metrics import Metrics, Timings
+from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
-from botmesh.state.outbox import ChatOrder, Outbox
+from botmesh.state.order import ChatOrder
+from botmesh.state.outbox import Outbox
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher, ReceiptSink
 from botmesh.state.retention import Retention
@@ -137,29 +143,20 @@ class Engine:
         self.kv = kv
         #: The channels a send's fallback may name (``botmesh.state.fallback``), by name.
         self.fallbacks = dict(fallbacks or {})
-        #: What the engine times (handlers, provider calls), when anything does.
-        self.timings = timings
-        #: The context of the work on one record found by a scan (``Partitioned.near``).
-        self.near = kv.near if isinstance(kv, Partitioned) else anywhere
-        #: The context of work on records of several partitions (``Partitioned``).
-        self.across_partitions = (
-            kv.across_partitions if isinstance(kv, Partitioned) else unpartitioned
-        )
-        #: This engine is the only writer of the records it sees (``Partitioned``).
-        self.exclusive = isinstance(kv, Partitioned)
         self.scope = scope
         self.config = config
         self.provider = provider
         self.hooks = hooks
         self.instance_id = instance_id
-        self.clock: Clock = clock or SystemClock()
-        self.rng = rng or random.Random()
-        self.boot = uuid.uuid4().hex[:12]
-        self.keys = keys = ScopeKeys.of(scope)
+        #: What the engine is built on: the journal, the scope's keys, this instance, its
+        #: time, randomness, counters and wake-up call.
+        self.basis = basis = Basis.of(
+            kv, scope=scope, instance_id=instance_id, clock=clock, rng=rng, timings=timings
+        )
+        self.clock = basis.clock
+        self.keys = keys = basis.keys
         self.in_prefix = keys.inbox
         self.out_prefix = keys.outbox
-        self.metrics = Metrics()
-        self.wake = asyncio.Event()
         self._wire(receipts)
         # The runtime's entry points, bound once (no pass-through call on the hot path):
         #: Journal an inbound, run its handlers, mark it done -> ``Outcome`` (``Inbox.handle``).
@@ -173,76 +170,47 @@ class Engine:
 
     def _wire(self, receipts: ReceiptSink | None) -> None:
         """Every part, in the order of the table (a part after the parts it calls)."""
-        kv, keys, config = self.kv, self.keys, self.config
-        self.leases = self._new_leases()
+        kv, keys, config, basis = self.kv, self.keys, self.config, self.basis
+        self.leases = Leases(basis)
         self.retention = Retention(kv, prefix=keys.all, retention=config.retention, logged=keys.log)
         self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
         #: The provider session's lease (``provider_session="leader"``), else ``None``.
         self.leader = self._new_leader()
+        self.publisher = None if receipts is None else Publisher(basis, receipts)
+        #: What the parts from here on share: the basis, the parts above, the listeners.
+        self.common = Common.on(
+            basis,
+            leases=self.leases,
+            leader=self.leader,
+            publisher=self.publisher,
+            retention=self.retention,
+            emit=self.hooks.emit,
+        )
         #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
         self.turns = self._new_turns()
-        self.publisher = self._new_publisher(receipts)
         self.messages = self._new_messages()
         self.delivery = self._new_delivery()
         self.outbox = self._new_outbox()
         self.inbox = self._new_inbox()
         self.checkpoints = Checkpoints(kv, prefix=keys.flow, purge_at=self.retention.purge_at)
         self.sweeper = self._new_sweeper()
-        self.scheduler = self._new_scheduler()
+        self.scheduler = Scheduler(self.common, config=config, sweeper=self.sweeper)
         self.operations = self._new_operations()
 
-    def _new_leases(self) -> Leases:
-        return Leases(
-            self.kv,
-            keys=self.keys,
-            instance_id=self.instance_id,
-            boot=self.boot,
-            exclusive=self.exclusive,
-            clock=self.clock,
-            metrics=self.metrics,
-        )
-
     def _new_leader(self) -> Leadership | None:
-        if not Leadership.wanted(self.config, exclusive=self.exclusive):
+        if not Leadership.wanted(self.config, exclusive=self.basis.exclusive):
             return None
         return Leadership(
-            self.kv,
-            key=self.keys.leader,
+            self.basis,
             lease=self.config.leader.lease,
-            instance_id=self.instance_id,
-            boot=self.boot,
             provider=self.provider,
             rebuild_tails=self.order.rebuild_tails,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
         )
 
     def _new_turns(self) -> Turns | None:
-        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.exclusive):
+        if not Turns.wanted(self.config.inbox, self.kv, exclusive=self.basis.exclusive):
             return None
-        return Turns(
-            self.kv,
-            prefix=self.keys.turn,
-            config=self.config.inbox,
-            poll=self.config.poll,
-            leases=self.leases,
-            purge_at=self.retention.purge_at,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
-        )
-
-    def _new_publisher(self, sink: ReceiptSink | None) -> Publisher | None:
-        if sink is None:
-            return None
-        return Publisher(
-            sink,
-            kv=self.kv,
-            keys=self.keys,
-            across_partitions=self.across_partitions,
-            clock=self.clock,
-        )
+        return Turns(self.common, config=self.config.inbox, poll=self.config.poll)
 
     def _new_messages(self) -> JournalMessageLog:
         """The message log: what was sent, per chat (``history``)."""
@@ -257,92 +225,43 @@ class Engine:
 
     def _new_delivery(self) -> Delivery:
         return Delivery(
-            self.kv,
-            prefix=self.keys.outbox,
+            self.common,
             config=self.config.outbox,
             poll=self.config.poll,
             provider=self.provider,
             order=self.order,
-            leases=self.leases,
-            leader=self.leader,
-            publisher=self.publisher,
-            purge_at=self.retention.purge_at,
-            emit=self.hooks.emit,
-            wake=self.wake,
-            clock=self.clock,
-            rng=self.rng,
-            metrics=self.metrics,
-            timings=self.timings,
             fallbacks=self.fallbacks,
             message_log=self.messages,
-            near=self.near,
         )
 
     def _new_outbox(self) -> Outbox:
         return Outbox(
-            self.kv,
-            prefix=self.keys.outbox,
+            self.common,
             config=self.config.outbox,
             fail_open=self.config.fail_open,
             provider=self.provider,
             order=self.order,
-            leases=self.leases,
-            leader=self.leader,
             delivery=self.delivery,
-            publisher=self.publisher,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
         )
 
     def _new_inbox(self) -> Inbox:
         return Inbox(
-            self.kv,
-            prefix=self.keys.inbox,
+            self.common,
             config=self.config.inbox,
             fail_open=self.config.fail_open,
             provider=self.provider,
-            leases=self.leases,
             turns=self.turns,
-            publisher=self.publisher,
             dispatch=self.hooks.dispatch,
-            purge_at=self.retention.purge_at,
-            emit=self.hooks.emit,
-            wake=self.wake,
-            clock=self.clock,
-            rng=self.rng,
-            metrics=self.metrics,
-            timings=self.timings,
         )
 
     def _new_sweeper(self) -> Sweeper:
         return Sweeper(
-            self.kv,
-            keys=self.keys,
+            self.common,
             backoff=self.config.inbox.backoff,
-            leases=self.leases,
-            leader=self.leader,
             inbox=self.inbox,
             delivery=self.delivery,
-            publisher=self.publisher,
-            retention=self.retention,
             flow_due=self.hooks.flow_due,
             sweep=self.hooks.sweep,
-            near=self.near,
-            emit=self.hooks.emit,
-            clock=self.clock,
-            rng=self.rng,
-        )
-
-    def _new_scheduler(self) -> Scheduler:
-        return Scheduler(
-            self.config,
-            leases=self.leases,
-            leader=self.leader,
-            sweeper=self.sweeper,
-            publisher=self.publisher,
-            wake=self.wake,
-            clock=self.clock,
         )
 
     def _new_erasure(self) -> Erasure:
@@ -352,33 +271,21 @@ class Engine:
             await emit(ErasedEvent(receipt.chat_id, receipt))
 
         return Erasure(
-            self.kv,
-            keys=self.keys,
-            instance_id=self.instance_id,
+            self.basis,
             order=self.order,
             leases=self.leases,
             publisher=self.publisher,
-            near=self.near,
             erased=erased,
-            clock=self.clock,
         )
 
     def _new_operations(self) -> Operations:
         return Operations(
-            self.kv,
-            keys=self.keys,
-            instance_id=self.instance_id,
-            leases=self.leases,
+            self.common,
             delivery=self.delivery,
             sweeper=self.sweeper,
             checkpoints=self.checkpoints,
             erasure=self._new_erasure(),  # the operator's alone: no other part calls it
             recover=self.recover,  # a callback: the recovery pass is the engine's own
-            near=self.near,
-            emit=self.hooks.emit,
-            wake=self.wake,
-            clock=self.clock,
-            metrics=self.metrics,
         )
 
     async def open(self) -> None:

@@ -52,13 +52,13 @@ from typing import Literal
 
 import msgspec
 
-from botmesh.state.clock import Clock
+from botmesh.state.basis import Basis
 from botmesh.state.errors import RecordStateError, VersionConflictError
 from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import Delete, DurableKv, Entry
+from botmesh.state.kv import Delete, Entry
 from botmesh.state.lease import Leases
 from botmesh.state.messages import OutboxState
-from botmesh.state.outbox import ChatOrder
+from botmesh.state.order import ChatOrder
 from botmesh.state.receipts import Publisher
 from botmesh.state.records import InboxState, Json
 from botmesh.state.writes import Write
@@ -171,28 +171,20 @@ class Erasure:
 
     def __init__(
         self,
-        kv: DurableKv,
+        basis: Basis,
         *,
-        keys: ScopeKeys,
-        instance_id: str,
         order: ChatOrder,
         leases: Leases,
         publisher: Publisher | None,
-        near: Callable[[str], contextlib.AbstractContextManager[None]],
         erased: Callable[[ErasureReceipt], Awaitable[None]],
-        clock: Clock,
     ) -> None:
-        self._kv = kv
-        self._keys = keys
-        self._instance_id = instance_id
+        self._basis = basis
         self._order = order
         self._leases = leases
         self._publisher = publisher
-        self._near = near
         #: Tells the bot's listeners (``ErasedEvent``; the engine wires it: the events
         #: module names this one's receipt, so this one does not import it).
         self._erased = erased
-        self._clock = clock
 
     async def erase(
         self, chat_id: str, *, note: str = "", dry_run: bool = False, wait: float = 60.0
@@ -208,7 +200,7 @@ class Erasure:
             raise ValueError(f"chat_id {chat_id!r}: give the id of the chat to erase")
         deadline = time.monotonic() + wait
         tally = _Tally()
-        with self._near(self._keys.flow + chat_id):
+        with self._basis.near(self._basis.keys.flow + chat_id):
             while (busy := await self._pass(chat_id, tally, dry_run=dry_run)) is not None:
                 if time.monotonic() >= deadline:
                     shown = ", ".join(busy[:5]) + (" …" if len(busy) > 5 else "") or "changing"
@@ -223,14 +215,14 @@ class Erasure:
                 if all(k in self._leases.held for k in busy):  # this process's: let it run
                     await asyncio.sleep(_LOCAL_POLL)
                 else:  # another replica's lease: until it settles or expires
-                    await self._clock.sleep(0.05)
+                    await self._basis.clock.sleep(0.05)
         receipt = self._receipt(chat_id, note, tally, dry_run=dry_run)
         if dry_run:
             return receipt
         log.warning(
             "chat %s erased (%s): %s records deleted, %d sends discarded unsent, %d dead%s",
             chat_id,
-            self._keys.scope,
+            self._basis.keys.scope,
             receipt.deleted.total,
             len(receipt.discarded),
             len(receipt.dead),
@@ -255,7 +247,7 @@ class Erasure:
             busy = self._in_flight(found)
             if busy:
                 return busy
-            _describe(self._keys, found, tally)
+            _describe(self._basis.keys, found, tally)
             if dry_run:
                 for kind, entries in found.entries.items():
                     tally.deleted[kind].update(e.key for e in entries)
@@ -266,7 +258,7 @@ class Erasure:
             return None
 
     async def _find(self, chat_id: str) -> _Found:
-        keys, kv = self._keys, self._kv
+        keys, kv = self._basis.keys, self._basis.kv
         found = _Found()
         found.entries["inbox"] = [
             e
@@ -287,7 +279,7 @@ class Erasure:
     def _in_flight(self, found: _Found) -> list[str]:
         """The keys of the chat's records in flight: held by this engine, or leased live by
         another replica."""
-        now = self._clock.now()
+        now = self._basis.clock.now()
         return [
             e.key
             for kind in ("inbox", "outbox", "turn")
@@ -304,7 +296,7 @@ class Erasure:
         for i in range(0, len(ops), _CHUNK):
             chunk = ops[i : i + _CHUNK]
             try:
-                await self._kv.commit(
+                await self._basis.kv.commit(
                     [Delete(e.key, expect=e.version) for _, e in chunk], label=Write.CHAT_ERASE
                 )
             except VersionConflictError:
@@ -316,9 +308,9 @@ class Erasure:
     def _receipt(self, chat_id: str, note: str, tally: _Tally, *, dry_run: bool) -> ErasureReceipt:
         return ErasureReceipt(
             chat_id=chat_id,
-            scope=self._keys.scope,
-            ts=self._clock.now(),
-            instance=self._instance_id,
+            scope=self._basis.keys.scope,
+            ts=self._basis.clock.now(),
+            instance=self._basis.instance_id,
             note=note,
             dry_run=dry_run,
             deleted=Erased(**{kind: len(k) for kind, k in tally.deleted.items()}),

@@ -19,9 +19,7 @@ again (``_mark_done_with``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -29,7 +27,7 @@ from enum import StrEnum
 from typing import TypeAlias
 
 from botmesh.state.backoff import GiveUp
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import InboxConfig
 from botmesh.state.errors import (
     BadRecord,
@@ -38,14 +36,12 @@ from botmesh.state.errors import (
     Reason,
     VersionConflictError,
 )
-from botmesh.state.events import DeadEvent, Emit, ErrorEvent
-from botmesh.state.kv import DurableKv, Entry, Op, handover
-from botmesh.state.lease import Held, Leases
+from botmesh.state.events import DeadEvent, ErrorEvent
+from botmesh.state.kv import Entry, Op, handover
+from botmesh.state.lease import Held
 from botmesh.state.media import journaled, rehydrated
 from botmesh.state.messages import Inbound
-from botmesh.state.metrics import Metrics, Timings
 from botmesh.state.ports import Provider
-from botmesh.state.receipts import Publisher
 from botmesh.state.records import (
     InboxState,
     Json,
@@ -55,7 +51,6 @@ from botmesh.state.records import (
     error_of,
     revise,
 )
-from botmesh.state.retention import PurgeAt
 from botmesh.state.turns import Turns
 from botmesh.state.writes import Write
 
@@ -142,41 +137,22 @@ class Inbox:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        prefix: str,
         config: InboxConfig,
         fail_open: bool,
         provider: Provider,
-        leases: Leases,
         turns: Turns | None,
-        publisher: Publisher | None,
         dispatch: Dispatch,
-        purge_at: PurgeAt,
-        emit: Emit,
-        wake: asyncio.Event,
-        clock: Clock,
-        rng: random.Random,
-        metrics: Metrics,
-        timings: Timings | None,
     ) -> None:
-        self._kv = kv
-        self._prefix = prefix
+        self._common = common
+        self._prefix = common.keys.inbox
         self._media_refs = config.media_refs
         self._max_attempts = config.max_attempts
         self._fail_open = fail_open
         self._provider = provider
-        self._leases = leases
         self._turns = turns
-        self._publisher = publisher
         self._dispatch = dispatch
-        self._purge_at = purge_at
-        self._emit = emit
-        self._wake = wake
-        self._clock = clock
-        self._rng = rng
-        self._metrics = metrics
-        self._timings = timings
         self._inflight: set[str] = set()
         #: Records whose handlers ran but whose ``done`` did not land (retried on redelivery).
         self._undone: dict[str, Held] = {}
@@ -207,7 +183,7 @@ class Inbox:
                 "id): Inbound(id=..., chat_id=..., ...)",
             )
         if mid in self._inflight:
-            self._metrics.inbound_duplicates += 1
+            self._common.metrics.inbound_duplicates += 1
             return Outcome.DUPLICATE
         self._inflight.add(mid)
         try:
@@ -219,15 +195,15 @@ class Inbox:
         key = self._prefix + message.id
         if key in self._undone:
             return await self._mark_done(self._undone[key], message.id)
-        now = self._clock.now()
+        now = self._common.clock.now()
         try:
             kept = journaled(message, self._provider, media_refs=self._media_refs)
             encoded = encode_inbound(kept)
         except (TypeError, ValueError) as exc:
             raise BadRecord(Reason.WRONG_TYPE, f"the inbound cannot be journaled: {exc}") from exc
-        value = new_value(encoded, now, self._leases.lease(now, self._lease), source)
+        value = new_value(encoded, now, self._common.leases.lease(now, self._lease), source)
         try:
-            [version] = await self._kv.commit(
+            [version] = await self._common.kv.commit(
                 [handover(key, value, expect=0, due=now + self._lease)],
                 label=Write.INBOX_JOURNAL,
             )
@@ -235,7 +211,7 @@ class Inbox:
             return await self._redelivered(key, message, source)
         except Exception as exc:
             return await self._not_journaled(message, exc)
-        self._metrics.inbound_journaled += 1
+        self._common.metrics.inbound_journaled += 1
         return await self.run(Held(key, 1, version, value, self._lease, now + self._lease), message)
 
     async def _not_journaled(self, message: Inbound, exc: Exception) -> Outcome:
@@ -246,7 +222,7 @@ class Inbox:
             log.warning(
                 "inbound %s not journaled (%s); dispatched anyway (fail_open)", message.id, exc
             )
-            await self._emit(ErrorEvent(exc, "inbox.journal", message.id))
+            await self._common.emit(ErrorEvent(exc, "inbox.journal", message.id))
             await self._dispatch(message)
             return Outcome.UNJOURNALED
         log.error("inbound %s not journaled, not dispatched (fail closed): %s", message.id, exc)
@@ -255,11 +231,11 @@ class Inbox:
         raise JournalUnavailableError(f"inbound {message.id!r} not journaled: {exc}") from exc
 
     async def _redelivered(self, key: str, message: Inbound, source: str | None) -> Outcome:
-        entry = await self._kv.get(key)
+        entry = await self._common.kv.get(key)
         state = entry.value.get("state") if entry is not None else InboxState.DONE
-        leases = self._leases
+        leases = self._common.leases
         if entry is not None and state == InboxState.PENDING and key not in leases.held:
-            now = self._clock.now()
+            now = self._common.clock.now()
             if leases.state(entry.value, now) != "live" or leases.this_boot(entry.value):
                 return await self.replay(entry, now)
         if (
@@ -276,17 +252,17 @@ class Inbox:
             and entry.value.get("source") not in (None, source)
         ):
             return await self._redrive(entry, source)
-        self._metrics.inbound_duplicates += 1
+        self._common.metrics.inbound_duplicates += 1
         return Outcome.DEAD if state == InboxState.DEAD else Outcome.DUPLICATE
 
     async def _redrive(self, entry: Entry, source: str) -> Outcome:
         """A dead inbound produced again to its transport from elsewhere (an operator
         re-producing its dead letter to the inbound topic): replayed with a fresh attempt
         budget, as ``replay_inbound`` would, and journaled under its new source."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         value = {**replay_value(entry.value, now), "source": source}
         try:
-            [version] = await self._kv.commit(
+            [version] = await self._common.kv.commit(
                 [handover(entry.key, value, expect=entry.version, due=now)],
                 label=Write.INBOX_REPLAY,
             )
@@ -301,7 +277,7 @@ class Inbox:
         outbox, so nothing is written unless a handler took another path). They get the
         input of the run that completed the record: the journaled message when that run
         was a replay (its media rebuilt from the reference), so they take the same path."""
-        self._metrics.inbound_replayed += 1
+        self._common.metrics.inbound_replayed += 1
         if entry.value.get("replayed"):
             try:
                 message = rehydrated(decode_inbound(entry.value["message"]), self._provider)
@@ -319,19 +295,19 @@ class Inbox:
         chat's turn is taken first (waited for when ``wait``) and released with the
         mark-done; a turn that stays held elsewhere leaves the record pending
         (``Outcome.DEFERRED``)."""
-        self._leases.held[held.key] = held
+        self._common.leases.held[held.key] = held
         turn: Held | None = None
         try:
             # -- chat turns (botmesh.state.turns) --------------------------------------------------
             if self._turns is not None:
                 turn = await self._turns.take(message.chat_id, message.id, wait=wait)
                 if turn is None:
-                    self._leases.held.pop(held.key, None)
+                    self._common.leases.held.pop(held.key, None)
                     stepped = await self._turns.step_aside(held)
                     return Outcome.DEFERRED if stepped else Outcome.FENCED
-                self._leases.held[turn.key] = turn
+                self._common.leases.held[turn.key] = turn
             # ---------------------------------------------------------------------------------
-            timings = self._timings
+            timings = self._common.timings
             if timings is None:
                 riders = await self._dispatch(message)
             else:
@@ -345,21 +321,21 @@ class Inbox:
                 await self._turns.give_back(turn, written=isinstance(exc, Exception))
             raise
         finally:
-            self._leases.held.pop(held.key, None)
+            self._common.leases.held.pop(held.key, None)
             if turn is not None:
-                self._leases.held.pop(turn.key, None)
+                self._common.leases.held.pop(turn.key, None)
         if riders:  # a flow turn: its checkpoint lands with done, or the turn runs again
             return await self._mark_done_with(held, message.id, riders, turn)
         return await self._mark_done(held, message.id, turn)
 
     async def _mark_done(self, held: Held, inbound_id: str, turn: Held | None = None) -> Outcome:
-        now = self._clock.now()
+        now = self._common.clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
             await self._write_done(held, done, now, turn)
         except FencedError as exc:
             self._undone.pop(held.key, None)
-            await self._emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            await self._common.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
             if turn is not None and self._turns is not None:
@@ -378,14 +354,16 @@ class Inbox:
     ) -> None:
         """Mark done, with ``riders`` (a flow checkpoint) in the same commit; with a chat
         turn, release it in that commit too (``botmesh.state.turns``)."""
-        purge = self._purge_at(now)
+        purge = self._common.retention.purge_at(now)
         if turn is None or self._turns is None:
-            await self._leases.write(held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders)
+            await self._common.leases.write(
+                held, done, Write.INBOX_MARK_DONE, purge=purge, extra=riders
+            )
             return
         for _ in range(4):
             release = self._turns.release_op(turn, now)
             try:
-                await self._leases.write(
+                await self._common.leases.write(
                     held, done, Write.INBOX_MARK_DONE, purge=purge, extra=[*riders, release]
                 )
             except VersionConflictError as exc:
@@ -408,12 +386,12 @@ class Inbox:
         journal), nothing of it landed: the inbound is released, not done, and its turn
         runs again from the checkpoint (its sends answered from the outbox). It is never
         parked as "handlers ran, only done missing": a flow turn must run again."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         done = revise(held.value, now, state=InboxState.DONE, lease=None, error=None)
         try:
             await self._write_done(held, done, now, turn, riders)
         except FencedError as exc:
-            await self._emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
+            await self._common.emit(ErrorEvent(exc, "inbox.mark_done", inbound_id))
             return Outcome.FENCED
         except Exception as exc:
             if turn is not None and self._turns is not None:
@@ -426,13 +404,13 @@ class Inbox:
         """A flow turn whose checkpoint did not land: give the record up (pending, no
         lease, due now) so it is replayed, then raise: the transport must not acknowledge
         it. If even the release fails, the lease expires and the sweeper replays it."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         retry = revise(held.value, now, state=InboxState.PENDING, lease=None)
         try:
-            await self._leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
+            await self._common.leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now)
         except Exception as release_exc:
             log.warning("inbound %s not released (%s); its lease expires", inbound_id, release_exc)
-        self._wake.set()
+        self._common.wake.set()
         log.warning("inbound %s: flow checkpoint not written (%s); released", inbound_id, exc)
         raise JournalUnavailableError(
             f"inbound {inbound_id!r}: its flow checkpoint could not be written ({exc}); the "
@@ -460,18 +438,18 @@ class Inbox:
                 error["last"] = value["error"]
             await self._dead(entry, error)
             return Outcome.DEAD
-        claimed = self._leases.claimed(value, now, self._lease)
+        claimed = self._common.leases.claimed(value, now, self._lease)
         # replayed: the run that completes it gets the journaled message (see _rerun)
         claimed.update(attempts=attempts + 1, state=InboxState.PENDING, replayed=True)
         try:
-            [version] = await self._kv.commit(
+            [version] = await self._common.kv.commit(
                 [handover(entry.key, claimed, expect=entry.version, due=now + self._lease)],
                 label=Write.INBOX_CLAIM,
             )
         except VersionConflictError:
             return Outcome.DUPLICATE
         held = Held(entry.key, claimed["token"], version, claimed, self._lease, now + self._lease)
-        self._metrics.inbound_replayed += 1
+        self._common.metrics.inbound_replayed += 1
         try:
             message = rehydrated(decode_inbound(claimed["message"]), self._provider)
         except Exception as exc:
@@ -486,12 +464,12 @@ class Inbox:
             _RERUN.reset(token)
 
     async def _failed_before_handlers(self, held: Held, exc: Exception) -> None:
-        now = self._clock.now()
+        now = self._common.clock.now()
         attempts = int(held.value.get("attempts", 0))
         log.warning(
             "inbound %s failed before its handlers (attempt %d): %s", held.key, attempts, exc
         )
-        decision = self._retries.decide(exc, attempts, self._rng)
+        decision = self._retries.decide(exc, attempts, self._common.rng)
         if isinstance(decision, GiveUp):
             await self._dead(held, error_of(exc, decision.reason))
             return
@@ -500,15 +478,17 @@ class Inbox:
         retry = revise(
             held.value, now, state=InboxState.PENDING, lease=None, error=error, failed_first=first
         )
-        await self._leases.write(held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay)
+        await self._common.leases.write(
+            held, retry, Write.INBOX_MARK_RETRY, due=now + decision.delay
+        )
 
     async def _dead(self, target: Held | Entry, error: Json) -> None:
-        now = self._clock.now()
+        now = self._common.clock.now()
         first = target.value.get("failed_first", now)
         dead = revise(
             target.value, now, state=InboxState.DEAD, lease=None, error=error, failed_first=first
         )
-        publisher = self._publisher
+        publisher = self._common.publisher
         copied = publisher is not None and publisher.dead_letters
         rides = copied and publisher is not None and publisher.rides
         due = None
@@ -518,7 +498,7 @@ class Inbox:
         # riding with the record, the dead letter commits with it (``Publisher.ride``)
         back = publisher.ride_inbound(target.key, dead) if rides and publisher else None
         try:
-            written = await self._leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due)
+            written = await self._common.leases.write(target, dead, Write.INBOX_MARK_DEAD, due=due)
         except BaseException:
             if back is not None:
                 back()
@@ -529,8 +509,10 @@ class Inbox:
             return
         if isinstance(target, Held):
             target.value = dead
-        self._metrics.inbound_dead += 1
+        self._common.metrics.inbound_dead += 1
         log.error("inbound %s dead-lettered: %s", dead["id"], error["message"])
         if copied and not rides and publisher is not None:
             await publisher.publish_inbound(dead)
-        await self._emit(DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"]))
+        await self._common.emit(
+            DeadEvent("inbox", dead["id"], Reason(error["reason"]), error["message"])
+        )

@@ -24,15 +24,13 @@ lease.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from botmesh.state.clock import Clock
+from botmesh.state.basis import Basis
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.errors import ConfigError, ProviderNotLeaderError, VersionConflictError
-from botmesh.state.kv import DurableKv, Entry, handover
-from botmesh.state.metrics import Metrics
+from botmesh.state.kv import Entry, handover
 from botmesh.state.ports import Provider, SessionHooks
 from botmesh.state.records import Json
 from botmesh.state.writes import Write
@@ -52,30 +50,19 @@ class Leadership:
 
     def __init__(
         self,
-        kv: DurableKv,
+        basis: Basis,
         *,
-        key: str,
         lease: float,
-        instance_id: str,
-        boot: str,
         provider: Provider,
         rebuild_tails: Callable[[], Awaitable[None]],
-        wake: asyncio.Event,
-        clock: Clock,
-        metrics: Metrics,
     ) -> None:
-        self._kv = kv
-        self.key = key
+        self._basis = basis
+        self.key = basis.keys.leader
         self.lease = lease
-        self._instance_id = instance_id
-        self._boot = boot
         self._provider = provider
         #: Rebuilds the outbox's per-chat order when this replica takes the session
         #: (``ChatOrder.rebuild_tails``: the standby's chains are the journal's now).
         self._rebuild_tails = rebuild_tails
-        self._wake = wake
-        self._clock = clock
-        self._metrics = metrics
         #: The version of the record this engine last wrote as the leader (0: not leader).
         self._version = 0
         self._token = 0
@@ -115,9 +102,9 @@ class Leadership:
         """Raise ``ProviderNotLeaderError`` unless ``may_send(now)``; counted."""
         if self.may_send(now):
             return
-        self._metrics.provider_not_leader += 1
+        self._basis.metrics.provider_not_leader += 1
         if self._version > 0:  # ours, but too close to its end: renewals were missed
-            raise ProviderNotLeaderError(self._instance_id, self._until)
+            raise ProviderNotLeaderError(self._basis.instance_id, self._until)
         raise ProviderNotLeaderError(self._holder, self._holder_until)
 
     async def ensure(self) -> None:
@@ -125,12 +112,12 @@ class Leadership:
         must not starve the renewals), then ``check``."""
         if self._version > 0:
             await self.tick()
-        self.check(self._clock.now())
+        self.check(self._basis.clock.now())
 
     async def tick(self, now: float | None = None) -> bool:
         """Take, renew or watch the lease; returns whether this engine leads now. A journal
         error leaves the state as it was (a leader then stops at its margin)."""
-        now = self._clock.now() if now is None else now
+        now = self._basis.clock.now() if now is None else now
         if self._version > 0 and now < self._until - self.lease * (1 - RENEW_AFTER):
             return True  # held, not a third through
         try:
@@ -140,9 +127,11 @@ class Leadership:
         return self._version > 0
 
     async def _tick(self, now: float) -> None:
-        entry = await self._kv.get(self.key)
+        entry = await self._basis.kv.get(self.key)
         value = entry.value if entry is not None else {}
-        mine = value.get("owner") == self._instance_id and value.get("boot") == self._boot
+        mine = (
+            value.get("owner") == self._basis.instance_id and value.get("boot") == self._basis.boot
+        )
         if self._version > 0 and not (mine and value.get("token") == self._token):
             await self._lost(value)
         if (mine and self._version > 0) or self._free(value, now):
@@ -154,7 +143,7 @@ class Leadership:
     def _free(self, value: Json, now: float) -> bool:
         if not value:
             return True
-        if value.get("owner") == self._instance_id and value.get("boot") != self._boot:
+        if value.get("owner") == self._basis.instance_id and value.get("boot") != self._basis.boot:
             return True  # this instance's earlier boot: taken at once
         return float(value.get("until", 0.0)) <= now
 
@@ -163,15 +152,15 @@ class Leadership:
         token = self._token if renew else int((entry.value if entry else {}).get("token", 0)) + 1
         until = now + self.lease
         value: Json = {
-            "owner": self._instance_id,
-            "boot": self._boot,
+            "owner": self._basis.instance_id,
+            "boot": self._basis.boot,
             "token": token,
             "until": until,
             "updated": now,
         }
         expect = entry.version if entry is not None else 0
         try:
-            [version] = await self._kv.commit(
+            [version] = await self._basis.kv.commit(
                 [handover(self.key, value, expect=expect)], label=Write.LEADER_LEASE
             )
         except VersionConflictError:
@@ -179,34 +168,34 @@ class Leadership:
                 await self._lost(None)
             return  # another replica took it first; read again at the next tick
         self._version, self._token, self._until = version, token, until
-        self._holder, self._holder_until = self._instance_id, until
+        self._holder, self._holder_until = self._basis.instance_id, until
         if not renew:
-            log.info("%s took the provider session (token %d)", self._instance_id, token)
+            log.info("%s took the provider session (token %d)", self._basis.instance_id, token)
             await self._open_session()
             await self._rebuild_tails()  # the standby's chains are the journal's now
-            self._wake.set()  # deliver what the standbys left
+            self._basis.wake.set()  # deliver what the standbys left
 
     async def _lost(self, value: Json | None) -> None:
         self._version, self._until = 0, 0.0
         holder = value.get("owner") if value else None
-        log.warning("%s lost the provider session to %s", self._instance_id, holder)
+        log.warning("%s lost the provider session to %s", self._basis.instance_id, holder)
         await self._close_session()
 
     async def release(self) -> None:
         """At a clean stop: end the lease now, so a standby takes the session at once."""
         if self._version == 0:
             return
-        now = self._clock.now()
+        now = self._basis.clock.now()
         value = {
-            "owner": self._instance_id,
-            "boot": self._boot,
+            "owner": self._basis.instance_id,
+            "boot": self._basis.boot,
             "token": self._token,
             "until": 0.0,
             "updated": now,
         }
         version, self._version, self._until = self._version, 0, 0.0
         try:
-            await self._kv.commit(
+            await self._basis.kv.commit(
                 [handover(self.key, value, expect=version)], label=Write.LEADER_LEASE
             )
         except Exception as exc:  # it lapses on its own

@@ -19,11 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from botmesh.state.clock import Clock
+from botmesh.state.basis import Basis
 from botmesh.state.errors import DurabilityError, FencedError, VersionConflictError
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Entry, Op, handover
-from botmesh.state.metrics import Metrics
+from botmesh.state.kv import Entry, Op, handover
 from botmesh.state.records import Json
 from botmesh.state.writes import Write
 
@@ -54,39 +52,26 @@ class Held:
 class Leases:
     """The leases one engine holds, and its fenced writes."""
 
-    def __init__(
-        self,
-        kv: DurableKv,
-        *,
-        keys: ScopeKeys,
-        instance_id: str,
-        boot: str,
-        exclusive: bool,
-        clock: Clock,
-        metrics: Metrics,
-    ) -> None:
-        self._kv = kv
-        self._keys = keys
-        self._instance_id = instance_id
-        self._boot = boot
-        #: The journal is partitioned: this engine is the only writer of what it sees.
-        self._exclusive = exclusive
-        self._clock = clock
-        self._metrics = metrics
+    def __init__(self, basis: Basis) -> None:
+        self._basis = basis
         self.held: dict[str, Held] = {}
 
     def lease(self, now: float, seconds: float) -> Json:
         """A lease of ``seconds`` for this instance and boot."""
-        return {"owner": self._instance_id, "boot": self._boot, "until": now + seconds}
+        return {
+            "owner": self._basis.instance_id,
+            "boot": self._basis.boot,
+            "until": now + seconds,
+        }
 
     def state(self, value: Json, now: float) -> LeaseState:
         lease = value.get("lease")
         if not lease:
             return "free"
-        if lease.get("owner") == self._instance_id:
-            if lease.get("boot") != self._boot:
+        if lease.get("owner") == self._basis.instance_id:
+            if lease.get("boot") != self._basis.boot:
                 return "orphan"
-        elif self._exclusive:  # a partitioned journal: its owner is the only writer
+        elif self._basis.exclusive:  # a partitioned journal: its owner is the only writer
             return "orphan"
         if lease.get("until", 0.0) <= now:
             return "expired"
@@ -95,7 +80,9 @@ class Leases:
     def this_boot(self, value: Json) -> bool:
         """Leased by this very instance and boot (whether or not still held here)."""
         lease = value.get("lease") or {}
-        return lease.get("owner") == self._instance_id and lease.get("boot") == self._boot
+        return (
+            lease.get("owner") == self._basis.instance_id and lease.get("boot") == self._basis.boot
+        )
 
     def claimed(self, value: Json, now: float, seconds: float) -> Json:
         """A copy of ``value`` leased to this instance under the next fencing token."""
@@ -127,7 +114,7 @@ class Leases:
         """
         if isinstance(target, Entry):
             try:
-                await self._kv.commit(
+                await self._basis.kv.commit(
                     [handover(target.key, value, expect=target.version, due=due, purge=purge)],
                     label=label,
                 )
@@ -148,7 +135,7 @@ class Leases:
         extra: Sequence[Op] = (),
         before: Sequence[Op] = (),
     ) -> None:
-        kv = self._kv
+        kv = self._basis.kv
         for _ in range(8):
             try:
                 versions = await kv.commit(
@@ -180,7 +167,7 @@ class Leases:
     def _fenced(self, held: Held, label: Write, current: int | None) -> FencedError:
         held.fenced = True
         self.held.pop(held.key, None)
-        self._metrics.stale_leases += 1
+        self._basis.metrics.stale_leases += 1
         log.warning(
             "stale completion of %s refused (%s): token %s, record at %s",
             held.key,
@@ -193,7 +180,7 @@ class Leases:
     async def reclaim(self, held: Held, seconds: float) -> None:
         """Take a fresh fencing token on a record we hold, as a new attempt (before a
         provider call)."""
-        now = self._clock.now()
+        now = self._basis.clock.now()
         new = self.claimed(held.value, now, seconds)
         new["state"] = "pending"
         new["inflight"] = True
@@ -202,9 +189,9 @@ class Leases:
         held.token = new["token"]
 
     def _heartbeat_label(self, key: str) -> Write:
-        if key.startswith(self._keys.inbox):
+        if key.startswith(self._basis.keys.inbox):
             return Write.INBOX_HEARTBEAT
-        if key.startswith(self._keys.outbox):
+        if key.startswith(self._basis.keys.outbox):
             return Write.OUTBOX_HEARTBEAT
         return Write.TURN_HEARTBEAT
 
@@ -221,12 +208,12 @@ class Leases:
             new["lease"] = {**lease, "until": now + held.lease}
             label = self._heartbeat_label(held.key)
             try:
-                [version] = await self._kv.commit(
+                [version] = await self._basis.kv.commit(
                     [handover(held.key, new, expect=held.version, due=now + held.lease)],
                     label=label,
                 )
             except VersionConflictError:
-                entry = await self._kv.get(held.key)
+                entry = await self._basis.kv.get(held.key)
                 if entry is None or entry.value.get("token") != held.token:
                     held.fenced = True
                 continue  # else the holder itself wrote meanwhile; next tick

@@ -50,6 +50,7 @@ import bisect
 import logging
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import quote, urlsplit
 
@@ -202,7 +203,8 @@ def logged_message(
 class MessageLog(Protocol):
     """The message log port: its write side is the operations it adds to the commit that
     records a send ``sent`` (so the entry and the ``sent`` mark land together or not at
-    all); its read side is a chat's history.
+    all); its read side is a chat's history: ``history`` checks its arguments, the same
+    for every store, and asks the store for one ``page``.
 
     Another store (a SQL table of its own, say) keeps the exactly-once property only when
     it is fed from the journal (following the entries or the receipts), never by a write
@@ -224,6 +226,15 @@ class MessageLog(Protocol):
         """The chat's logged messages, newest first: up to ``limit``, sent before
         ``before`` (a message of an earlier page: the ones after it in this order; a time:
         the ones sent earlier)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"history(limit=...) must be a whole number >= 0, got {limit!r}")
+        if limit == 0:
+            return []
+        return await self.page(chat_id, limit, _position_before(before))
+
+    async def page(self, chat_id: str, limit: int, before: str | None) -> list[LoggedMessage]:
+        """Up to ``limit`` (at least 1) of the chat's logged messages, newest first: those
+        whose ``position`` sorts before ``before`` (``None``: from the newest)."""
         ...
 
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
@@ -232,74 +243,67 @@ class MessageLog(Protocol):
         ...
 
 
-class JournalMessageLog:
+@dataclass(eq=False)
+class JournalMessageLog(MessageLog):
     """The message log in the journal itself (see the module docstring)."""
 
-    def __init__(
-        self,
-        kv: DurableKv,
-        *,
-        keys: ScopeKeys,
-        channel: str | None,
-        retention: float,
-        enabled: bool = True,
-        texts: bool = True,
-    ) -> None:
-        self._kv = kv
-        self._keys = keys
-        self._channel = channel
-        self._retention = retention
-        self.enabled = enabled
-        self._texts = texts
+    kv: DurableKv
+    _: KW_ONLY
+    #: The scope's keys: its log is ``keys.log_of(chat)`` for each chat.
+    keys: ScopeKeys
+    #: The channel of a send whose record names none (the provider's ``name``).
+    channel: str | None
+    #: Seconds an entry is kept after its send (``message_log.retention``); 0 keeps it.
+    retention: float
+    #: Whether sends are logged (``message_log.enabled``).
+    enabled: bool = True
+    #: Whether their texts are kept (``message_log.texts``).
+    texts: bool = True
 
     def purge_at(self, sent_at: float) -> float | None:
         """When an entry sent at ``sent_at`` is deleted; ``None`` when it is kept."""
-        return sent_at + self._retention if self._retention > 0 else None
+        return sent_at + self.retention if self.retention > 0 else None
 
     def entry_ops(self, value: Json, sent_at: float) -> Sequence[Op]:
         if not self.enabled:
             return ()
-        message = logged_message(value, sent_at, channel=self._channel, texts=self._texts)
+        message = logged_message(value, sent_at, channel=self.channel, texts=self.texts)
         entry: Json = msgspec.to_builtins(message)
         # no version check: the key is the send's own, so a rewrite writes the same entry
         return (
             handover(
-                entry_key(self._keys, message), entry, expect=None, purge=self.purge_at(sent_at)
+                entry_key(self.keys, message), entry, expect=None, purge=self.purge_at(sent_at)
             ),
         )
 
-    async def history(
-        self,
-        chat_id: str,
-        *,
-        limit: int = 50,
-        before: LoggedMessage | float | None = None,
-    ) -> list[LoggedMessage]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"history(limit=...) must be a whole number >= 0, got {limit!r}")
-        if limit == 0:
-            return []
-        prefix = self._keys.log_of(chat_id)
-        entries = await self._kv.scan(prefix)  # key order: oldest first
+    async def page(self, chat_id: str, limit: int, before: str | None) -> list[LoggedMessage]:
+        prefix = self.keys.log_of(chat_id)
+        entries = await self.kv.scan(prefix)  # key order: oldest first
         if before is not None:
-            if isinstance(before, LoggedMessage):
-                bound = prefix + before.position
-            elif isinstance(before, int | float) and not isinstance(before, bool):
-                bound = prefix + f"{_micros(float(before)):017d}"
-            else:
-                raise TypeError(
-                    "history(before=...) takes a LoggedMessage of an earlier page or a time "
-                    f"(seconds since the epoch), got {type(before).__name__}"
-                )
-            entries = entries[: bisect.bisect_left([e.key for e in entries], bound)]
+            entries = entries[: bisect.bisect_left([e.key for e in entries], prefix + before)]
         return _messages(reversed(entries), limit)
 
     async def find(self, chat_id: str, key: str) -> LoggedMessage | None:
         if not self.enabled:
             return None
-        entries = await self._kv.scan(self._keys.log_of(chat_id))
+        entries = await self.kv.scan(self.keys.log_of(chat_id))
         found = _messages((e for e in entries if e.value.get("key") == key), 1)
         return found[0] if found else None
+
+
+def _position_before(before: LoggedMessage | float | None) -> str | None:
+    """The log position ``history(before=...)`` pages from: a message's own, or a time's
+    (every message sent earlier sorts before it)."""
+    if before is None:
+        return None
+    if isinstance(before, LoggedMessage):
+        return before.position
+    if isinstance(before, int | float) and not isinstance(before, bool):
+        return f"{_micros(float(before)):017d}"
+    raise TypeError(
+        "history(before=...) takes a LoggedMessage of an earlier page or a time "
+        f"(seconds since the epoch), got {type(before).__name__}"
+    )
 
 
 def _messages(entries: Iterable[Entry], limit: int) -> list[LoggedMessage]:

@@ -4,21 +4,19 @@ discard one, list, restart or drop a chat's flow, erase a chat, read the counter
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.errors import Reason, RecordStateError
-from botmesh.state.events import Emit, FlowEndedEvent
+from botmesh.state.events import FlowEndedEvent
 from botmesh.state.flows import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
 from botmesh.state.inbox import replay_value
-from botmesh.state.keys import ScopeKeys, part_base, part_key
+from botmesh.state.keys import part_base, part_key
 from botmesh.state.kv import Delete, DurableKv, Entry, handover
 from botmesh.state.lease import Leases
-from botmesh.state.metrics import Metrics
 from botmesh.state.records import InboxRecord, InboxState, Json, OutboxRecord, OutboxState, revise
 from botmesh.state.scheduler import Sweeper
 from botmesh.state.writes import Write
@@ -113,51 +111,40 @@ class Operations:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        keys: ScopeKeys,
-        instance_id: str,
-        leases: Leases,
         delivery: Delivery,
         sweeper: Sweeper,
         checkpoints: Checkpoints,
         erasure: Erasure,
         recover: Callable[[], Awaitable[int]],
-        near: Callable[[str], contextlib.AbstractContextManager[None]],
-        emit: Emit,
-        wake: asyncio.Event,
-        clock: Clock,
-        metrics: Metrics,
     ) -> None:
-        self._kv = kv
-        self._keys = keys
-        self._instance_id = instance_id
-        self._leases = leases
+        self._common = common
         self._delivery = delivery
         self._sweeper = sweeper
         self._checkpoints = checkpoints
         self._erasure = erasure
         #: The engine's recovery pass (``Engine.recover``), a callback: the engine owns it.
         self._recover = recover
-        self._near = near
-        self._emit = emit
-        self._wake = wake
-        self._clock = clock
-        self._metrics = metrics
-        self.inbox = InboxView(kv, prefix=keys.inbox)
-        self.outbox = OutboxView(kv, prefix=keys.outbox, leases=leases, clock=clock)
+        self.inbox = InboxView(common.kv, prefix=common.keys.inbox)
+        self.outbox = OutboxView(
+            common.kv,
+            prefix=common.keys.outbox,
+            leases=common.leases,
+            clock=common.clock,
+        )
 
     @property
     def scope(self) -> str:
-        return self._keys.scope
+        return self._common.keys.scope
 
     @property
     def instance_id(self) -> str:
-        return self._instance_id
+        return self._common.instance_id
 
     def metrics(self) -> dict[str, int]:
         """The counters: the reference's thirteen, under its names, then our three."""
-        return self._metrics.as_dict()
+        return self._common.metrics.as_dict()
 
     async def sweep_once(self, now: float | None = None) -> int:
         """Run one sweeper pass now (with ``poll=0`` nothing else runs it)."""
@@ -175,50 +162,50 @@ class Operations:
     async def replay_inbound(self, inbound_id: str) -> None:
         """Process inbound ``inbound_id`` again (dead or done), with a fresh attempt budget;
         its sends that already went out are answered from the outbox."""
-        key = self._keys.inbox + inbound_id
-        entry = await self._kv.get(key)
+        key = self._common.keys.inbox + inbound_id
+        entry = await self._common.kv.get(key)
         if entry is None:
             raise RecordStateError(inbound_id, None, "no inbox record under this id in this scope")
-        now = self._clock.now()
+        now = self._common.clock.now()
         state = entry.value.get("state")
-        if state == InboxState.PENDING and self._leases.state(entry.value, now) == "live":
+        if state == InboxState.PENDING and self._common.leases.state(entry.value, now) == "live":
             raise RecordStateError(inbound_id, state, "it is being processed now; try again later")
-        await self._kv.commit(
+        await self._common.kv.commit(
             [handover(key, replay_value(entry.value, now), expect=entry.version, due=now)],
             label=Write.INBOX_REPLAY,
         )
-        self._wake.set()
+        self._common.wake.set()
 
     async def retry_send(self, key: str) -> None:
         """Send ``key`` again (dead, failed or unknown) with a fresh retry budget; the later
         parts of its text that died or became unknown because of it come back with it."""
-        entry = await self._kv.get(self._keys.outbox + key)
+        entry = await self._common.kv.get(self._common.keys.outbox + key)
         if entry is None:
             raise RecordStateError(key, None, "no outbox record under this key in this scope")
         state = entry.value.get("state")
         if state not in _RETRYABLE:
             raise RecordStateError(key, state, "only dead, failed or unknown sends can be retried")
-        now = self._clock.now()
+        now = self._common.clock.now()
         revived = [entry, *await self._cascaded_parts(entry.value)]
         ops = [
             handover(r.key, _retry_value(r.value, now), expect=r.version, due=now) for r in revived
         ]
-        await self._kv.commit(ops, label=Write.OUTBOX_RETRY)
-        self._wake.set()
+        await self._common.kv.commit(ops, label=Write.OUTBOX_RETRY)
+        self._common.wake.set()
 
     async def retry_parked(self, key: str, attempts: int) -> str:
         """A send parked for its retry came back from its tier: attempt it now when the
         journal still holds it ``failed`` after ``attempts`` attempts (``"delivered"``, or
         ``"waiting"`` behind an earlier send or part of its chat); else nothing
         (``"stale"``: it was sent, retried by an operator, discarded or retried already)."""
-        entry = await self._kv.get(self._keys.outbox + key)
+        entry = await self._common.kv.get(self._common.keys.outbox + key)
         if (
             entry is None
             or entry.value.get("state") != OutboxState.FAILED
             or int(entry.value.get("attempts", 0)) != attempts
         ):
             return "stale"
-        acted = await self._delivery.parked_due(entry, self._clock.now())
+        acted = await self._delivery.parked_due(entry, self._common.clock.now())
         return "delivered" if acted else "waiting"
 
     async def erase_chat(
@@ -240,7 +227,7 @@ class Operations:
         if chat_id is not None:
             entry = await self._checkpoints.get(self._checkpoints.key(chat_id))
             return [] if entry is None else [FlowRecord.from_value(entry.value, entry.version)]
-        found = await self._kv.scan(self._keys.flow)
+        found = await self._common.kv.scan(self._common.keys.flow)
         return [FlowRecord.from_value(x.value, x.version) for x in found]
 
     async def restart_flow(self, chat_id: str) -> FlowRecord:
@@ -248,30 +235,30 @@ class Operations:
         run): what to do with a checkpoint refused by new code (``FlowVersionError``). The
         sweeper runs the start: its first question goes out keyed from the new run."""
         entry = await self._flow_entry(chat_id)
-        now = self._clock.now()
+        now = self._common.clock.now()
         old = entry.value
         new = fresh_record(old["flow"], int(old.get("version", 1)), chat_id, old["args"], now)
         new["restart"] = True
-        with self._near(entry.key):
+        with self._common.near(entry.key):
             version = await self._checkpoints.write(entry.key, new, expect=entry.version, now=now)
-        self._wake.set()
+        self._common.wake.set()
         return FlowRecord.from_value(new, version)
 
     async def drop_flow(self, chat_id: str) -> FlowRecord:
         """End the chat's flow now (``dropped``): its next message goes to the handlers."""
         entry = await self._flow_entry(chat_id)
-        now = self._clock.now()
+        now = self._common.clock.now()
         if entry.value.get("status") != ACTIVE:
             raise RecordStateError(chat_id, entry.value.get("status"), "this flow ended already")
         ended = ended_record(entry.value, "dropped", now)
-        with self._near(entry.key):
+        with self._common.near(entry.key):
             version = await self._checkpoints.write(entry.key, ended, expect=entry.version, now=now)
-        await self._emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
+        await self._common.emit(FlowEndedEvent(ended["flow"], chat_id, "dropped"))
         return FlowRecord.from_value(ended, version)
 
     async def _flow_entry(self, chat_id: str) -> Entry:
         key = self._checkpoints.key(chat_id)
-        with self._near(key):
+        with self._common.near(key):
             entry = await self._checkpoints.get(key)
         if entry is None:
             raise RecordStateError(chat_id, None, "no flow checkpoint for this chat in this scope")
@@ -282,8 +269,8 @@ class Operations:
         if part >= parts:
             return []
         base = part_base(value["key"], part)
-        keys = [self._keys.outbox + part_key(base, n) for n in range(part + 1, parts + 1)]
-        found = await self._kv.get_many(keys)
+        keys = [self._common.keys.outbox + part_key(base, n) for n in range(part + 1, parts + 1)]
+        found = await self._common.kv.get_many(keys)
         return [
             entry
             for k in keys

@@ -25,34 +25,29 @@ leader delivers them in the order they were made.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
 
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import DurabilityError, JournalUnavailableError, VersionConflictError
-from botmesh.state.keys import diverged_key, part_base, part_key
-from botmesh.state.kv import DurableKv, handover
-from botmesh.state.leader import Leadership
-from botmesh.state.lease import Held, Leases
+from botmesh.state.keys import diverged_key, part_key
+from botmesh.state.kv import handover
+from botmesh.state.lease import Held
 from botmesh.state.messages import Outbound, OutboxState, Receipt
-from botmesh.state.metrics import Metrics
+from botmesh.state.order import ChatOrder
 from botmesh.state.ports import Provider
-from botmesh.state.receipts import Publisher
 from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
 from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.writes import Write
 
 __all__ = [
-    "ChatOrder",
     "Deliveries",
     "Outbox",
     "Plan",
-    "last_part",
     "new_values",
     "part_payloads",
 ]
@@ -153,34 +148,21 @@ class Outbox:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        prefix: str,
         config: OutboxConfig,
         fail_open: bool,
         provider: Provider,
         order: ChatOrder,
-        leases: Leases,
-        leader: Leadership | None,
         delivery: Deliveries,
-        publisher: Publisher | None,
-        wake: asyncio.Event,
-        clock: Clock,
-        metrics: Metrics,
     ) -> None:
-        self._kv = kv
-        self._prefix = prefix
+        self._common = common
+        self._prefix = common.keys.outbox
         self._config = config
         self._fail_open = fail_open
         self._provider = provider
         self._order = order
-        self._leases = leases
-        self._leader = leader
         self._delivery = delivery
-        self._publisher = publisher
-        self._wake = wake
-        self._clock = clock
-        self._metrics = metrics
         self._lease = config.lease
         self._keep_order = config.keep_chat_order
         #: Texts shorter than this fit ``max_payload_bytes`` whatever they hold (6 bytes a
@@ -225,7 +207,7 @@ class Outbox:
             if not plan.parts:
                 assert first is not None
                 return first
-            now = self._clock.now()
+            now = self._common.clock.now()
             try:
                 result = await self._journal(
                     plan, key, derived, fp, inbound_id, inline=inline, fallback=fallback
@@ -254,13 +236,13 @@ class Outbox:
         """Journal the parts: the records journaled in flight (to deliver now), or a
         receipt: of the send already recorded under ``key``, or of the send left to the
         sweeper (``pending``: enqueued, or waiting behind a send of its chat)."""
-        tails = self._order.tails
+        tails, common = self._order.tails, self._common
         for _ in range(4):
-            now = self._clock.now()
+            now = common.clock.now()
             after = tails.get(plan.chat_id) if self._keep_order else None
-            standby = inline and self._leader is not None and not self._leader.may_send(now)
+            standby = inline and common.leader is not None and not common.leader.may_send(now)
             live = inline and after is None and not standby
-            lease = self._leases.lease(now, self._lease) if live else None
+            lease = common.leases.lease(now, self._lease) if live else None
             values = new_values(
                 key,
                 plan.payloads,
@@ -276,7 +258,7 @@ class Outbox:
             due = now + self._lease if live else now
             ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
             try:
-                versions = await self._kv.commit(
+                versions = await common.kv.commit(
                     ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
                 )
             except VersionConflictError:
@@ -285,15 +267,15 @@ class Outbox:
                     return answer
                 key = answer
                 continue
-            self._metrics.outbox_journaled += 1
+            common.metrics.outbox_journaled += 1
             if after is not None or (standby and self._keep_order):
                 tails[plan.chat_id] = values[-1]["key"]
             if not live:
-                self._wake.set()
+                common.wake.set()
                 if standby:  # handed to the leader
-                    self._metrics.provider_not_leader += 1
+                    common.metrics.provider_not_leader += 1
                 elif inline:  # its chat waits for a retry: it goes after that send
-                    self._metrics.outbox_deferred += 1
+                    common.metrics.outbox_deferred += 1
                 return receipt_of(values[0], now)
             return [
                 Held(op.key, v["token"], ver, v, self._lease, due)
@@ -302,13 +284,13 @@ class Outbox:
         raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
 
     async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:
-        entry = await self._kv.get(self._prefix + key)
+        entry = await self._common.kv.get(self._prefix + key)
         if entry is None:
             return key  # discarded or purged meanwhile: journal again
         value = entry.value
         recorded = value.get("fp")
         if derived and fp is not None and recorded is not None and recorded != fp:
-            self._metrics.outbox_diverged += 1
+            self._common.metrics.outbox_diverged += 1
             log.warning(
                 "replay produced other content under key %r (on_diverged=%s)",
                 key,
@@ -316,9 +298,9 @@ class Outbox:
             )
             if self._config.on_diverged == "send":
                 return diverged_key(key, fp)
-        self._metrics.outbox_deduped += 1
-        receipt = receipt_of(value, self._clock.now())
-        publisher = self._publisher
+        self._common.metrics.outbox_deduped += 1
+        receipt = receipt_of(value, self._common.clock.now())
+        publisher = self._common.publisher
         if publisher is not None and receipt.state in SETTLED and publisher.replays_publish:
             # a replay asks again: its receipt goes out again (at least once); the record's
             # own ``published`` mark is the sweeper's business, not this copy's
@@ -395,112 +377,6 @@ class Outbox:
             first = first or receipt
         assert first is not None
         return first
-
-
-def last_part(value: Json) -> str:
-    """The key of the last part of the send whose record is ``value``: the last part of
-    its fallback's text once it switched to a fallback split in parts (``<key>~fallback#n``)."""
-    spec = value.get("fallback")
-    if isinstance(spec, dict) and spec.get("used") and int(spec.get("parts", 1)) > 1:
-        return part_key(str(spec["key"]), int(spec["parts"]))
-    return part_key(part_base(value["key"], value.get("part", 1)), value.get("parts", 1))
-
-
-class ChatOrder:
-    """Per-chat order: one delivery of a chat at a time (``chat_lock``), and, with
-    ``outbox.keep_chat_order``, the send that later sends to a chat wait behind."""
-
-    def __init__(self, kv: DurableKv, *, prefix: str, config: OutboxConfig) -> None:
-        self._kv = kv
-        self._prefix = prefix
-        self._keep_order = config.keep_chat_order
-        self._locks: dict[str, _ChatLock] = {}
-        #: Chat id -> the key of the last part of the last send that later sends to the chat
-        #: must wait behind (while a send of the chat waits for a retry).
-        self.tails: dict[str, str] = {}
-
-    def chat_lock(self, chat_id: str) -> _ChatLock:
-        """Serializes the deliveries of one chat (inline retries, the sweeper)."""
-        lock = self._locks.get(chat_id)
-        if lock is None:
-            lock = self._locks[chat_id] = _ChatLock(self._locks, chat_id)
-        return lock
-
-    def block(self, value: Json) -> None:
-        """A send of this chat now waits for a retry: later sends to the chat queue behind
-        its last part."""
-        if not self._keep_order:
-            return
-        chat = value["payload"]["chat_id"]
-        if chat not in self.tails:
-            self.tails[chat] = last_part(value)
-
-    def unblock(self, value: Json) -> None:
-        """A send settled: if it was the tail of its chat, the chat is free again."""
-        if self.tails:
-            chat = value["payload"]["chat_id"]
-            if self.tails.get(chat) == value["key"]:
-                del self.tails[chat]
-
-    async def rebuild_tails(self) -> None:
-        """After a restart (and when this replica takes the provider session): the chats
-        whose sends wait for a retry or behind one."""
-        self.tails.clear()
-        if not self._keep_order:
-            return
-        keys = await self._kv.range("due", self._prefix, float("inf"), limit=1_000_000)
-        entries = await self._kv.get_many(keys)
-        waiting = [
-            entry.value
-            for entry in entries.values()
-            if entry.value.get("state") == OutboxState.FAILED
-            or (
-                entry.value.get("state") == OutboxState.PENDING
-                and entry.value.get("after") is not None
-            )
-        ]
-        # The tail is the end of the chain of ``after`` links (sends journaled in the same
-        # clock tick share ``created``); the newest breaks a tie between chains.
-        behind = {v["after"] for v in waiting if v.get("after") is not None}
-        latest: dict[str, tuple[tuple[bool, float, int], Json]] = {}
-        for v in waiting:
-            last = last_part(v)
-            rank = (last not in behind, v.get("created", 0.0), v.get("part", 1))
-            chat = v["payload"]["chat_id"]
-            if chat not in latest or rank > latest[chat][0]:
-                latest[chat] = (rank, v)
-        for _, v in latest.values():
-            self.block(v)
-
-
-class _ChatLock:
-    """An ``asyncio.Lock`` that leaves its table when the last holder releases it, so the
-    table only holds the chats being delivered to right now."""
-
-    __slots__ = ("_chat", "_lock", "_table", "_users")
-
-    def __init__(self, table: dict[str, _ChatLock], chat: str) -> None:
-        self._table = table
-        self._chat = chat
-        self._lock = asyncio.Lock()
-        self._users = 0
-
-    async def __aenter__(self) -> None:
-        self._users += 1
-        try:
-            await self._lock.acquire()
-        except BaseException:
-            self._leave()
-            raise
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._lock.release()
-        self._leave()
-
-    def _leave(self) -> None:
-        self._users -= 1
-        if self._users == 0 and self._table.get(self._chat) is self:
-            del self._table[self._chat]
 
 
 def _part_messages(message: Outbound, texts: list[str | None]) -> list[Outbound]:

@@ -31,15 +31,13 @@ letter only ever follows a dead record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from botmesh.state.clock import Clock
+from botmesh.state.basis import Basis
 from botmesh.state.errors import VersionConflictError
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Entry, handover
+from botmesh.state.kv import Entry, handover
 from botmesh.state.messages import OutboxState, Receipt
 from botmesh.state.records import InboxState, Json, receipt_of
 from botmesh.state.writes import Write
@@ -97,20 +95,8 @@ class RetrySink(Protocol):
 class Publisher:
     """Publishes the receipts (and dead letters) of one engine and records them published."""
 
-    def __init__(
-        self,
-        sink: ReceiptSink,
-        *,
-        kv: DurableKv,
-        keys: ScopeKeys,
-        across_partitions: Callable[[], contextlib.AbstractContextManager[None]],
-        clock: Clock,
-    ) -> None:
-        self._kv = kv
-        self._keys = keys
-        #: The context of writes to records of several partitions (``Partitioned``).
-        self._across_partitions = across_partitions
-        self._clock = clock
+    def __init__(self, basis: Basis, sink: ReceiptSink) -> None:
+        self._basis = basis
         self._sink = sink
         self._dlq = sink if isinstance(sink, DeadLetterSink) else None
         #: Checked once, as ``_dlq``: an isinstance on a runtime Protocol is slow per send.
@@ -195,7 +181,7 @@ class Publisher:
             return
         self.published += 1
         if journaled:
-            self._pending[self._keys.outbox + receipt.key] = (receipt.state, ack)
+            self._pending[self._basis.keys.outbox + receipt.key] = (receipt.state, ack)
         else:
             self._loose.add(ack)
             ack.add_done_callback(self._loose.discard)
@@ -211,14 +197,14 @@ class Publisher:
         except Exception as exc:
             log.warning("dead letter of inbound %s not handed to the sink: %s", value["id"], exc)
             return
-        self._pending[self._keys.inbox + value["id"]] = (InboxState.DEAD, ack)
+        self._pending[self._basis.keys.inbox + value["id"]] = (InboxState.DEAD, ack)
 
     async def _source_of(self, value: Json) -> str | None:
         """Where the inbound that caused a send was read, when the journal still knows."""
         inbound_id = value.get("inbound_id")
         if inbound_id is None:
             return None
-        entry = await self._kv.get(self._keys.inbox + inbound_id)
+        entry = await self._basis.kv.get(self._basis.keys.inbox + inbound_id)
         source = entry.value.get("source") if entry is not None else None
         return source if isinstance(source, str) else None
 
@@ -226,10 +212,10 @@ class Publisher:
         """A settled record still unpublished (after a crash, or a refused receipt)."""
         if self.busy(entry.key):
             return 0
-        if entry.key.startswith(self._keys.inbox):
+        if entry.key.startswith(self._basis.keys.inbox):
             await self.publish_inbound(entry.value)
         else:
-            now = self._clock.now()
+            now = self._basis.clock.now()
             await self.publish(receipt_of(entry.value, now), value=entry.value)
         return 1
 
@@ -263,11 +249,11 @@ class Publisher:
             return 0
         # the receipts of every chat of the engine, whichever partition's work flushes
         # them (a partition's recovery pass does): each is recorded in its own partition
-        with self._across_partitions():
+        with self._basis.across_partitions():
             return await self._record(acked)
 
     async def _record(self, acked: dict[str, str]) -> int:
-        kv = self._kv
+        kv = self._basis.kv
         entries = await kv.get_many(list(acked))
         ops = [
             handover(

@@ -20,23 +20,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import BackoffConfig, DurabilityConfig
 from botmesh.state.delivery import Delivery
 from botmesh.state.errors import FencedError, JournalUnavailableError
-from botmesh.state.events import Emit, ErrorEvent
+from botmesh.state.events import ErrorEvent
 from botmesh.state.inbox import Inbox
-from botmesh.state.keys import ScopeKeys
-from botmesh.state.kv import DurableKv, Entry
-from botmesh.state.leader import Leadership
-from botmesh.state.lease import Leases
-from botmesh.state.receipts import Publisher
+from botmesh.state.kv import Entry
 from botmesh.state.records import SETTLED, InboxState, OutboxState
-from botmesh.state.retention import Retention
 
 __all__ = ["Scheduler", "Sweeper"]
 
@@ -53,39 +47,20 @@ class Sweeper:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        keys: ScopeKeys,
         backoff: BackoffConfig,
-        leases: Leases,
-        leader: Leadership | None,
         inbox: Inbox,
         delivery: Delivery,
-        publisher: Publisher | None,
-        retention: Retention,
         flow_due: Callable[[Entry, float], Awaitable[int]] | None,
         sweep: Callable[[float], Awaitable[int]] | None,
-        near: Callable[[str], contextlib.AbstractContextManager[None]],
-        emit: Emit,
-        clock: Clock,
-        rng: random.Random,
     ) -> None:
-        self._kv = kv
-        self._keys = keys
-        self._leases = leases
-        self._leader = leader
+        self._common = common
         self._inbox = inbox
         self._delivery = delivery
-        self._publisher = publisher
-        self._retention = retention
         #: The bot's hooks: a due flow checkpoint; due work it keeps in memory.
         self._flow_due = flow_due
         self._sweep = sweep
-        #: The context of the work on one record found by a scan (``Partitioned.near``).
-        self._near = near
-        self._emit = emit
-        self._clock = clock
-        self._rng = rng
         self._fail_counts: dict[str, int] = {}
         self._not_before: dict[str, float] = {}
         self._backoff = backoff.backoff()
@@ -94,12 +69,14 @@ class Sweeper:
         """One pass; returns how many records it acted on. ``recovering`` (the first pass
         after start) also takes this instance's leases of earlier boots, whatever their
         expiry, and publishes every receipt left unpublished."""
-        now = self._clock.now() if now is None else now
-        if self._leader is not None:
-            await self._leader.tick(now)
+        now = self._common.clock.now() if now is None else now
+        if self._common.leader is not None:
+            await self._common.leader.tick(now)
         until = math.inf if recovering else now
-        scope = self._keys
-        keys = await self._kv.range("due", scope.all, until, limit=1_000_000 if recovering else 500)
+        scope = self._common.keys
+        keys = await self._common.kv.range(
+            "due", scope.all, until, limit=1_000_000 if recovering else 500
+        )
         # Sends first: a replayed handler must find its earlier sends settled (sent,
         # unknown or resent), so that a later reply never overtakes them in the chat.
         keys.sort(key=lambda k: k.startswith(scope.inbox))
@@ -108,27 +85,27 @@ class Sweeper:
             acted += await self._visit(key, now, recovering)
         if self._sweep is not None:
             acted += await self._sweep(now)
-        acted += await self._retention.purge(now)
-        if self._publisher is not None:
-            await self._publisher.flush(wait=False)
+        acted += await self._common.retention.purge(now)
+        if self._common.publisher is not None:
+            await self._common.publisher.flush(wait=False)
         return acted
 
     async def _visit(self, key: str, now: float, recovering: bool) -> int:
-        if key in self._leases.held:
+        if key in self._common.leases.held:
             return 0
         nb = self._not_before.get(key)
         if nb is not None and nb > now:
             return 0
         try:
-            with self._near(key):
-                entry = await self._kv.get(key)
+            with self._common.near(key):
+                entry = await self._common.kv.get(key)
                 acted = 0 if entry is None else await self._route(entry, now, recovering)
         except Exception as exc:
             count = self._fail_counts.get(key, 0) + 1
             self._fail_counts[key] = count
-            self._not_before[key] = now + self._backoff.delay(count, self._rng)
+            self._not_before[key] = now + self._backoff.delay(count, self._common.rng)
             log.warning("sweeper: %s failed (%d in a row): %s", key, count, exc)
-            await self._emit(ErrorEvent(exc, "sweeper"))
+            await self._common.emit(ErrorEvent(exc, "sweeper"))
             return 0
         if self._fail_counts:
             self._fail_counts.pop(key, None)
@@ -139,13 +116,17 @@ class Sweeper:
         value = entry.value
         state = value.get("state")
         unpublished = state in _COPIED and value.get("published") is False
-        if unpublished and self._publisher is not None and (recovering or _due_by(entry, now)):
-            return await self._publisher.republish(entry)
-        if entry.key.startswith(self._keys.flow):
+        if (
+            unpublished
+            and self._common.publisher is not None
+            and (recovering or _due_by(entry, now))
+        ):
+            return await self._common.publisher.republish(entry)
+        if entry.key.startswith(self._common.keys.flow):
             if self._flow_due is None or not _due_by(entry, now):
                 return 0
             return await self._flow_due(entry, now)
-        if entry.key.startswith(self._keys.inbox):
+        if entry.key.startswith(self._common.keys.inbox):
             if state != InboxState.PENDING or not self._due(entry, now):
                 return 0
             outcome = await self._inbox.replay(entry, now)
@@ -155,7 +136,7 @@ class Sweeper:
         return 0
 
     def _due(self, entry: Entry, now: float) -> bool:
-        ls = self._leases.state(entry.value, now)
+        ls = self._common.leases.state(entry.value, now)
         if ls == "live":
             return False
         return ls == "orphan" or entry.due is None or entry.due <= now
@@ -181,24 +162,16 @@ class Scheduler:
 
     def __init__(
         self,
-        config: DurabilityConfig,
+        common: Common,
         *,
-        leases: Leases,
-        leader: Leadership | None,
+        config: DurabilityConfig,
         sweeper: Sweeper,
-        publisher: Publisher | None,
-        wake: asyncio.Event,
-        clock: Clock,
     ) -> None:
-        self._leases = leases
-        self._leader = leader
+        self._common = common
         self._sweeper = sweeper
-        self._publisher = publisher
-        self._wake = wake
-        self._clock = clock
         self.poll = config.poll
         self.tick = min(config.poll, config.inbox.lease / 3, config.outbox.lease / 3)
-        if leader is not None:
+        if common.leader is not None:
             self.tick = min(self.tick, config.leader.lease / 6)
         self.grace = config.outbox.lease
         self._task: asyncio.Task[None] | None = None
@@ -215,7 +188,7 @@ class Scheduler:
         if task is None:
             return
         self._stopping = True
-        self._wake.set()
+        self._common.wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(task), self.grace)
         except TimeoutError:
@@ -229,21 +202,21 @@ class Scheduler:
         unavailable = False
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.tick)
+                await asyncio.wait_for(self._common.wake.wait(), self.tick)
             if self._stopping:
                 return
-            woken = self._wake.is_set()
-            self._wake.clear()
+            woken = self._common.wake.is_set()
+            self._common.wake.clear()
             try:
-                if self._leader is not None:
-                    await self._leader.tick()
-                await self._leases.heartbeat_once(self._clock.now())
+                if self._common.leader is not None:
+                    await self._common.leader.tick()
+                await self._common.leases.heartbeat_once(self._common.clock.now())
                 mono = time.monotonic()
                 if woken or mono - last >= self.poll:
                     last = mono
                     await self._sweeper.sweep_once()
-                elif self._publisher is not None:
-                    await self._publisher.flush(wait=False)
+                elif self._common.publisher is not None:
+                    await self._common.publisher.flush(wait=False)
                 unavailable = False
             except FencedError as exc:  # a partition taken away meanwhile: its new owner's
                 log.info("sweeper pass stopped: %s", exc)

@@ -32,14 +32,12 @@ import asyncio
 import logging
 import time
 
-from botmesh.state.clock import Clock
+from botmesh.state.common import Common
 from botmesh.state.config import InboxConfig
 from botmesh.state.errors import FencedError, VersionConflictError
 from botmesh.state.kv import DurableKv, Put, handover
-from botmesh.state.lease import Held, Leases
-from botmesh.state.metrics import Metrics
+from botmesh.state.lease import Held
 from botmesh.state.records import Json, revise
-from botmesh.state.retention import PurgeAt
 from botmesh.state.writes import Write
 
 __all__ = ["Turns"]
@@ -56,27 +54,16 @@ class Turns:
 
     def __init__(
         self,
-        kv: DurableKv,
+        common: Common,
         *,
-        prefix: str,
         config: InboxConfig,
         poll: float,
-        leases: Leases,
-        purge_at: PurgeAt,
-        wake: asyncio.Event,
-        clock: Clock,
-        metrics: Metrics,
     ) -> None:
-        self._kv = kv
-        self.prefix = prefix
+        self._common = common
+        self.prefix = common.keys.turn
         self._lease = config.lease
         self._wait = config.turn_wait
         self._poll = poll
-        self._leases = leases
-        self._purge_at = purge_at
-        self._wake = wake
-        self._clock = clock
-        self._metrics = metrics
         #: Chat id -> the turn this engine holds (one inbound of the chat at a time).
         self._mine: dict[str, Held] = {}
         #: Chats whose turn this engine is taking now (set before the first await).
@@ -112,11 +99,11 @@ class Turns:
         sweeper then leaves the chat's pending inbound for a later pass)."""
         if chat_id in self._mine or chat_id in self._taking:
             return True
-        entry = await self._kv.get(self.prefix + chat_id)
+        entry = await self._common.kv.get(self.prefix + chat_id)
         if entry is None:
             return False
-        leases = self._leases
-        now = self._clock.now()
+        leases = self._common.leases
+        now = self._common.clock.now()
         return leases.state(entry.value, now) == "live" and not leases.this_boot(entry.value)
 
     async def _try(self, chat_id: str, inbound_id: str) -> Held | None:
@@ -130,17 +117,17 @@ class Turns:
 
     async def _take(self, chat_id: str, inbound_id: str) -> Held | None:
         key = self.prefix + chat_id
-        entry = await self._kv.get(key)
-        now = self._clock.now()
+        entry = await self._common.kv.get(key)
+        now = self._common.clock.now()
         value: Json = entry.value if entry is not None else {"chat_id": chat_id, "token": 0}
-        live = entry is not None and self._leases.state(value, now) == "live"
-        if live and not self._leases.this_boot(value):
+        live = entry is not None and self._common.leases.state(value, now) == "live"
+        if live and not self._common.leases.this_boot(value):
             return None  # another live instance runs this chat's handlers
         # (ours, of this boot, yet not held here: a release that did not land; taken again)
-        taken = self._leases.claimed(value, now, self._lease)
+        taken = self._common.leases.claimed(value, now, self._lease)
         taken.update(inbound=inbound_id, state="held")
         try:
-            [version] = await self._kv.commit(
+            [version] = await self._common.kv.commit(
                 [handover(key, taken, expect=entry.version if entry is not None else 0)],
                 label=Write.TURN_TAKE,
             )
@@ -153,7 +140,9 @@ class Turns:
     def release_op(self, turn: Held, now: float) -> Put:
         """The write that releases ``turn``, joined to the inbound's mark-done commit."""
         value = revise(turn.value, now, lease=None, inbound=None, state="done")
-        return handover(turn.key, value, expect=turn.version, purge=self._purge_at(now))
+        return handover(
+            turn.key, value, expect=turn.version, purge=self._common.retention.purge_at(now)
+        )
 
     def released(self, turn: Held) -> None:
         """The release landed (or the turn is given up): the chat is free here."""
@@ -168,8 +157,8 @@ class Turns:
         if not written:
             return
         try:
-            await self._kv.commit(
-                [self.release_op(turn, self._clock.now())], label=Write.TURN_RELEASE
+            await self._common.kv.commit(
+                [self.release_op(turn, self._common.clock.now())], label=Write.TURN_RELEASE
             )
         except Exception as exc:
             log.warning("turn %s not released (its lease lapses): %s", turn.key, exc)
@@ -177,11 +166,11 @@ class Turns:
     async def recheck(self, turn: Held) -> None:
         """The release's compare-and-set failed: our own heartbeat landed first (the
         version moves on, retry), or another instance took the turn (``FencedError``)."""
-        entry = await self._kv.get(turn.key)
+        entry = await self._common.kv.get(turn.key)
         current = entry.value.get("token") if entry is not None else None
         if entry is None or current != turn.token:
             self.released(turn)
-            self._metrics.stale_leases += 1
+            self._common.metrics.stale_leases += 1
             log.warning(
                 "turn %s was taken over (token %s, now %s): this run stops",
                 turn.key,
@@ -196,14 +185,14 @@ class Turns:
         """The chat's turn stays held elsewhere: the inbound ``held`` goes back to pending,
         its attempt not charged, due again after a short pause (the sweeper takes it).
         False when it was taken over meanwhile."""
-        now = self._clock.now()
+        now = self._common.clock.now()
         attempts = max(int(held.value.get("attempts", 1)) - 1, 0)
         value = revise(held.value, now, lease=None, attempts=attempts)
         due = now + max(self._poll, 0.05)
         try:
-            await self._leases.write(held, value, Write.INBOX_TURN_WAIT, due=due)
+            await self._common.leases.write(held, value, Write.INBOX_TURN_WAIT, due=due)
         except FencedError:
             return False
         log.info("inbound %s waits for its chat's turn (left to the sweeper)", held.key)
-        self._wake.set()
+        self._common.wake.set()
         return True

@@ -113,18 +113,7 @@ class JournalLock:
             return fd
 
     def _refusal(self, holder: str) -> JournalLockedError:
-        pid = int(holder) if holder.isdigit() else None
-        if self.shared:
-            who = f"pid {pid}" if pid is not None else "a process that is starting up"
-            return JournalLockedError(
-                self.journal,
-                pid,
-                f"the journal {self.journal} is open as a file journal (one process alone) "
-                f"by another live process ({who}, lock file {self.path}); a shared-file "
-                "journal never writes a file that journal holds. Stop that process, or open "
-                "every process's journal as shared-file://",
-            )
-        if holder == SHARED_MARK:
+        if holder == SHARED_MARK and not self.shared:
             return JournalLockedError(
                 self.journal,
                 None,
@@ -132,14 +121,22 @@ class JournalLock:
                 f"processes (lock file {self.path}); the file journal needs it alone. Stop "
                 "them, or open this one as shared-file:// too",
             )
+        pid = int(holder) if holder.isdigit() else None
         who = f"pid {pid}" if pid is not None else "a process that is starting up"
-        return JournalLockedError(
-            self.journal,
-            pid,
-            f"the journal {self.journal} is locked by another live process "
-            f"({who}, lock file {self.path}); stop that process or give this "
-            "one another journal path",
-        )
+        if self.shared:
+            why = (
+                f"the journal {self.journal} is open as a file journal (one process alone) "
+                f"by another live process ({who}, lock file {self.path}); a shared-file "
+                "journal never writes a file that journal holds. Stop that process, or open "
+                "every process's journal as shared-file://"
+            )
+        else:
+            why = (
+                f"the journal {self.journal} is locked by another live process "
+                f"({who}, lock file {self.path}); stop that process or give this "
+                "one another journal path"
+            )
+        return JournalLockedError(self.journal, pid, why)
 
     def still_held(self) -> bool:
         """Whether the lock file at the path is still the one this lock holds (someone may

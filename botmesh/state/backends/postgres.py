@@ -30,14 +30,14 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlunsplit
 
 import asyncpg
 
 from botmesh.state.backends.codec import decode_value, encode_value, prefix_bounds
-from botmesh.state.backends.server import options_of, redact, unavailable
+from botmesh.state.backends.server import ServerKv, ServerUrl
 from botmesh.state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from botmesh.state.kv import Delete, Entry, IndexName, Op, Put, wants_range
+from botmesh.state.kv import Delete, Entry, IndexName, Op, Put
 
 __all__ = [
     "PostgresKv",
@@ -106,12 +106,10 @@ class PostgresOptions:
         return f"{self.table_prefix}durable"
 
 
-class PostgresKv:
+class PostgresKv(ServerKv):
     """The PostgreSQL journal's ``DurableKv`` (see the module docstring)."""
 
-    #: Replicas on several hosts share it (the runtime adds a per-boot suffix to the
-    #: default instance id).
-    shared = True
+    server, url_name, connection, up = "PostgreSQL", "dsn", "pool", "the server"
 
     def __init__(
         self,
@@ -120,10 +118,7 @@ class PostgresKv:
         pool: asyncpg.Pool | None = None,
         options: PostgresOptions | None = None,
     ) -> None:
-        if (dsn is None) == (pool is None):
-            raise ConfigError("journal", "give the PostgreSQL journal a dsn or a pool (one)")
-        self._dsn = dsn
-        self._own_pool = pool is None
+        super().__init__(dsn, pool)
         self._pool: asyncpg.Pool | None = pool
         self.options = options or PostgresOptions()
         t = f'"{self.options.table}"'
@@ -132,13 +127,7 @@ class PostgresKv:
         self._closing = False
 
     def __repr__(self) -> str:
-        where = redact(self._dsn) if self._dsn is not None else "a pool you own"
-        return f"PostgresKv({where}, table={self.options.table!r})"
-
-    @property
-    def where(self) -> str:
-        """The server (password redacted) and table, for messages."""
-        return repr(self)
+        return f"PostgresKv({self._at()}, table={self.options.table!r})"
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -146,11 +135,11 @@ class PostgresKv:
         if self._opened and not self._closing:
             return
         self._closing = False
-        if self._own_pool:
-            assert self._dsn is not None
+        if self._own:
+            assert self._url is not None
             try:
                 self._pool = await asyncpg.create_pool(
-                    self._dsn,
+                    self._url,
                     min_size=self.options.min_connections,
                     max_size=self.options.max_connections,
                     timeout=self.options.connect_timeout,
@@ -184,7 +173,7 @@ class PostgresKv:
             return
         self._closing = True
         self._opened = False
-        if self._own_pool and self._pool is not None:
+        if self._own and self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
 
@@ -194,9 +183,6 @@ class PostgresKv:
         if not self._opened or self._closing or self._pool is None:
             raise JournalUnavailableError(f"the journal {self.where} is closed; open() it again")
         return self._pool
-
-    def _error(self, what: str, exc: BaseException) -> JournalUnavailableError:
-        return unavailable(what, self.where, exc, self._dsn, "the server")
 
     async def _call(self, fn: Callable[[Conn], Awaitable[T]], *, read: bool) -> T:
         """Run ``fn`` on a pooled connection. A connection found dropped is replaced and the
@@ -225,27 +211,14 @@ class PostgresKv:
 
     # -- reads ----------------------------------------------------------------------
 
-    async def get(self, key: str) -> Entry | None:
-        return (await self.get_many([key])).get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
-        self._check()
-        wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
-
+    async def _get_many(self, keys: list[str]) -> dict[str, Entry]:
         async def run(conn: Conn) -> list[Any]:
-            return await conn.fetch(self._sql.get_many, wanted)
+            return await conn.fetch(self._sql.get_many, keys)
 
         rows = await self._call(run, read=True)
         return {r[0]: Entry(r[0], decode_value(r[1]), r[2], r[3], r[4]) for r in rows}
 
-    async def range(
-        self, index: IndexName, prefix: str, until: float, limit: int = 100
-    ) -> list[str]:
-        self._check()
-        if not wants_range(index, limit):
-            return []
+    async def _range(self, index: IndexName, prefix: str, until: float, limit: int) -> list[str]:
         low, high = prefix_bounds(prefix)
         sql = self._sql.range[(index, high is not None)]
         args: list[object] = [until, low, limit] + ([high] if high is not None else [])
@@ -255,8 +228,7 @@ class PostgresKv:
 
         return [r[0] for r in await self._call(run, read=True)]
 
-    async def scan(self, prefix: str) -> list[Entry]:
-        self._check()
+    async def _scan(self, prefix: str) -> list[Entry]:
         low, high = prefix_bounds(prefix)
         sql = self._sql.scan[high is not None]
         args: list[object] = [low, *([high] if high is not None else [])]
@@ -269,10 +241,7 @@ class PostgresKv:
 
     # -- writes ---------------------------------------------------------------------
 
-    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
-        self._check()
-        if not ops:
-            return []
+    async def _commit(self, ops: Sequence[Op]) -> list[int]:
         staged = [(op, encode_value(op.value) if isinstance(op, Put) else None) for op in ops]
 
         async def run(conn: Conn) -> list[int]:
@@ -356,48 +325,39 @@ class _Statements:
         self.scan = {False: scan + " ORDER BY key", True: scan + " AND key < $2 ORDER BY key"}
 
 
-_OPTIONS = {"table_prefix", "min_connections", "max_connections", "connect_timeout"}
+def _seconds(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"must be seconds, got {raw!r}") from None
 
 
-def _split(url: str) -> tuple[str, PostgresOptions]:
-    """The driver's DSN (our options removed) and the options, from a journal URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres") or not parts.netloc:
-        raise ConfigError(
-            "journal",
-            f"{redact(url)!r} is not a PostgreSQL journal URL; write "
-            "postgresql://user:password@host:5432/database?table_prefix=botmesh_",
-        )
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in _OPTIONS:
-            theirs.append((name, raw))  # the driver's own (sslmode, application_name…)
-            continue
-        if name == "table_prefix":
-            ours[name] = raw
-        elif name == "connect_timeout":
-            try:
-                ours[name] = float(raw)
-            except ValueError:
-                raise ConfigError(f"journal ({name})", f"must be seconds, got {raw!r}") from None
-        else:
-            if not raw.isdigit():
-                raise ConfigError(f"journal ({name})", f"must be a whole number, got {raw!r}")
-            ours[name] = int(raw)
-    dsn = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs)))
-    return dsn, options_of(PostgresOptions, url, ours)
+def _whole(raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError(f"must be a whole number, got {raw!r}")
+    return int(raw)
 
 
-def check_url(url: str) -> None:
-    """Refuse a bad ``postgresql://`` URL (``ConfigError``, password redacted)."""
-    _split(url)
+def _journal(parts: SplitResult, options: PostgresOptions) -> PostgresKv:
+    return PostgresKv(urlunsplit(parts._replace(scheme="postgresql")), options=options)
 
 
-def from_url(url: str) -> PostgresKv:
-    """A ``PostgresKv`` (not opened yet) for a ``postgresql://`` URL."""
-    dsn, options = _split(url)
-    return PostgresKv(dsn, options=options)
+_URL = ServerUrl(
+    schemes=("postgresql", "postgres"),
+    server="PostgreSQL",
+    example="postgresql://user:password@host:5432/database?table_prefix=botmesh_",
+    readers={
+        "table_prefix": str,
+        "min_connections": _whole,
+        "max_connections": _whole,
+        "connect_timeout": _seconds,
+    },
+    options=PostgresOptions,
+    journal=_journal,
+)
+#: What ``botmesh.state.backends`` calls for a ``postgresql://`` URL: refuse a bad one
+#: (``ConfigError``, password redacted), make its ``PostgresKv`` (not opened), open it.
+check_url, from_url, open_url = _URL.check, _URL.kv, _URL.open
 
 
 async def open_postgres_kv(
@@ -410,12 +370,5 @@ async def open_postgres_kv(
     """A ``PostgresKv`` on a server (``dsn``) or on a pool you own, opened (table created)."""
     options = PostgresOptions(table_prefix, max_connections=max_connections)
     kv = PostgresKv(dsn, pool=pool, options=options)
-    await kv.open()
-    return kv
-
-
-async def open_url(url: str) -> PostgresKv:
-    """The opener ``botmesh.state.backends`` calls for ``postgresql://`` URLs."""
-    kv = from_url(url)
     await kv.open()
     return kv

@@ -30,16 +30,16 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlunsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from botmesh.state.backends.codec import decode_value, encode_value
-from botmesh.state.backends.server import options_of, redact, unavailable
+from botmesh.state.backends.server import ServerKv, ServerUrl
 from botmesh.state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from botmesh.state.kv import Delete, Entry, IndexName, Op, Put, wants_range
+from botmesh.state.kv import Delete, Entry, IndexName, Op, Put
 
 __all__ = [
     "RedisKv",
@@ -196,12 +196,10 @@ def _entry(key: str, raw: Any, due: Any, purge: Any) -> Entry:
     return Entry(key, decode_value(value), int(version), _float(due), _float(purge))
 
 
-class RedisKv:
+class RedisKv(ServerKv):
     """The Redis journal's ``DurableKv`` (see the module docstring)."""
 
-    #: Replicas on several hosts share it (the runtime adds a per-boot suffix to the
-    #: default instance id).
-    shared = True
+    server, url_name, connection, up = "Redis", "url", "client", "Redis"
 
     def __init__(
         self,
@@ -210,22 +208,14 @@ class RedisKv:
         client: Client | None = None,
         options: RedisOptions | None = None,
     ) -> None:
-        if (url is None) == (client is None):
-            raise ConfigError("journal", "give the Redis journal a url or a client (one)")
-        self._url = url
-        self._own_client = client is None
+        super().__init__(url, client)
         self._client: Client | None = client
         self.options = options or RedisOptions()
         self._opened = False
         self._head = f"{self.options.prefix}:{{durable:"
 
     def __repr__(self) -> str:
-        where = redact(self._url) if self._url is not None else "a client you own"
-        return f"RedisKv({where}, prefix={self.options.prefix!r})"
-
-    @property
-    def where(self) -> str:
-        return repr(self)
+        return f"RedisKv({self._at()}, prefix={self.options.prefix!r})"
 
     def _keys(self, scope: str) -> list[str]:
         base = f"{self._head}{scope}}}"
@@ -236,7 +226,7 @@ class RedisKv:
     async def open(self) -> None:
         if self._opened:
             return
-        if self._own_client:
+        if self._own:
             assert self._url is not None
             if self.options.cluster:
                 self._client = RedisCluster.from_url(self._url)
@@ -251,7 +241,7 @@ class RedisKv:
         try:
             await self._check_persistence(client)
         except BaseException:
-            if self._own_client:
+            if self._own:
                 await client.aclose()
                 self._client = None
             raise
@@ -294,7 +284,7 @@ class RedisKv:
         if not self._opened:
             return
         self._opened = False
-        if self._own_client and self._client is not None:
+        if self._own and self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
 
@@ -304,9 +294,6 @@ class RedisKv:
         if not self._opened or self._client is None:
             raise JournalUnavailableError(f"the journal {self.where} is closed; open() it again")
         return self._client
-
-    def _error(self, what: str, exc: BaseException) -> JournalUnavailableError:
-        return unavailable(what, self.where, exc, self._url, "Redis")
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -343,13 +330,9 @@ class RedisKv:
 
     # -- reads ----------------------------------------------------------------------
 
-    async def get(self, key: str) -> Entry | None:
-        return (await self.get_many([key])).get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
-        self._check()
+    async def _get_many(self, keys: list[str]) -> dict[str, Entry]:
         by_scope: dict[str, list[str]] = {}
-        for k in dict.fromkeys(keys):
+        for k in keys:
             by_scope.setdefault(_scope(k), []).append(k)
         out: dict[str, Entry] = {}
         for scope, wanted in by_scope.items():
@@ -360,12 +343,7 @@ class RedisKv:
                     out[k] = _entry(k, raw, due, purge)
         return out
 
-    async def range(
-        self, index: IndexName, prefix: str, until: float, limit: int = 100
-    ) -> list[str]:
-        self._check()
-        if not wants_range(index, limit):
-            return []
+    async def _range(self, index: IndexName, prefix: str, until: float, limit: int) -> list[str]:
         which = 1 if index == "due" else 2
         bound = "+inf" if until == float("inf") else repr(float(until))
         found: list[tuple[float, str]] = []
@@ -376,8 +354,7 @@ class RedisKv:
         found.sort()
         return [k for _, k in found[:limit]]
 
-    async def scan(self, prefix: str) -> list[Entry]:
-        self._check()
+    async def _scan(self, prefix: str) -> list[Entry]:
         out: list[Entry] = []
         for scope in await self._scopes(prefix):
             flat = await self._run(self._scan_script, self._keys(scope), [prefix])
@@ -389,10 +366,7 @@ class RedisKv:
 
     # -- writes ---------------------------------------------------------------------
 
-    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
-        self._check()
-        if not ops:
-            return []
+    async def _commit(self, ops: Sequence[Op]) -> list[int]:
         scopes: dict[str, int] = {}
         args: list[Any] = [len(ops)]
         for op in ops:
@@ -420,43 +394,31 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text).replace("{", "\\{").replace("}", "\\}")
 
 
-_OPTIONS = {"prefix", "cluster"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _split(url: str) -> tuple[str, RedisOptions]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss") or not parts.netloc:
-        raise ConfigError(
-            "journal",
-            f"{redact(url)!r} is not a Redis journal URL; write "
-            "redis://:password@host:6379/0?prefix=botmesh (rediss:// for TLS)",
-        )
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
-        if name == "prefix":
-            ours[name] = raw
-        elif name == "cluster":
-            if raw.lower() not in _TRUE | _FALSE:
-                raise ConfigError("journal (cluster)", f"must be true or false, got {raw!r}")
-            ours[name] = raw.lower() in _TRUE
-        else:
-            theirs.append((name, raw))  # the client's own (socket_timeout…)
-    client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
-    return client_url, options_of(RedisOptions, url, ours)
+def _flag(raw: str) -> bool:
+    if raw.lower() not in _TRUE | _FALSE:
+        raise ValueError(f"must be true or false, got {raw!r}")
+    return raw.lower() in _TRUE
 
 
-def check_url(url: str) -> None:
-    """Refuse a bad ``redis://`` URL (``ConfigError``, password redacted)."""
-    _split(url)
+def _journal(parts: SplitResult, options: RedisOptions) -> RedisKv:
+    return RedisKv(urlunsplit(parts), options=options)
 
 
-def from_url(url: str) -> RedisKv:
-    """A ``RedisKv`` (not opened yet) for a ``redis://`` or ``rediss://`` URL."""
-    client_url, options = _split(url)
-    return RedisKv(client_url, options=options)
+_URL = ServerUrl(
+    schemes=("redis", "rediss"),
+    server="Redis",
+    example="redis://:password@host:6379/0?prefix=botmesh (rediss:// for TLS)",
+    readers={"prefix": str, "cluster": _flag},
+    options=RedisOptions,
+    journal=_journal,
+)
+#: What ``botmesh.state.backends`` calls for a ``redis://`` or ``rediss://`` URL: refuse a
+#: bad one (``ConfigError``, password redacted), make its ``RedisKv`` (not opened), open it.
+check_url, from_url, open_url = _URL.check, _URL.kv, _URL.open
 
 
 async def open_redis_kv(
@@ -468,12 +430,5 @@ async def open_redis_kv(
 ) -> RedisKv:
     """A ``RedisKv`` on a server (``url``) or on a client you own, opened."""
     kv = RedisKv(url, client=client, options=RedisOptions(prefix, cluster))
-    await kv.open()
-    return kv
-
-
-async def open_url(url: str) -> RedisKv:
-    """The opener ``botmesh.state.backends`` calls for ``redis://`` URLs."""
-    kv = from_url(url)
     await kv.open()
     return kv

@@ -32,9 +32,10 @@ from typing import Literal, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from botmesh.state.backends.codec import decode_value, encode_value, prefix_bounds
+from botmesh.state.backends.database import DatabaseKv
 from botmesh.state.backends.server import options_of
 from botmesh.state.errors import ConfigError, JournalUnavailableError, VersionConflictError
-from botmesh.state.kv import Delete, Entry, IndexName, Op, Put, wants_range
+from botmesh.state.kv import Delete, Entry, IndexName, Op, Put
 
 __all__ = [
     "SQLiteKv",
@@ -90,7 +91,7 @@ class _Pending:
     future: asyncio.Future[list[int]]
 
 
-class SQLiteKv:
+class SQLiteKv(DatabaseKv):
     """The SQLite journal's ``DurableKv`` (see the module docstring)."""
 
     #: Several processes may share it (the runtime adds a per-boot suffix to the default
@@ -224,15 +225,8 @@ class SQLiteKv:
 
     # -- reads ----------------------------------------------------------------------
 
-    async def get(self, key: str) -> Entry | None:
-        return (await self.get_many([key])).get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
-        self._check()
-        wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
-        return await self._run(lambda: self._retry_busy(lambda: self._get_many_sync(wanted)))
+    async def _get_many(self, keys: list[str]) -> dict[str, Entry]:
+        return await self._run(lambda: self._retry_busy(lambda: self._get_many_sync(keys)))
 
     def _get_many_sync(self, keys: list[str]) -> dict[str, Entry]:
         db = self._conn()
@@ -248,12 +242,7 @@ class SQLiteKv:
                 out[k] = Entry(k, decode_value(v), ver, due, purge)
         return out
 
-    async def range(
-        self, index: IndexName, prefix: str, until: float, limit: int = 100
-    ) -> list[str]:
-        self._check()
-        if not wants_range(index, limit):
-            return []
+    async def _range(self, index: IndexName, prefix: str, until: float, limit: int) -> list[str]:
         low, high = prefix_bounds(prefix)
         sql = f"SELECT key FROM durable WHERE {index} IS NOT NULL AND {index} <= ?"
         args: list[object] = [until]
@@ -271,8 +260,7 @@ class SQLiteKv:
 
         return await self._run(lambda: self._retry_busy(run))
 
-    async def scan(self, prefix: str) -> list[Entry]:
-        self._check()
+    async def _scan(self, prefix: str) -> list[Entry]:
         low, high = prefix_bounds(prefix)
         sql = "SELECT key, value, version, due, purge FROM durable WHERE key >= ?"
         args: list[object] = [low]
@@ -289,10 +277,7 @@ class SQLiteKv:
 
     # -- writes ---------------------------------------------------------------------
 
-    async def commit(self, ops: Sequence[Op], *, label: str = "") -> list[int]:
-        self._check()
-        if not ops:
-            return []
+    async def _commit(self, ops: Sequence[Op]) -> list[int]:
         for op in ops:
             if isinstance(op, Put):
                 encode_value(op.value)  # refuse what cannot be encoded before queueing
