@@ -14,8 +14,8 @@ from botmesh.state.backends.shared_file import (
     SharedFileOptions,
     open_shared_file_kv,
 )
+from botmesh.state.checkpoints import FlowRecord
 from botmesh.state.config import BackoffConfig, InboxConfig, OutboxConfig
-from botmesh.state.flows import FlowRecord
 from botmesh.state.kv import Delete, DurableKv, Entry, MemoryKv, Op, Put
 from botmesh.state.operations import Operations
 from botmesh.state.records import InboxRecord, InboxState, OutboxRecord, OutboxState

@@ -35,12 +35,12 @@ from typing import Any, Unpack
 from botmesh._bot.flow import Flow
 from botmesh._bot.parts import Host
 from botmesh._bot.sends import SendOptions, outbound
+from botmesh.state.checkpoints import ended_record, question_fp
 from botmesh.state.durations import Duration, parse_duration
 from botmesh.state.errors import FlowCancelled, FlowInvalidAnswer, FlowTimeout
 from botmesh.state.events import FlowStatus
-from botmesh.state.flows import ended_record, question_fp
 from botmesh.state.keys import check_explicit, derived_key
-from botmesh.state.media import journaled, rehydrated
+from botmesh.state.media_replay import journaled, rehydrated
 from botmesh.state.messages import Inbound, OutboxState, Receipt
 from botmesh.state.records import Json, decode_inbound, encode_inbound, receipt_of
 

@@ -25,9 +25,9 @@ from botmesh._bot.conversation import (
 )
 from botmesh._bot.flow import Flow
 from botmesh._bot.parts import Host, Slot, Turn
+from botmesh.state.checkpoints import ACTIVE, ended_record, fresh_record
 from botmesh.state.errors import FlowDivergedError, FlowVersionError
 from botmesh.state.events import ErrorEvent, FlowEndedEvent
-from botmesh.state.flows import ACTIVE, ended_record, fresh_record
 from botmesh.state.inbox import rerunning
 from botmesh.state.kv import Entry, copy_json
 from botmesh.state.records import Json

@@ -37,8 +37,8 @@ from botmesh.streams.ops.tail import Record
 from botmesh.streams.table_kv import TABLE_NAME
 from botmesh.topics.catalog import Catalog
 from botmesh.topics.dead_letters import DeadLetter, read_dead_letter
-from botmesh.topics.metrics import WorkerMetrics, decode_metrics
 from botmesh.topics.records import decode_receipt
+from botmesh.topics.status_records import WorkerMetrics, decode_metrics
 
 __all__ = [
     "FlowView",

@@ -30,7 +30,7 @@ from botmesh.streams.ops.dlq import COMMANDS, command_kind
 from botmesh.streams.ops.operator import ReplayResult, Status
 from botmesh.streams.ops.tail import TopicProgress
 from botmesh.topics.dead_letters import DeadLetter
-from botmesh.topics.metrics import WorkerMetrics
+from botmesh.topics.status_records import WorkerMetrics
 
 __all__ = ["View"]
 

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from botmesh.state.metrics import Metric as EngineMetric
+from botmesh.state.counters import Metric as EngineMetric
 
 __all__ = [
     "CONTENT_TYPE",

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from botmesh.state.clock import Clock, SystemClock
+from botmesh.state.counters import Metrics, Timings
 from botmesh.state.keys import ScopeKeys
 from botmesh.state.kv import DurableKv, Partitioned, anywhere, unpartitioned
-from botmesh.state.metrics import Metrics, Timings
 
 __all__ = ["Basis"]
 

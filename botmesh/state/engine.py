@@ -13,7 +13,7 @@
 ``delivery``     provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
 ``outbox``       journal a send, inline or enqueued (``botmesh.state.outbox``)
 ``inbox``        journal an inbound, run its handlers, mark it done (``botmesh.state.inbox``)
-``checkpoints``  flow checkpoints, alone or riding on an inbound's done (``botmesh.state.flows``)
+``checkpoints``  flow checkpoints, alone or riding on an inbound's done (``checkpoints.py``)
 ``sweeper``      the pass over due records (``botmesh.state.scheduler``)
 ``scheduler``    the timer of the sweeper and of the heartbeats (``botmesh.state.scheduler``)
 ``erasure``      a chat's records deleted, with a receipt (``botmesh.state.erasure``)
@@ -45,19 +45,19 @@ from dataclasses import dataclass
 from typing import TypedDict, cast
 
 from botmesh.state.basis import Basis
+from botmesh.state.checkpoints import Checkpoints
 from botmesh.state.clock import Clock
 from botmesh.state.common import Common
 from botmesh.state.config import DurabilityConfig
+from botmesh.state.counters import Timings
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.events import Emit, ErasedEvent
-from botmesh.state.flows import Checkpoints
 from botmesh.state.inbox import Dispatch, Inbox
 from botmesh.state.kv import DurableKv, Entry
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
 from botmesh.state.message_log import JournalMessageLog
-from botmesh.state.metrics import Timings
 from botmesh.state.operations import Operations
 from botmesh.state.order import ChatOrder
 from botmesh.state.outbox import Outbox

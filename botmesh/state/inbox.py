@@ -39,7 +39,7 @@ from botmesh.state.errors import (
 from botmesh.state.events import DeadEvent, ErrorEvent
 from botmesh.state.kv import Entry, Op, handover
 from botmesh.state.lease import Held
-from botmesh.state.media import journaled, rehydrated
+from botmesh.state.media_replay import journaled, rehydrated
 from botmesh.state.messages import Inbound
 from botmesh.state.ports import Provider
 from botmesh.state.records import (

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from botmesh.state.checkpoints import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
 from botmesh.state.clock import Clock
 from botmesh.state.common import Common
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.errors import Reason, RecordStateError
 from botmesh.state.events import FlowEndedEvent
-from botmesh.state.flows import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
 from botmesh.state.inbox import replay_value
 from botmesh.state.keys import part_base, part_key
 from botmesh.state.kv import Delete, DurableKv, Entry, handover

@@ -24,8 +24,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from botmesh.state.counters import Timings
 from botmesh.state.messages import Media, Outbound, SendResult
-from botmesh.state.metrics import Timings
 
 __all__ = [
     "AmbiguityResolver",

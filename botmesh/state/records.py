@@ -7,7 +7,7 @@ An inbox record (key ``<scope>/in/<id>``)::
 
 (``replayed``: a replay from the journal ran it, not a delivery; a later rerun gets the
 journaled message too. ``message.media`` is the channel's durable reference:
-``botmesh.state.media``.)
+``botmesh.state.media_replay``.)
 
 An outbox record (key ``<scope>/out/<key>``)::
 
@@ -110,8 +110,9 @@ def error_of(exc: BaseException, reason: Reason | None) -> Json:
 
 
 def encode_inbound(message: Inbound) -> Json:
-    """The journaled form of an inbound (JSON; bytes base64). ``botmesh.state.media.journaled``
-    first replaces its media with a durable reference where the provider has one."""
+    """The journaled form of an inbound (JSON; bytes base64).
+    ``botmesh.state.media_replay.journaled`` first replaces its media with a durable
+    reference where the provider has one."""
     value: Json = msgspec.to_builtins(message)
     return value
 

@@ -7,7 +7,7 @@ import pytest
 from botmesh import Bot, Context, Inbound
 from botmesh.errors import RecordStateError, SendDeferredError, SendError, UnsupportedContentError
 from botmesh.journal import MemoryKv, Write
-from botmesh.state.metrics import Metric
+from botmesh.state.counters import Metric
 from botmesh.testing import ManualClock, SimulatedCrash, crashable
 from tests.kit import make_app, policy, texts
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from botmesh.state.counters import Metric
 from botmesh.state.kv import Entry
-from botmesh.state.metrics import Metric
 from botmesh.streams.clients import AsyncProducer
 from botmesh.streams.membership import WORKER_COUNTERS
 from botmesh.streams.ops.operator import (

@@ -65,7 +65,7 @@ from botmesh.streams.groups import (
 from botmesh.streams.journal_db import JournalView
 from botmesh.streams.table_kv import TABLE_NAME
 from botmesh.topics.catalog import RETRY_TIERS, Catalog
-from botmesh.topics.metrics import (
+from botmesh.topics.status_records import (
     METRICS_VERSION,
     WorkerMetrics,
     decode_metrics,

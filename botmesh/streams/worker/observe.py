@@ -26,7 +26,7 @@ from botmesh.streams.table_kv import TableKv
 from botmesh.streams.worker.changelog import RdChangelog
 from botmesh.streams.worker.consumer import ConsumerThread
 from botmesh.topics.catalog import Catalog
-from botmesh.topics.metrics import metrics_record
+from botmesh.topics.status_records import metrics_record
 
 __all__ = ["Observed", "WorkerParts"]
 
