@@ -56,6 +56,8 @@ from botmesh.topics.catalog import Catalog, prefix_from_env
 __all__ = ["journal_summary", "main", "stop_process", "worker_command"]
 
 WAIT_S = 120.0
+#: What ``--app`` takes, said with a refused one.
+_APP_HINT = "give module:attribute of a botmesh.Bot, e.g. botmesh.examples.echo_bot:bot"
 
 
 class DemoError(RuntimeError):
@@ -263,10 +265,13 @@ def _scope_of(app: str) -> str | None:
     try:
         bot = pkgutil.resolve_name(app)
     except (ImportError, AttributeError, ValueError) as exc:
-        print(f"demo: --app {app!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"demo: --app {app!r}: {type(exc).__name__}: {exc}; {_APP_HINT}", file=sys.stderr)
         return None
     if not isinstance(bot, BotDefinition):
-        print(f"demo: --app {app!r} is a {type(bot).__name__}, not a bot", file=sys.stderr)
+        print(
+            f"demo: --app {app!r} is a {type(bot).__name__}, not a bot; {_APP_HINT}",
+            file=sys.stderr,
+        )
         return None
     return str(getattr(bot, "scope", echo_bot.scope))
 
