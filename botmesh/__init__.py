@@ -17,6 +17,7 @@ from botmesh._version import __version__
 _WHERE = {
     "AmbiguousEvent": "botmesh.state.events",
     "Bot": "botmesh._bot.bot",
+    "Campaign": "botmesh._bot.broadcast",
     "ConsoleProvider": "botmesh.providers.console",
     "Context": "botmesh._bot.context",
     "Conversation": "botmesh._bot.conversation",
@@ -44,6 +45,7 @@ _WHERE = {
 
 if _typing.TYPE_CHECKING:
     from botmesh._bot.bot import Bot, run
+    from botmesh._bot.broadcast import Campaign
     from botmesh._bot.context import Context
     from botmesh._bot.conversation import Conversation
     from botmesh._bot.media import load_media_of
@@ -82,6 +84,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AmbiguousEvent",
     "Bot",
+    "Campaign",
     "ConsoleProvider",
     "Context",
     "Conversation",

@@ -7,12 +7,14 @@ journal and the provider the worker chooses. Both bind it with ``bot.bind(...)``
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
+from botmesh._bot.broadcast import Campaign
 from botmesh._bot.flow import Flow, FlowFn, Incompatible, check_flow_options
 from botmesh._bot.parts import AfterSend, BeforeSend, Registry
 from botmesh._bot.runtime import Runtime
+from botmesh._bot.sends import SendOptions
 from botmesh.state.config import DurabilityConfig
 from botmesh.state.engine import RuntimeOptions
 from botmesh.state.errors import DurabilityError
@@ -28,7 +30,7 @@ from botmesh.state.events import (
 from botmesh.state.keys import scope_id
 from botmesh.state.kv import DurableKv
 from botmesh.state.message_log import LoggedMessage
-from botmesh.state.messages import Inbound
+from botmesh.state.messages import Inbound, Receipt
 from botmesh.state.ports import Provider
 
 if TYPE_CHECKING:
@@ -225,6 +227,38 @@ class Bot:
                 "botmesh.run(bot, provider, journal=...) as app` first"
             )
         return await runtime.messages(chat_id, limit=limit, before=before)
+
+    # -- sends over time ----------------------------------------------------------------
+
+    async def cancel(self, key: str) -> Receipt:
+        """Cancel the send ``key`` before it goes out (a scheduled send, a reminder): on the
+        runtime this bot was last bound to, as ``Runtime.cancel``."""
+        return await self._runtime("cancel a send").cancel(key)
+
+    async def broadcast(
+        self,
+        chat_ids: Iterable[str],
+        text: str | None = None,
+        *,
+        campaign: str,
+        concurrency: int = 16,
+        **opts: Unpack[SendOptions],
+    ) -> Campaign:
+        """One send to many chats, as a campaign: ``Runtime.broadcast`` on the runtime this
+        bot was last bound to (docs/sends-over-time.md)."""
+        runtime = self._runtime("broadcast")
+        return await runtime.broadcast(
+            chat_ids, text, campaign=campaign, concurrency=concurrency, **opts
+        )
+
+    def _runtime(self, what: str) -> Runtime:
+        runtime = self._bound
+        if runtime is None:
+            raise DurabilityError(
+                f"cannot {what}: the bot is not running; use `async with botmesh.run(bot, "
+                "provider, journal=...) as app` first"
+            )
+        return runtime
 
 
 def run(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from botmesh._bot.media import load_media_of
 from botmesh._bot.parts import Host, Turn
-from botmesh._bot.sends import SendOptions, outbound
+from botmesh._bot.sends import SendOptions, outbound, timing_of
 from botmesh.state.keys import check_explicit, derived_key
 from botmesh.state.messages import Inbound, Receipt
 from botmesh.state.ports import Provider
@@ -66,7 +66,9 @@ class Context:
     async def enqueue(
         self, chat_id: str, text: str | None = None, **opts: Unpack[SendOptions]
     ) -> str:
-        """Journal a send for the background sweeper and return its key at once."""
+        """Journal a send for the background sweeper and return its key at once; with
+        ``at=``/``delay=`` it goes out at that time, not before (``bot.cancel(key)`` stops
+        it until then)."""
         return (await self._submit(chat_id, text, opts, inline=False)).key
 
     async def start_flow(
@@ -90,5 +92,11 @@ class Context:
         key, derived = self._key(opts.get("idempotency_key"))
         message = outbound(chat_id, text, opts)
         return await self._host.submit(
-            message, key, derived, self.message.id, inline=inline, fallback=opts.get("fallback")
+            message,
+            key,
+            derived,
+            self.message.id,
+            inline=inline,
+            fallback=opts.get("fallback"),
+            timing=timing_of(opts),
         )

@@ -34,7 +34,7 @@ from typing import Any, Unpack
 
 from botmesh._bot.flow import Flow
 from botmesh._bot.parts import Host
-from botmesh._bot.sends import SendOptions, outbound
+from botmesh._bot.sends import SendOptions, outbound, timing_of
 from botmesh.state.checkpoints import ended_record, question_fp
 from botmesh.state.durations import Duration, parse_duration
 from botmesh.state.errors import FlowCancelled, FlowInvalidAnswer, FlowTimeout
@@ -257,7 +257,10 @@ class FlowSends:
         inbound_id: str | None,
     ) -> Receipt:
         message = outbound(chat_id, text, opts)
-        return await self._host.submit(message, key, derived, inbound_id, inline=True)
+        timing = timing_of(opts)
+        return await self._host.submit(
+            message, key, derived, inbound_id, inline=True, timing=timing
+        )
 
     async def replayed(self, key: str, chat_id: str, inbound_id: str | None) -> Receipt:
         """The receipt of a send an earlier turn made: from the outbox, else a stand-in

@@ -27,6 +27,7 @@ from botmesh.state.keys import fingerprint
 from botmesh.state.kv import Entry, Op
 from botmesh.state.messages import Inbound, Outbound, Receipt
 from botmesh.state.ports import Provider
+from botmesh.state.timing import Timing
 
 __all__ = ["Core"]
 
@@ -131,6 +132,7 @@ class Core:
         *,
         inline: bool,
         fallback: Fallback | None = None,
+        timing: Timing | None = None,
     ) -> Receipt:
         if fallback is not None and not isinstance(fallback, Fallback):
             raise TypeError(f"fallback must be a botmesh.Fallback, got {type(fallback).__name__}")
@@ -138,6 +140,12 @@ class Core:
         if self.bot.registry.before_send:
             message = await self._before(message)
         if not self.journaled:  # no journal: every send goes out now, enqueued or not
+            if timing is not None and timing.scheduled:
+                raise DurabilityError(
+                    f"send {key!r} is scheduled ('at' or 'delay'), and a scheduled send "
+                    "waits in the journal: run the bot on one (botmesh.run(bot, provider, "
+                    "journal='file:///var/lib/bot') or the Kafka worker)"
+                )
             return await self._send_plain(message, key, inbound_id)
         return await self.started().submit(
             message,
@@ -147,6 +155,7 @@ class Core:
             fp=fp,
             inbound_id=inbound_id,
             fallback=fallback.to_json() if fallback is not None else None,
+            timing=timing,
         )
 
     async def _before(self, message: Outbound) -> Outbound:

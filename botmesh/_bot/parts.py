@@ -22,6 +22,7 @@ from botmesh.state.fallback import Fallback
 from botmesh.state.kv import Op
 from botmesh.state.messages import Inbound, Outbound, Receipt
 from botmesh.state.ports import Provider
+from botmesh.state.timing import Timing
 
 if TYPE_CHECKING:
     from botmesh.state.records import Json
@@ -143,9 +144,11 @@ class Host(Protocol):
         *,
         inline: bool,
         fallback: Fallback | None = None,
+        timing: Timing | None = None,
     ) -> Receipt:
         """Journal and send ``message`` under ``key`` (``derived``: keyed from an inbound,
-        so a replay is checked against what was sent); inline now, or for the sweeper."""
+        so a replay is checked against what was sent); inline now, or for the sweeper
+        (always when ``timing`` schedules it)."""
 
     def flows(self) -> FlowStarter:
         """The bot's flow runner (``ValueError`` when the bot has none)."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack
 
+from botmesh._bot.broadcast import Campaign, broadcast, checked, recipients_of
 from botmesh._bot.core import Core
 from botmesh._bot.parts import Definition
-from botmesh._bot.sends import SendOptions, outbound
+from botmesh._bot.sends import SendOptions, outbound, timing_of
 from botmesh.providers.http import HttpChannel
 from botmesh.state.backends import check_url, is_shared, open_backend
 from botmesh.state.backoff import Retries
@@ -29,7 +30,7 @@ from botmesh.state.errors import (
 from botmesh.state.inbox import Outcome
 from botmesh.state.keys import check_explicit, random_key
 from botmesh.state.kv import DurableKv
-from botmesh.state.messages import Inbound, Receipt
+from botmesh.state.messages import Inbound, Outbound, Receipt
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
 
@@ -256,6 +257,57 @@ class Runtime:
             )
         return await self._core.started().messages.history(chat_id, limit=limit, before=before)
 
+    async def cancel(self, key: str) -> Receipt:
+        """Cancel the send ``key`` before it goes out (a scheduled send, or one waiting its
+        turn or a retry): it is settled ``cancelled``, never sent, and a later send under
+        ``key`` is answered from it. ``RecordStateError`` when it went out already or is
+        in flight."""
+        return await self._journal_ops("cancel a send").cancel(check_explicit(key))
+
+    async def broadcast(
+        self,
+        chat_ids: Iterable[str],
+        text: str | None = None,
+        *,
+        campaign: str,
+        concurrency: int = 16,
+        **opts: Unpack[SendOptions],
+    ) -> Campaign:
+        """Send ``text`` (and the send options: media, ``at``, ``deliver_within``…) to each
+        of ``chat_ids`` as the campaign ``campaign``: one send per recipient, journaled
+        ``concurrency`` at a time under ``campaign:<campaign>:<chat id>`` and delivered by
+        the background sweeper at the channel's pace. Run again after a crash, it sends no
+        recipient twice and skips none. The ``Campaign`` gives its progress (``status``,
+        ``wait``) and cancels what has not gone out (``cancel``)."""
+        ops = checked(campaign, concurrency, self.durability)
+        if opts.get("idempotency_key") is not None:
+            raise ValueError("a broadcast keys each send by its campaign: drop idempotency_key")
+        handle = Campaign(campaign, ops, recipients_of(chat_ids))
+        return await broadcast(handle, self._enqueue, text, opts, concurrency=concurrency)
+
+    async def campaign(self, campaign: str) -> Campaign:
+        """The handle of a campaign broadcast earlier (its progress; ``cancel`` cancels its
+        sends that wait in the journal)."""
+        ops = checked(campaign, 1, self.durability)
+        return Campaign(campaign, ops, [])
+
+    def _journal_ops(self, what: str) -> Operations:
+        ops = self.durability
+        if ops is None:
+            raise DurabilityError(f"cannot {what}: the bot is not running on a journal")
+        return ops
+
+    async def _enqueue(self, message: Outbound, key: str, opts: SendOptions) -> Receipt:
+        return await self._core.submit(
+            message,
+            key,
+            False,
+            None,
+            inline=False,
+            fallback=opts.get("fallback"),
+            timing=timing_of(opts),
+        )
+
     async def _submit_outside(
         self, chat_id: str, text: str | None, opts: SendOptions, *, inline: bool
     ) -> Receipt:
@@ -263,7 +315,13 @@ class Runtime:
         key = check_explicit(given) if given is not None else random_key()
         message = outbound(chat_id, text, opts)
         return await self._core.submit(
-            message, key, False, None, inline=inline, fallback=opts.get("fallback")
+            message,
+            key,
+            False,
+            None,
+            inline=inline,
+            fallback=opts.get("fallback"),
+            timing=timing_of(opts),
         )
 
 

@@ -164,6 +164,11 @@ class OutboxConfig:
     #: after it settled (an inline send then returns a receipt in state ``pending``).
     #: ``False`` lets later sends overtake a deferred one.
     keep_chat_order: bool = True
+    #: The deadline of every send that does not give its own (``deliver_within=``,
+    #: ``expires_at=``): seconds from when it is journaled (a scheduled send: from its
+    #: time) after which a send not yet delivered dies ``expired`` instead of going out
+    #: late. ``None`` (default): no deadline.
+    deliver_within: float | None = None
 
     def __post_init__(self) -> None:
         if _int(self.retries, "outbox.retries") < 0:
@@ -184,6 +189,13 @@ class OutboxConfig:
         if lease < MIN_OUTBOX_LEASE:
             raise ConfigError("outbox.lease", f"must be at least 20ms, got {lease * 1000:g}ms")
         _bool(self.keep_chat_order, "outbox.keep_chat_order")
+        if self.deliver_within is not None:
+            within = _seconds(self, "deliver_within", "outbox.deliver_within")
+            if within <= 0:
+                raise ConfigError(
+                    "outbox.deliver_within",
+                    "must be above 0 (for example '5m'), or None for no deadline",
+                )
 
     def retry_policy(self) -> Retries:
         """The one retry decision of a send, inline and in the background."""
@@ -208,6 +220,11 @@ class OutboxConfig:
             ),
             lease=parse_duration(raw.get("lease", "60s"), "outbox.lease"),
             keep_chat_order=_bool(raw.get("keep_chat_order", True), "outbox.keep_chat_order"),
+            deliver_within=(
+                None
+                if raw.get("deliver_within") is None
+                else parse_duration(raw["deliver_within"], "outbox.deliver_within")
+            ),
         )
 
 

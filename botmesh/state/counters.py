@@ -35,6 +35,12 @@ class Metric(StrEnum):
     #: Beyond the reference: delivery attempts a standby refused before calling the
     #: provider (``provider_session="leader"``); left to the leader, never charged.
     PROVIDER_NOT_LEADER = "providerNotLeader"
+    #: Beyond the reference: sends journaled for a later time (``at``, ``delay``).
+    OUTBOX_SCHEDULED = "outboxScheduled"
+    #: Beyond the reference: sends dead because their deadline passed (reason ``expired``).
+    OUTBOX_EXPIRED = "outboxExpired"
+    #: Beyond the reference: sends cancelled before they went out.
+    OUTBOX_CANCELLED = "outboxCancelled"
 
 
 _ATTRS = tuple(m.name.lower() for m in Metric)
@@ -60,6 +66,9 @@ class Metrics:
     outbox_resolved_sent: int
     outbox_resolved_unsent: int
     provider_not_leader: int
+    outbox_scheduled: int
+    outbox_expired: int
+    outbox_cancelled: int
 
     def __init__(self) -> None:
         for attr in _ATTRS:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from botmesh.state.errors import (
     Reason,
     SendDeferredError,
     SendError,
+    SendExpiredError,
     VersionConflictError,
 )
 from botmesh.state.events import AmbiguousEvent, DeadEvent, FallbackEvent, SentEvent
@@ -41,7 +43,7 @@ from botmesh.state.kv import Entry, Put, handover
 from botmesh.state.lease import Held
 from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
-from botmesh.state.order import ChatOrder
+from botmesh.state.order import ChatOrder, last_part
 from botmesh.state.outbox import new_values, part_payloads
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
 from botmesh.state.records import SETTLED, Json, revise
@@ -58,7 +60,10 @@ _SETTLE_LABEL = {
     OutboxState.SENT: Write.OUTBOX_MARK_SENT,
     OutboxState.DEAD: Write.OUTBOX_MARK_DEAD,
     OutboxState.UNKNOWN: Write.OUTBOX_MARK_UNKNOWN,
+    OutboxState.CANCELLED: Write.OUTBOX_CANCEL,
 }
+#: The settled states a send's record is purged in after ``retention.sent``.
+_PURGED = frozenset({OutboxState.SENT, OutboxState.CANCELLED})
 
 
 def _closed(value: Json, now: float, state: OutboxState, **changes: Any) -> Json:
@@ -165,6 +170,31 @@ def _undeliverable(value: Json) -> Json | None:
     return None
 
 
+def _past_deadline(value: Json, now: float) -> bool:
+    """Whether a send's deadline passed while it may still be stopped: never a send that
+    may have gone out already (``ambiguous``: found in flight after a crash)."""
+    deadline = value.get("deadline")
+    return deadline is not None and now >= deadline and not value.get("ambiguous")
+
+
+def _late(value: Json, now: float) -> bool:
+    """Whether a send's deadline passed (whatever may have happened to it before)."""
+    deadline = value.get("deadline")
+    return deadline is not None and now >= deadline
+
+
+def _expired(value: Json, cause: object = None) -> Json:
+    """The error of a send whose deadline passed before it was delivered."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(value["deadline"])))
+    return records.encode_error(
+        "SendExpired",
+        f"not delivered by its deadline ({when}); never sent"
+        + (f" (last error: {cause})" if cause else ""),
+        retryable=False,
+        reason=Reason.EXPIRED,
+    )
+
+
 class _Skipped(Exception):
     """An ambiguous send the channel could not resolve was marked unknown (``skip``)."""
 
@@ -263,6 +293,9 @@ class Delivery:
         while True:
             if held.fenced:
                 raise FencedError(held.key, held.token, None)
+            if _past_deadline(held.value, self._common.clock.now()):
+                await self.expire(held, None, background=False)
+                raise SendExpiredError(held.value["key"], float(held.value["deadline"]))
             if self._common.leader is not None:
                 await self._common.leader.ensure()
             try:
@@ -274,6 +307,9 @@ class Delivery:
                 if _fell_back(held.value):  # it switched to its fallback: send that now
                     message = records.decode_outbound(held.value["payload"])
                 if delay is None:
+                    if (held.value.get("error") or {}).get("reason") == Reason.EXPIRED:
+                        deadline = float(held.value["deadline"])
+                        raise SendExpiredError(held.value["key"], deadline, str(exc)) from exc
                     if held.value.get("state") == OutboxState.DEAD:
                         raise
                     self._common.metrics.outbox_deferred += 1
@@ -299,6 +335,9 @@ class Delivery:
             await self.dead(
                 held, records.error_of(exc, decision.reason), background=started is None
             )
+            return None
+        if _past_deadline(held.value, now + decision.delay):  # its next try comes too late
+            await self.expire(held, exc, background=started is None)
             return None
         inline = started is not None and now + decision.delay - started <= self._inline_max
         lease = self._common.leases.lease(now, decision.delay + self._lease) if inline else None
@@ -475,6 +514,26 @@ class Delivery:
         await self._common.emit(DeadEvent("outbox", key, Reason(error["reason"]), error["message"]))
         return True
 
+    async def expire(self, target: Held | Entry, cause: object, *, background: bool) -> bool:
+        """A send whose deadline passed before it was delivered: dead, reason ``expired``
+        (its dead letter and receipt follow, as for any dead send)."""
+        key = target.value["key"]
+        if not await self.dead(target, _expired(target.value, cause), background=background):
+            return False
+        self._common.metrics.outbox_expired += 1
+        log.warning("send %s expired: not delivered by its deadline", key)
+        return True
+
+    async def cancel(self, entry: Entry) -> Receipt | None:
+        """A send that has not gone out, cancelled: settled ``cancelled`` (its receipt
+        follows), never sent. ``None`` when someone wrote the record first."""
+        now = self._common.clock.now()
+        value = _closed(entry.value, now, OutboxState.CANCELLED, error=None)
+        receipt = await self._settle(entry, value, now, background=True)
+        if receipt is not None:
+            self._common.metrics.outbox_cancelled += 1
+        return receipt
+
     async def _unknown(self, entry: Entry, now: float, error: Json, *, ambiguous: bool) -> int:
         taken = self._common.leases.claimed(entry.value, now, self._lease)
         value = _closed(taken, now, OutboxState.UNKNOWN, error=error, ambiguous=ambiguous or None)
@@ -505,7 +564,7 @@ class Delivery:
             # riding with the record, the receipt is published when the record is written
             value["published"] = rides
             due = None if rides else now + self._lease
-        purge = self._common.retention.purge_at(now) if state == OutboxState.SENT else None
+        purge = self._common.retention.purge_at(now) if state in _PURGED else None
         label = _SETTLE_LABEL[state]
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
         # very commit, ahead of the record (on Kafka two changelog records, in that order),
@@ -573,6 +632,11 @@ class Delivery:
             return 0
         if self._common.leader is not None and not self._common.leader.may_send(now):
             return 0  # a standby: left to the leader, nothing written
+        if not value.get("inflight"):
+            if value.get("at", 0.0) > now:  # a scheduled send never goes out early
+                return 0
+            if _past_deadline(value, now):
+                return int(await self.expire(entry, None, background=True))
         gated = await self._gate(entry, now)
         if gated is not None:
             return gated
@@ -635,6 +699,10 @@ class Delivery:
                 await self._wait(entry, prev, now)
                 return 0
         after = value.get("after")
+        if after is None and value.get("at") is not None:
+            # a scheduled send takes its turn at its time: behind the send its chat waits for
+            tail = self._order.tails.get(value["payload"]["chat_id"])
+            after = tail if tail != last_part(value) else None
         if after is not None:
             prev = await self._common.kv.get(self._prefix + after)
             if prev is not None and prev.value.get("state") not in SETTLED:
@@ -649,6 +717,8 @@ class Delivery:
             return 0
         if self._common.leader is not None and not self._common.leader.may_send(now):
             return 0
+        if _past_deadline(entry.value, now) and not entry.value.get("inflight"):
+            return int(await self.expire(entry, None, background=True))
         gated = await self._gate(entry, now)
         if gated is not None:
             return gated
@@ -658,6 +728,9 @@ class Delivery:
         """Look again when the earlier send is due (not an attempt)."""
         expected = prev.value.get("retry_at", prev.due or 0.0)
         later = max(min(prev.due or 0.0, expected), now + max(self._poll, 0.001))
+        deadline = entry.value.get("deadline")
+        if deadline is not None and deadline > now:  # to expire it on time
+            later = min(later, deadline)
         value = revise(entry.value, now, lease=None)
         await self._common.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
@@ -690,6 +763,8 @@ class Delivery:
                     if self._common.leader is not None:
                         await self._common.leader.ensure()
                     result = await self._resolve(held, message) if ask else None
+                    if result is None and _late(claimed, self._common.clock.now()):
+                        return await self._too_late(held)
                     if result is None:
                         if self._common.leader is not None and ask:
                             await self._common.leader.ensure()
@@ -706,6 +781,24 @@ class Delivery:
                 return 1
         finally:
             self._common.leases.held.pop(entry.key, None)
+
+    async def _too_late(self, held: Held) -> int:
+        """A claimed send whose deadline passed before it could go (its claim waited out a
+        journal outage, or it was found in flight after a crash): never sent late. Expired
+        when it certainly never went out; ``unknown`` when an earlier attempt may have."""
+        value = held.value
+        if value.get("ambiguous") and value.get("resolved") != "unsent":
+            now = self._common.clock.now()
+            error = records.encode_error(
+                "Ambiguous",
+                "found in flight after a crash past its deadline: it may have gone out, and "
+                "is not sent again late",
+                retryable=False,
+                reason=Reason.AMBIGUOUS,
+            )
+            unknown = _closed(value, now, OutboxState.UNKNOWN, error=error, ambiguous=True)
+            return int(await self._settle(held, unknown, now, background=True) is not None)
+        return int(await self.expire(held, None, background=True))
 
     async def hand_back(self, held: Held, *, inflight: bool) -> Receipt:
         """A claimed send this replica may not deliver (``ProviderNotLeaderError``): back to

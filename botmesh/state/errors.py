@@ -34,6 +34,7 @@ does next. ``args`` stay meaningful so that every error pickles.
         │   ├── OutsideSessionWindowError final
         │   └── RecipientUnreachableError final
         ├── SendDeferredError            inline retries ran out; the sweeper goes on (``key``)
+        ├── SendExpiredError             not delivered by its deadline; journaled dead (``key``)
         ├── ProviderNotLeaderError       this replica may not call the transport
         └── MediaUnavailableError        ``reason`` names why (not-durable, provider-mismatch…)
 """
@@ -74,6 +75,7 @@ __all__ = [
     "RecordStateError",
     "SendDeferredError",
     "SendError",
+    "SendExpiredError",
     "UnsupportedContentError",
     "VersionConflictError",
 ]
@@ -116,6 +118,8 @@ class Reason(StrEnum):
     AMBIGUOUS = "ambiguous"
     #: The first part of the same text went out as its fallback, which replaces the text.
     SUPERSEDED_BY_FALLBACK = "superseded-by-fallback"
+    #: The send was not delivered by its deadline (``deliver_within``, ``expires_at``).
+    EXPIRED = "expired"
 
 
 class BotmeshError(Exception):
@@ -407,6 +411,24 @@ class SendDeferredError(ProviderError):
     def __str__(self) -> str:
         tail = f" (last error: {self.cause})" if self.cause else ""
         return f"send {self.key!r} deferred to the background sweeper{tail}"
+
+
+class SendExpiredError(ProviderError):
+    """The send was not delivered by its deadline (``deliver_within``, ``expires_at``): it
+    is journaled dead with the reason ``expired`` (its dead letter and receipt follow) and
+    never goes out. ``deadline`` is when it expired (epoch seconds)."""
+
+    retryable = False
+
+    def __init__(self, key: str, deadline: float, cause: str = "") -> None:
+        super().__init__(key, deadline, cause)
+        self.key = key
+        self.deadline = deadline
+        self.cause = cause
+
+    def __str__(self) -> str:
+        tail = f" (last error: {self.cause})" if self.cause else ""
+        return f"send {self.key!r} expired: not delivered by its deadline{tail}"
 
 
 class ProviderNotLeaderError(ProviderError):

@@ -19,8 +19,11 @@ from botmesh.state.errors import InvalidKeyError
 from botmesh.state.messages import Outbound
 
 __all__ = [
+    "CAMPAIGN_PREFIX",
     "FALLBACK_SUFFIX",
     "ScopeKeys",
+    "campaign_key",
+    "check_campaign",
     "check_explicit",
     "derived_key",
     "diverged_key",
@@ -173,6 +176,29 @@ def check_explicit(key: str) -> str:
     if not key.isascii():
         _no_surrogate(key)
     return key
+
+
+#: The keys of a campaign's sends start so: ``campaign:<campaign id>:<chat id>``.
+CAMPAIGN_PREFIX = "campaign:"
+
+
+def check_campaign(campaign: str) -> str:
+    """A campaign id: non-empty, without ``:`` (its keys' separator) or ``#``."""
+    if not isinstance(campaign, str) or not campaign.strip():
+        raise InvalidKeyError(str(campaign), "a campaign id must be a non-empty string")
+    if ":" in campaign or "#" in campaign:
+        raise InvalidKeyError(
+            campaign,
+            "a campaign id must not contain ':' or '#' (its sends are keyed "
+            "'campaign:<id>:<chat id>'); use '-', '_' or '.' instead",
+        )
+    return campaign
+
+
+def campaign_key(campaign: str, chat_id: str) -> str:
+    """The idempotency key of a campaign's send to ``chat_id``: the same on every run of
+    the campaign, so a campaign started again sends no recipient twice."""
+    return check_explicit(f"{CAMPAIGN_PREFIX}{check_campaign(campaign)}:{chat_id}")
 
 
 def _no_surrogate(key: str) -> None:

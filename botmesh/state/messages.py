@@ -162,6 +162,9 @@ class OutboxState(StrEnum):
     DEAD = "dead"
     #: Its outcome was lost in a crash (``on_ambiguous="skip"``), or an earlier part's was.
     UNKNOWN = "unknown"
+    #: Cancelled before it went out (``app.cancel``, a cancelled campaign): never sent, and
+    #: a later send under its key is answered from this record, not sent.
+    CANCELLED = "cancelled"
 
 
 class Media(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -4,8 +4,10 @@ discard one, list, restart or drop a chat's flow, erase a chat, read the counter
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
 
+from botmesh.state.campaigns import CampaignStatus, campaign_prefix, tally
 from botmesh.state.checkpoints import ACTIVE, Checkpoints, FlowRecord, ended_record, fresh_record
 from botmesh.state.clock import Clock
 from botmesh.state.common import Common
@@ -14,10 +16,19 @@ from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.errors import Reason, RecordStateError
 from botmesh.state.events import FlowEndedEvent
 from botmesh.state.inbox import replay_value
-from botmesh.state.keys import part_base, part_key
+from botmesh.state.keys import campaign_key, part_base, part_key
 from botmesh.state.kv import Delete, DurableKv, Entry, handover
 from botmesh.state.lease import Leases
-from botmesh.state.records import InboxRecord, InboxState, Json, OutboxRecord, OutboxState, revise
+from botmesh.state.messages import Receipt
+from botmesh.state.records import (
+    InboxRecord,
+    InboxState,
+    Json,
+    OutboxRecord,
+    OutboxState,
+    receipt_of,
+    revise,
+)
 from botmesh.state.scheduler import Sweeper
 from botmesh.state.writes import Write
 
@@ -25,6 +36,8 @@ __all__ = ["InboxView", "Operations", "OutboxView"]
 
 
 _RETRYABLE = frozenset({OutboxState.DEAD, OutboxState.FAILED, OutboxState.UNKNOWN})
+#: The states of a send that has not gone out: it can be cancelled (unless in flight).
+_WAITING = frozenset({OutboxState.PENDING, OutboxState.FAILED})
 _CASCADED = frozenset({Reason.PREVIOUS_PART_DEAD, Reason.PREVIOUS_PART_UNKNOWN})
 
 
@@ -193,6 +206,87 @@ class Operations:
         await self._common.kv.commit(ops, label=Write.OUTBOX_RETRY)
         self._common.wake.set()
 
+    async def cancel(self, key: str, *, chat_id: str | None = None) -> Receipt:
+        """Cancel the send ``key`` before it goes out (a scheduled send, one waiting for a
+        retry or its turn): settled ``cancelled`` with its later parts, never sent, and a
+        later send under ``key`` is answered from it. Its receipt (``cancelled``).
+
+        With ``chat_id``, a key the journal does not hold yet is cancelled ahead (a request
+        still on its way: it is then answered ``cancelled``, not sent). Cancelling again
+        answers the same receipt. ``RecordStateError`` for a send that went out or settled
+        (sent, dead, unknown), or that is in flight (it may be going out now)."""
+        prefix, now = self._common.keys.outbox, self._common.clock.now()
+        entry = await self._common.kv.get(prefix + key)
+        if entry is None:
+            if chat_id is None:
+                raise RecordStateError(
+                    key,
+                    None,
+                    "no send under this key in this scope; to cancel a send whose request "
+                    "is not journaled yet, give its chat id",
+                )
+            entry = Entry(prefix + key, _ahead(key, chat_id, now), 0)
+        value = entry.value
+        state = value.get("state")
+        if state == OutboxState.CANCELLED:
+            return receipt_of(value, now)
+        if state not in _WAITING:
+            raise RecordStateError(
+                key, state, "it already settled: only a send that has not gone out is cancelled"
+            )
+        if value.get("inflight") or self._common.leases.state(value, now) == "live":
+            raise RecordStateError(
+                key,
+                state,
+                "it is in flight (the provider call may be under way, so it may go out): "
+                "wait until it settles",
+            )
+        for later in await self._later_parts(value):
+            await self._delivery.cancel(later)
+        receipt = await self._delivery.cancel(entry)
+        if receipt is None:
+            raise RecordStateError(key, state, "it changed while being cancelled; try again")
+        return receipt
+
+    async def campaign(self, campaign: str) -> CampaignStatus:
+        """Where the sends of ``campaign`` stand (``botmesh.state.campaigns``)."""
+        entries = await self._common.kv.scan(self._common.keys.outbox + campaign_prefix(campaign))
+        return tally(campaign, (e.value for e in entries))
+
+    async def cancel_campaign(self, campaign: str, chat_ids: Iterable[str] = ()) -> CampaignStatus:
+        """Cancel every send of ``campaign`` that has not gone out (one in flight goes on);
+        ``chat_ids``: also its recipients not journaled yet, so a run of the campaign
+        started again sends them nothing. Its status after."""
+        prefix = self._common.keys.outbox + campaign_prefix(campaign)
+        entries = await self._common.kv.scan(prefix)
+        held = {e.value["key"] for e in entries}
+        for entry in entries:
+            value = entry.value
+            if value.get("part", 1) != 1 or value.get("state") not in _WAITING:
+                continue
+            with contextlib.suppress(RecordStateError):  # in flight: it may go out
+                await self.cancel(value["key"])
+        for chat_id in dict.fromkeys(chat_ids):
+            key = campaign_key(campaign, chat_id)
+            if key not in held:
+                with contextlib.suppress(RecordStateError):
+                    await self.cancel(key, chat_id=chat_id)
+        return await self.campaign(campaign)
+
+    async def _later_parts(self, value: Json) -> list[Entry]:
+        """The later parts of a send's text that have not gone out yet."""
+        part, parts = value.get("part", 1), value.get("parts", 1)
+        base = part_base(value["key"], part)
+        keys = [self._common.keys.outbox + part_key(base, n) for n in range(part + 1, parts + 1)]
+        found = await self._common.kv.get_many(keys)
+        return [
+            entry
+            for k in keys
+            if (entry := found.get(k)) is not None
+            and entry.value.get("state") in _WAITING
+            and not entry.value.get("inflight")
+        ]
+
     async def retry_parked(self, key: str, attempts: int) -> str:
         """A send parked for its retry came back from its tier: attempt it now when the
         journal still holds it ``failed`` after ``attempts`` attempts (``"delivered"``, or
@@ -281,6 +375,7 @@ class Operations:
 
 
 def _retry_value(value: Json, now: float) -> Json:
+    """A send an operator retries: a fresh budget, and no deadline (they chose to send it)."""
     return revise(
         value,
         now,
@@ -291,4 +386,18 @@ def _retry_value(value: Json, now: float) -> Json:
         attempts=0,
         published=None,
         failed_first=None,
+        deadline=None,
     )
+
+
+def _ahead(key: str, chat_id: str, now: float) -> Json:
+    """The record of a send cancelled before it was journaled (it holds no content)."""
+    return {
+        "key": key,
+        "state": OutboxState.PENDING,
+        "attempts": 0,
+        "token": 0,
+        "payload": {"chat_id": chat_id},
+        "created": now,
+        "updated": now,
+    }

@@ -35,13 +35,14 @@ from botmesh.state.common import Common
 from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import DurabilityError, JournalUnavailableError, VersionConflictError
 from botmesh.state.keys import diverged_key, part_key
-from botmesh.state.kv import handover
+from botmesh.state.kv import Put, handover
 from botmesh.state.lease import Held
 from botmesh.state.messages import Outbound, OutboxState, Receipt
 from botmesh.state.order import ChatOrder
 from botmesh.state.ports import Provider
 from botmesh.state.records import SETTLED, Json, encode_outbound, receipt_of
 from botmesh.state.splitter import split_text, text_length, unit_of
+from botmesh.state.timing import Timing
 from botmesh.state.writes import Write
 
 __all__ = [
@@ -76,9 +77,12 @@ def new_values(
     lease: Json | None,
     after: str | None,
     fallback: Json | None = None,
+    at: float | None = None,
+    deadline: float | None = None,
 ) -> list[Json]:
     """One record per part; the first one leased and in flight when ``lease`` (inline);
-    ``fallback`` rides on the first part (``botmesh.state.fallback``)."""
+    ``fallback`` and a scheduled send's time (``at``) ride on the first part
+    (``botmesh.state.fallback``), its ``deadline`` on every part (``botmesh.state.timing``)."""
     values: list[Json] = []
     previous: str | None = None
     for i, payload in enumerate(payloads, start=first_part):
@@ -108,6 +112,10 @@ def new_values(
                 value["after"] = after
             if fallback is not None:
                 value["fallback"] = fallback
+            if at is not None:
+                value["at"] = at
+        if deadline is not None:
+            value["deadline"] = deadline
         if inbound_id is not None:
             value["inbound_id"] = inbound_id
         values.append(value)
@@ -181,6 +189,7 @@ class Outbox:
         fp: str | None = None,
         inbound_id: str | None = None,
         fallback: Json | None = None,
+        timing: Timing | None = None,
     ) -> Receipt:
         """Journal a send under ``key``; the one path of ``ctx.reply`` / ``send`` (``inline``:
         delivered now) and ``enqueue`` (left to the sweeper). Returns the receipt of its
@@ -194,11 +203,19 @@ class Outbox:
         Inline, it retries up to ``outbox.inline_max`` then raises ``SendDeferredError``;
         raises the error of a final failure (the record is dead); ``FencedError`` when the
         lease was taken over.
+
+        ``timing`` (``botmesh.state.timing``): a scheduled send (``at``/``delay``) is
+        journaled for the sweeper, whatever ``inline`` says, and goes out at its time; a
+        send with a deadline (its own, else ``outbox.deliver_within``) dies ``expired``
+        when it is not delivered by then.
         """
+        when = self._when(timing)
+        if when[0] is not None:
+            inline = False
         plan = self.plan(message)
         if not inline and not plan.bypass:  # enqueue returns at once: no chat lock
             queued = await self._journal(
-                plan, key, derived, fp, inbound_id, inline=False, fallback=fallback
+                plan, key, derived, fp, inbound_id, inline=False, fallback=fallback, when=when
             )
             assert isinstance(queued, Receipt)
             return queued
@@ -210,7 +227,7 @@ class Outbox:
             now = self._common.clock.now()
             try:
                 result = await self._journal(
-                    plan, key, derived, fp, inbound_id, inline=inline, fallback=fallback
+                    plan, key, derived, fp, inbound_id, inline=inline, fallback=fallback, when=when
                 )
             except JournalUnavailableError:
                 if not (inline and self._fail_open):
@@ -222,6 +239,15 @@ class Outbox:
                 result = await self._delivery.deliver_inline(result, plan.parts, now)
             return first or result
 
+    def _when(self, timing: Timing | None) -> tuple[float | None, float | None]:
+        """A send's time and deadline (epoch seconds, or ``None``)."""
+        if timing is None:
+            within = self._config.deliver_within
+            if within is None:
+                return None, None
+            return None, self._common.clock.now() + within
+        return timing.resolve(self._common.clock.now(), self._config.deliver_within)
+
     async def _journal(
         self,
         plan: Plan,
@@ -232,31 +258,22 @@ class Outbox:
         *,
         inline: bool,
         fallback: Json | None = None,
+        when: tuple[float | None, float | None] = (None, None),
     ) -> list[Held] | Receipt:
         """Journal the parts: the records journaled in flight (to deliver now), or a
         receipt: of the send already recorded under ``key``, or of the send left to the
-        sweeper (``pending``: enqueued, or waiting behind a send of its chat)."""
+        sweeper (``pending``: enqueued, scheduled, or waiting behind a send of its chat;
+        a scheduled one waits its turn at its time: ``Delivery``)."""
         tails, common = self._order.tails, self._common
+        at = when[0]
         for _ in range(4):
             now = common.clock.now()
-            after = tails.get(plan.chat_id) if self._keep_order else None
+            after = tails.get(plan.chat_id) if self._keep_order and at is None else None
             standby = inline and common.leader is not None and not common.leader.may_send(now)
             live = inline and after is None and not standby
-            lease = common.leases.lease(now, self._lease) if live else None
-            values = new_values(
-                key,
-                plan.payloads,
-                first_part=plan.first_part,
-                parts=plan.total,
-                fp=fp,
-                inbound_id=inbound_id,
-                now=now,
-                lease=lease,
-                after=after,
-                fallback=fallback,
+            values, ops, due = self._records(
+                plan, key, fp, inbound_id, now, live=live, after=after, fallback=fallback, when=when
             )
-            due = now + self._lease if live else now
-            ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
             try:
                 versions = await common.kv.commit(
                     ops, label=Write.OUTBOX_JOURNAL if live else Write.OUTBOX_ENQUEUE
@@ -267,14 +284,12 @@ class Outbox:
                     return answer
                 key = answer
                 continue
-            common.metrics.outbox_journaled += 1
-            if after is not None or (standby and self._keep_order):
-                tails[plan.chat_id] = values[-1]["key"]
+            self._count(
+                values, scheduled=at is not None, chained=after is not None, standby=standby
+            )
             if not live:
                 common.wake.set()
-                if standby:  # handed to the leader
-                    common.metrics.provider_not_leader += 1
-                elif inline:  # its chat waits for a retry: it goes after that send
+                if inline and not standby:  # its chat waits for a retry: it goes after that
                     common.metrics.outbox_deferred += 1
                 return receipt_of(values[0], now)
             return [
@@ -282,6 +297,53 @@ class Outbox:
                 for op, v, ver in zip(ops, values, versions, strict=True)
             ]
         raise DurabilityError(f"send {key!r}: the outbox record keeps changing under us")
+
+    def _records(
+        self,
+        plan: Plan,
+        key: str,
+        fp: str | None,
+        inbound_id: str | None,
+        now: float,
+        *,
+        live: bool,
+        after: str | None,
+        fallback: Json | None,
+        when: tuple[float | None, float | None],
+    ) -> tuple[list[Json], list[Put], float]:
+        """The records of a send's parts, their writes, and when they are due: a live send
+        at its lease's end, a scheduled one at its time, else now."""
+        at, deadline = when
+        lease = self._common.leases.lease(now, self._lease) if live else None
+        values = new_values(
+            key,
+            plan.payloads,
+            first_part=plan.first_part,
+            parts=plan.total,
+            fp=fp,
+            inbound_id=inbound_id,
+            now=now,
+            lease=lease,
+            after=after,
+            fallback=fallback,
+            at=at,
+            deadline=deadline,
+        )
+        due = max(at, now) if at is not None else now + self._lease if live else now
+        ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
+        return values, ops, due
+
+    def _count(self, values: list[Json], *, scheduled: bool, chained: bool, standby: bool) -> None:
+        """A send journaled: counted; the new end of its chat's chain when it waits behind
+        one (or a standby journaled it); a scheduled send is no chat's end."""
+        metrics = self._common.metrics
+        metrics.outbox_journaled += 1
+        if scheduled:
+            metrics.outbox_scheduled += 1
+        elif chained or (standby and self._keep_order):
+            self._order.tails[values[0]["payload"]["chat_id"]] = values[-1]["key"]
+        if standby:  # handed to the leader
+            metrics.provider_not_leader += 1
 
     async def _answer_existing(self, key: str, derived: bool, fp: str | None) -> Receipt | str:
         entry = await self._common.kv.get(self._prefix + key)

@@ -13,7 +13,8 @@ An outbox record (key ``<scope>/out/<key>``)::
 
     {"key", "state": OutboxState, "attempts", "token", "lease", "inflight", "payload",
      "fp", "part", "parts", "previous_part", "after", "inbound_id", "message_id", "error",
-     "created", "updated", "ambiguous", "published", "resolved", "retry_at", "failed_first"}
+     "created", "updated", "ambiguous", "published", "resolved", "retry_at", "failed_first",
+     "at", "deadline"}
 
 Records are sparse: a field at its default (``None``, ``False``, part 1 of 1) is left out,
 and readers use ``.get`` with the default; ``revise(value, now, field=None)`` removes a
@@ -25,8 +26,12 @@ raised by every claim. ``inflight`` is true from "about to call the provider" un
 outcome is recorded: a crash in between is the ambiguous window. ``previous_part`` links a
 part of a split text to the part before it; ``after`` links a send to the send of its chat
 it must wait for (per-chat order across a deferral). ``ambiguous`` marks a send found in
-flight after a crash. ``published`` is ``False`` on a settled send whose receipt the
-runtime has not yet seen acknowledged (only runtimes that publish receipts write it).
+flight after a crash. ``at`` is a scheduled send's time (epoch seconds, on its first
+part): it is not sent before. ``deadline`` (epoch seconds, on every part) is when a send
+not yet delivered dies ``expired`` instead of going out late (never one that may have
+gone out: ``inflight`` or ``ambiguous``). ``published`` is ``False`` on a settled send
+whose receipt the runtime has not yet seen acknowledged (only runtimes that publish
+receipts write it).
 
 Errors are journaled in one shape (``encode_error``): ``{"type", "message", "retryable",
 "reason"}``, never the exception object.
@@ -77,7 +82,9 @@ class InboxState(StrEnum):
 
 
 #: The outbox states a send ends in; each gets a receipt.
-SETTLED = frozenset({OutboxState.SENT, OutboxState.DEAD, OutboxState.UNKNOWN})
+SETTLED = frozenset(
+    {OutboxState.SENT, OutboxState.DEAD, OutboxState.UNKNOWN, OutboxState.CANCELLED}
+)
 
 
 def revise(value: Json, now: float, **changes: Any) -> Json:

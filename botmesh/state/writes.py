@@ -56,6 +56,8 @@ class Write(StrEnum):
     OUTBOX_RETRY = "outbox.retry"
     #: An operator's ``outbox.discard``.
     OUTBOX_DISCARD = "outbox.discard"
+    #: A send cancelled before it went out (``app.cancel``, a cancelled campaign).
+    OUTBOX_CANCEL = "outbox.cancel"
     #: Done and sent records past retention deleted.
     RETENTION_PURGE = "retention.purge"
     #: A flow checkpoint written outside an inbound (a timeout fired by the sweeper, an

@@ -28,7 +28,14 @@ REFERENCE_COUNTERS = [
 ]
 #: Ours, beyond the reference: ambiguous sends resolved by asking the channel, and sends
 #: a standby left to the provider leader.
-OUR_COUNTERS = ["outboxResolvedSent", "outboxResolvedUnsent", "providerNotLeader"]
+OUR_COUNTERS = [
+    "outboxResolvedSent",
+    "outboxResolvedUnsent",
+    "providerNotLeader",
+    "outboxScheduled",
+    "outboxExpired",
+    "outboxCancelled",
+]
 
 
 async def test_metrics_have_the_thirteen_reference_names_then_ours() -> None:
