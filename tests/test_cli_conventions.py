@@ -21,7 +21,8 @@ from botmesh._version import __version__
 ROOT = Path(__file__).resolve().parent.parent
 #: Commands that report (a table, a summary, an id): each takes --json.
 REPORTING = {
-    "topics create", "topics list", "produce", "send", "dlq list", "dlq show", "dlq retry",
+    "topics create", "topics list", "produce", "send", "send cancel", "broadcast",
+    "broadcast cancel", "dlq list", "dlq show", "dlq retry",
     "dlq replay", "dlq discard", "flows restart", "flows drop", "replay", "status", "metrics",
 }  # fmt: skip
 
@@ -30,6 +31,8 @@ def commands(group: click.Group = cli, prefix: str = "") -> Iterator[tuple[str, 
     for name, command in sorted(group.commands.items()):
         path = f"{prefix}{name}"
         if isinstance(command, click.Group):
+            if command.invoke_without_command:  # a command too (``send``, ``broadcast``)
+                yield path, command
             yield from commands(command, f"{path} ")
         else:
             yield path, command

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 import click
 
+from botmesh._cli.broadcast import broadcast
 from botmesh._cli.completion import completion
 from botmesh._cli.console import console
 from botmesh._cli.dlq import dlq
@@ -89,6 +90,7 @@ for _command in (
     topics,
     produce,
     send,
+    broadcast,
     receipts,
     dlq,
     flows,

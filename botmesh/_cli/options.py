@@ -29,6 +29,8 @@ __all__ = [
     "log_format_option",
     "logging_options",
     "timeout_option",
+    "times_of",
+    "timing_options",
     "wait_option",
 ]
 
@@ -138,3 +140,55 @@ def check_port(port: int) -> int:
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port}: must be 0-65535")
     return port
+
+
+def timing_options(f: F) -> F:
+    """``--at``/``--delay`` (a scheduled send) and ``--deliver-within``/``--expires-at`` (its
+    deadline), resolved by :func:`times_of`."""
+    for option in reversed(
+        [
+            click.option(
+                "--at", "at_", help="send at this time, not before (ISO 8601 or Unix seconds)"
+            ),
+            click.option("--delay", help="send this long from now, not before (e.g. 90s, 2h)"),
+            click.option(
+                "--deliver-within",
+                help="not delivered this long after its time (or now), it dies expired (e.g. 5m)",
+            ),
+            click.option(
+                "--expires-at",
+                help="not delivered by this time, it dies expired (ISO 8601 or Unix seconds)",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+def times_of(
+    at_: str | None, delay: str | None, deliver_within: str | None, expires_at: str | None
+) -> tuple[float | None, float | None]:
+    """A request's ``at`` and ``expires_at`` (epoch seconds) from the timing options, the
+    deadline counted now, when the request is produced; ``ValueError`` naming the option."""
+    import time  # noqa: PLC0415
+
+    from botmesh.state.durations import parse_duration  # noqa: PLC0415
+    from botmesh.streams.ops.dlq import parse_when  # noqa: PLC0415
+
+    if at_ is not None and delay is not None:
+        raise ValueError("give --at or --delay, not both")
+    if deliver_within is not None and expires_at is not None:
+        raise ValueError("give --deliver-within or --expires-at, not both")
+    now = time.time()
+    at = parse_when(at_, "--at")
+    if delay is not None:
+        at = now + parse_duration(delay, "--delay")
+    deadline = parse_when(expires_at, "--expires-at")
+    if deliver_within is not None:
+        within = parse_duration(deliver_within, "--deliver-within")
+        if within <= 0:
+            raise ValueError("--deliver-within must be above 0 (for example 5m)")
+        deadline = max(at or now, now) + within
+    if deadline is not None and at is not None and deadline <= at:
+        raise ValueError("the deadline (--expires-at) is not after the send's time (--at)")
+    return at, deadline

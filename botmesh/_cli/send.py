@@ -2,7 +2,12 @@
 ``<prefix>.requests`` (acks=all). The worker that owns the chat journals and delivers it in
 order with the chat's other sends. It prints the request id and the send's idempotency key
 (``--key``, else ``req:<request id>``): run it again with the same ``--id`` or ``--key`` and
-the bot still sends once."""
+the bot still sends once. ``--at``/``--delay`` schedule it, ``--deliver-within``/
+``--expires-at`` give it a deadline.
+
+``botmesh send cancel --key K --chat-id C``: the chat's owner cancels the send ``K`` before
+it goes out (a ``cancel`` operator action on ``<prefix>.control``; exit statuses as
+``botmesh flows``': 0 cancelled, 1 refused, 4 no answer within ``--wait``)."""
 
 # the Kafka producer loads only when the command runs (import cost ~1 s):
 # asyncio too, so that --help and shell completion load fast:
@@ -11,23 +16,29 @@ the bot still sends once."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import click
 
+from botmesh._cli.dlq import progress, say
+from botmesh._cli.exit import Exit
 from botmesh._cli.options import (
     CONTEXT,
     bootstrap_of,
     catalog_of,
     connection_options,
     json_option,
+    times_of,
+    timing_options,
+    wait_option,
 )
 
-__all__ = ["send"]
+__all__ = ["channel_options", "send"]
 
 
-@click.command("send", context_settings=CONTEXT)
+@click.group("send", context_settings=CONTEXT, invoke_without_command=True)
 @connection_options
-@click.option("--chat-id", required=True, help="the chat to send to")
+@click.option("--chat-id", help="the chat to send to  [required]")
 @click.option("--text", help="the text to send (--text or --media-url is required)")
 @click.option("--media-url", help="a media URL to send with the text, or instead of it")
 @click.option("--media-mime", help="the media's MIME type, e.g. image/png")
@@ -41,30 +52,43 @@ __all__ = ["send"]
     metavar="NAME=VALUE",
     help="a channel option passed to the provider (repeatable; VALUE is JSON if it parses)",
 )
+@timing_options
 @json_option
+@click.pass_context
 def send(
+    ctx: click.Context,
     *,
     prefix: str,
     bootstrap: str,
-    chat_id: str,
+    chat_id: str | None,
     text: str | None,
     media_url: str | None,
     media_mime: str | None,
     key: str | None,
     request_id: str | None,
     option: tuple[str, ...],
+    at_: str | None,
+    delay: str | None,
+    deliver_within: str | None,
+    expires_at: str | None,
     as_json: bool,
 ) -> int:
-    """Ask the bot to send to a chat (a request on <prefix>.requests)."""
+    """Ask the bot to send to a chat (a request on <prefix>.requests); `send cancel` cancels
+    one before it goes out."""
     import asyncio
 
     from botmesh.state.messages import Media
     from botmesh.streams.ops.tools import request_send
     from botmesh.topics.records import REQUEST_KEY_PREFIX
 
+    if ctx.invoked_subcommand is not None:
+        return Exit.OK
+    if not chat_id:
+        raise click.UsageError("Missing option '--chat-id'.", ctx)
     cat, servers = catalog_of(prefix), bootstrap_of(bootstrap)
     if text is None and media_url is None:
         raise ValueError("give --text, --media-url, or both")
+    at, expires = times_of(at_, delay, deliver_within, expires_at)
     media = Media(url=media_url, mime=media_mime) if media_url else None
     sent_id = asyncio.run(
         request_send(
@@ -74,8 +98,10 @@ def send(
             text,
             key=key,
             media=media,
-            options=_options(list(option)),
+            options=channel_options(list(option)),
             request_id=request_id,
+            at=at,
+            expires_at=expires,
         )
     )
     send_key = key if key is not None else REQUEST_KEY_PREFIX + sent_id
@@ -87,7 +113,7 @@ def send(
     return 0
 
 
-def _options(pairs: list[str]) -> dict[str, object]:
+def channel_options(pairs: list[str]) -> dict[str, object]:
     """The channel options of ``--option NAME=VALUE`` (VALUE as JSON when it parses)."""
     out: dict[str, object] = {}
     for pair in pairs:
@@ -99,3 +125,41 @@ def _options(pairs: list[str]) -> dict[str, object]:
         except ValueError:
             out[name] = raw
     return out
+
+
+@send.command("cancel", context_settings=CONTEXT)
+@connection_options
+@click.option("--key", required=True, help="the idempotency key of the send to cancel")
+@click.option("--chat-id", required=True, help="the chat the send goes to (its owner cancels it)")
+@wait_option
+@json_option
+def cancel(
+    *, prefix: str, bootstrap: str, key: str, chat_id: str, wait: float, as_json: bool
+) -> int:
+    """Cancel a send before it goes out (a scheduled send, one waiting its turn or a retry);
+    a send not journaled yet is cancelled ahead of its request."""
+    import asyncio
+
+    from botmesh.state.keys import check_explicit
+    from botmesh.streams.ops import dlq as ops
+    from botmesh.topics.control import ControlRequest
+
+    cat, servers = catalog_of(prefix), bootstrap_of(bootstrap)
+    request = ControlRequest(
+        id=uuid.uuid4().hex,
+        chat_id=chat_id,
+        action="cancel",
+        target=check_explicit(key),
+        by="botmesh-cli send cancel",
+    )
+    with progress("waiting for the chat's owner (cancel)", as_json) as shown:
+        answers = asyncio.run(ops.ask_owners(servers, cat, [request], wait_s=wait, progress=shown))
+    answer = answers.get(request.id)
+    report = {"target": key, "chat_id": chat_id, "outcome": "no answer"}
+    if answer is not None:
+        report.update(outcome=answer.outcome, state=answer.state or "", detail=answer.detail)
+        report["worker"] = answer.instance
+    say([report], f"send cancel: {report['outcome']}", as_json)
+    if answer is None:
+        return Exit.NO_ANSWER
+    return Exit.OK if answer.outcome == "done" else Exit.REFUSED

@@ -52,9 +52,11 @@ a handler, ``botmesh.topics.records.SendRequest``) go the same way: decoded with
 text, media=, options=, idempotency_key=<key, else req:<id>>)`` inside the record's journal
 partition; a request delivered or produced again is answered from the outbox and sends
 nothing twice. A request is settled when ``send`` returned a receipt (counted in
-``requests`` by its state: ``sent``, ``pending`` (journaled, delivery left to the sweeper),
-or ``dead``/``unknown`` answered from the outbox), or raised ``SendDeferredError``
-(``deferred``: journaled, the sweeper retries it), ``FencedError`` (``fenced``: another
+``requests`` by its state: ``sent``, ``pending`` (journaled, delivery left to the sweeper:
+a scheduled request, one with an ``at``, always is), or ``dead``/``unknown``/``cancelled``
+answered from the outbox), or raised ``SendDeferredError`` (``deferred``: journaled, the
+sweeper retries it), ``SendExpiredError`` (``expired``: its deadline passed first; journaled
+dead, with its dead letter and receipt), ``FencedError`` (``fenced``: another
 holder delivers it) or any other error that is not the journal's (``refused``: the provider
 refused it for good and the send is journaled dead with its receipt, or a before-send hook
 raised, as a handler's error counts as handled). A ``DurabilityError`` (the journal) is
@@ -66,7 +68,7 @@ records of one topic and is redriven to it.
 **Operator actions** (records of ``control_topic``, ``<prefix>.control``:
 ``botmesh.topics.control.ControlRequest``, keyed by chat id) are settled in their chat's sequence
 too:
-``retry_send``, ``replay_inbound``, ``discard``, ``restart_flow``, ``drop_flow`` or
+``retry_send``, ``replay_inbound``, ``discard``, ``cancel``, ``restart_flow``, ``drop_flow`` or
 ``erase_chat`` through ``runtime.durability`` in the chat's journal partition; a record in
 a state the action does not apply to (a send already sent, an unknown key, a chat without
 a flow) is refused, not retried. An erasure's result carries its receipt. Each answers
@@ -135,6 +137,7 @@ from botmesh.state.errors import (
     Reason,
     RecordStateError,
     SendDeferredError,
+    SendExpiredError,
     caused_by,
 )
 from botmesh.state.inbox import Outcome
@@ -217,6 +220,8 @@ class RuntimeLike(Protocol):
         media: Media | None = ...,
         idempotency_key: str | None = ...,
         options: Mapping[str, Any] | None = ...,
+        at: float | None = ...,
+        expires_at: float | None = ...,
     ) -> Receipt: ...
 
     @property
@@ -314,7 +319,8 @@ class InboundRunner:
         #: How many dead letters were produced, by reason.
         self.dead_letters = self.copies.dead_letters
         #: How many send requests were settled, by how (see the module doc): ``sent``,
-        #: ``pending``, ``dead``, ``unknown``, ``deferred``, ``fenced``, ``refused``.
+        #: ``pending``, ``dead``, ``unknown``, ``cancelled``, ``deferred``, ``expired``,
+        #: ``fenced``, ``refused``.
         self.requests: Counter[str] = Counter()
         #: Failed attempts that were retried.
         self.retried = 0
@@ -557,6 +563,8 @@ class InboundRunner:
                     await ops.restart_flow(request.target)
                 elif request.action == "drop_flow":
                     await ops.drop_flow(request.target)
+                elif request.action == "cancel":
+                    await ops.cancel(request.target, chat_id=request.chat_id)
                 elif request.action == "erase_chat":
                     erasure = await ops.erase_chat(
                         request.target, note=request.by, dry_run=request.dry_run
@@ -590,9 +598,13 @@ class InboundRunner:
                 media=request.media,
                 idempotency_key=key,
                 options=request.options or None,
+                at=request.at,
+                expires_at=request.expires_at,
             )
         except SendDeferredError:
             return "deferred"
+        except SendExpiredError:  # journaled dead, its dead letter and receipt follow
+            return "expired"
         except JournalFence:  # this worker's journal refused it: nothing of the batch is acked
             raise
         except FencedError:  # another holder of the send's lease delivers it

@@ -17,6 +17,11 @@ in the chat's order, through the journal (``botmesh.state.operations``). It answ
 ``replay_inbound``   runs the inbound ``target`` (its id) again with a fresh attempt
                      budget; its sends that went out are answered from the outbox
 ``discard``          forgets the send ``target``
+``cancel``           cancels the send ``target`` before it goes out (a scheduled send, one
+                     waiting its turn or a retry): settled ``cancelled``, never sent; a
+                     key not journaled yet is cancelled ahead (its request, when it
+                     comes, is answered ``cancelled``); a send that went out or is in
+                     flight is refused
 ``restart_flow``     starts the chat's flow (``target``: the chat id) again from its
                      beginning under the worker's code (a checkpoint refused as
                      another version); refused when the chat has no flow checkpoint
@@ -54,12 +59,13 @@ __all__ = [
 ]
 
 Action = Literal[
-    "retry_send", "replay_inbound", "discard", "restart_flow", "drop_flow", "erase_chat"
+    "retry_send", "replay_inbound", "discard", "cancel", "restart_flow", "drop_flow", "erase_chat"
 ]
 ACTIONS: tuple[str, ...] = (
     "retry_send",
     "replay_inbound",
     "discard",
+    "cancel",
     "restart_flow",
     "drop_flow",
     "erase_chat",
@@ -117,7 +123,7 @@ def decode_control(raw: bytes | None) -> ControlRequest:
             Reason.WRONG_TYPE,
             f"not a control request ({exc}); expected "
             '{"v": 1, "id", "chat_id", "action": "retry_send"|"replay_inbound"|"discard"|'
-            '"restart_flow"|"drop_flow"|"erase_chat", "target"}',
+            '"cancel"|"restart_flow"|"drop_flow"|"erase_chat", "target"}',
         ) from exc
     if not request.id or not request.chat_id or not request.target:
         raise BadRecord(Reason.WRONG_TYPE, "a control request needs id, chat_id and target")

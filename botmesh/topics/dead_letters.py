@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from botmesh.state.errors import Reason
+
 __all__ = [
     "DETAIL_MAX",
     "DeadLetter",
@@ -142,10 +144,17 @@ def outbox_dead_letter(
     body = {"v": 1, "key": value["key"], **payload}
     if value.get("parts", 1) > 1:
         body.update(part=value.get("part", 1), parts=value["parts"])
+    errors = _error_headers(value)
+    detail = (
+        "it was not delivered by its deadline and never went out; `botmesh dlq retry` sends "
+        "it now, without a deadline"
+        if errors["reason"] == Reason.EXPIRED
+        else "the provider refused the send, or its retries ran out; "
+        "`botmesh dlq retry` sends it again"
+    )
     headers = dead_letter_headers(
-        **_error_headers(value),
-        detail="the provider refused the send, or its retries ran out; "
-        "`botmesh dlq retry` sends it again",
+        **errors,
+        detail=detail,
         key=value["key"],
         inbound_id=value.get("inbound_id"),
         chat_id=chat,

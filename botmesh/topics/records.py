@@ -63,6 +63,8 @@ __all__ = [
 REQUEST_KEY_PREFIX = "req:"
 
 _NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+#: A time as epoch seconds (a finite number, not before 1970).
+_Epoch = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 
 
 class SendRequest(
@@ -75,6 +77,13 @@ class SendRequest(
     ``id`` names the request (stable when it is produced again); ``key`` is the send's
     idempotency key, default ``req:<id>`` (:attr:`idempotency_key`), so a request delivered
     or produced twice sends once. It needs ``text`` or ``media``.
+
+    ``at`` (epoch seconds) makes it a scheduled send: journaled when the owner reads it,
+    sent at or after ``at`` by the owner's sweeper, whichever worker owns the chat by then
+    (a request with an ``at`` in the past is journaled for the sweeper and goes out now:
+    ``botmesh broadcast`` sends so, cancellable until each goes). ``expires_at`` (epoch
+    seconds) is its deadline: not delivered by then, it dies ``expired`` (its dead letter on
+    ``<prefix>.outbox.dlq``, its receipt ``dead``) and never goes out.
     """
 
     id: _NonEmpty
@@ -83,6 +92,8 @@ class SendRequest(
     media: Media | None = None
     key: _NonEmpty | None = None
     options: dict[str, Any] = {}
+    at: _Epoch | None = None
+    expires_at: _Epoch | None = None
 
     @property
     def idempotency_key(self) -> str:

@@ -478,3 +478,30 @@ def committed_offsets(
     futs = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
     res = futs[group].result(timeout)
     return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions if tp.offset >= 0}
+
+
+class OwnBroker:
+    """A single-node broker of one test only (``kafka.sh`` with its own ports and data)."""
+
+    def __init__(self, data: Path) -> None:
+        port, controller = free_ports(2)
+        self.bootstrap = f"127.0.0.1:{port}"
+        self.env = {
+            **os.environ,
+            "KAFKA_PORT": str(port),
+            "KAFKA_CONTROLLER_PORT": str(controller),
+            "KAFKA_DATA_DIR": str(data),
+        }
+
+    def run(self, command: str) -> None:
+        done = subprocess.run(
+            [str(KAFKA_SH), command],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert done.returncode == 0, (
+            f"kafka.sh {command}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
-from tests.kafka.broker import BrokerUnavailable, acquire_broker, forget_prefix
+from tests.kafka.broker import BrokerUnavailable, OwnBroker, acquire_broker, forget_prefix
 from tests.kafka.recorder import Recorder, Tally
 from tests.kafka.worker import PARTITIONS
 
@@ -59,3 +60,14 @@ async def tally(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[Tally]
         yield t
     finally:
         await t.close()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    """A single-node broker of the test's own, to stop and start (``OwnBroker``)."""
+    broker = OwnBroker(tmp_path / "kafka")
+    broker.run("start")
+    try:
+        yield broker
+    finally:
+        broker.run("stop")

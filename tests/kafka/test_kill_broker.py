@@ -14,10 +14,7 @@ the broker came back).
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,50 +22,13 @@ import pytest
 from botmesh.streams.ops.tools import produce_inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
-from tests.kafka.broker import KAFKA_SH, free_ports
+from tests.kafka.broker import OwnBroker
 from tests.kafka.recorder import Recorder, Tally, check_effects, traffic, wait_until
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
 WAVE = 1500  # the first wave: still in flight when the broker goes down
-
-
-class OwnBroker:
-    """A single-node broker of this test only (``kafka.sh`` with its own ports and data)."""
-
-    def __init__(self, data: Path) -> None:
-        port, controller = free_ports(2)
-        self.bootstrap = f"127.0.0.1:{port}"
-        self.env = {
-            **os.environ,
-            "KAFKA_PORT": str(port),
-            "KAFKA_CONTROLLER_PORT": str(controller),
-            "KAFKA_DATA_DIR": str(data),
-        }
-
-    def run(self, command: str) -> None:
-        done = subprocess.run(
-            [str(KAFKA_SH), command],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-        assert done.returncode == 0, (
-            f"kafka.sh {command}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    broker = OwnBroker(tmp_path / "kafka")
-    broker.run("start")
-    try:
-        yield broker
-    finally:
-        broker.run("stop")
 
 
 @pytest.mark.timeout(600)  # a hang guard

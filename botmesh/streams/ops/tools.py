@@ -44,6 +44,7 @@ from botmesh.topics.records import (
 
 __all__ = [
     "Seen",
+    "check_requests_topic",
     "demo_records",
     "end_offsets",
     "produce_inbound",
@@ -119,6 +120,8 @@ async def request_send(
     media: Media | None = None,
     options: Mapping[str, Any] | None = None,
     request_id: str | None = None,
+    at: float | None = None,
+    expires_at: float | None = None,
 ) -> str:
     """Ask the bot to send ``text`` (and/or ``media``) to ``chat_id`` from outside a handler:
     one send request on ``<prefix>.requests``, keyed by the chat id, produced with acks=all.
@@ -127,7 +130,9 @@ async def request_send(
     The worker that owns the chat journals the send and delivers it in order with the chat's
     other sends, under the idempotency key ``key``, else ``req:<request id>``: producing the
     same request again (same ``request_id`` or same ``key``, e.g. after a timeout here) sends
-    once. Its receipt comes on ``<prefix>.sent`` with that key.
+    once. Its receipt comes on ``<prefix>.sent`` with that key. ``at`` (epoch seconds)
+    schedules it: it goes out at that time, not before; ``expires_at`` (epoch seconds) is
+    its deadline: not delivered by then, it dies ``expired`` instead of going out late.
 
     Raises ``BadRecord`` (a ``ValueError``) for a request the worker would refuse (neither
     text nor media, a ``#`` in the key…), ``LookupError`` when the topic does not exist
@@ -142,12 +147,14 @@ async def request_send(
         media=media,
         key=key,
         options=dict(options) if options else {},
+        at=at,
+        expires_at=expires_at,
     )
     value = encode_request(request)
     decode_request(value)  # the worker's checks, here: refused before it is produced
     # the first contact: ``ConnectionError`` naming the brokers, ``KafkaAuthError``
     cluster = await metadata(bootstrap)
-    _check_requests_topic(cluster, cat)
+    check_requests_topic(cluster, cat)
     producer = AsyncProducer(bootstrap, settings=ONE_SHOT)
     try:
         await producer.send_and_wait(cat.requests, value, key=chat_key(request.chat_id))
@@ -156,7 +163,7 @@ async def request_send(
     return request.id
 
 
-def _check_requests_topic(cluster: Any, cat: Catalog) -> None:
+def check_requests_topic(cluster: Any, cat: Catalog) -> None:
     """The requests topic exists (never created by a produce: a broker that auto-creates
     topics would give it its default partitions) with the inbound's partition count."""
     requests = partitions_of(cluster, cat.requests)

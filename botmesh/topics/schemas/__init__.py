@@ -134,6 +134,14 @@ _FIELDS: Final[dict[str, dict[str, str]]] = {
             "key is answered from the outbox, not sent again; its receipts carry it"
         ),
         "options": "channel options passed to the provider as they are (parse_mode, reply_to...)",
+        "at": (
+            "a scheduled send: epoch seconds; it goes out at or after this time, never before "
+            "(a time past: it is journaled for the sweeper and goes out now)"
+        ),
+        "expires_at": (
+            "the send's deadline, epoch seconds: not delivered by then, it dies expired (its "
+            "dead letter, reason expired, and its receipt dead) and never goes out"
+        ),
     },
 }
 
