@@ -35,6 +35,11 @@ class Metric(StrEnum):
     #: Beyond the reference: delivery attempts a standby refused before calling the
     #: provider (``provider_session="leader"``); left to the leader, never charged.
     PROVIDER_NOT_LEADER = "providerNotLeader"
+    #: Beyond the reference: sends that waited for their slot under the channel's rate
+    #: limits before calling the provider (``botmesh.state.pacing``).
+    OUTBOX_PACED = "outboxPaced"
+    #: Beyond the reference: the milliseconds those sends waited, in all.
+    OUTBOX_PACED_MS = "outboxPacedMs"
 
 
 _ATTRS = tuple(m.name.lower() for m in Metric)
@@ -60,6 +65,8 @@ class Metrics:
     outbox_resolved_sent: int
     outbox_resolved_unsent: int
     provider_not_leader: int
+    outbox_paced: int
+    outbox_paced_ms: int
 
     def __init__(self) -> None:
         for attr in _ATTRS:

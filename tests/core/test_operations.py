@@ -26,9 +26,15 @@ REFERENCE_COUNTERS = [
     "staleLeases",
     "outboxDiverged",
 ]
-#: Ours, beyond the reference: ambiguous sends resolved by asking the channel, and sends
-#: a standby left to the provider leader.
-OUR_COUNTERS = ["outboxResolvedSent", "outboxResolvedUnsent", "providerNotLeader"]
+#: Ours, beyond the reference: ambiguous sends resolved by asking the channel, sends a
+#: standby left to the provider leader, sends paced under the rate limits (and how long).
+OUR_COUNTERS = [
+    "outboxResolvedSent",
+    "outboxResolvedUnsent",
+    "providerNotLeader",
+    "outboxPaced",
+    "outboxPacedMs",
+]
 
 
 async def test_metrics_have_the_thirteen_reference_names_then_ours() -> None:
