@@ -30,6 +30,7 @@ from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import (
     FencedError,
     ProviderNotLeaderError,
+    RateLimitedError,
     Reason,
     SendDeferredError,
     SendError,
@@ -43,6 +44,7 @@ from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
 from botmesh.state.order import ChatOrder
 from botmesh.state.outbox import new_values, part_payloads
+from botmesh.state.pacing import Pacer
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
 from botmesh.state.records import SETTLED, Json, revise
 from botmesh.state.splitter import split_text, text_length, unit_of
@@ -182,8 +184,12 @@ class Delivery:
         order: ChatOrder,
         fallbacks: Mapping[str, Provider] | None = None,
         message_log: MessageLog | None = None,
+        pacers: Mapping[str | None, Pacer] | None = None,
     ) -> None:
         self._common = common
+        #: The pacing of each channel under its rate limits (``botmesh.state.pacing``), by
+        #: fallback channel name (``None``: the bot's own channel); only paced ones.
+        self._pacers = {name: p for name, p in (pacers or {}).items() if p.limited}
         #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``);
         #: a new log entry goes in the partition of its send's record (``self._common.near``).
         self._message_log = message_log
@@ -414,10 +420,36 @@ class Delivery:
         return [v for v in values if self._prefix + v["key"] not in existing]
 
     async def _call(self, route: Route) -> SendResult:
-        """One provider call: the send's own channel, or its fallback's."""
-        return await timed_send(
-            self._channel(route), route.message, route.key, self._common.timings
+        """One provider call: the send's own channel, or its fallback's; paced under that
+        channel's rate limits (a 429's Retry-After pauses the channel)."""
+        provider = self._channel(route)
+        pacer = self._pacers.get(route.channel) if self._pacers else None
+        if pacer is None:
+            return await timed_send(provider, route.message, route.key, self._common.timings)
+        await pacer.wait(route.message.chat_id)
+        try:
+            return await timed_send(provider, route.message, route.key, self._common.timings)
+        except RateLimitedError as exc:
+            pacer.refused(exc.retry_after)
+            raise
+
+    async def _paced_later(self, entry: Entry, now: float) -> bool:
+        """The sweeper's send whose chat's next slot is more than a sweeper poll away: left
+        due at that slot (not an attempt; no lease) and ``True``, so that the sweeper goes on
+        with other chats instead of sleeping on this one. A shorter wait is slept in the
+        call (``_call``), as a wait for the channel's slot is."""
+        value = entry.value
+        route = routed(value, records.decode_outbound(value["payload"]))
+        pacer = self._pacers.get(route.channel)
+        if pacer is None:
+            return False
+        ready = pacer.chat_ready(route.message.chat_id)
+        if ready <= now + self._poll:
+            return False
+        await self._common.leases.write(
+            entry, revise(value, now, lease=None), Write.OUTBOX_WAIT, due=ready
         )
+        return True
 
     def _channel(self, route: Route) -> Provider:
         if route.channel is None:
@@ -555,6 +587,9 @@ class Delivery:
         ):  # it cannot be journaled, so it cannot wait for the leader
             await self._common.leader.ensure()
         self._common.metrics.outbox_bypassed += 1
+        pacer = self._pacers.get(None)
+        if pacer is not None:
+            await pacer.wait(message.chat_id)
         now = self._common.clock.now()
         receipt = await send_direct(self._provider, message, key, inbound_id, part=part, now=now)
         await self._common.emit(SentEvent(receipt, False))
@@ -668,6 +703,8 @@ class Delivery:
         if invalid is not None:  # never deliverable: dead now, not pending forever
             log.error("send %s dead-lettered: %s", entry.value.get("key"), invalid["message"])
             return int(await self.dead(entry, invalid, background=True))
+        if self._pacers and await self._paced_later(entry, now):
+            return 0
         claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:
