@@ -5,6 +5,10 @@ passed as a ``DurableKv`` you opened (``MemoryKv()``, ``await open_file_kv(path)
 your own by implementing ``DurableKv`` (versioned compare-and-set plus two sorted indexes).
 Records read back as ``InboxRecord`` / ``OutboxRecord`` (and flow checkpoints as
 ``FlowRecord``) through ``app.durability`` (an ``Operations``).
+
+The outbox paces sends under rate limits (``RateLimits``, the ``outbox.rate_limits``
+option); a provider declares its channel's with a ``rate_limits`` attribute, a
+``ChannelLimits`` of ``Rate`` values (docs/rate-limits.md).
 """
 
 from botmesh.state.backends import check_url, open_backend
@@ -15,14 +19,16 @@ from botmesh.state.backends.shared_file import (
     open_shared_file_kv,
 )
 from botmesh.state.checkpoints import FlowRecord
-from botmesh.state.config import BackoffConfig, InboxConfig, OutboxConfig
+from botmesh.state.config import BackoffConfig, InboxConfig, OutboxConfig, RateLimits
 from botmesh.state.kv import Delete, DurableKv, Entry, MemoryKv, Op, Put
 from botmesh.state.operations import Operations
+from botmesh.state.pacing import ChannelLimits, Rate
 from botmesh.state.records import InboxRecord, InboxState, OutboxRecord, OutboxState
 from botmesh.state.writes import Write
 
 __all__ = [
     "BackoffConfig",
+    "ChannelLimits",
     "Delete",
     "DurableKv",
     "Entry",
@@ -39,6 +45,8 @@ __all__ = [
     "OutboxRecord",
     "OutboxState",
     "Put",
+    "Rate",
+    "RateLimits",
     "SharedFileKv",
     "SharedFileOptions",
     "Write",

@@ -186,6 +186,25 @@ SETTINGS: tuple[Setting, ...] = (
         "status 70, acking nothing unfinished",
     ),
     _s(
+        "BOTMESH_RATE_LIMIT",
+        "the channel's",
+        "the channel's rate limit for the whole group of workers (`80/s`, `20/min`; `off`), "
+        "each worker taking the part of it its share of the inbound partitions is; over the "
+        "bot's `outbox.rate_limits.channel` (docs/rate-limits.md)",
+    ),
+    _s(
+        "BOTMESH_CHAT_RATE_LIMIT",
+        "the channel's",
+        "the rate limit of one private chat (`1/s`; `off`), over the bot's "
+        "`outbox.rate_limits.chat`",
+    ),
+    _s(
+        "BOTMESH_GROUP_RATE_LIMIT",
+        "the channel's",
+        "the rate limit of one group chat (`20/min`; `off`), over the bot's "
+        "`outbox.rate_limits.group`",
+    ),
+    _s(
         "BOTMESH_HTTP_HOST",
         "127.0.0.1",
         "the address of the worker's `/healthz`, `/readyz` and `/metrics` (`0.0.0.0` in a "

@@ -177,6 +177,8 @@ def parse_command_line(args: list[str]) -> str:
         if not isinstance(command, click.Group):
             return " ".join(path)
         if not rest:
+            if command.invoke_without_command:  # a group that is a command too (``send``)
+                return " ".join(path)
             raise click.UsageError(f"botmesh {' '.join(path)}: no command given", ctx)
         name, args = rest[0], rest[1:]
         sub = command.get_command(ctx, name)

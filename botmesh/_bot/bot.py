@@ -278,7 +278,8 @@ def run(
     ``journal=None`` runs without any journal: an explicit opt-out. A bad URL or option is
     refused here, naming it. The other options (``RuntimeOptions``): ``fallbacks`` names the
     other channels a send's ``Fallback`` may go out through (``{"sms":
-    TwilioProvider(...)}``), ``instance_id`` this runtime's name among the bot's, ``clock``
-    and ``rng`` are for tests.
+    TwilioProvider(...)}``), ``instance_id`` this runtime's name among the bot's,
+    ``rate_limits`` (a ``botmesh.journal.RateLimits``) the channel's rate limits over the
+    bot's ``outbox.rate_limits`` (docs/rate-limits.md), ``clock`` and ``rng`` are for tests.
     """
     return bot.bind(provider, journal, **options)

@@ -71,6 +71,7 @@ class Runtime:
         #: The channels a send's ``Fallback`` may name, by name.
         self.fallbacks: dict[str, Provider] = dict(options.get("fallbacks") or {})
         self._kv: DurableKv | None = None
+        self._pace_share = 1.0
         self._core = Core(bot, provider, journaled=journal is not None, clock=options.get("clock"))
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -86,6 +87,7 @@ class Runtime:
                 await kv.open()
             self._kv = kv
             core.engine = engine = self._engine_on(kv)
+            engine.set_pace_share(self._pace_share)
             core.running = True  # recovery replays inbounds: their handlers send
             try:
                 await engine.open()
@@ -115,6 +117,7 @@ class Runtime:
             rng=options.get("rng"),
             timings=options.get("timings"),
             fallbacks=self.fallbacks,
+            rate_limits=options.get("rate_limits"),
         )
 
     async def stop(self) -> None:
@@ -191,6 +194,19 @@ class Runtime:
         that takes dead letters: the Kafka worker's), so the transport need not."""
         engine = self._core.engine
         return engine is not None and engine.publisher is not None and engine.publisher.dead_letters
+
+    def set_pace_share(self, fraction: float) -> None:
+        """This runtime's part of each channel's rate limit, in (0, 1] (default 1): several
+        runtimes sending through one bot account each take their part, so that together
+        they stay under it. The Kafka worker sets it to the part of the inbound partitions
+        it owns, at every assignment. Chat limits are not shared (a chat has one owner)."""
+        if isinstance(fraction, bool) or not (
+            isinstance(fraction, int | float) and 0.0 < fraction <= 1.0
+        ):
+            raise ConfigError("pace share", f"must be in (0, 1], got {fraction!r}")
+        self._pace_share = float(fraction)
+        if self._core.engine is not None:
+            self._core.engine.set_pace_share(self._pace_share)
 
     @property
     def inbox_retries(self) -> Retries:

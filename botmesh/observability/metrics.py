@@ -52,8 +52,16 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 
 def prometheus_name(counter: str) -> str:
     """``inboundJournaled`` -> ``botmesh_inbound_journaled`` (the ``_total`` is the
-    exposition's)."""
+    exposition's); a counter of milliseconds (``outboxPacedMs``) is exported in seconds,
+    Prometheus' unit: ``botmesh_outbox_paced_seconds``."""
+    if counter.endswith("Ms"):
+        counter = counter.removesuffix("Ms") + "Seconds"
     return "botmesh_" + re.sub(r"(?<!^)(?=[A-Z])", "_", counter).lower()
+
+
+def _unit(counter: str) -> float:
+    """What one of ``counter`` is in Prometheus' units (a millisecond: 0.001 s)."""
+    return 0.001 if counter.endswith("Ms") else 1.0
 
 
 #: The engine's counters (``botmesh metrics``' names) -> their Prometheus family names.
@@ -101,7 +109,7 @@ class _Sampled(Collector):
         counters = s.counters()
         for name, family in ENGINE_COUNTERS.items():
             yield CounterMetricFamily(
-                family, f"the engine's {name} counter", value=counters.get(name, 0)
+                family, f"the engine's {name} counter", value=counters.get(name, 0) * _unit(name)
             )
         yield CounterMetricFamily(
             "botmesh_forced_rebalances",

@@ -74,6 +74,7 @@ from botmesh.state.errors import (
     UnsupportedContentError,
 )
 from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = ["DiscordProvider", "DiscordWebhook", "nonce_of"]
 
@@ -121,6 +122,9 @@ class DiscordProvider(ChannelProvider):
     name = "discord"
     media_channel = "discord"
     text_limit: int | None = TEXT_LIMIT
+    #: Discord's global limit of a bot: 50 requests a second. Its per-channel limits are
+    #: not published (the API says them in headers): not declared.
+    rate_limits = ChannelLimits(channel=Rate(50))
 
     def __init__(
         self,

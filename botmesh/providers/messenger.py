@@ -38,6 +38,7 @@ from botmesh.providers.meta import (
 from botmesh.providers.webhooks import MalformedWebhook, WebhookRequest
 from botmesh.state.errors import SendError, UnsupportedContentError
 from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = ["MessengerProvider", "MessengerWebhook"]
 
@@ -56,6 +57,9 @@ class MessengerProvider(GraphProvider):
 
     name = "messenger"
     text_limit: int | None = 2000
+    #: The Send API's limit per Page for text (300 calls a second; audio and video have a
+    #: lower one, 10, left to the channel's 429s).
+    rate_limits = ChannelLimits(channel=Rate(300))
     media_channel = "messenger"
     token_env: ClassVar[str] = "MESSENGER_PAGE_TOKEN"
     #: The environment prefix of ``from_env`` (``<PREFIX>_API_URL``…).

@@ -71,6 +71,7 @@ from botmesh.state.errors import (
     UnsupportedContentError,
 )
 from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = ["TelegramProvider", "TelegramWebhook"]
 
@@ -126,6 +127,9 @@ class TelegramProvider(ChannelProvider):
     #: UTF-16); a part counted so never exceeds 4096 however the server counts (an emoji
     #: outside the BMP counts 2).
     text_limit_unit = "utf-16"
+    #: The limits Telegram's Bot FAQ states: about 30 messages a second in all, one a
+    #: second to one chat, 20 a minute to one group (docs/rate-limits.md).
+    rate_limits = ChannelLimits(channel=Rate(30), chat=Rate(1), group=Rate(20, 60))
 
     def __init__(
         self,
@@ -241,6 +245,11 @@ class TelegramProvider(ChannelProvider):
         return err
 
     # -- send -----------------------------------------------------------------------------
+
+    def is_group(self, chat_id: str) -> bool:
+        """Whether ``chat_id`` is a group, supergroup or channel (a negative id, or a
+        channel's ``@username``), paced under the group limit; else a private chat."""
+        return chat_id.startswith(("-", "@"))
 
     async def send(self, message: Outbound) -> SendResult:
         if message.media is None:

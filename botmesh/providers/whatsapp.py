@@ -42,6 +42,7 @@ from botmesh.providers.meta import (
 from botmesh.providers.webhooks import MalformedWebhook, WebhookRequest
 from botmesh.state.errors import ConfigError, ProviderError, SendError, UnsupportedContentError
 from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = ["WhatsAppProvider", "WhatsAppWebhook"]
 
@@ -89,6 +90,10 @@ class WhatsAppProvider(GraphProvider):
 
     name = "whatsapp"
     text_limit: int | None = 4096
+    #: Cloud API's default throughput of a business phone number: 80 messages a second
+    #: (Meta raises it to 1,000 for some numbers: set ``outbox.rate_limits.channel``). No
+    #: chat limit by default (docs/rate-limits.md says why).
+    rate_limits = ChannelLimits(channel=Rate(80))
     media_channel = "whatsapp"
     token_env: ClassVar[str] = "WHATSAPP_ACCESS_TOKEN"
 

@@ -25,14 +25,18 @@ from typing import Any, Literal
 from botmesh.state.backoff import Backoff, Retries
 from botmesh.state.durations import parse_duration
 from botmesh.state.errors import ConfigError, Reason
+from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = [
     "BackoffConfig",
     "DurabilityConfig",
     "InboxConfig",
     "LeaderConfig",
+    "Limit",
     "MessageLogConfig",
     "OutboxConfig",
+    "RateLimits",
+    "parse_limit",
 ]
 
 OnAmbiguous = Literal["skip", "resend"]
@@ -79,6 +83,91 @@ class BackoffConfig:
         jitter = raw.get("jitter", 0.2)
         _check_backoff(base, cap, jitter, field)
         return cls(base, cap, float(jitter))
+
+
+#: A rate limit's setting: ``"default"`` (the channel's own), a ``Rate``, or ``None`` (off).
+Limit = Rate | Literal["default"] | None
+
+_LIMITS = ("channel", "chat", "group")
+_OFF = {"off", "none", "no", "false"}
+
+
+def parse_limit(value: object, field: str) -> Limit:
+    """One limit's setting: ``"default"``, ``"off"`` (or ``None``, ``False``), or a rate
+    (``"30/s"``, ``"20/min"``, a number per second); a ``ConfigError`` naming ``field``."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word == "default":
+            return "default"
+        if word in _OFF:
+            return None
+    return Rate.parse(value, field)
+
+
+def _resolved(mine: Limit, declared: Rate | None) -> Rate | None:
+    return declared if isinstance(mine, str) else mine
+
+
+def _over(mine: Limit, base: Limit) -> Limit:
+    return base if isinstance(mine, str) else mine
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """The rate limits a bot's sends are paced under (``botmesh.state.pacing``): for each
+    of ``channel`` (the whole bot, or phone number), ``chat`` (one private chat) and
+    ``group`` (one group chat), ``"default"`` (the limit the channel declares, if any), a
+    rate (``"30/s"``, ``"20/min"``, a number per second) or ``None`` / ``"off"`` (none)."""
+
+    channel: Limit = "default"
+    chat: Limit = "default"
+    group: Limit = "default"
+
+    def __post_init__(self) -> None:
+        for name in _LIMITS:
+            parsed = parse_limit(getattr(self, name), f"outbox.rate_limits.{name}")
+            object.__setattr__(self, name, parsed)  # frozen: set once, while being built
+
+    def limits(self, declared: ChannelLimits) -> ChannelLimits:
+        """The limits to keep on a channel that declares ``declared``."""
+        return ChannelLimits(
+            channel=_resolved(self.channel, declared.channel),
+            chat=_resolved(self.chat, declared.chat),
+            group=_resolved(self.group, declared.group),
+        )
+
+    def over(self, base: RateLimits) -> RateLimits:
+        """These settings where they are not ``"default"``, else ``base``'s (the worker's
+        ``BOTMESH_*RATE_LIMIT`` over the bot's ``outbox.rate_limits``)."""
+        return RateLimits(
+            channel=_over(self.channel, base.channel),
+            chat=_over(self.chat, base.chat),
+            group=_over(self.group, base.group),
+        )
+
+    @classmethod
+    def from_value(cls, value: object, field: str = "outbox.rate_limits") -> RateLimits:
+        """A ``RateLimits``, a mapping of ``channel`` / ``chat`` / ``group``, or one word
+        for all three: ``"default"`` or ``"off"``."""
+        if isinstance(value, RateLimits):
+            return value
+        if value is None or value is False or isinstance(value, str):
+            word = "off" if not isinstance(value, str) else value.strip().lower()
+            if word == "default" or word in _OFF:
+                one = parse_limit(word, field)
+                return cls(one, one, one)
+            raise ConfigError(
+                field,
+                f"expected 'default', 'off' or a mapping of channel, chat and group (each "
+                f"'default', 'off' or a rate such as '30/s'), got {value!r}",
+            )
+        raw = _mapping(value, field)
+        _known(raw, field, _LIMITS)
+        return cls(
+            **{name: parse_limit(raw.get(name, "default"), f"{field}.{name}") for name in _LIMITS}
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +258,10 @@ class OutboxConfig:
     #: time) after which a send not yet delivered dies ``expired`` instead of going out
     #: late. ``None`` (default): no deadline.
     deliver_within: float | None = None
+    #: The rate limits sends are paced under before they call the provider (default: the
+    #: channel's declared ones; ``"off"``: none): ``{"channel": "30/s", "chat": "1/s",
+    #: "group": "20/min"}``, each ``"default"``, ``"off"`` or a rate (docs/rate-limits.md).
+    rate_limits: RateLimits = field(default_factory=RateLimits)
 
     def __post_init__(self) -> None:
         if _int(self.retries, "outbox.retries") < 0:
@@ -196,6 +289,9 @@ class OutboxConfig:
                     "outbox.deliver_within",
                     "must be above 0 (for example '5m'), or None for no deadline",
                 )
+        if not isinstance(self.rate_limits, RateLimits):
+            limits = RateLimits.from_value(self.rate_limits)
+            object.__setattr__(self, "rate_limits", limits)  # frozen: set once, while built
 
     def retry_policy(self) -> Retries:
         """The one retry decision of a send, inline and in the background."""
@@ -225,6 +321,7 @@ class OutboxConfig:
                 if raw.get("deliver_within") is None
                 else parse_duration(raw["deliver_within"], "outbox.deliver_within")
             ),
+            rate_limits=RateLimits.from_value(raw.get("rate_limits", "default")),
         )
 
 

@@ -41,6 +41,11 @@ class Metric(StrEnum):
     OUTBOX_EXPIRED = "outboxExpired"
     #: Beyond the reference: sends cancelled before they went out.
     OUTBOX_CANCELLED = "outboxCancelled"
+    #: Beyond the reference: sends that waited for their slot under the channel's rate
+    #: limits before calling the provider (``botmesh.state.pacing``).
+    OUTBOX_PACED = "outboxPaced"
+    #: Beyond the reference: the milliseconds those sends waited, in all.
+    OUTBOX_PACED_MS = "outboxPacedMs"
 
 
 _ATTRS = tuple(m.name.lower() for m in Metric)
@@ -69,6 +74,8 @@ class Metrics:
     outbox_scheduled: int
     outbox_expired: int
     outbox_cancelled: int
+    outbox_paced: int
+    outbox_paced_ms: int
 
     def __init__(self) -> None:
         for attr in _ATTRS:

@@ -31,6 +31,7 @@ from botmesh.state.config import OutboxConfig
 from botmesh.state.errors import (
     FencedError,
     ProviderNotLeaderError,
+    RateLimitedError,
     Reason,
     SendDeferredError,
     SendError,
@@ -45,6 +46,7 @@ from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
 from botmesh.state.order import ChatOrder, last_part
 from botmesh.state.outbox import new_values, part_payloads
+from botmesh.state.pacing import Pacer
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
 from botmesh.state.records import SETTLED, Json, revise
 from botmesh.state.splitter import split_text, text_length, unit_of
@@ -105,6 +107,12 @@ def _fell_back(value: Json) -> bool:
     """Whether a send's record switched to its fallback."""
     spec = value.get("fallback")
     return isinstance(spec, dict) and bool(spec.get("used"))
+
+
+def _channel_of(value: Json) -> str | None:
+    """The fallback channel a send's record switched to (``None``: the bot's own)."""
+    spec = value.get("fallback")
+    return spec.get("channel") if isinstance(spec, dict) and spec.get("used") else None
 
 
 def _later_parts(
@@ -212,8 +220,12 @@ class Delivery:
         order: ChatOrder,
         fallbacks: Mapping[str, Provider] | None = None,
         message_log: MessageLog | None = None,
+        pacers: Mapping[str | None, Pacer] | None = None,
     ) -> None:
         self._common = common
+        #: The pacing of each channel under its rate limits (``botmesh.state.pacing``), by
+        #: fallback channel name (``None``: the bot's own channel); only paced ones.
+        self._pacers = {name: p for name, p in (pacers or {}).items() if p.limited}
         #: Logs each part recorded ``sent``, in that same commit (``botmesh.state.message_log``);
         #: a new log entry goes in the partition of its send's record (``self._common.near``).
         self._message_log = message_log
@@ -257,6 +269,7 @@ class Delivery:
                             await self.dead(rest, _SUPERSEDED, background=False)
                     break
                 if i > 0:
+                    await self.pace(held.value["payload"]["chat_id"], held.value)
                     await self._common.leases.reclaim(held, self._lease)
                 try:
                     try:
@@ -315,6 +328,7 @@ class Delivery:
                     self._common.metrics.outbox_deferred += 1
                     raise SendDeferredError(held.value["key"], str(exc)) from exc
                 await self._common.clock.sleep(delay)
+                await self.pace(message.chat_id, held.value)
                 await self._common.leases.reclaim(held, self._lease)
                 self._common.metrics.outbox_retried += 1
                 continue
@@ -452,11 +466,45 @@ class Delivery:
         existing = await self._common.kv.get_many([self._prefix + v["key"] for v in values])
         return [v for v in values if self._prefix + v["key"] not in existing]
 
+    async def pace(self, chat_id: str, value: Json | None = None) -> None:
+        """Wait for the send's slot under its channel's rate limits (the bot's channel, or
+        the fallback ``value`` switched to). Taken before the send is marked in flight (a
+        journal write), never after: a crash while it waits leaves nothing ambiguous."""
+        if self._pacers:
+            pacer = self._pacers.get(_channel_of(value) if value is not None else None)
+            if pacer is not None:
+                await pacer.wait(chat_id)
+
     async def _call(self, route: Route) -> SendResult:
-        """One provider call: the send's own channel, or its fallback's."""
-        return await timed_send(
-            self._channel(route), route.message, route.key, self._common.timings
+        """One provider call: the send's own channel, or its fallback's (its slot under
+        that channel's rate limits taken before: ``pace``; a 429's Retry-After pauses the
+        channel)."""
+        provider = self._channel(route)
+        try:
+            return await timed_send(provider, route.message, route.key, self._common.timings)
+        except RateLimitedError as exc:
+            pacer = self._pacers.get(route.channel) if self._pacers else None
+            if pacer is not None:
+                pacer.refused(exc.retry_after)
+            raise
+
+    async def _paced_later(self, entry: Entry, now: float) -> bool:
+        """The sweeper's send whose chat's next slot is more than a sweeper poll away: left
+        due at that slot (not an attempt; no lease) and ``True``, so that the sweeper goes on
+        with other chats instead of sleeping on this one. A shorter wait is slept in the
+        call (``_call``), as a wait for the channel's slot is."""
+        value = entry.value
+        route = routed(value, records.decode_outbound(value["payload"]))
+        pacer = self._pacers.get(route.channel)
+        if pacer is None:
+            return False
+        ready = pacer.chat_ready(route.message.chat_id)
+        if ready <= now + self._poll:
+            return False
+        await self._common.leases.write(
+            entry, revise(value, now, lease=None), Write.OUTBOX_WAIT, due=ready
         )
+        return True
 
     def _channel(self, route: Route) -> Provider:
         if route.channel is None:
@@ -614,6 +662,7 @@ class Delivery:
         ):  # it cannot be journaled, so it cannot wait for the leader
             await self._common.leader.ensure()
         self._common.metrics.outbox_bypassed += 1
+        await self.pace(message.chat_id)
         now = self._common.clock.now()
         receipt = await send_direct(self._provider, message, key, inbound_id, part=part, now=now)
         await self._common.emit(SentEvent(receipt, False))
@@ -741,6 +790,11 @@ class Delivery:
         if invalid is not None:  # never deliverable: dead now, not pending forever
             log.error("send %s dead-lettered: %s", entry.value.get("key"), invalid["message"])
             return int(await self.dead(entry, invalid, background=True))
+        if self._pacers:
+            if await self._paced_later(entry, now):
+                return 0
+            await self.pace(entry.value["payload"]["chat_id"], entry.value)
+            now = self._common.clock.now()
         claimed, extra = await self._claim_value(entry, now, resend=resend and not ask)
         due = now + self._lease
         try:

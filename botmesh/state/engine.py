@@ -10,6 +10,7 @@
 ``turns``        a chat's handlers on one replica at a time (``botmesh.state.turns``)
 ``messages``     the message log: each part sent, logged in the commit that records it
                  sent; a chat's history (``botmesh.state.message_log``)
+``pacers``       each channel's sends paced under its rate limits (``botmesh.state.pacing``)
 ``delivery``     provider calls, the retry decision, dead letters (``botmesh.state.delivery``)
 ``outbox``       journal a send, inline or enqueued (``botmesh.state.outbox``)
 ``inbox``        journal an inbound, run its handlers, mark it done (``botmesh.state.inbox``)
@@ -48,7 +49,7 @@ from botmesh.state.basis import Basis
 from botmesh.state.checkpoints import Checkpoints
 from botmesh.state.clock import Clock
 from botmesh.state.common import Common
-from botmesh.state.config import DurabilityConfig
+from botmesh.state.config import DurabilityConfig, RateLimits
 from botmesh.state.counters import Timings
 from botmesh.state.delivery import Delivery
 from botmesh.state.erasure import Erasure, ErasureReceipt
@@ -61,6 +62,7 @@ from botmesh.state.message_log import JournalMessageLog
 from botmesh.state.operations import Operations
 from botmesh.state.order import ChatOrder
 from botmesh.state.outbox import Outbox
+from botmesh.state.pacing import Pacer, declared_limits, group_test
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher, ReceiptSink
 from botmesh.state.retention import Retention
@@ -90,6 +92,10 @@ class RuntimeOptions(TypedDict, total=False):
     timings: Timings | None
     #: The other channels a send's ``Fallback`` may go out through, by name.
     fallbacks: Mapping[str, Provider] | None
+    #: Rate limits over the bot's ``outbox.rate_limits``, where not ``"default"`` (the
+    #: worker's ``BOTMESH_RATE_LIMIT``, ``BOTMESH_CHAT_RATE_LIMIT``,
+    #: ``BOTMESH_GROUP_RATE_LIMIT``).
+    rate_limits: RateLimits | None
 
 
 def checked_options(given: Mapping[str, object]) -> RuntimeOptions:
@@ -139,8 +145,15 @@ class Engine:
         rng: random.Random | None = None,
         timings: Timings | None = None,
         fallbacks: Mapping[str, Provider] | None = None,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         self.kv = kv
+        #: The rate limits of the bot's channel: the runtime's over the bot's.
+        self.rate_limits = (
+            config.outbox.rate_limits
+            if rate_limits is None
+            else rate_limits.over(config.outbox.rate_limits)
+        )
         #: The channels a send's fallback may name (``botmesh.state.fallback``), by name.
         self.fallbacks = dict(fallbacks or {})
         self.scope = scope
@@ -189,6 +202,8 @@ class Engine:
         #: Chat turns across replicas (a shared, unpartitioned journal), else ``None``.
         self.turns = self._new_turns()
         self.messages = self._new_messages()
+        #: Each channel's pacing, by fallback channel name (``None``: the bot's channel).
+        self.pacers = self._new_pacers()
         self.delivery = self._new_delivery()
         self.outbox = self._new_outbox()
         self.inbox = self._new_inbox()
@@ -223,6 +238,29 @@ class Engine:
             texts=self.config.message_log.texts,
         )
 
+    def _new_pacers(self) -> dict[str | None, Pacer]:
+        """The bot's channel under its limits (the channel's declared ones, the settings
+        over them); each fallback channel under the ones it declares."""
+        channels: dict[str | None, Provider] = {None: self.provider}
+        channels.update(self.fallbacks)
+        return {
+            name: Pacer(
+                self.rate_limits.limits(declared_limits(provider))
+                if name is None
+                else declared_limits(provider),
+                clock=self.basis.clock,
+                metrics=self.basis.metrics,
+                is_group=group_test(provider),
+            )
+            for name, provider in channels.items()
+        }
+
+    def set_pace_share(self, fraction: float) -> None:
+        """This engine's part of each channel's rate, in (0, 1] (the Kafka worker's: the
+        part of the inbound partitions it owns); chat limits are not shared."""
+        for pacer in self.pacers.values():
+            pacer.share = fraction
+
     def _new_delivery(self) -> Delivery:
         return Delivery(
             self.common,
@@ -232,6 +270,7 @@ class Engine:
             order=self.order,
             fallbacks=self.fallbacks,
             message_log=self.messages,
+            pacers=self.pacers,
         )
 
     def _new_outbox(self) -> Outbox:

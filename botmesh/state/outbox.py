@@ -150,6 +150,8 @@ class Deliveries(Protocol):
         self, message: Outbound, key: str, inbound_id: str | None, part: int
     ) -> Receipt: ...
 
+    async def pace(self, chat_id: str, value: Json | None = None) -> None: ...
+
 
 class Outbox:
     """Journals sends; answers a recorded key from the outbox; keeps per-chat order."""
@@ -202,12 +204,9 @@ class Outbox:
 
         Inline, it retries up to ``outbox.inline_max`` then raises ``SendDeferredError``;
         raises the error of a final failure (the record is dead); ``FencedError`` when the
-        lease was taken over.
-
-        ``timing`` (``botmesh.state.timing``): a scheduled send (``at``/``delay``) is
-        journaled for the sweeper, whatever ``inline`` says, and goes out at its time; a
-        send with a deadline (its own, else ``outbox.deliver_within``) dies ``expired``
-        when it is not delivered by then.
+        lease was taken over. ``timing`` (``botmesh.state.timing``): a scheduled send is
+        journaled for the sweeper, whatever ``inline`` says; a send past its deadline (its
+        own, else ``outbox.deliver_within``) dies ``expired``.
         """
         when = self._when(timing)
         if when[0] is not None:
@@ -224,6 +223,8 @@ class Outbox:
             if not plan.parts:
                 assert first is not None
                 return first
+            if inline and not (self._keep_order and self._order.tails.get(plan.chat_id)):
+                await self._delivery.pace(plan.chat_id)  # its slot, before it is in flight
             now = self._common.clock.now()
             try:
                 result = await self._journal(

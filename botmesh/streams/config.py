@@ -22,6 +22,7 @@ from typing import Any
 
 from botmesh.state.backends import check_url
 from botmesh.state.backends.server import redact
+from botmesh.state.config import Limit, RateLimits, parse_limit
 from botmesh.state.errors import ConfigError
 from botmesh.streams.connection import KafkaSettings, Security
 from botmesh.topics.catalog import DEFAULT_PARTITIONS, Catalog, check_prefix, prefix_from_env
@@ -114,6 +115,22 @@ def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name}={raw!r} is not a number of seconds; fix or unset it") from None
 
 
+def _limit_env(env: Mapping[str, str], name: str) -> Limit:
+    """A rate limit's variable: a rate (``80/s``, ``20/min``), ``off`` or ``default``
+    (also when unset: the bot's ``outbox.rate_limits``)."""
+    return parse_limit(env.get(name, "").strip() or "default", name)
+
+
+def _rate_limits_env(env: Mapping[str, str]) -> RateLimits | None:
+    """The rate limits the worker's environment sets; ``None`` when it sets none."""
+    limits = RateLimits(
+        channel=_limit_env(env, "BOTMESH_RATE_LIMIT"),
+        chat=_limit_env(env, "BOTMESH_CHAT_RATE_LIMIT"),
+        group=_limit_env(env, "BOTMESH_GROUP_RATE_LIMIT"),
+    )
+    return None if limits == RateLimits() else limits
+
+
 #: Settings earlier releases read, and what to set instead.
 RETIRED = {
     "BOTMESH_WEB_PORT": "the old web server is gone; set BOTMESH_HTTP_PORT for /healthz, "
@@ -185,6 +202,11 @@ class WorkerConfig:
     loglevel: str = "info"
     #: Create the topics at start (idempotent).
     provision: bool = True
+    #: ``BOTMESH_RATE_LIMIT``, ``BOTMESH_CHAT_RATE_LIMIT``, ``BOTMESH_GROUP_RATE_LIMIT``:
+    #: the channel's rate limits over the bot's ``outbox.rate_limits`` (``None``: the
+    #: bot's). The channel limit is the whole group's: each worker takes the part of it
+    #: its share of the inbound partitions is (docs/rate-limits.md).
+    rate_limits: RateLimits | None = None
 
     def __post_init__(self) -> None:
         if self.journal is not None:
@@ -246,6 +268,7 @@ class WorkerConfig:
             stop_timeout=_float_env(env, "BOTMESH_STOP_TIMEOUT", 30.0),
             topic_wait=_float_env(env, "BOTMESH_TOPIC_WAIT", 60.0),
             loglevel=env.get("BOTMESH_LOG_LEVEL", "").strip() or "info",
+            rate_limits=_rate_limits_env(env),
             guarantee=check_guarantee(
                 env.get("BOTMESH_PROCESSING_GUARANTEE", "").strip() or "at_least_once",
                 "BOTMESH_PROCESSING_GUARANTEE",

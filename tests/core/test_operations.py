@@ -26,8 +26,9 @@ REFERENCE_COUNTERS = [
     "staleLeases",
     "outboxDiverged",
 ]
-#: Ours, beyond the reference: ambiguous sends resolved by asking the channel, and sends
-#: a standby left to the provider leader.
+#: Ours, beyond the reference: ambiguous sends resolved by asking the channel, sends a
+#: standby left to the provider leader, sends over time (scheduled, expired, cancelled),
+#: sends paced under the rate limits (and how long).
 OUR_COUNTERS = [
     "outboxResolvedSent",
     "outboxResolvedUnsent",
@@ -35,6 +36,8 @@ OUR_COUNTERS = [
     "outboxScheduled",
     "outboxExpired",
     "outboxCancelled",
+    "outboxPaced",
+    "outboxPacedMs",
 ]
 
 

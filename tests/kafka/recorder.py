@@ -143,7 +143,12 @@ class Recorder:
     Like a channel's API it can refuse a send: ``script(text, [(429, 2.0), (500, None)])``
     answers the next two sends of ``text`` with a 429 (``Retry-After: 2``) and a 500, then
     accepts; ``refuse(text)`` answers 400 to every send of ``text`` until ``allow(text)``.
-    Each refusal is kept (``refusals``) with the recorder's own clock."""
+    Each refusal is kept (``refusals``) with the recorder's own clock.
+
+    ``limit(rate, burst)`` enforces a channel rate limit as a channel's API does: a token
+    bucket refilled at ``rate`` a second, holding ``burst`` tokens at most (so an arrival
+    jitter of ``(burst - 1) / rate`` seconds passes); a send that finds no token is
+    answered 429 with the ``Retry-After`` until the next one, and counted (``limited``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
@@ -156,6 +161,10 @@ class Recorder:
         self._released = threading.Event()
         #: (chat id, time.monotonic() the hold began, when it ended) of each held send
         self.held: list[tuple[str, float, float]] = []
+        #: the channel rate limit (``limit``): tokens a second, most tokens, tokens now, when
+        self._bucket: list[float] | None = None
+        #: sends answered 429 because they were over ``limit``
+        self.limited = 0
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -170,7 +179,7 @@ class Recorder:
                 except (ValueError, KeyError, TypeError) as exc:
                     self._answer(400, {"error": str(exc)})
                     return
-                refusal = recorder._refusal(text)
+                refusal = recorder._refusal(text) or recorder._over_limit(text)
                 if refusal is not None:
                     status, retry_after = refusal
                     error = {"error": {"code": status, "message": f"refused with {status}"}}
@@ -212,6 +221,29 @@ class Recorder:
         """Answer the next sends of ``text`` with these (status, Retry-After), then 200."""
         with self._lock:
             self._script.setdefault(text, collections.deque()).extend(answers)
+
+    def limit(self, rate: float, burst: float = 1.0) -> None:
+        """Refuse sends over ``rate`` a second (a token bucket of ``burst`` tokens, full at
+        first) with 429 and a ``Retry-After``, as a channel's API does."""
+        with self._lock:
+            self._bucket = [rate, burst, burst, time.monotonic()]
+
+    def _over_limit(self, text: str) -> tuple[int, float | None] | None:
+        """``(429, retry after)`` when the send finds the bucket empty; else takes a token."""
+        with self._lock:
+            if self._bucket is None:
+                return None
+            rate, burst, tokens, then = self._bucket
+            now = time.monotonic()
+            tokens = min(burst, tokens + (now - then) * rate)
+            if tokens >= 1.0:
+                self._bucket[2:] = [tokens - 1.0, now]
+                return None
+            self._bucket[2:] = [tokens, now]
+            self.limited += 1
+            retry_after = round((1.0 - tokens) / rate, 3)
+            self._refusals.append(Refusal(text, 429, retry_after, now))
+            return 429, retry_after
 
     def hold(self, chat_id: str, seconds: float, sends: int = 1) -> None:
         """The next ``sends`` sends to ``chat_id`` are recorded when they arrive (the

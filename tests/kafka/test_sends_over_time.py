@@ -8,6 +8,9 @@ each send (docs/sends-over-time.md):
   recorder answers whether a key arrived), and every recipient has a receipt;
 - a send scheduled 5 s ahead whose owner is SIGKILLed at 4 s: its partition moves to the
   other worker, which sends it once, not before its time;
+- a paced broadcast (``BOTMESH_RATE_LIMIT``) through a recorder that answers 429 above that
+  limit, followed by ``botmesh broadcast`` to its end: no 429, every recipient once, and the
+  sends take recipients ÷ limit seconds, within 10 %;
 - a send with a deadline, journaled, then the broker stopped until the deadline passed: it
   dies ``expired`` (its dead letter on ``<prefix>.outbox.dlq`` with the reason, its receipt
   ``dead``) and the channel never sees it.
@@ -131,6 +134,48 @@ async def test_a_broadcast_with_three_sigkills_reaches_every_recipient_exactly_o
     assert twice == {}
     assert missed == set()
     assert states == {OutboxState.SENT.value: RECIPIENTS}
+
+
+PACED = 1000  # recipients of the paced broadcast
+LIMIT = 50  # its channel's limit, sends a second: at the recorder and told to the worker
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_paced_broadcast_gets_no_429_and_takes_recipients_over_the_limit(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, recorder: Recorder, tally: Tally
+) -> None:
+    chats = [f"p{i:05d}" for i in range(PACED)]
+    recipients = tmp_path / "recipients.txt"
+    recipients.write_text("\n".join(chats) + "\n")
+    recorder.limit(LIMIT, burst=10)  # a channel's API: a send over its limit is a 429
+    worker = Worker(
+        kafka_bootstrap,
+        topic_prefix,
+        tmp_path / "w",
+        recorder=recorder.url,
+        provider=RESOLVING,
+        env={"BOTMESH_RATE_LIMIT": f"{LIMIT}/s"},
+    )
+    try:
+        worker.start()
+        args = ("--campaign", "paced", "--recipients", str(recipients), "--text", "news")
+        done = broadcast_cli(kafka_bootstrap, topic_prefix, *args, "--idle", "60")
+        assert worker.stop() == 0
+    finally:
+        worker.close()
+    calls = recorder.calls()
+    elapsed = calls[-1].at - calls[0].at
+    expected = PACED / LIMIT
+    print(
+        f"\n  paced broadcast of {PACED} at {LIMIT}/s: {elapsed:.2f}s from the first send to "
+        f"the last (recipients / limit = {expected:.1f}s), {recorder.limited} answered 429; "
+        f"the command's summary: {done}"
+    )
+    assert recorder.limited == 0
+    assert sorted(c.chat_id for c in calls) == chats  # each once
+    assert done["states"] == {"sent": PACED} and done["unsettled"] == 0
+    assert abs(elapsed - expected) <= 0.1 * expected, (elapsed, expected)
 
 
 def _owners(bootstrap: str, prefix: str, topic: str) -> dict[str, list[int]]:

@@ -50,6 +50,7 @@ from botmesh.observability.metrics import WorkerSources, WorkerTelemetry
 from botmesh.state.errors import ConfigError, DurabilityError
 from botmesh.state.keys import is_turn_key, record_group
 from botmesh.state.ports import Provider
+from botmesh.streams.clients import wait_topic
 from botmesh.streams.config import WorkerConfig, group_instance_id
 from botmesh.streams.groups import describe
 from botmesh.streams.membership import (
@@ -335,6 +336,8 @@ class Worker:
         #: Each inbound partition's offset from which its records are fresh (its end when
         #: it was given to this worker).
         self._fresh_at: dict[int, int] = {}
+        #: Partitions of the inbound topic (read at the start; the rate limit's share).
+        self._inbound_count = config.partitions
         self.observed = Observed(self)
         telemetry.sources = self.observed.sources()
         self.http = self._health_server(telemetry)
@@ -391,6 +394,7 @@ class Worker:
             ),
             timings=timed,
             fallbacks=fallbacks,
+            rate_limits=config.rate_limits,
         )
 
     def _inbound_runner(
@@ -488,6 +492,7 @@ class Worker:
         """Restore each journal partition from the changelog, open it (its recovery pass),
         then resume fetching its records (on a file journal: at once)."""
         self.membership.confirm()  # an assignment: the coordinator has this member
+        self._reshare(set(self.consumer.partitions) | partitions)
         epoch = self.consumer.epoch  # of this assignment: its records are fetched from now on
         if self.kv is None:
             self._serve(partitions, epoch)
@@ -562,6 +567,7 @@ class Worker:
     async def revoking(self, partitions: set[int]) -> None:
         """Settle what is in flight, checkpoint, then hand the journal partitions over."""
         self._unserve(partitions)
+        self._reshare(set(self.consumer.partitions) - partitions)
         await self._join()
         try:
             await self.checkpoint.run()
@@ -574,9 +580,21 @@ class Worker:
     async def lost(self, partitions: set[int]) -> None:
         """Someone else's already: forget them, commit nothing."""
         self._unserve(partitions)
+        self._reshare(set(self.consumer.partitions) - partitions)
         self._drop(partitions)
         if self.kv is not None:
             self.kv.revoke(partitions)
+
+    def _reshare(self, owned: set[int]) -> None:
+        """This worker's part of the channel's rate limit: the part of the inbound
+        partitions it owns (``owned``), so that the group's workers stay under the limit
+        together (one that owns none keeps one partition's part)."""
+        total = max(self._inbound_count, len(owned), 1)
+        share = max(len(owned), 1) / total
+        set_share = getattr(self.runtime, "set_pace_share", None)
+        if set_share is not None:
+            set_share(share)
+            log.debug("rate limit share %.3f (%d of %d partitions)", share, len(owned), total)
 
     def _serve(self, partitions: set[int], epoch: int) -> None:
         """Records of ``partitions`` fetched from ``epoch`` on are started (``_start``)."""
@@ -779,6 +797,7 @@ class Worker:
             await self.runtime.stop()
             await self.changelog.stop()
             return _refused(str(exc))
+        await self._count_inbound()
         await self.consumer.start()
         loop = asyncio.get_running_loop()
         self._watching = loop.create_task(self.membership.run())
@@ -847,6 +866,22 @@ class Worker:
         if self.kv is not None:
             await self.kv.close()
         await self.changelog.stop()
+
+    async def _count_inbound(self) -> None:
+        """How many partitions the inbound topic has (the rate limit's share); not read
+        (the broker did not answer): ``BOTMESH_PARTITIONS``."""
+        try:
+            parts = await asyncio.to_thread(wait_topic, self.config.kafka, self.cat.inbound, 5.0)
+        except Exception as exc:
+            log.warning(
+                "partitions of %s not read (%s): taken as %d",
+                self.cat.inbound,
+                exc,
+                self._inbound_count,
+            )
+            return
+        if parts:
+            self._inbound_count = len(parts)
 
     def _about(self) -> str:
         config, cat = self.config, self.cat
