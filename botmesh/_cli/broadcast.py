@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -43,12 +44,16 @@ from botmesh._cli.send import channel_options
 __all__ = ["broadcast"]
 
 
-def _recipients(source: TextIO) -> list[str]:
-    """The chat ids of a recipients file, each once, in order."""
-    chats = (line.strip() for line in source)
+def _recipients(path: str) -> list[str]:
+    """The chat ids of a recipients file (``-``: stdin), each once, in order."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--recipients {path!r}: {exc.strerror or exc}") from None
+    chats = (line.strip() for line in text.splitlines())
     found = list(dict.fromkeys(c for c in chats if c and not c.startswith("#")))
     if not found:
-        raise ValueError("--recipients names no chat id (one a line)")
+        raise ValueError(f"--recipients {path!r} names no chat id (one a line)")
     return found
 
 
@@ -56,7 +61,9 @@ def _recipients(source: TextIO) -> list[str]:
 @connection_options
 @click.option("--campaign", help="the campaign id (no ':' or '#'); the same id again sends once")
 @click.option(
-    "--recipients", type=click.File("r"), help="a file of chat ids, one a line ('-': stdin)"
+    "--recipients",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="a file of chat ids, one a line ('-': stdin)",
 )
 @click.option("--text", help="the text to send (--text or --media-url is required)")
 @click.option("--media-url", help="a media URL to send with the text, or instead of it")
@@ -82,7 +89,7 @@ def broadcast(
     prefix: str,
     bootstrap: str,
     campaign: str | None,
-    recipients: TextIO | None,
+    recipients: str | None,
     text: str | None,
     media_url: str | None,
     media_mime: str | None,
@@ -162,14 +169,14 @@ def _summary(
 @click.option("--campaign", required=True, help="the campaign id")
 @click.option(
     "--recipients",
-    type=click.File("r"),
+    type=click.Path(dir_okay=False, allow_dash=True),
     required=True,
     help="the campaign's chat ids, one a line ('-': stdin)",
 )
 @wait_option
 @json_option
 def cancel(
-    *, prefix: str, bootstrap: str, campaign: str, recipients: TextIO, wait: float, as_json: bool
+    *, prefix: str, bootstrap: str, campaign: str, recipients: str, wait: float, as_json: bool
 ) -> int:
     """Cancel a campaign's sends that have not gone out (each recipient's owner does)."""
     import asyncio

@@ -11,6 +11,9 @@ each send (docs/sends-over-time.md):
 - a paced broadcast (``BOTMESH_RATE_LIMIT``) through a recorder that answers 429 above that
   limit, followed by ``botmesh broadcast`` to its end: no 429, every recipient once, and the
   sends take recipients ÷ limit seconds, within 10 %;
+- ``botmesh send cancel`` and ``botmesh broadcast cancel``: a scheduled send, a scheduled
+  campaign and a key cancelled before its request came never go out, each with a
+  ``cancelled`` receipt;
 - a send with a deadline, journaled, then the broker stopped until the deadline passed: it
   dies ``expired`` (its dead letter on ``<prefix>.outbox.dlq`` with the reason, its receipt
   ``dead``) and the channel never sees it.
@@ -52,15 +55,20 @@ RESOLVING = "tests.kafka.flow_bot:provider"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def broadcast_cli(bootstrap: str, prefix: str, *args: str) -> dict[str, object]:
-    """``botmesh broadcast ... --json`` as a user runs it; its JSON document."""
+def cli(bootstrap: str, prefix: str, *words: str) -> dict[str, Any]:
+    """``botmesh WORDS --json`` as a user runs it (exit 0 expected); its JSON document."""
     done = subprocess.run(
-        [sys.executable, "-m", "botmesh", "broadcast", "--bootstrap", bootstrap,
-         "--prefix", prefix, "--json", *args],
+        [sys.executable, "-m", "botmesh", *words, "--bootstrap", bootstrap, "--prefix", prefix,
+         "--json"],
         capture_output=True, text=True, timeout=WAIT_S, check=False, cwd=ROOT,
     )  # fmt: skip
-    assert done.returncode == 0, f"botmesh broadcast: {done.returncode}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"botmesh {words}: {done.returncode}\n{done.stderr[-3000:]}"
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def broadcast_cli(bootstrap: str, prefix: str, *args: str) -> dict[str, Any]:
+    """``botmesh broadcast ARGS --json``; its JSON document."""
+    return cli(bootstrap, prefix, "broadcast", *args)
 
 
 def settled(receipts: list[Receipt], prefix: str) -> dict[str, str]:
@@ -176,6 +184,48 @@ async def test_a_paced_broadcast_gets_no_429_and_takes_recipients_over_the_limit
     assert sorted(c.chat_id for c in calls) == chats  # each once
     assert done["states"] == {"sent": PACED} and done["unsettled"] == 0
     assert abs(elapsed - expected) <= 0.1 * expected, (elapsed, expected)
+
+
+@pytest.mark.timeout(300)
+async def test_cancel_stops_a_scheduled_send_a_campaign_and_a_key_not_journaled_yet(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, recorder: Recorder, tally: Tally
+) -> None:
+    chats = [f"k{i}" for i in range(10)]
+    recipients = tmp_path / "recipients.txt"
+    recipients.write_text("\n".join(chats) + "\n")
+    worker = Worker(
+        kafka_bootstrap, topic_prefix, tmp_path / "w", recorder=recorder.url, provider=RESOLVING
+    )
+    b, p = kafka_bootstrap, topic_prefix
+    try:
+        worker.start()
+        cli(b, p, "send", "--chat-id", "c1", "--text", "later", "--key", "remind", "--delay", "1h")
+        one = cli(b, p, "send", "cancel", "--chat-id", "c1", "--key", "remind", "--wait", "90")
+        assert [(r["outcome"], r["state"]) for r in one["results"]] == [("done", "cancelled")]
+
+        campaign = ("--campaign", "later", "--recipients", str(recipients))
+        broadcast_cli(b, p, *campaign, "--text", "soon", "--delay", "1h", "--no-follow")
+        many = cli(b, p, "broadcast", "cancel", *campaign, "--wait", "90")
+        assert {(r["outcome"], r["state"]) for r in many["results"]} == {("done", "cancelled")}
+
+        ahead = cli(b, p, "send", "cancel", "--chat-id", "c2", "--key", "ahead", "--wait", "90")
+        assert ahead["results"][0]["outcome"] == "done"  # cancelled before its request came
+        cli(b, p, "send", "--chat-id", "c2", "--text", "never", "--key", "ahead")
+        cli(b, p, "send", "--chat-id", "c2", "--text", "after", "--key", "marker")
+        await wait_until(  # the chat's requests are settled in order: "ahead" before this
+            lambda: recorder.by_key("marker") is not None, "the marker", limit=WAIT_S
+        )
+        keys = {"remind", "ahead", *(f"campaign:later:{c}" for c in chats)}
+        await wait_until(
+            lambda: keys <= {r.key for r in tally.receipts if r.state == "cancelled"},
+            "a cancelled receipt for each",
+            check=tally.check,
+            limit=WAIT_S,
+        )
+        assert worker.stop() == 0
+    finally:
+        worker.close()
+    assert [c.key for c in recorder.calls()] == ["marker"]  # nothing cancelled went out
 
 
 def _owners(bootstrap: str, prefix: str, topic: str) -> dict[str, list[int]]:
