@@ -749,15 +749,29 @@ class Delivery:
                 return 0
         after = value.get("after")
         if after is None and value.get("at") is not None:
-            # a scheduled send takes its turn at its time: behind the send its chat waits for
-            tail = self._order.tails.get(value["payload"]["chat_id"])
-            after = tail if tail != last_part(value) else None
+            return await self._take_turn(entry, now)
         if after is not None:
             prev = await self._common.kv.get(self._prefix + after)
             if prev is not None and prev.value.get("state") not in SETTLED:
                 await self._wait(entry, prev, now)
                 return 0
         return None
+
+    async def _take_turn(self, entry: Entry, now: float) -> int | None:
+        """A scheduled send whose time came takes its place in its chat's order: behind the
+        send the chat waits for, if any (journaled, ``after``), becoming the chat's end, so
+        that sends made from now on go after it; ``None`` when it may go now."""
+        value = entry.value
+        chat = value["payload"]["chat_id"]
+        tail = self._order.tails.get(chat)
+        if tail is None or tail == last_part(value):
+            return None
+        prev = await self._common.kv.get(self._prefix + tail)
+        if prev is None or prev.value.get("state") in SETTLED:
+            return None
+        await self._wait(entry, prev, now, after=tail)
+        self._order.tails[chat] = last_part(value)
+        return 0
 
     async def parked_due(self, entry: Entry, now: float) -> int:
         """A parked send whose retry tier brought it back: as :meth:`due`, without waiting
@@ -773,14 +787,19 @@ class Delivery:
             return gated
         return await self._deliver(entry, now, resend=False)
 
-    async def _wait(self, entry: Entry, prev: Entry, now: float) -> None:
-        """Look again when the earlier send is due (not an attempt)."""
+    async def _wait(
+        self, entry: Entry, prev: Entry, now: float, *, after: str | None = None
+    ) -> None:
+        """Look again when the earlier send is due (not an attempt); ``after``: it waits
+        behind that send from now on (a scheduled send that took its turn)."""
         expected = prev.value.get("retry_at", prev.due or 0.0)
         later = max(min(prev.due or 0.0, expected), now + max(self._poll, 0.001))
         deadline = entry.value.get("deadline")
         if deadline is not None and deadline > now:  # to expire it on time
             later = min(later, deadline)
         value = revise(entry.value, now, lease=None)
+        if after is not None:
+            value["after"] = after
         await self._common.leases.write(entry, value, Write.OUTBOX_WAIT, due=later)
 
     async def _deliver(self, entry: Entry, now: float, *, resend: bool, ask: bool = False) -> int:

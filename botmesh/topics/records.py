@@ -152,8 +152,9 @@ def decode_receipt(raw: bytes | str | None) -> Receipt:
 
 def decode_request(raw: bytes | str | None) -> SendRequest:
     """Decode and validate a send request value; raises :class:`~botmesh.state.errors.BadRecord`
-    (beyond the struct: it needs ``text`` or ``media``, and neither its ``id`` nor its
-    ``key`` may hold ``#``, which botmesh keeps for the parts of a split text)."""
+    (beyond the struct: it needs ``text`` or ``media``, neither its ``id`` nor its ``key``
+    may hold ``#``, which botmesh keeps for the parts of a split text, and its
+    ``expires_at`` must come after its ``at``)."""
     request = _decode(raw, "request", SendRequest, _REQUEST)
     if request.text is None and request.media is None:
         raise BadRecord(
@@ -168,6 +169,13 @@ def decode_request(raw: bytes | str | None) -> SendRequest:
                 f"field '{field}' must not contain '#' (botmesh names the parts of a split "
                 "text 'key#2', 'key#3'…); use another separator, e.g. ':' or '/'",
             )
+    at, expires = request.at, request.expires_at
+    if at is not None and expires is not None and expires <= at:
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            f"field 'expires_at' ({expires}) is not after 'at' ({at}): the send would "
+            "expire before it may go out; give a later 'expires_at' or leave it out",
+        )
     return request
 
 

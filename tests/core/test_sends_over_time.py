@@ -92,6 +92,21 @@ async def test_a_due_scheduled_send_waits_behind_the_send_its_chat_waits_for() -
     assert texts(app.provider) == ["first", "scheduled"]
 
 
+async def test_a_send_made_after_a_scheduled_one_took_its_turn_goes_after_it() -> None:
+    provider = MockProvider()
+    app = await _app(provider, outbox={"inline_max": 0, "backoff": {"base": "30s", "jitter": 0}})
+    await app.runtime.enqueue("c1", "scheduled", delay=5)
+    provider.fail_next(SendError("down"))
+    with pytest.raises(Exception, match="deferred"):
+        await app.runtime.send("c1", "first")
+    await _pass(app, 5.0)  # the scheduled one takes its turn behind "first"
+    later = await app.runtime.send("c1", "later")
+    assert later.state == OutboxState.PENDING  # behind the scheduled one, not beside it
+    for _ in range(4):
+        await _pass(app, 30.0)
+    assert texts(app.provider) == ["first", "scheduled", "later"]
+
+
 async def test_scheduled_sends_of_a_chat_go_out_in_the_order_of_their_times() -> None:
     app = await _app()
     await app.runtime.enqueue("c1", "third", delay=30)

@@ -42,6 +42,13 @@ BAD_REQUESTS: list[tuple[bytes | str | None, Reason, str]] = [
     (b'{"v":1,"id":"r","chat_id":"c","text":"t","key":"a#2"}', Reason.WRONG_TYPE, "'key' must not"),
     (b'{"v":1,"id":"r#1","chat_id":"c","text":"t"}', Reason.WRONG_TYPE, "'id' must not contain"),
     (b'{"v":1,"id":"r","chat_id":"c","text":"t","options":[]}', Reason.WRONG_TYPE, "'options'"),
+    (b'{"v":1,"id":"r","chat_id":"c","text":"t","at":-1}', Reason.WRONG_TYPE, "'at' must be"),
+    (b'{"v":1,"id":"r","chat_id":"c","text":"t","at":"9am"}', Reason.WRONG_TYPE, "'at' must"),
+    (
+        b'{"v":1,"id":"r","chat_id":"c","text":"t","at":100,"expires_at":50}',
+        Reason.WRONG_TYPE,
+        "'expires_at' (50.0) is not after 'at'",
+    ),
 ]
 
 

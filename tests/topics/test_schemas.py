@@ -154,6 +154,8 @@ def test_dead_letter_reasons_are_reasons() -> None:
 SCHEMA_BLIND = {
     b'{"v":1,"chat_id":"c","media":{"data":"@@"}}',
     b'{"v": 1.0, "chat_id": "c"}',
+    # one field against another: a schema of fields does not compare them
+    b'{"v":1,"id":"r","chat_id":"c","text":"t","at":100,"expires_at":50}',
 }
 #: Refused before there is a JSON document (no value, or bytes that do not parse): a schema
 #: validates a parsed document, so it has nothing to say about these; the decoder's refusal
