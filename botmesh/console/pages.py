@@ -594,6 +594,7 @@ def _campaign_row(c: CampaignView) -> Row:
             (
                 progress,
                 {
+                    "class": "meter",
                     "data-testid": "campaign-progress",
                     "data-settled": status.settled,
                     "data-total": total,

@@ -49,7 +49,7 @@ th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
 vertical-align:middle;overflow:hidden;white-space:nowrap;line-height:0}
 .bar span{display:inline-block;height:100%}.bar-sent{background:#2e7d32}
 .bar-dead{background:#c62828}.bar-expired{background:#ad1457}.bar-unknown{background:#ef6c00}
-.bar-cancelled{background:#90a4ae}
+.bar-cancelled{background:#90a4ae}td.meter{white-space:nowrap}
 .entry{background:#fff;border:1px solid #ccd;margin:.5em 0;padding:.5em}
 .entry .sends{margin-left:1.5em}pre{white-space:pre-wrap;word-break:break-all;margin:0}
 form.inline{display:inline}label{margin-right:1em}
