@@ -20,9 +20,9 @@ are not shown); the chat of a record is read from its value (``message.chat_id``
 
 Besides each chat's records the index keeps two small tables of the outbox records, updated
 with them: the campaigns' sends (a key ``campaign:<campaign id>:<chat id>``, first parts
-only, each as the few fields ``botmesh.state.campaigns.tally`` counts by: key, part, state,
+only, each as the few fields ``botmesh.state.campaigns.tally`` counts by: key, state,
 error reason, created, updated), and the scheduled sends (pending or failed, with an
-``at``): a few dozen bytes a send, so a campaign's page and the list of scheduled sends are
+``at``): a few hundred bytes a send, so a campaign's page and the list of scheduled sends are
 a pass over their own table, never over the journal.
 """
 
