@@ -8,7 +8,8 @@ module      what it holds
 ``server``  the aiohttp app, its routes, who may act (``ConsoleConfig``, ``Console``,
             ``serve``, ``serving``)
 ``index``   what the console keeps from following its topics: each chat's journal
-            records, receipts and dead letters; the counters over time (``Index``)
+            records, receipts and dead letters; the campaigns' sends and the
+            scheduled sends; the counters over time (``Index``)
 ``auth``    the operators' tokens, the sessions a sign-in opens, their CSRF tokens
 ``pages``   each page as HTML from the data gathered
 ``render``  the HTML pieces: escaping, tables, forms, the chart, the page frame
@@ -25,9 +26,13 @@ Routes
 ==========================  ====================================================
 ``GET /``                   the overview: workers (instance id, partitions, ready or
                             restoring), lag per partition, dead letters by kind and
-                            reason, ambiguous sends, sends parked per retry tier, the
-                            counters over time (``?counter=NAME``, repeatable)
+                            reason, ambiguous sends, scheduled sends and campaigns in
+                            progress, sends parked per retry tier, the counters over
+                            time (``?counter=NAME``, repeatable)
 ``GET /timeline``           a chat's timeline (``?chat_id=ID``)
+``GET /campaigns``          the campaigns (newest first: their sends' counts by state and
+                            their progress) and the sends scheduled for later (soonest
+                            first, the first 500, with how many more)
 ``GET /dead-letters``       the dead letters (``?kind=&reason=&chat_id=&key=&since=&until=``)
 ``POST /dead-letters/action``  ``command`` (retry, replay, discard) on the dead letters
                             the filter fields pick; without ``confirm=yes`` a dry run
@@ -43,17 +48,19 @@ Routes
 Element ids for tests (``data-testid``; ``data-*`` attributes carry the values)
 -------------------------------------------------------------------------------
 
-Every page: ``nav-overview``, ``nav-timeline``, ``nav-dead-letters``, ``nav-replay``,
-``nav-login`` (signed out, actions on), ``whoami`` and ``logout`` (signed in),
-``readonly-banner`` (read-only, with why), ``index-progress``, ``error``.
+Every page: ``nav-overview``, ``nav-timeline``, ``nav-campaigns``, ``nav-dead-letters``,
+``nav-replay``, ``nav-login`` (signed out, actions on), ``whoami`` and ``logout`` (signed
+in), ``readonly-banner`` (read-only, with why), ``index-progress``, ``error``.
 
 Overview: ``group-state``; ``workers`` (the table), ``worker-row`` (``data-instance``)
 with ``worker-instance``, ``worker-partitions``, ``worker-status`` (``data-status``:
 ``ready``, ``restoring``, ``not ready``, ``unknown``); ``lags``, ``total-lag``,
 ``lag-cell`` (``data-topic``: ``inbound`` or ``requests``, ``data-partition``);
 ``dead-counts``, ``dead-count`` (``data-kind``, ``data-reason``); ``ambiguous-count``;
-``parked-count`` (``data-tier``); ``counters-chart`` (the SVG), ``counter-series``
-(``data-counter``), ``counters-form``, ``counters``, ``counter-row`` (``data-counter``).
+``parked-count`` (``data-tier``); ``overview-scheduled`` (sends scheduled for later),
+``overview-campaigns`` (campaigns with a send pending); ``counters-chart`` (the SVG),
+``counter-series`` (``data-counter``), ``counters-form``, ``counters``, ``counter-row``
+(``data-counter``).
 
 Timeline: ``timeline-form``, ``timeline-chat`` (the input), ``timeline-submit``;
 ``timeline`` (``data-chat``), ``timeline-empty``; ``timeline-entry`` (``data-kind``:
@@ -61,7 +68,20 @@ Timeline: ``timeline-form``, ``timeline-chat`` (the input), ``timeline-submit``;
 ``data-id`` of an inbound, ``data-key`` of a send) with ``inbound-state``,
 ``entry-text`` (the text, or ``hidden (N chars)``), ``dead-reason``, and for a send
 ``send-key``, ``send-state``, ``send-attempts``, ``send-message-id``, ``send-receipt``
-(``data-state``), ``send-dead-reason``; for a flow ``flow-checkpoint``, ``flow-status``.
+(``data-state``), ``send-dead-reason`` (``expired``: its deadline passed first),
+``send-at`` (``data-at``: when a scheduled send goes out, epoch seconds),
+``send-deadline`` (``data-deadline``); for a flow ``flow-checkpoint``, ``flow-status``.
+
+Campaigns: ``campaigns`` (the table), ``campaign-row`` (``data-campaign``) with
+``campaign-id``, ``campaign-pending``, ``campaign-sent``, ``campaign-dead``,
+``campaign-expired``, ``campaign-unknown``, ``campaign-cancelled``, ``campaign-total``,
+``campaign-progress`` (``data-settled``, ``data-total``, ``data-percent``) holding
+``campaign-bar``; ``scheduled-summary`` with ``scheduled-count`` (every send waiting for a
+later time), ``scheduled-more`` (those not listed, only when some are not),
+``scheduled-due`` (pending with their time passed); ``scheduled`` (the table),
+``scheduled-row`` (``data-key``, ``data-chat``) with ``scheduled-at`` (``data-at``),
+``scheduled-deadline``, ``scheduled-chat`` (the link to the chat's timeline),
+``scheduled-key``, ``scheduled-state``.
 
 Dead letters: ``dlq-filter`` with ``dlq-filter-kind``, ``dlq-filter-reason``,
 ``dlq-filter-chat_id``, ``dlq-filter-key``, ``dlq-filter-since``, ``dlq-filter-until``,

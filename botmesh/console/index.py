@@ -17,6 +17,13 @@ The journal keys are ``<scope>/in/<inbound id>``, ``<scope>/out/<idempotency key
 ``botmesh.state.message_log``; the others, a chat's turn and the provider's leader lease,
 are not shown); the chat of a record is read from its value (``message.chat_id``,
 ``payload.chat_id``, ``chat_id``).
+
+Besides each chat's records the index keeps two small tables of the outbox records, updated
+with them: the campaigns' sends (a key ``campaign:<campaign id>:<chat id>``, first parts
+only, each as the few fields ``botmesh.state.campaigns.tally`` counts by: key, state,
+error reason, created, updated), and the scheduled sends (pending or failed, with an
+``at``): a few hundred bytes a send, so a campaign's page and the list of scheduled sends are
+a pass over their own table, never over the journal.
 """
 
 from __future__ import annotations
@@ -30,7 +37,11 @@ from typing import Any
 
 import msgspec
 
+from botmesh.state.campaigns import CampaignStatus, tally
+from botmesh.state.errors import InvalidKeyError
+from botmesh.state.keys import CAMPAIGN_PREFIX, check_campaign
 from botmesh.state.message_log import LoggedMessage
+from botmesh.state.messages import OutboxState
 from botmesh.streams.journal_db import JournalView, decode, decode_entry
 from botmesh.streams.ops.operator import is_ambiguous_send
 from botmesh.streams.ops.tail import Record
@@ -41,10 +52,12 @@ from botmesh.topics.records import decode_receipt
 from botmesh.topics.status_records import WorkerMetrics, decode_metrics
 
 __all__ = [
+    "CampaignView",
     "FlowView",
     "InboundView",
     "Index",
     "ReceiptSeen",
+    "ScheduledView",
     "SendView",
     "Timeline",
 ]
@@ -86,6 +99,84 @@ class SendView:
     error: str | None
     receipts: tuple[ReceiptSeen, ...]
     dead_letter: DeadLetter | None
+    #: a scheduled send's time (epoch seconds; on its first part): not sent before
+    at: float | None = None
+    #: when it dies ``expired`` if not delivered by then (epoch seconds)
+    deadline: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledView:
+    """A send waiting for its time: pending or failed, with an ``at`` (its first part)."""
+
+    chat_id: str
+    key: str
+    at: float
+    deadline: float | None
+    state: str
+    attempts: int
+    created: float
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignView:
+    """A campaign as the journal holds its sends: its counts by state
+    (``botmesh.state.campaigns.tally``), and when its sends were first and last written."""
+
+    status: CampaignStatus
+    created: float
+    updated: float
+
+    @property
+    def campaign(self) -> str:
+        return self.status.campaign
+
+
+#: The states a send waits in (for its time, its turn or a retry).
+WAITING = frozenset({OutboxState.PENDING, OutboxState.FAILED})
+
+
+def campaign_of(key: str) -> str | None:
+    """The campaign id of a send key ``campaign:<id>:<chat id>`` (what is between
+    ``campaign:`` and the next ``:``), ``None`` for any other key."""
+    if not key.startswith(CAMPAIGN_PREFIX):
+        return None
+    campaign, sep, _ = key[len(CAMPAIGN_PREFIX) :].partition(":")
+    if not sep:
+        return None
+    try:
+        return check_campaign(campaign)
+    except InvalidKeyError:
+        return None
+
+
+def _slim(value: Mapping[str, Any]) -> Json:
+    """What a campaign's tally and order read of a send's record."""
+    slim: Json = {"key": value.get("key"), "state": value.get("state")}
+    reason = (value.get("error") or {}).get("reason")
+    if reason is not None:
+        slim["error"] = {"reason": reason}
+    created = float(value.get("created", 0.0))
+    slim["created"] = created
+    slim["updated"] = float(value.get("updated", created))
+    return slim
+
+
+def _scheduled(chat: str, ident: str, value: Mapping[str, Any]) -> ScheduledView | None:
+    """The send as a scheduled one, if it waits (pending or failed) with an ``at``."""
+    at = value.get("at")
+    if at is None or value.get("state") not in WAITING:
+        return None
+    deadline = value.get("deadline")
+    return ScheduledView(
+        chat_id=chat,
+        key=str(value.get("key", ident)),
+        at=float(at),
+        deadline=float(deadline) if deadline is not None else None,
+        state=str(value.get("state")),
+        attempts=int(value.get("attempts", 0)),
+        created=float(value.get("created", 0.0)),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +276,10 @@ class Index:
         #: The journal's groups (``JournalView``): a group record changes several keys.
         self._view = JournalView(keep=False)
         self._ambiguous: set[str] = set()
+        #: campaign id -> journal key -> its first part's record, slimmed (``_slim``)
+        self._campaigns: dict[str, dict[str, Json]] = {}
+        #: journal key -> the send waiting for its time
+        self._scheduled: dict[str, ScheduledView] = {}
         self._letters: dict[tuple[str, int, int], DeadLetter] = {}
         self._workers: dict[str, WorkerMetrics] = {}
         self._history: collections.deque[WorkerMetrics] = collections.deque(maxlen=HISTORY)
@@ -249,21 +344,40 @@ class Index:
             records.inbound[ident] = raw
         elif kind == "out":
             records.sends[ident] = raw
-            if is_ambiguous_send(key, entry.value):
-                self._ambiguous.add(key)
-            else:
-                self._ambiguous.discard(key)
+            self._outbox(key, ident, chat, entry.value)
         elif kind == "log":
             records.logged[ident] = raw
         else:
             records.flow = raw
 
+    def _outbox(self, key: str, ident: str, chat: str, value: Mapping[str, Any]) -> None:
+        """The send's place in the ambiguous sends, the campaigns and the scheduled sends."""
+        if is_ambiguous_send(key, value):
+            self._ambiguous.add(key)
+        else:
+            self._ambiguous.discard(key)
+        campaign = campaign_of(ident)
+        if campaign is not None and value.get("part", 1) == 1:
+            self._campaigns.setdefault(campaign, {})[key] = _slim(value)
+        scheduled = _scheduled(chat, ident, value)
+        if scheduled is not None:
+            self._scheduled[key] = scheduled
+        else:
+            self._scheduled.pop(key, None)
+
     def _forget(self, key: str) -> None:
         where = self._where.pop(key, None)
         self._ambiguous.discard(key)
+        self._scheduled.pop(key, None)
         if where is None:
             return
         chat, kind, ident = where
+        campaign = campaign_of(ident) if kind == "out" else None
+        if campaign is not None and campaign in self._campaigns:
+            sends = self._campaigns[campaign]
+            sends.pop(key, None)
+            if not sends:
+                del self._campaigns[campaign]
         records = self._chats.get(chat)
         if records is None:
             return
@@ -310,6 +424,33 @@ class Index:
     def ambiguous(self) -> int:
         with self._lock:
             return len(self._ambiguous)
+
+    def campaigns(self) -> list[CampaignView]:
+        """Every campaign the journal holds a send of, its counts by state, the one whose
+        sends were written last first."""
+        with self._lock:
+            held = {c: list(sends.values()) for c, sends in self._campaigns.items()}
+        found = [
+            CampaignView(
+                status=tally(campaign, values),
+                created=min(v["created"] for v in values),
+                updated=max(max(v["created"], v["updated"]) for v in values),
+            )
+            for campaign, values in held.items()
+            if values
+        ]
+        found.sort(key=lambda c: (-c.updated, c.campaign))
+        return found
+
+    def scheduled(self, now: float, limit: int) -> tuple[list[ScheduledView], int, int]:
+        """The sends waiting for a time after ``now``, soonest first: the first ``limit``
+        of them, how many there are in all, and how many more wait with their time passed
+        (due: going out at the channel's pace, or waiting a retry)."""
+        with self._lock:
+            waiting = list(self._scheduled.values())
+        ahead = [s for s in waiting if s.at > now]
+        ahead.sort(key=lambda s: (s.at, s.chat_id, s.key))
+        return ahead[:limit], len(ahead), len(waiting) - len(ahead)
 
     def workers(self) -> dict[str, WorkerMetrics]:
         """The last counters (and readiness) each worker published, by instance id."""
@@ -383,6 +524,7 @@ def _send_view(
     error = value.get("error") or {}
     state = str(value.get("state", ""))
     reason = error.get("reason") if state == "dead" else None
+    at, deadline = value.get("at"), value.get("deadline")
     return SendView(
         key=key,
         part=int(value.get("part", 1)),
@@ -400,6 +542,8 @@ def _send_view(
         error=_error_text(value),
         receipts=tuple(sorted(receipts.get(key, ()), key=lambda s: s.offset)),
         dead_letter=letter,
+        at=float(at) if at is not None else None,
+        deadline=float(deadline) if deadline is not None else None,
     )
 
 

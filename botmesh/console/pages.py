@@ -1,6 +1,7 @@
 """The console's pages, as HTML strings from the data the server gathered (no I/O here):
-the overview, a chat's timeline, the dead letters and an action on them, a replay's plan,
-the login and the refusals. Every dynamic value goes through ``render.e``."""
+the overview, a chat's timeline, the campaigns and the scheduled sends, the dead letters
+and an action on them, a replay's plan, the login and the refusals. Every dynamic value
+goes through ``render.e``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from botmesh.console.index import FlowView, InboundView, SendView, Timeline
+from botmesh.console.index import (
+    CampaignView,
+    FlowView,
+    InboundView,
+    ScheduledView,
+    SendView,
+    Timeline,
+)
 from botmesh.console.render import (
     DEFAULT_SERIES,
     Row,
@@ -19,12 +27,15 @@ from botmesh.console.render import (
     e,
     form,
     hidden,
+    link,
     page,
     table,
     text_of,
     when,
 )
+from botmesh.state.errors import Reason
 from botmesh.state.message_log import LoggedMessage
+from botmesh.state.messages import OutboxState
 from botmesh.streams.config import group_instance_id
 from botmesh.streams.ops.dlq import COMMANDS, command_kind
 from botmesh.streams.ops.operator import ReplayResult, Status
@@ -67,6 +78,7 @@ def frame(view: View, title: str, body: str) -> str:
         f"<strong>botmesh console</strong><span>prefix <code>{e(view.prefix)}</code></span>"
         '<nav><a href="/" data-testid="nav-overview">Overview</a>'
         '<a href="/timeline" data-testid="nav-timeline">Timeline</a>'
+        '<a href="/campaigns" data-testid="nav-campaigns">Campaigns</a>'
         '<a href="/dead-letters" data-testid="nav-dead-letters">Dead letters</a>'
         '<a href="/replay" data-testid="nav-replay">Replay</a></nav>'
     )
@@ -141,6 +153,8 @@ def overview(
     ambiguous: int,
     history: Sequence[WorkerMetrics],
     counters: Sequence[str],
+    scheduled: int = 0,
+    running: int = 0,
 ) -> str:
     body = []
     if error is not None:
@@ -155,6 +169,12 @@ def overview(
         "<h2>Ambiguous sends</h2><p>sends a crash left in flight and "
         '<code>on_ambiguous="skip"</code> gave up (state <code>unknown</code>), in the journal '
         f'as indexed: <strong data-testid="ambiguous-count">{ambiguous:,}</strong></p>'
+    )
+    body.append(
+        '<h2>Campaigns and scheduled sends</h2><p><strong data-testid="overview-scheduled">'
+        f"{scheduled:,}</strong> send(s) scheduled for later, "
+        f'<strong data-testid="overview-campaigns">{running:,}</strong> campaign(s) in '
+        'progress: <a href="/campaigns">campaigns and scheduled sends</a></p>'
     )
     if status is not None:
         body.append("<h2>Sends parked on the retry tiers</h2>")
@@ -444,11 +464,6 @@ def _receipt(r: Any) -> str:
 def _send(view: View, s: SendView) -> str:
     receipts = ", ".join(_receipt(r) for r in s.receipts) or '<span class="hidden">none</span>'
     part = f" part {s.part}/{s.parts}" if s.parts > 1 else ""
-    reason = (
-        f' dead reason: <span data-testid="send-dead-reason">{e(s.dead_reason)}</span>'
-        if s.dead_reason
-        else ""
-    )
     error = f" last error: {e(s.error)}" if s.error else ""
     ambiguous = " (ambiguous)" if s.ambiguous else ""
     media = " + media" if s.media else ""
@@ -460,9 +475,40 @@ def _send(view: View, s: SendView) -> str:
         f"{_state(s.state, 'send-state')}{e(ambiguous)}, "
         f'<span data-testid="send-attempts">{s.attempts}</span> attempt(s), provider id '
         f'<code data-testid="send-message-id">{e(s.message_id or "-")}</code>: '
-        f"{text_of(s.text, view.show_texts)}{e(media)}{reason}{error}"
-        f"<div>receipts: {receipts}</div></div>"
+        f"{text_of(s.text, view.show_texts)}{e(media)}{_send_outcome(s)}{error}"
+        f"{_send_times(s)}<div>receipts: {receipts}</div></div>"
     )
+
+
+def _send_times(s: SendView) -> str:
+    """When a scheduled send goes out, and the deadline it must be delivered by."""
+    times = []
+    if s.at is not None:
+        times.append(
+            f'scheduled for <span data-testid="send-at" data-at="{s.at}">{e(when(s.at))}'
+            "</span> UTC (not before)"
+        )
+    if s.deadline is not None:
+        times.append(
+            f'deadline <span data-testid="send-deadline" data-deadline="{s.deadline}">'
+            f"{e(when(s.deadline))}</span> UTC (not delivered by then: dead, expired)"
+        )
+    return f"<div>{'; '.join(times)}</div>" if times else ""
+
+
+def _send_outcome(s: SendView) -> str:
+    """Why a send is dead (an expired one: its deadline passed first), or that it was
+    cancelled before it went out."""
+    if s.dead_reason == Reason.EXPIRED:
+        return (
+            ' dead reason: <span data-testid="send-dead-reason">expired</span> (not '
+            "delivered by its deadline: never sent)"
+        )
+    if s.dead_reason:
+        return f' dead reason: <span data-testid="send-dead-reason">{e(s.dead_reason)}</span>'
+    if s.state == OutboxState.CANCELLED:
+        return " (cancelled before it went out: never sent)"
+    return ""
 
 
 def _flow(view: View, f: FlowView) -> str:
@@ -478,6 +524,146 @@ def _flow(view: View, f: FlowView) -> str:
         f"<strong>flow checkpoint</strong> <code>{e(f.flow)}</code> run <code>{e(f.run)}</code>"
         f" {_state(f.status, 'flow-status')}, {len(f.steps)} step(s){deadline}{parked}</span>"
         f"<ol>{steps}</ol></div>"
+    )
+
+
+# -- campaigns and scheduled sends -----------------------------------------------------------
+
+#: A campaign's counts, in the order of the columns (the states of ``CampaignStatus``).
+CAMPAIGN_COUNTS = ("pending", "sent", "dead", "expired", "unknown", "cancelled")
+
+
+def campaigns(
+    view: View,
+    found: Sequence[CampaignView],
+    scheduled: Sequence[ScheduledView],
+    *,
+    waiting: int,
+    due: int,
+    now: float,
+) -> str:
+    """The campaigns (newest first) with their counts by state and progress, then the
+    sends scheduled for later (soonest first, ``scheduled`` the first of ``waiting``)."""
+    head = (
+        "<p>Each campaign (<code>botmesh broadcast</code>, <code>app.broadcast</code>) as the "
+        "journal holds its sends, one per recipient (keyed <code>campaign:&lt;id&gt;:&lt;chat"
+        "&gt;</code>, a split text counted once): <em>pending</em> has not gone out yet "
+        "(scheduled, waiting its turn or a retry), <em>expired</em> died when its deadline "
+        "passed, <em>cancelled</em> was cancelled before it went out. The campaign whose "
+        "sends were written last comes first.</p>"
+    )
+    rows = [_campaign_row(c) for c in found]
+    return frame(
+        view,
+        "Campaigns and scheduled sends",
+        head
+        + table(
+            ["campaign", *CAMPAIGN_COUNTS, "total", "progress", "first written", "last written"],
+            rows,
+            testid="campaigns",
+            empty="no campaign in the journal",
+        )
+        + _scheduled(scheduled, waiting=waiting, due=due, now=now),
+    )
+
+
+def _campaign_row(c: CampaignView) -> Row:
+    """A campaign's counts by state, and its progress: settled of total, as a bar."""
+    status = c.status
+    total = status.total
+    counts = [
+        (f"{getattr(status, name):,}", {"class": "n", "data-testid": f"campaign-{name}"})
+        for name in CAMPAIGN_COUNTS
+    ]
+    percent = status.settled * 100 // total if total else 0
+    bar = "".join(
+        f'<span class="bar-{name}" style="width:{getattr(status, name) * 100 / total:.3f}%" '
+        f'title="{name} {getattr(status, name)}"></span>'
+        for name in CAMPAIGN_COUNTS[1:]
+        if total and getattr(status, name)
+    )
+    progress = (
+        f'<span class="bar" data-testid="campaign-bar">{bar}</span> '
+        f"{status.settled:,} of {total:,} settled ({percent}%)"
+    )
+    return (
+        [
+            (f"<code>{e(c.campaign)}</code>", {"data-testid": "campaign-id"}),
+            *counts,
+            (f"{total:,}", {"class": "n", "data-testid": "campaign-total"}),
+            (
+                progress,
+                {
+                    "class": "meter",
+                    "data-testid": "campaign-progress",
+                    "data-settled": status.settled,
+                    "data-total": total,
+                    "data-percent": percent,
+                },
+            ),
+            e(when(c.created)),
+            e(when(c.updated)),
+        ],
+        {"data-testid": "campaign-row", "data-campaign": c.campaign},
+    )
+
+
+def _ahead(seconds: float) -> str:
+    """``in 1h 02m``, ``in 3m 05s``, ``in 12s``."""
+    s = max(0, int(seconds))
+    if s >= 86400:
+        return f"in {s // 86400}d {s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"in {s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"in {s // 60}m {s % 60:02d}s"
+    return f"in {s}s"
+
+
+def _scheduled(scheduled: Sequence[ScheduledView], *, waiting: int, due: int, now: float) -> str:
+    """The sends waiting for a later time, soonest first, each with its chat's timeline."""
+    more = waiting - len(scheduled)
+    summary = (
+        f'<p data-testid="scheduled-summary"><strong data-testid="scheduled-count">'
+        f"{waiting:,}</strong> send(s) wait for a later time (pending or failed, with a "
+        "scheduled time ahead: <code>--at</code>, <code>--delay</code>, <code>at=</code>)"
+    )
+    if more > 0:
+        summary += (
+            f'; the {len(scheduled):,} soonest listed, <span data-testid="scheduled-more">'
+            f"{more:,}</span> more not listed"
+        )
+    summary += (
+        f'. <span data-testid="scheduled-due">{due:,}</span> more have their time passed and '
+        "go out at the channel's pace (or wait for a retry).</p>"
+    )
+    rows: list[Row] = []
+    for s in scheduled:
+        chat = link("/timeline", {"chat_id": s.chat_id})
+        deadline = when(s.deadline) if s.deadline is not None else "-"
+        rows.append(
+            (
+                [
+                    (e(when(s.at)), {"data-testid": "scheduled-at", "data-at": s.at}),
+                    e(_ahead(s.at - now)),
+                    (e(deadline), {"data-testid": "scheduled-deadline"}),
+                    f'<a href="{e(chat)}" data-testid="scheduled-chat">{e(s.chat_id)}</a>',
+                    (f"<code>{e(s.key)}</code>", {"data-testid": "scheduled-key"}),
+                    _state(s.state, "scheduled-state"),
+                    (str(s.attempts), {"class": "n"}),
+                ],
+                {"data-testid": "scheduled-row", "data-key": s.key, "data-chat": s.chat_id},
+            )
+        )
+    return (
+        "<h2>Scheduled sends</h2>"
+        + summary
+        + table(
+            ["due (UTC)", "", "deadline (UTC)", "chat", "key", "state", "attempts"],
+            rows,
+            testid="scheduled",
+            empty="no send scheduled for later",
+        )
     )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "e",
     "form",
     "hidden",
+    "link",
     "page",
     "table",
     "text_of",
@@ -43,6 +44,12 @@ th{background:#eceff1}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .ok{background:#e8f5e9;border:1px solid #81c784;padding:.5em 1em}
 .hidden{color:#777;font-style:italic}.state-sent,.state-done{color:#2e7d32}
 .state-dead,.state-refused,.state-failed{color:#c62828}.state-unknown{color:#ef6c00}
+.state-cancelled{color:#546e7a}.state-pending{color:#1565c0}
+.bar{display:inline-block;width:12em;height:.9em;background:#eceff1;border:1px solid #ccd;
+vertical-align:middle;overflow:hidden;white-space:nowrap;line-height:0}
+.bar span{display:inline-block;height:100%}.bar-sent{background:#2e7d32}
+.bar-dead{background:#c62828}.bar-expired{background:#ad1457}.bar-unknown{background:#ef6c00}
+.bar-cancelled{background:#90a4ae}td.meter{white-space:nowrap}
 .entry{background:#fff;border:1px solid #ccd;margin:.5em 0;padding:.5em}
 .entry .sends{margin-left:1.5em}pre{white-space:pre-wrap;word-break:break-all;margin:0}
 form.inline{display:inline}label{margin-right:1em}

@@ -11,8 +11,9 @@ token) and what (the command, the filter, the keys), and so is every refusal, at
 
 The pages read: the overview, ``botmesh.streams.ops.operator.status`` (the group, the lag,
 the dead letters' counts, the parked sends; in a thread: its admin client blocks) and the
-index; a chat's timeline, the index only (a dictionary read); the dead letters, the index;
-an action, the dead-letter topic itself (``read_dead_letters``) and then
+index; a chat's timeline, the index only (a dictionary read); the campaigns and the
+scheduled sends, the index (its two small tables of them); the dead letters, the index; an
+action, the dead-letter topic itself (``read_dead_letters``) and then
 ``botmesh.streams.ops.dlq.act``, exactly as ``botmesh dlq`` does; a replay's plan,
 ``botmesh.streams.ops.operator.replay`` with ``dry_run``.
 """
@@ -24,6 +25,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,8 @@ log = logging.getLogger("botmesh.console")
 
 #: The default port of ``botmesh console``.
 DEFAULT_PORT = 8470
+#: The scheduled sends the campaigns page lists (the soonest; it says how many more).
+SCHEDULED_LISTED = 500
 #: Seconds a refused sign-in is answered late (a brake on guessing).
 _REFUSED_DELAY = 0.5
 
@@ -120,6 +124,7 @@ class Console:
             [
                 web.get("/", self.overview),
                 web.get("/timeline", self.timeline),
+                web.get("/campaigns", self.campaigns),
                 web.get("/dead-letters", self.dead_letters),
                 web.post("/dead-letters/action", self.act),
                 web.get("/replay", self.replay),
@@ -218,6 +223,8 @@ class Console:
             ambiguous=self.index.ambiguous(),
             history=self.index.history(),
             counters=request.query.getall("counter", []),
+            scheduled=self.index.scheduled(time.time(), 0)[1],
+            running=sum(1 for c in self.index.campaigns() if c.status.pending),
         )
         return _html(html, 200 if error is None else 503)
 
@@ -225,6 +232,19 @@ class Console:
         chat = request.query.get("chat_id", "").strip() or None
         found = self.index.timeline(chat) if chat is not None else None
         return _html(pages.timeline(self._view(request), chat, found))
+
+    async def campaigns(self, request: web.Request) -> web.Response:
+        now = time.time()
+        listed, waiting, due = self.index.scheduled(now, SCHEDULED_LISTED)
+        html = pages.campaigns(
+            self._view(request),
+            self.index.campaigns(),
+            listed,
+            waiting=waiting,
+            due=due,
+            now=now,
+        )
+        return _html(html)
 
     def _fields(self, source: Mapping[str, Any]) -> dict[str, str]:
         return {k: _field(source, k) for k in pages.FILTER_FIELDS}

@@ -13,7 +13,11 @@ and a real ``botmesh console`` process, with the one fake a channel's API (the
   the page shows the owner's answer;
 - signed out, the dead-letters page has no action button, and a retry posted from the
   page without a session (401), or signed in with a forged CSRF token (403), is refused:
-  nothing reaches the control topic, nothing is sent, the send stays dead.
+  nothing reaches the control topic, nothing is sent, the send stays dead;
+- two campaigns produced with ``botmesh broadcast`` (one ``--delay 1h``, one now): the
+  campaigns page counts the first all pending and the second all sent once the channel has
+  them, lists the scheduled sends soonest first with their chats, and a chat's link leads
+  to its timeline, where the send says when it is scheduled for.
 
 The screenshots go to the test's ``tmp_path``; with ``BOTMESH_UPDATE_SCREENSHOTS=1`` to
 ``docs/img/console/``, the ones docs/console.md shows. Every wait ends as soon as its
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -494,3 +500,107 @@ async def test_an_action_without_the_token_is_refused(
     assert recorder.calls() == []  # nothing sent
     log = "\n".join(console.lines)
     assert "refused POST /dead-letters/action" in log
+
+
+# -- campaigns and scheduled sends ------------------------------------------------------------
+
+
+def broadcast(worker: Worker, folder: Path, campaign: str, chats: list[str], *args: str) -> None:
+    """``botmesh broadcast --no-follow`` as an operator runs it (the recipients in a file)."""
+    recipients = folder / f"{campaign}.txt"
+    recipients.write_text("\n".join(chats) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "botmesh", "broadcast", "--bootstrap", worker.bootstrap,
+         "--prefix", worker.prefix, "--campaign", campaign, "--recipients", str(recipients),
+         "--text", "news", "--no-follow", *args],
+        capture_output=True, text=True, timeout=WAIT_S, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, f"botmesh broadcast: {done.returncode}\n{done.stderr[-3000:]}"
+
+
+def campaign_counts(driver: WebDriver) -> dict[str, dict[str, str]]:
+    """Campaign -> its counts by state and its progress, as the campaigns page lists them."""
+    shown: dict[str, dict[str, str]] = {}
+    for row in find(driver, "campaign-row"):
+        counts = {
+            name: one(row, f"campaign-{name}").text
+            for name in ("pending", "sent", "dead", "expired", "unknown", "cancelled", "total")
+        }
+        progress = one(row, "campaign-progress")
+        counts["settled"] = progress.get_attribute("data-settled") or ""
+        shown[row.get_attribute("data-campaign") or ""] = counts
+    return shown
+
+
+def _counts(pending: int, sent: int) -> dict[str, str]:
+    every = {"pending": pending, "sent": sent, "dead": 0, "expired": 0, "unknown": 0,
+             "cancelled": 0, "total": pending + sent, "settled": sent}  # fmt: skip
+    return {k: str(v) for k, v in every.items()}
+
+
+async def test_the_campaigns_page_shows_a_scheduled_campaign_and_a_sent_one(
+    workers: Callable[[str], Worker],
+    recorder: Recorder,
+    browser: WebDriver,
+    shots: Path,
+    tmp_path: Path,
+) -> None:
+    worker = workers("0")
+    worker.start()
+    later, now = ["l-1", "l-2", "l-3"], ["n-1", "n-2"]
+    before = time.time()
+    await asyncio.to_thread(broadcast, worker, tmp_path, "later", later, "--delay", "1h")
+    after = time.time()
+    await asyncio.to_thread(broadcast, worker, tmp_path, "now", now)
+    expected = {"later": _counts(3, 0), "now": _counts(0, 2)}
+    with start_console(worker.bootstrap, worker.prefix, tmp_path / "console") as console:
+
+        def campaigns() -> dict[str, Any]:
+            browser.get(console.url + "/")
+            wait_for(browser, by_testid("nav-campaigns")).click()
+            wait_for(browser, by_testid("campaigns"))
+            reload_until(
+                browser,
+                console.url + "/campaigns",
+                lambda d: campaign_counts(d) == expected or None,
+                "both campaigns: later all pending, now all sent",
+                worker.check_alive,
+            )
+            save_screenshot(browser, shots / "campaigns.png")
+            rows = find(browser, "scheduled-row")
+            return {
+                "campaigns": [
+                    r.get_attribute("data-campaign") for r in find(browser, "campaign-row")
+                ],
+                "scheduled": [
+                    (r.get_attribute("data-key"), one(r, "scheduled-chat").text) for r in rows
+                ],
+                "at": {float(one(r, "scheduled-at").get_attribute("data-at") or 0) for r in rows},
+                "count": text_by_testid(browser, "scheduled-count"),
+            }
+
+        shown = await asyncio.to_thread(campaigns)
+
+        def to_the_timeline() -> tuple[str, str | None]:
+            one(one(browser, "scheduled-row", key="campaign:later:l-2"), "scheduled-chat").click()
+            entry = wait_for(
+                browser,
+                by_testid("timeline-entry") + '[data-key="campaign:later:l-2"]',
+            )
+            return browser.current_url, one(entry, "send-at").get_attribute("data-at")
+
+        url, at = await asyncio.to_thread(to_the_timeline)
+    assert worker.stop() == 0
+    # the channel got the campaign sent now, each recipient once, and none of the later one
+    assert sorted((c.chat_id, c.text) for c in recorder.calls()) == [
+        ("n-1", "news"),
+        ("n-2", "news"),
+    ]
+    assert set(shown["campaigns"]) == {"later", "now"}
+    # soonest first: the three share one time (the command's), so in chat order
+    assert shown["scheduled"] == [(f"campaign:later:{c}", c) for c in later]
+    assert shown["count"] == "3"
+    [scheduled_at] = shown["at"]
+    assert before + 3600 <= scheduled_at <= after + 3600
+    assert url == f"{console.url}/timeline?chat_id=l-2"
+    assert at is not None and float(at) == scheduled_at
