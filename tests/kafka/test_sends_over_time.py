@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,20 +56,21 @@ RESOLVING = "tests.kafka.flow_bot:provider"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(bootstrap: str, prefix: str, *words: str) -> dict[str, Any]:
-    """``botmesh WORDS --json`` as a user runs it (exit 0 expected); its JSON document."""
+def cli(bootstrap: str, prefix: str, *words: str, limit: float = WAIT_S) -> dict[str, Any]:
+    """``botmesh WORDS --json`` as a user runs it (exit 0 expected); its JSON document.
+    ``limit``: a hang guard, seconds."""
     done = subprocess.run(
         [sys.executable, "-m", "botmesh", *words, "--bootstrap", bootstrap, "--prefix", prefix,
          "--json"],
-        capture_output=True, text=True, timeout=WAIT_S, check=False, cwd=ROOT,
+        capture_output=True, text=True, timeout=limit, check=False, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, f"botmesh {words}: {done.returncode}\n{done.stderr[-3000:]}"
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def broadcast_cli(bootstrap: str, prefix: str, *args: str) -> dict[str, Any]:
+def broadcast_cli(bootstrap: str, prefix: str, *args: str, limit: float = WAIT_S) -> dict[str, Any]:
     """``botmesh broadcast ARGS --json``; its JSON document."""
-    return cli(bootstrap, prefix, "broadcast", *args)
+    return cli(bootstrap, prefix, "broadcast", *args, limit=limit)
 
 
 def settled(receipts: list[Receipt], prefix: str) -> dict[str, str]:
@@ -144,12 +146,15 @@ async def test_a_broadcast_with_three_sigkills_reaches_every_recipient_exactly_o
     assert states == {OutboxState.SENT.value: RECIPIENTS}
 
 
-PACED = 1000  # recipients of the paced broadcast
-LIMIT = 50  # its channel's limit, sends a second: at the recorder and told to the worker
+#: Recipients of the paced broadcast, and its channel's limit in sends a second (at the
+#: recorder and told to the worker); the environment may give others for a measurement
+#: (docs/measurements.md: 10,000 at 80/s).
+PACED = int(os.environ.get("BOTMESH_TEST_PACED_RECIPIENTS", "1000"))
+LIMIT = int(os.environ.get("BOTMESH_TEST_PACED_LIMIT", "50"))
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 async def test_a_paced_broadcast_gets_no_429_and_takes_recipients_over_the_limit(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, recorder: Recorder, tally: Tally
 ) -> None:
@@ -168,7 +173,8 @@ async def test_a_paced_broadcast_gets_no_429_and_takes_recipients_over_the_limit
     try:
         worker.start()
         args = ("--campaign", "paced", "--recipients", str(recipients), "--text", "news")
-        done = broadcast_cli(kafka_bootstrap, topic_prefix, *args, "--idle", "60")
+        guard = WAIT_S + 2 * PACED / LIMIT  # a hang guard
+        done = broadcast_cli(kafka_bootstrap, topic_prefix, *args, "--idle", "60", limit=guard)
         assert worker.stop() == 0
     finally:
         worker.close()
