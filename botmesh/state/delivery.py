@@ -477,13 +477,15 @@ class Delivery:
 
     async def _call(self, route: Route) -> SendResult:
         """One provider call: the send's own channel, or its fallback's (its slot under
-        that channel's rate limits taken before: ``pace``; a 429's Retry-After pauses the
-        channel)."""
+        that channel's rate limits taken before it was marked in flight: ``pace``; the
+        calls spaced again here; a 429's Retry-After pauses the channel)."""
         provider = self._channel(route)
+        pacer = self._pacers.get(route.channel) if self._pacers else None
+        if pacer is not None:
+            await pacer.spacing()
         try:
             return await timed_send(provider, route.message, route.key, self._common.timings)
         except RateLimitedError as exc:
-            pacer = self._pacers.get(route.channel) if self._pacers else None
             if pacer is not None:
                 pacer.refused(exc.retry_after)
             raise

@@ -197,6 +197,8 @@ class Pacer:
         self._share = 1.0
         self.share = share
         self._channel = _Slot()
+        #: The provider calls themselves, spaced again right before each (``spacing``).
+        self._calls = _Slot()
         self._chats: dict[str, tuple[_Slot, float]] = {}
         self._evict_at = _KEEP_CHATS
         #: Whether any limit applies: without one, ``wait`` is never called.
@@ -258,6 +260,16 @@ class Pacer:
         async with slot.lock:
             await slot.take(self._clock, self._channel_interval)
 
+    async def spacing(self) -> None:
+        """Right before the provider call of a send that took its slot (``wait``) before
+        it was marked in flight: the calls spaced at the channel's rate again, so that
+        what came between (a journal write slower for one send than for the next) never
+        bunches them up at the channel. Short: the slots were taken already."""
+        if self.limits.channel is None and self._calls.next_free <= self._clock.now():
+            return
+        async with self._calls.lock:
+            await self._calls.take(self._clock, self._channel_interval)
+
     def _chat_slot(self, chat_id: str, interval: float, now: float) -> _Slot:
         entry = self._chats.get(chat_id)
         if entry is None:
@@ -281,6 +293,7 @@ class Pacer:
         if retry_after > 0:
             until = self._clock.now() + retry_after
             self._channel.next_free = max(self._channel.next_free, until)
+            self._calls.next_free = max(self._calls.next_free, until)
 
     @property
     def chats(self) -> int:

@@ -147,6 +147,21 @@ async def test_sends_are_spaced_strictly_one_interval_apart() -> None:
     assert metrics.outbox_paced_ms == 100 + 200 + 300 + 400 + 500
 
 
+async def test_calls_bunched_after_their_slots_are_spaced_again_right_before_the_call() -> None:
+    clock = LoopClock()
+    paced = pacer(clock, ChannelLimits(channel=Rate(10)))
+    # slots taken 0.1 s apart, then a slow journal write for each
+    await clock.run(*(paced.wait(f"c{i}") for i in range(3)))
+    called: list[float] = []
+
+    async def call() -> None:
+        await paced.spacing()
+        called.append(clock.now())
+
+    await clock.run(*(call() for _ in range(3)))  # they all reach the call at once
+    assert called == pytest.approx([called[0], called[0] + 0.1, called[0] + 0.2])
+
+
 async def test_time_without_sends_gives_no_catch_up_burst() -> None:
     """A second with nothing to send does not bank a second's worth of sends."""
     clock = ManualClock(T0)

@@ -28,10 +28,12 @@ from tests.kafka.worker import Worker
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 #: Send requests, one chat each.
-N = 1500
-#: The channel's limit, sends a second, at the recorder and told to the worker.
-LIMIT = 100
-#: The recorder's bucket: up to 0.1 s of arrival jitter passes (connections opened in
+N = 600
+#: The channel's limit, sends a second, at the recorder and told to the worker: well under
+#: what one worker sends on a loaded 2-core machine (the test measures the pacing, not the
+#: worker's top speed: docs/measurements.md has 1,500 at 100/s).
+LIMIT = 40
+#: The recorder's bucket: up to 0.25 s of arrival jitter passes (connections opened in
 #: another order than the sends were paced in), no more.
 BURST = 10
 

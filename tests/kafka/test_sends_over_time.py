@@ -147,10 +147,11 @@ async def test_a_broadcast_with_three_sigkills_reaches_every_recipient_exactly_o
 
 
 #: Recipients of the paced broadcast, and its channel's limit in sends a second (at the
-#: recorder and told to the worker); the environment may give others for a measurement
-#: (docs/measurements.md: 10,000 at 80/s).
-PACED = int(os.environ.get("BOTMESH_TEST_PACED_RECIPIENTS", "1000"))
-LIMIT = int(os.environ.get("BOTMESH_TEST_PACED_LIMIT", "50"))
+#: recorder and told to the worker): well under what one worker's sweeper delivers on a
+#: loaded 2-core machine, so the test measures the pacing; the environment may give others
+#: for a measurement (docs/measurements.md: 10,000 at 80/s).
+PACED = int(os.environ.get("BOTMESH_TEST_PACED_RECIPIENTS", "500"))
+LIMIT = int(os.environ.get("BOTMESH_TEST_PACED_LIMIT", "25"))
 
 
 @pytest.mark.slow
