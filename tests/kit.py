@@ -122,10 +122,16 @@ class GatedProvider(MockProvider):
         super().__init__(name, **kwargs)
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
+        #: Sends waiting for ``release`` now.
+        self.calling = 0
 
     async def send(self, message: Outbound) -> SendResult:
         self.entered.set()
-        await self.release.wait()
+        self.calling += 1
+        try:
+            await self.release.wait()
+        finally:
+            self.calling -= 1
         return await super().send(message)
 
 

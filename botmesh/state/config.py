@@ -258,6 +258,10 @@ class OutboxConfig:
     #: time) after which a send not yet delivered dies ``expired`` instead of going out
     #: late. ``None`` (default): no deadline.
     deliver_within: float | None = None
+    #: How many chats' due sends the background sweeper delivers at a time, each chat's
+    #: in order (default 8): a campaign goes at the channel's pace, not one provider call
+    #: after another. ``1``: one send after another.
+    sweep_at_once: int = 8
     #: The rate limits sends are paced under before they call the provider (default: the
     #: channel's declared ones; ``"off"``: none): ``{"channel": "30/s", "chat": "1/s",
     #: "group": "20/min"}``, each ``"default"``, ``"off"`` or a rate (docs/rate-limits.md).
@@ -282,6 +286,8 @@ class OutboxConfig:
         if lease < MIN_OUTBOX_LEASE:
             raise ConfigError("outbox.lease", f"must be at least 20ms, got {lease * 1000:g}ms")
         _bool(self.keep_chat_order, "outbox.keep_chat_order")
+        if _int(self.sweep_at_once, "outbox.sweep_at_once") < 1:
+            raise ConfigError("outbox.sweep_at_once", "must be at least 1 (1: one at a time)")
         if self.deliver_within is not None:
             within = _seconds(self, "deliver_within", "outbox.deliver_within")
             if within <= 0:
@@ -316,6 +322,7 @@ class OutboxConfig:
             ),
             lease=parse_duration(raw.get("lease", "60s"), "outbox.lease"),
             keep_chat_order=_bool(raw.get("keep_chat_order", True), "outbox.keep_chat_order"),
+            sweep_at_once=_int(raw.get("sweep_at_once", 8), "outbox.sweep_at_once"),
             deliver_within=(
                 None
                 if raw.get("deliver_within") is None

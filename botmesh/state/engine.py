@@ -301,6 +301,7 @@ class Engine:
             delivery=self.delivery,
             flow_due=self.hooks.flow_due,
             sweep=self.hooks.sweep,
+            sends_at_once=self.config.outbox.sweep_at_once,
         )
 
     def _new_erasure(self) -> Erasure:

@@ -54,8 +54,11 @@ class Sweeper:
         delivery: Delivery,
         flow_due: Callable[[Entry, float], Awaitable[int]] | None,
         sweep: Callable[[float], Awaitable[int]] | None,
+        sends_at_once: int = 8,
     ) -> None:
         self._common = common
+        #: How many chats' due sends a pass delivers at a time (``outbox.sweep_at_once``).
+        self._sends_at_once = sends_at_once
         self._inbox = inbox
         self._delivery = delivery
         #: The bot's hooks: a due flow checkpoint; due work it keeps in memory.
@@ -79,9 +82,11 @@ class Sweeper:
         )
         # Sends first: a replayed handler must find its earlier sends settled (sent,
         # unknown or resent), so that a later reply never overtakes them in the chat.
-        keys.sort(key=lambda k: k.startswith(scope.inbox))
-        acted = 0
-        for key in keys:
+        sends = [k for k in keys if k.startswith(scope.outbox)]
+        acted = await self._visit_sends(sends, now, recovering)
+        rest = [k for k in keys if not k.startswith(scope.outbox)]
+        rest.sort(key=lambda k: k.startswith(scope.inbox))
+        for key in rest:
             acted += await self._visit(key, now, recovering)
         if self._sweep is not None:
             acted += await self._sweep(now)
@@ -89,6 +94,41 @@ class Sweeper:
         if self._common.publisher is not None:
             await self._common.publisher.flush(wait=False)
         return acted
+
+    async def _visit_sends(self, keys: list[str], now: float, recovering: bool) -> int:
+        """The due sends: each chat's in order (of their due times), up to
+        ``outbox.sweep_at_once`` chats at a time, so that one send's provider call and journal
+        writes do not hold up the next chat's (a campaign goes at the channel's pace, not
+        one call after another). What one visit raised beyond ``Exception`` (the process
+        stopping) stops the others and is raised as it is."""
+        chats: dict[str, list[str]] = {}
+        for key in keys:
+            chats.setdefault(await self._chat_of(key), []).append(key)
+        if len(chats) < 2 or self._sends_at_once < 2:
+            return sum([await self._visit(k, now, recovering) for k in keys])
+        turns = asyncio.Semaphore(self._sends_at_once)
+
+        async def chat_sends(chain: list[str]) -> int:
+            async with turns:
+                return sum([await self._visit(k, now, recovering) for k in chain])
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(chat_sends(c)) for c in chats.values()]
+        except BaseExceptionGroup as stopped:
+            raise stopped.exceptions[0] from None
+        return sum(t.result() for t in tasks)
+
+    async def _chat_of(self, key: str) -> str:
+        """The chat a due send goes to (its key when it cannot be read: its visit says why)."""
+        try:
+            with self._common.near(key):
+                entry = await self._common.kv.get(key)
+        except Exception:
+            return key
+        payload = entry.value.get("payload") if entry is not None else None
+        chat = payload.get("chat_id") if isinstance(payload, dict) else None
+        return str(chat) if chat is not None else key
 
     async def _visit(self, key: str, now: float, recovering: bool) -> int:
         if key in self._common.leases.held:

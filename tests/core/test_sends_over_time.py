@@ -6,6 +6,7 @@ The Kafka side (real workers, kills, partition moves) is tests/kafka/test_sends_
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -331,3 +332,53 @@ def _inflight(key: str, now: float, *, deadline: float) -> Any:
         "updated": now,
     }
     return handover(key, value, expect=0, due=now + 1)
+
+
+# -- the sweeper delivers several chats at a time -----------------------------------------
+
+
+async def test_the_sweeper_delivers_several_chats_at_a_time_and_each_chat_in_order() -> None:
+    from tests.kit import GatedProvider
+
+    provider = GatedProvider()
+    app = await _app(provider, outbox={"sweep_at_once": 3})
+    for chat in ("a", "b", "c", "d"):
+        await app.runtime.enqueue(chat, f"{chat}1")
+        app.clock.advance(0.001)  # due one after the other
+        await app.runtime.enqueue(chat, f"{chat}2")
+        app.clock.advance(0.001)
+    sweep = asyncio.ensure_future(app.ops.sweep_once())
+    await _until(lambda: provider.calling == 3)  # three chats at once, the fourth waits
+    provider.release.set()
+    await sweep
+    await app.ops.drain()
+    sent = texts(provider)
+    assert sorted(sent) == sorted(f"{c}{n}" for c in "abcd" for n in (1, 2))
+    for chat in "abcd":  # each chat's sends in the order they were made
+        assert sent.index(f"{chat}1") < sent.index(f"{chat}2")
+
+
+async def test_sweep_at_once_1_delivers_one_send_after_another() -> None:
+    from tests.kit import GatedProvider
+
+    provider = GatedProvider()
+    app = await _app(provider, outbox={"sweep_at_once": 1})
+    for chat in ("a", "b"):
+        await app.runtime.enqueue(chat, chat)
+        app.clock.advance(0.001)
+    sweep = asyncio.ensure_future(app.ops.sweep_once())
+    await _until(lambda: provider.calling == 1)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert provider.calling == 1
+    provider.release.set()
+    await sweep
+    assert texts(provider) == ["a", "b"]
+
+
+async def _until(cond: Any) -> None:
+    for _ in range(1000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")

@@ -127,7 +127,14 @@ def make_bot(policy: str) -> Bot:
         "crash",
         durability={
             "poll": 0,
-            "outbox": {"on_ambiguous": policy, "inline_max": "15s", "retries": 3},
+            # one due send after another: the crash points of a run are the same on
+            # every backend (concurrent sends interleave by each backend's own timing)
+            "outbox": {
+                "on_ambiguous": policy,
+                "inline_max": "15s",
+                "retries": 3,
+                "sweep_at_once": 1,
+            },
             "inbox": {"backoff": {"jitter": 0}},
         },
     )
