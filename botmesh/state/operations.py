@@ -275,17 +275,21 @@ class Operations:
 
     async def _later_parts(self, value: Json) -> list[Entry]:
         """The later parts of a send's text that have not gone out yet."""
+        return [
+            entry
+            for entry in await self._parts_after(value)
+            if entry.value.get("state") in _WAITING and not entry.value.get("inflight")
+        ]
+
+    async def _parts_after(self, value: Json) -> list[Entry]:
+        """The records of the parts after ``value``'s in its text, in order."""
         part, parts = value.get("part", 1), value.get("parts", 1)
+        if part >= parts:
+            return []
         base = part_base(value["key"], part)
         keys = [self._common.keys.outbox + part_key(base, n) for n in range(part + 1, parts + 1)]
         found = await self._common.kv.get_many(keys)
-        return [
-            entry
-            for k in keys
-            if (entry := found.get(k)) is not None
-            and entry.value.get("state") in _WAITING
-            and not entry.value.get("inflight")
-        ]
+        return [entry for k in keys if (entry := found.get(k)) is not None]
 
     async def retry_parked(self, key: str, attempts: int) -> str:
         """A send parked for its retry came back from its tier: attempt it now when the
@@ -359,17 +363,10 @@ class Operations:
         return entry
 
     async def _cascaded_parts(self, value: Json) -> list[Entry]:
-        part, parts = value.get("part", 1), value.get("parts", 1)
-        if part >= parts:
-            return []
-        base = part_base(value["key"], part)
-        keys = [self._common.keys.outbox + part_key(base, n) for n in range(part + 1, parts + 1)]
-        found = await self._common.kv.get_many(keys)
         return [
             entry
-            for k in keys
-            if (entry := found.get(k)) is not None
-            and entry.value.get("state") in _RETRYABLE
+            for entry in await self._parts_after(value)
+            if entry.value.get("state") in _RETRYABLE
             and (entry.value.get("error") or {}).get("reason") in _CASCADED
         ]
 
