@@ -37,6 +37,10 @@ __all__ = ["Scheduler", "Sweeper"]
 log = logging.getLogger("botmesh.sweeper")
 
 _DELIVERABLE = frozenset({OutboxState.PENDING, OutboxState.FAILED})
+#: The most due records a pass takes; when it took that many and acted on some, the next
+#: pass follows at once (not a ``poll`` later): a campaign's thousands of sends go without
+#: pauses.
+PASS_LIMIT = 500
 #: Records copied out once settled: settled sends (their receipts) and dead inbounds (their
 #: dead letters, with a sink that takes them).
 _COPIED = frozenset({*SETTLED, InboxState.DEAD})
@@ -77,9 +81,8 @@ class Sweeper:
             await self._common.leader.tick(now)
         until = math.inf if recovering else now
         scope = self._common.keys
-        keys = await self._common.kv.range(
-            "due", scope.all, until, limit=1_000_000 if recovering else 500
-        )
+        limit = 1_000_000 if recovering else PASS_LIMIT
+        keys = await self._common.kv.range("due", scope.all, until, limit=limit)
         # Sends first: a replayed handler must find its earlier sends settled (sent,
         # unknown or resent), so that a later reply never overtakes them in the chat.
         sends = [k for k in keys if k.startswith(scope.outbox)]
@@ -90,6 +93,8 @@ class Sweeper:
             acted += await self._visit(key, now, recovering)
         if self._sweep is not None:
             acted += await self._sweep(now)
+        if acted and len(keys) >= limit:  # more may be due: the next pass right after
+            self._common.wake.set()
         acted += await self._common.retention.purge(now)
         if self._common.publisher is not None:
             await self._common.publisher.flush(wait=False)

@@ -382,3 +382,18 @@ async def _until(cond: Any) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("the condition never held")
+
+
+async def test_a_sweeper_pass_that_took_its_limit_is_followed_at_once_by_the_next() -> None:
+    from botmesh.state.scheduler import PASS_LIMIT
+
+    app = await _app()
+    for i in range(PASS_LIMIT + 1):
+        await app.runtime.enqueue(f"c{i}", "news")
+    wake = app.engine.common.wake
+    wake.clear()
+    assert await app.ops.sweep_once() == PASS_LIMIT
+    assert wake.is_set()  # the scheduler runs the next pass now, not a poll later
+    wake.clear()
+    assert await app.ops.sweep_once() == 1
+    assert not wake.is_set()
