@@ -493,8 +493,8 @@ class Delivery:
     async def _paced_later(self, entry: Entry, now: float) -> bool:
         """The sweeper's send whose chat's next slot is more than a sweeper poll away: left
         due at that slot (not an attempt; no lease) and ``True``, so that the sweeper goes on
-        with other chats instead of sleeping on this one. A shorter wait is slept in the
-        call (``_call``), as a wait for the channel's slot is."""
+        with other chats instead of sleeping on this one. A shorter wait is slept before the
+        claim (``pace``), as a wait for the channel's slot is."""
         value = entry.value
         route = routed(value, records.decode_outbound(value["payload"]))
         pacer = self._pacers.get(route.channel)
