@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
-from botmesh._bot.sends import SendOptions, outbound
+from botmesh._bot.sends import SendOptions, outbound, timing_of
 from botmesh.state.campaigns import CampaignStatus
 from botmesh.state.errors import DurabilityError
 from botmesh.state.keys import campaign_key, check_campaign
@@ -84,9 +84,15 @@ async def broadcast(
             await enqueue(message, campaign_key(campaign.id, chat_id), opts)
             campaign.journaled += 1
 
-    async with asyncio.TaskGroup() as group:
-        for _ in range(min(concurrency, max(len(campaign.recipients), 1))):
-            group.create_task(journal_next())
+    if campaign.recipients:  # a bad send is refused once, before anything is journaled
+        outbound(campaign.recipients[0], text, opts)
+        timing_of(opts)
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(concurrency, max(len(campaign.recipients), 1))):
+                group.create_task(journal_next())
+    except BaseExceptionGroup as failed:  # the first error, as a send would raise it
+        raise failed.exceptions[0] from None
     return campaign
 
 

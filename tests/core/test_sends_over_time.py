@@ -303,6 +303,11 @@ async def test_a_broadcast_refuses_bad_campaign_ids_and_concurrency() -> None:
         await app.runtime.broadcast(["a", ""], "x", campaign="a")
     with pytest.raises(ValueError, match="drop idempotency_key"):
         await app.runtime.broadcast(["a"], "x", campaign="a", idempotency_key="k")
+    with pytest.raises(ValueError, match="naive datetime"):  # itself, not in a group
+        await app.runtime.broadcast(["a", "b"], "x", campaign="a", at=datetime(2030, 1, 1))
+    with pytest.raises(ValueError, match="needs text or media"):
+        await app.runtime.broadcast(["a", "b"], None, campaign="a")
+    assert await app.ops.outbox.list() == []  # nothing journaled
 
 
 async def test_a_campaigns_status_counts_expired_and_dead_apart() -> None:
