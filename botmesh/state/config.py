@@ -259,9 +259,9 @@ class OutboxConfig:
     #: late. ``None`` (default): no deadline.
     deliver_within: float | None = None
     #: How many chats' due sends the background sweeper delivers at a time, each chat's
-    #: in order (default 8): a campaign goes at the channel's pace, not one provider call
-    #: after another. ``1``: one send after another.
-    sweep_at_once: int = 8
+    #: in order (default 1: one send after another); more lets a campaign's sends overlap
+    #: their provider calls and journal writes.
+    sweep_at_once: int = 1
     #: The rate limits sends are paced under before they call the provider (default: the
     #: channel's declared ones; ``"off"``: none): ``{"channel": "30/s", "chat": "1/s",
     #: "group": "20/min"}``, each ``"default"``, ``"off"`` or a rate (docs/rate-limits.md).
@@ -322,7 +322,7 @@ class OutboxConfig:
             ),
             lease=parse_duration(raw.get("lease", "60s"), "outbox.lease"),
             keep_chat_order=_bool(raw.get("keep_chat_order", True), "outbox.keep_chat_order"),
-            sweep_at_once=_int(raw.get("sweep_at_once", 8), "outbox.sweep_at_once"),
+            sweep_at_once=_int(raw.get("sweep_at_once", 1), "outbox.sweep_at_once"),
             deliver_within=(
                 None
                 if raw.get("deliver_within") is None

@@ -58,7 +58,7 @@ class Sweeper:
         delivery: Delivery,
         flow_due: Callable[[Entry, float], Awaitable[int]] | None,
         sweep: Callable[[float], Awaitable[int]] | None,
-        sends_at_once: int = 8,
+        sends_at_once: int = 1,
     ) -> None:
         self._common = common
         #: How many chats' due sends a pass delivers at a time (``outbox.sweep_at_once``).

@@ -33,9 +33,10 @@ N = 600
 #: what one worker sends on a loaded 2-core machine (the test measures the pacing, not the
 #: worker's top speed: docs/measurements.md has 1,500 at 100/s).
 LIMIT = 40
-#: The recorder's bucket: up to 0.25 s of arrival jitter passes (connections opened in
-#: another order than the sends were paced in), no more.
-BURST = 10
+#: The recorder's bucket: up to 0.5 s of arrival jitter passes (each send opens its own
+#: connection, whose setup takes longer for one than the next on a loaded machine: CI saw
+#: one 429 with 0.25 s), no more.
+BURST = 20
 
 
 async def test_a_worker_paces_its_sends_under_the_channel_limit(

@@ -162,7 +162,7 @@ async def test_a_paced_broadcast_gets_no_429_and_takes_recipients_over_the_limit
     chats = [f"p{i:05d}" for i in range(PACED)]
     recipients = tmp_path / "recipients.txt"
     recipients.write_text("\n".join(chats) + "\n")
-    recorder.limit(LIMIT, burst=10)  # a channel's API: a send over its limit is a 429
+    recorder.limit(LIMIT, burst=20)  # a channel's API: a send over its limit is a 429
     worker = Worker(
         kafka_bootstrap,
         topic_prefix,
