@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 from botmesh.state.errors import ConfigError, ProviderError
-from botmesh.state.messages import Inbound
+from botmesh.state.messages import DeliveryStatus, Inbound
 
 __all__ = [
     "BadSignature",
     "ChannelWebhook",
     "MalformedWebhook",
     "SignedWebhook",
+    "StatusWebhook",
     "WebhookReply",
     "WebhookRequest",
     "hmac_hex",
@@ -90,6 +91,21 @@ class ChannelWebhook(Protocol):
 
     def reply(self, request: WebhookRequest, produced: list[Inbound]) -> WebhookReply:
         """The answer once every record was acked by the broker (usually a bare 200)."""
+        ...
+
+
+@runtime_checkable
+class StatusWebhook(Protocol):
+    """A channel that posts status webhooks about the messages it accepted (sent,
+    delivered, read, failed). The gateway calls ``statuses`` on every verified request,
+    beside ``parse``, and produces what it returns to ``<prefix>.statuses``."""
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        """The delivery statuses in the body (none for a body that carries only
+        messages). Each has the chat (the recipient of our message), the channel's
+        message id as its send API returned it, the status and, on ``failed``, the
+        channel's error code and title. Raise ``MalformedWebhook`` on a body that is not
+        the channel's."""
         ...
 
 

@@ -21,7 +21,10 @@ import msgspec
 from botmesh.state.errors import BadRecord, MediaUnavailableReason, Reason
 
 __all__ = [
+    "DELIVERY_ORDER",
     "SCHEMA_VERSION",
+    "DeliveryState",
+    "DeliveryStatus",
     "Inbound",
     "Media",
     "Outbound",
@@ -277,6 +280,68 @@ class Outbound(msgspec.Struct, frozen=True, omit_defaults=True):
                 **_media_fields(self.media),
             },
         )
+
+
+class DeliveryState(StrEnum):
+    """What a channel said of a message after it accepted it (its status webhooks)."""
+
+    #: The channel's servers took it (WhatsApp ``sent``, Twilio ``sent``): no news for us.
+    SENT = "sent"
+    #: It reached the user's device.
+    DELIVERED = "delivered"
+    #: The user read it.
+    READ = "read"
+    #: It will never arrive (WhatsApp ``failed``, Twilio ``undelivered``/``failed``).
+    FAILED = "failed"
+
+
+#: How far each delivery state is along the way: a status that is not further along than
+#: the one a send has already (a copy, or one overtaken by a later one) changes nothing.
+#: ``failed`` is final.
+DELIVERY_ORDER = {
+    DeliveryState.SENT: 0,
+    DeliveryState.DELIVERED: 1,
+    DeliveryState.READ: 2,
+    DeliveryState.FAILED: 3,
+}
+
+
+class DeliveryStatus(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="v", tag=1
+):
+    """One status webhook of a channel about a message it accepted: produced by the gateway
+    to ``<prefix>.statuses`` keyed by ``chat_id``, joined by the chat's owner to the send
+    whose journaled ``message_id`` it names.
+
+    ``code`` and ``error`` are the channel's own (WhatsApp ``131047`` and its title,
+    Twilio ``30003``…), on ``failed`` only. ``id`` names the event when the channel gives
+    one (else the gateway derives one from the message id and the status)."""
+
+    chat_id: NonEmpty
+    message_id: NonEmpty
+    status: DeliveryState
+    channel: str | None = None
+    id: str = ""
+    #: When the channel says it happened (seconds since the epoch).
+    ts: float | None = None
+    code: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _chat_id("DeliveryStatus", self.chat_id)
+        _optional_str("DeliveryStatus", self, "channel", "code", "error")
+        if not isinstance(self.message_id, str) or not self.message_id:
+            raise _refuse("DeliveryStatus", "message_id", "a non-empty string", self.message_id)
+        if self.status not in DELIVERY_ORDER:
+            raise _refuse(
+                "DeliveryStatus", "status", "sent, delivered, read or failed", self.status
+            )
+
+    @property
+    def event_id(self) -> str:
+        """``id``, else ``<message id>:<status>`` (a channel that names no event sends each
+        status of a message once)."""
+        return self.id or f"{self.message_id}:{self.status}"
 
 
 class SendResult(msgspec.Struct, frozen=True):

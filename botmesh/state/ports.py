@@ -29,11 +29,14 @@ from botmesh.state.messages import Media, Outbound, SendResult
 
 __all__ = [
     "AmbiguityResolver",
+    "Deletes",
+    "Edits",
     "KeyedSends",
     "MediaDownloads",
     "MediaRefs",
     "Provider",
     "SessionHooks",
+    "Typing",
     "call_send",
     "timed_send",
 ]
@@ -72,6 +75,38 @@ class AmbiguityResolver(Protocol):
         the channel: its ``SendResult`` when it did (found, or made once by the channel's
         own deduplication), ``None`` when it certainly did not. Raise (any exception) when
         the channel cannot tell; the ``outbox.on_ambiguous`` policy then applies."""
+        ...
+
+
+@runtime_checkable
+class Edits(Protocol):
+    """A channel whose API can change the text of a message it accepted."""
+
+    async def edit(self, message: Outbound, message_id: str) -> SendResult:
+        """Make the message ``message_id`` of ``message.chat_id`` read ``message.text``
+        (``message.options``: the channel's options, as on a send). Returns the message's
+        id (the same one on every channel so far). Raises a ``SendError`` subclass as
+        ``send`` does (a message too old to edit, or gone: a final one)."""
+        ...
+
+
+@runtime_checkable
+class Deletes(Protocol):
+    """A channel whose API can delete a message it accepted (for the user too)."""
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        """Delete the message ``message_id`` of ``chat_id``. Raises a ``SendError`` subclass
+        as ``send`` does; a message already gone is not an error."""
+        ...
+
+
+@runtime_checkable
+class Typing(Protocol):
+    """A channel that can show the user that the bot is typing."""
+
+    async def typing(self, chat_id: str) -> None:
+        """Show a typing indicator in ``chat_id`` (the channel clears it by itself after a
+        few seconds, or when the next message arrives). Never journaled."""
         ...
 
 
