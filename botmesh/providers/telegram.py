@@ -31,6 +31,13 @@ Errors (``{"ok": false, "error_code": N, "description": ..., "parameters": {...}
 - 401 → a final ``SendError``: the token is wrong or revoked;
 - 5xx and transport errors → retryable; any other 4xx → final.
 
+Edit, delete, typing: ``edit`` is ``editMessageText`` (the text of a text message: a media
+message's caption is not edited), ``delete`` is ``deleteMessage`` (for everyone; Telegram
+allows it within 48 hours of the send), ``typing`` is ``sendChatAction`` ``action=typing``.
+The message id is the integer ``send`` returned, as a string. An edit to the same text
+("message is not modified") and the delete of a message already gone ("message to delete not
+found") succeed; "message to edit not found" and "message can't be edited/deleted" are final.
+
 Telegram has no way to list the messages a bot sent, so this adapter has no
 ``resolve_ambiguous``: a send lost in a crash follows the ``outbox.on_ambiguous`` policy.
 Nor does it take a key (``send_keyed``): the Bot API has no idempotency key.
@@ -305,6 +312,52 @@ class TelegramProvider(ChannelProvider):
             content_type=media.mime or "application/octet-stream",
         )
         return await self._call(method, data=form)
+
+    # -- edit, delete, typing (botmesh.state.ports.Edits, Deletes, Typing) -----------------
+
+    @staticmethod
+    def _message_id(message_id: str) -> int:
+        """The Bot API's integer id of ``message_id`` (as ``send`` returned it)."""
+        if not message_id.isdigit():
+            raise SendError(
+                f"telegram: {message_id!r} is not a Telegram message id (an integer)",
+                retryable=False,
+            )
+        return int(message_id)
+
+    async def edit(self, message: Outbound, message_id: str) -> SendResult:
+        """``editMessageText``: the text of a text message (a media message's caption is
+        not edited here). Telegram's "message is not modified" (the same text again) is a
+        success; "message to edit not found" and "message can't be edited" are final."""
+        if not message.text:
+            raise UnsupportedContentError("telegram: an edit needs a text")
+        payload = {
+            **message.options,
+            "chat_id": message.chat_id,
+            "message_id": self._message_id(message_id),
+            "text": message.text,
+        }
+        try:
+            await self._call("editMessageText", json_body=payload)
+        except SendError as exc:
+            if "message is not modified" not in str(exc).lower():
+                raise
+        return SendResult(message_id)
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        """``deleteMessage`` (for everyone; within 48 hours of the send). "message to delete
+        not found" (already deleted) is a success."""
+        payload = {"chat_id": chat_id, "message_id": self._message_id(message_id)}
+        try:
+            await self._call("deleteMessage", json_body=payload)
+        except SendError as exc:
+            if "message to delete not found" not in str(exc).lower():
+                raise
+
+    async def typing(self, chat_id: str) -> None:
+        """``sendChatAction`` with ``action=typing`` (shown for 5 seconds or until the
+        bot's next message)."""
+        await self._call("sendChatAction", json_body={"chat_id": chat_id, "action": "typing"})
 
     # -- media download -------------------------------------------------------------------
 

@@ -25,7 +25,16 @@ from botmesh.state.errors import (
     UnsupportedContentError,
 )
 from botmesh.state.messages import Media, Outbound
-from botmesh.state.ports import AmbiguityResolver, KeyedSends, MediaDownloads, MediaRefs, Provider
+from botmesh.state.ports import (
+    AmbiguityResolver,
+    Deletes,
+    Edits,
+    KeyedSends,
+    MediaDownloads,
+    MediaRefs,
+    Provider,
+    Typing,
+)
 from tests.providers.fakes.telegram import FakeTelegram
 from tests.providers.serve import serving
 
@@ -431,6 +440,80 @@ async def test_without_allow_private_media_a_loopback_api_cannot_serve_media(env
             await tg.download_media(Media(provider="telegram", id=file_id))
     finally:
         await tg.close()
+
+
+# -- edit, delete, typing -------------------------------------------------------------------
+
+
+async def test_edit_replaces_the_text_and_keeps_the_id(env: Env) -> None:
+    assert isinstance(env.tg, Edits)
+    sent = await env.tg.send(Outbound("1001", "draft"))
+    edited = await env.tg.edit(Outbound("1001", "final"), sent.message_id)
+    assert edited.message_id == sent.message_id
+    assert [m.text for m in env.fake.sent_to("1001")] == ["final"]
+    # The same text again: Telegram's "message is not modified" is a success.
+    await env.tg.edit(Outbound("1001", "final"), sent.message_id)
+
+
+async def test_editing_an_unknown_message_is_final(env: Env) -> None:
+    with pytest.raises(SendError) as err:
+        await env.tg.edit(Outbound("1001", "x"), "77")
+    assert err.value.retryable is False
+    assert "message to edit not found" in clean(err.value)
+    with pytest.raises(SendError) as bad:
+        await env.tg.edit(Outbound("1001", "x"), "not-an-id")
+    assert bad.value.retryable is False
+    assert env.fake.calls.count("editMessageText") == 1  # the bad id never left
+
+
+async def test_editing_a_media_message_is_final(env: Env) -> None:
+    file_id = env.fake.add_file(b"img", "image/jpeg")
+    sent = await env.tg.send(Outbound("1001", "cap", media=Media(id=file_id, mime="image/jpeg")))
+    with pytest.raises(SendError) as err:
+        await env.tg.edit(Outbound("1001", "new"), sent.message_id)
+    assert err.value.retryable is False
+    assert "no text in the message" in clean(err.value)
+
+
+async def test_delete_removes_the_message_and_twice_is_fine(env: Env) -> None:
+    assert isinstance(env.tg, Deletes)
+    keep = await env.tg.send(Outbound("1001", "keep"))
+    gone = await env.tg.send(Outbound("1001", "gone"))
+    await env.tg.delete("1001", gone.message_id)
+    assert [m.message_id for m in env.fake.sent_to("1001")] == [int(keep.message_id)]
+    await env.tg.delete("1001", gone.message_id)  # "message to delete not found": done
+    assert env.fake.calls.count("deleteMessage") == 2
+
+
+async def test_typing_sends_the_typing_action(env: Env) -> None:
+    assert isinstance(env.tg, Typing)
+    await env.tg.typing("1001")
+    assert env.fake.actions == [("1001", "typing")]
+    with pytest.raises(RecipientUnreachableError):
+        await env.tg.typing("999")
+
+
+async def test_edit_delete_and_typing_map_errors_as_send_does(env: Env) -> None:
+    sent = await env.tg.send(Outbound("1001", "hi"))
+    env.fake.flood(retry_after=3, times=3)
+    with pytest.raises(RateLimitedError) as limited:
+        await env.tg.edit(Outbound("1001", "x"), sent.message_id)
+    assert limited.value.retry_after == 3
+    with pytest.raises(RateLimitedError):
+        await env.tg.delete("1001", sent.message_id)
+    with pytest.raises(RateLimitedError):
+        await env.tg.typing("1001")
+    env.fake.block("1001")
+    with pytest.raises(RecipientUnreachableError):
+        await env.tg.delete("1001", sent.message_id)
+    tg = TelegramProvider("123456789:WRONGwrongWRONGwrongWRONGwrongWRONG", base_url=env.base)
+    try:
+        with pytest.raises(SendError) as err:
+            await tg.edit(Outbound("1001", "x"), sent.message_id)
+    finally:
+        await tg.close()
+    assert err.value.retryable is False
+    assert "token is wrong" in str(err.value)
 
 
 # -- webhook --------------------------------------------------------------------------------

@@ -10,6 +10,11 @@ with ``parameters.retry_after``), to fail (500 JSON, 502 an HTML page as Telegra
 does), or to give any error once. Parameters come as JSON, a form or multipart, as the real
 API takes them. Accepted messages are recorded (``messages``), with message ids counting up
 per chat; uploaded files are stored and served by ``file_id`` through ``getFile``.
+
+``editMessageText`` replaces a text message's text (400 "message to edit not found", "message
+is not modified", "there is no text in the message to edit"), ``deleteMessage`` removes a
+message (400 "message to delete not found"), ``sendChatAction`` records the action
+(``actions``); all three check the chat as a send does.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ class FakeTelegram:
         self.bad_urls: set[str] = set()
         self.html_urls: set[str] = set()
         self.calls: list[str] = []
+        #: ``(chat_id, action)`` of every accepted ``sendChatAction``.
+        self.actions: list[tuple[str, str]] = []
         self._next_id: dict[str, itertools.count[int]] = {}
         self._file_seq = itertools.count(1)
         self._injected: deque[web.Response] = deque()
@@ -177,6 +184,8 @@ class FakeTelegram:
             return web.json_response({"ok": True, "result": result})
         if method == "sendMessage" or method in MEDIA_METHODS:
             return self._send(method, params)
+        if method in EDIT_METHODS:
+            return EDIT_METHODS[method](self, params)
         return _fail(404, "Not Found")
 
     def _send(self, method: str, params: dict[str, Any]) -> web.Response:
@@ -246,3 +255,82 @@ class FakeTelegram:
             if f.path == path:
                 return web.Response(body=f.data, content_type=f.mime)
         return _fail(404, "Not Found")
+
+
+# -- edit, delete, chat actions ----------------------------------------------------------------
+
+
+def _chat_problem(fake: FakeTelegram, params: dict[str, Any]) -> web.Response | None:
+    chat_id = str(params.get("chat_id", ""))
+    if not chat_id:
+        return _fail(400, "Bad Request: chat_id is empty")
+    if chat_id in fake.blocked:
+        return _fail(403, f"Forbidden: {fake.blocked[chat_id]}")
+    if chat_id not in fake.chats:
+        return _fail(400, "Bad Request: chat not found")
+    return None
+
+
+def _find(fake: FakeTelegram, params: dict[str, Any]) -> SentMessage | None:
+    chat_id, mid = str(params.get("chat_id", "")), str(params.get("message_id", ""))
+    return next((m for m in fake.sent_to(chat_id) if str(m.message_id) == mid), None)
+
+
+def _edit_text(fake: FakeTelegram, params: dict[str, Any]) -> web.Response:
+    problem = _chat_problem(fake, params)
+    if problem is not None:
+        return problem
+    found = _find(fake, params)
+    if found is None:
+        return _fail(400, "Bad Request: message to edit not found")
+    text = params.get("text")
+    if not text:
+        return _fail(400, "Bad Request: message text is empty")
+    if len(str(text)) > 4096:
+        return _fail(400, "Bad Request: message is too long")
+    if found.method != "sendMessage":
+        return _fail(400, "Bad Request: there is no text in the message to edit")
+    if found.text == text:
+        return _fail(
+            400,
+            "Bad Request: message is not modified: specified new message content and reply "
+            "markup are exactly the same as a current content and reply markup of the message",
+        )
+    found.text = str(text)
+    result = {
+        "message_id": found.message_id,
+        "chat": {"id": int(found.chat_id)},
+        "date": 1767225600,
+        "edit_date": 1767225700,
+        "text": found.text,
+    }
+    return web.json_response({"ok": True, "result": result})
+
+
+def _delete(fake: FakeTelegram, params: dict[str, Any]) -> web.Response:
+    problem = _chat_problem(fake, params)
+    if problem is not None:
+        return problem
+    found = _find(fake, params)
+    if found is None:
+        return _fail(400, "Bad Request: message to delete not found")
+    fake.messages.remove(found)
+    return web.json_response({"ok": True, "result": True})
+
+
+def _chat_action(fake: FakeTelegram, params: dict[str, Any]) -> web.Response:
+    problem = _chat_problem(fake, params)
+    if problem is not None:
+        return problem
+    action = params.get("action")
+    if action not in ("typing", "upload_photo", "record_video", "upload_document"):
+        return _fail(400, "Bad Request: wrong parameter action in request")
+    fake.actions.append((str(params["chat_id"]), str(action)))
+    return web.json_response({"ok": True, "result": True})
+
+
+EDIT_METHODS = {
+    "editMessageText": _edit_text,
+    "deleteMessage": _delete,
+    "sendChatAction": _chat_action,
+}
