@@ -40,6 +40,12 @@ Errors (JSON ``{"code": N, "message": ...}``):
 - 401 → a final ``SendError``: the token is wrong; 5xx and transport errors → retryable;
   other 4xx → final.
 
+Edit, delete, typing: ``edit`` is ``PATCH /channels/{chat_id}/messages/{message_id}``
+(``content`` and the ``options``; no time limit for the bot's own messages), ``delete`` is
+``DELETE`` on the same path (for everyone; a message already gone, 404 code 10008 Unknown
+Message, is a success), ``typing`` is ``POST /channels/{chat_id}/typing``. Their errors map as
+a send's; editing an unknown message (10008) is final.
+
 Media download: the attachment URL, no auth header, from the Discord CDNs only
 (``discordapp.com``, ``discordapp.net``; ``media_ref_hosts`` replaces the list).
 """
@@ -94,6 +100,8 @@ DISCORD_EPOCH_MS = 1420070400000
 
 _SNOWFLAKE = re.compile(r"^\d{1,20}$")
 _UNREACHABLE = {50007, 10003, 50001, 50013}
+#: Discord's code for a message that does not exist (or no longer does).
+UNKNOWN_MESSAGE = 10008
 
 
 def nonce_of(key: str) -> str:
@@ -249,6 +257,56 @@ class DiscordProvider(ChannelProvider):
             content_type=media.mime or "application/octet-stream",
         )
         return await self.request("POST", url, data=form, headers=self._headers)
+
+    # -- edit, delete, typing (botmesh.state.ports.Edits, Deletes, Typing) -----------------
+
+    def _message_url(self, chat_id: str, message_id: str) -> str:
+        for what, value in (("chat_id", chat_id), ("message id", message_id)):
+            if not _SNOWFLAKE.match(value):
+                raise SendError(
+                    f"discord: {what} {value!r} is not a Discord id (a snowflake)",
+                    retryable=False,
+                )
+        return f"{self.base_url}/channels/{chat_id}/messages/{message_id}"
+
+    async def edit(self, message: Outbound, message_id: str) -> SendResult:
+        """``PATCH /channels/{chat_id}/messages/{message_id}`` with ``content`` (and the
+        ``options``, as on a send). An unknown message (10008) is a final error."""
+        if not message.text:
+            raise UnsupportedContentError("discord: an edit needs a text")
+        url = self._message_url(message.chat_id, message_id)
+        payload = {**message.options, "content": message.text}
+        answer = await self.request("PATCH", url, json_body=payload, headers=self._headers)
+        log.debug("discord: edit message -> HTTP %s", answer.status)
+        if not answer.ok:
+            raise self._error(answer, answer.json())
+        return SendResult(message_id)
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        """``DELETE /channels/{chat_id}/messages/{message_id}`` (for everyone). A message
+        already gone (404, 10008 Unknown Message) is a success."""
+        url = self._message_url(chat_id, message_id)
+        answer = await self.request("DELETE", url, headers=self._headers)
+        log.debug("discord: delete message -> HTTP %s", answer.status)
+        body = answer.json()
+        gone = (
+            answer.status == 404 and isinstance(body, dict) and body.get("code") == UNKNOWN_MESSAGE
+        )
+        if not answer.ok and not gone:
+            raise self._error(answer, body)
+
+    async def typing(self, chat_id: str) -> None:
+        """``POST /channels/{chat_id}/typing`` (shown for 10 seconds or until the bot's
+        next message)."""
+        if not _SNOWFLAKE.match(chat_id):
+            raise RecipientUnreachableError(
+                f"discord: chat_id {chat_id!r} is not a channel id (a snowflake)"
+            )
+        url = f"{self.base_url}/channels/{chat_id}/typing"
+        answer = await self.request("POST", url, headers=self._headers)
+        log.debug("discord: typing -> HTTP %s", answer.status)
+        if not answer.ok:
+            raise self._error(answer, answer.json())
 
     def _error(self, answer: HttpAnswer, body: Any) -> SendError:
         """The error for a failed call, by the table in this module's docstring."""

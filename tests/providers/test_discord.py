@@ -29,7 +29,16 @@ from botmesh.state.errors import (
     UnsupportedContentError,
 )
 from botmesh.state.messages import Media, Outbound
-from botmesh.state.ports import AmbiguityResolver, KeyedSends, MediaDownloads, MediaRefs, Provider
+from botmesh.state.ports import (
+    AmbiguityResolver,
+    Deletes,
+    Edits,
+    KeyedSends,
+    MediaDownloads,
+    MediaRefs,
+    Provider,
+    Typing,
+)
 from tests.providers.fakes.discord import FakeDiscord
 from tests.providers.serve import serving
 
@@ -393,6 +402,80 @@ async def test_transport_error_is_retryable() -> None:
         await dc.close()
     assert err.value.retryable is True
     clean(err.value)
+
+
+# -- edit, delete, typing -------------------------------------------------------------------
+
+
+async def test_edit_replaces_the_content_and_keeps_the_id(env: Env) -> None:
+    assert isinstance(env.dc, Edits)
+    sent = await env.dc.send(Outbound(CH, "draft"))
+    edited = await env.dc.edit(Outbound(CH, "final"), sent.message_id)
+    assert edited.message_id == sent.message_id
+    assert [m.content for m in env.fake.in_channel(CH)] == ["final"]
+
+
+async def test_editing_an_unknown_message_is_final(env: Env) -> None:
+    with pytest.raises(SendError) as err:
+        await env.dc.edit(Outbound(CH, "x"), "1300000000000009999")
+    assert err.value.retryable is False
+    assert "Unknown Message" in clean(err.value)
+    with pytest.raises(SendError) as bad:
+        await env.dc.edit(Outbound(CH, "x"), "not-a-snowflake")
+    assert bad.value.retryable is False
+
+
+async def test_an_edit_over_2000_is_payload_too_large(env: Env) -> None:
+    sent = await env.dc.send(Outbound(CH, "short"))
+    with pytest.raises(PayloadTooLargeError):
+        await env.dc.edit(Outbound(CH, "x" * 2001), sent.message_id)
+    assert [m.content for m in env.fake.in_channel(CH)] == ["short"]
+
+
+async def test_delete_removes_the_message_and_twice_is_fine(env: Env) -> None:
+    assert isinstance(env.dc, Deletes)
+    keep = await env.dc.send(Outbound(CH, "keep"))
+    gone = await env.dc.send(Outbound(CH, "gone"))
+    await env.dc.delete(CH, gone.message_id)
+    assert [m.id for m in env.fake.in_channel(CH)] == [keep.message_id]
+    await env.dc.delete(CH, gone.message_id)  # 404 Unknown Message: already gone
+    with pytest.raises(RecipientUnreachableError):
+        await env.dc.delete("2200000000000000999", gone.message_id)  # Unknown Channel
+
+
+async def test_typing_is_recorded(env: Env) -> None:
+    assert isinstance(env.dc, Typing)
+    await env.dc.typing(CH)
+    assert env.fake.typing == [CH]
+    env.fake.blocked_dms.add(CH2)
+    with pytest.raises(RecipientUnreachableError):
+        await env.dc.typing(CH2)
+
+
+async def test_edit_delete_and_typing_map_errors_as_send_does(env: Env) -> None:
+    sent = await env.dc.send(Outbound(CH, "hi"))
+    env.fake.rate_limit(1.5, times=3)
+    for call in (
+        env.dc.edit(Outbound(CH, "x"), sent.message_id),
+        env.dc.delete(CH, sent.message_id),
+        env.dc.typing(CH),
+    ):
+        with pytest.raises(RateLimitedError) as err:
+            await call
+        assert err.value.retry_after == 1.5
+    env.fake.fail_next(503)
+    with pytest.raises(SendError) as down:
+        await env.dc.delete(CH, sent.message_id)
+    assert down.value.retryable is True
+    dc = DiscordProvider("wrong.token.value", base_url=f"{env.base}/api/v10")
+    try:
+        with pytest.raises(SendError) as refused:
+            await dc.edit(Outbound(CH, "x"), sent.message_id)
+    finally:
+        await dc.close()
+    assert refused.value.retryable is False
+    assert "token is wrong" in str(refused.value)
+    assert [m.content for m in env.fake.in_channel(CH)] == ["hi"]
 
 
 # -- webhook (Interactions Endpoint) --------------------------------------------------------

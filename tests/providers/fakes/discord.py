@@ -12,6 +12,12 @@ channels of users who blocked the bot (403, 50007), channels without access or p
 ``X-RateLimit-Scope``. ``fail_next(status)`` gives a 5xx (502: an HTML page, as Discord's
 front does).
 
+Edit, delete, typing: ``PATCH`` and ``DELETE /api/v10/channels/{id}/messages/{id}`` replace a
+message's ``content`` (200 with the message) or remove it (204), 404 code 10008 ``Unknown
+Message`` for a message that is not there; ``POST /api/v10/channels/{id}/typing`` records the
+channel (``typing``) and answers 204. They check the token, the channel and the scripted
+answers as a create does.
+
 Nonces: a message with ``enforce_nonce: true`` whose nonce was used by the same bot within
 ``nonce_window`` seconds (of ``clock``) answers the first message (same id, not recorded
 again). ``lose_next_answer()`` accepts the next message and drops the connection before the
@@ -100,6 +106,8 @@ class FakeDiscord:
         #: Files users attached (``add_attachment``): attachment id → (channel id, file).
         self.uploads: dict[str, tuple[str, Attachment]] = {}
         self._injected: deque[web.Response] = deque()
+        #: Channels the bot sent a typing indicator to, in order.
+        self.typing: list[str] = []
         self._lose = 0
         self._drop = 0
 
@@ -158,6 +166,10 @@ class FakeDiscord:
         app = web.Application(client_max_size=self.max_upload + 1024 * 1024)
         app.router.add_post("/api/v10/channels/{channel_id}/messages", self._create)
         app.router.add_get("/attachments/{channel_id}/{attachment_id}/{filename}", self._cdn)
+        message = "/api/v10/channels/{channel_id}/messages/{message_id}"
+        app.router.add_patch(message, self._edit)
+        app.router.add_delete(message, self._delete)
+        app.router.add_post("/api/v10/channels/{channel_id}/typing", self._typing)
         return app
 
     def _limit_headers(self) -> dict[str, str]:
@@ -295,3 +307,59 @@ class FakeDiscord:
                 if a.id == request.match_info["attachment_id"]:
                     return web.Response(body=a.data, content_type=a.content_type)
         return web.Response(status=404, text="Not Found")
+
+    # -- edit, delete, typing ----------------------------------------------------------------
+
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """What a call on a channel answers before its own work: the token, a scripted answer,
+        the channel's access."""
+        if request.headers.get("Authorization") != f"Bot {self.token}":
+            return _error(401, "401: Unauthorized", 0)
+        self.calls += 1
+        if self._injected:
+            return self._injected.popleft()
+        channel_id = request.match_info["channel_id"]
+        if channel_id in self.no_access:
+            return _error(403, "Missing Access", 50001)
+        if channel_id not in self.channels and channel_id not in self.blocked_dms:
+            return _error(404, "Unknown Channel", 10003)
+        return None
+
+    def _found(self, request: web.Request) -> DiscordMessage | None:
+        channel_id, message_id = request.match_info["channel_id"], request.match_info["message_id"]
+        return next((m for m in self.in_channel(channel_id) if m.id == message_id), None)
+
+    async def _edit(self, request: web.Request) -> web.Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        msg = self._found(request)
+        if msg is None:
+            return _error(404, "Unknown Message", 10008)
+        payload = await request.json()
+        content = payload.get("content")
+        if isinstance(content, str) and len(content) > 2000:
+            return _error(400, "Invalid Form Body", 50035, errors={"content": _too_long(2000)})
+        if isinstance(content, str):
+            msg.content = content
+        return self._answer(request, msg)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        msg = self._found(request)
+        if msg is None:
+            return _error(404, "Unknown Message", 10008)
+        self.messages.remove(msg)
+        return web.Response(status=204, headers=self._limit_headers())
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        channel_id = request.match_info["channel_id"]
+        if channel_id in self.blocked_dms:
+            return _error(403, "Cannot send messages to this user", 50007)
+        self.typing.append(channel_id)
+        return web.Response(status=204, headers=self._limit_headers())
