@@ -28,6 +28,14 @@ Errors (``{"status", "error", "response": {"message"}}``), before the common rul
 a 2xx without ``key.id``                                 final: it may be out
 =======================================================  ======================================
 
+Edit, delete, typing: ``edit`` is ``POST /chat/updateMessage/{instance}`` ``{"number",
+"key": {"id", "remoteJid", "fromMe": true}, "text"}`` (WhatsApp allows an edit within 15
+minutes of the send; Evolution needs the message in its database), ``delete`` is ``DELETE
+/chat/deleteMessageForEveryone/{instance}`` ``{"id", "remoteJid", "fromMe": true}`` (a revoke:
+for everyone), ``typing`` is ``POST /chat/sendPresence/{instance}`` ``{"number", "presence":
+"composing", "delay"}``, which answers only after ``delay`` ms. The message id is the
+``key.id`` a send returned; ``remoteJid`` is the chat id, a number made a JID.
+
 Evolution has no idempotency key, and no way to find a message by something the send set:
 no ``send_keyed``, no ``resolve_ambiguous``.
 
@@ -109,6 +117,9 @@ class EvolutionProvider(BridgeProvider):
     credential_env: ClassVar[str] = "EVOLUTION_API_KEY"
     session_env: ClassVar[str] = "EVOLUTION_INSTANCE"
     session_fix: ClassVar[str] = "the name of the Evolution instance to send through"
+    #: How long ``typing`` shows "typing…" (ms): Evolution holds the call that long, then
+    #: sends "paused".
+    typing_ms: ClassVar[int] = 3000
 
     def _headers(self) -> dict[str, str]:
         return {"apikey": self._credential}
@@ -134,6 +145,41 @@ class EvolutionProvider(BridgeProvider):
                 "evolution: the answer names no message key; it may be out", retryable=False
             )
         return SendResult(mid)
+
+    # -- edit, delete, typing (botmesh.state.ports.Edits, Deletes, Typing) -----------------
+
+    @staticmethod
+    def _jid(chat_id: str) -> str:
+        """The JID of a chat id: as it is when it is one, else a number's
+        ``<digits>@s.whatsapp.net`` (as Evolution's ``createJid`` makes it)."""
+        if "@" in chat_id:
+            return chat_id
+        return "".join(c for c in chat_id if c.isdigit()) + "@s.whatsapp.net"
+
+    async def edit(self, message: Outbound, message_id: str) -> SendResult:
+        """``POST /chat/updateMessage/{instance}`` ``{"number", "key", "text"}``: the text (or
+        a media's caption) of a message this number sent. Evolution refuses a message it
+        does not have stored (400 "Message not compatible"): final."""
+        if not message.text:
+            raise UnsupportedContentError("evolution: an edit needs a text")
+        key = {"id": message_id, "remoteJid": self._jid(message.chat_id), "fromMe": True}
+        body = {"number": message.chat_id, "key": key, "text": message.text}
+        await self.call("POST", f"/chat/updateMessage/{self.session_path}", json_body=body)
+        return SendResult(message_id)
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        """``DELETE /chat/deleteMessageForEveryone/{instance}`` ``{"id", "remoteJid",
+        "fromMe"}``: a revoke, for everyone. WhatsApp cannot tell a message already revoked
+        from one still there, so deleting twice is a success."""
+        body = {"id": message_id, "remoteJid": self._jid(chat_id), "fromMe": True}
+        path = f"/chat/deleteMessageForEveryone/{self.session_path}"
+        await self.call("DELETE", path, json_body=body)
+
+    async def typing(self, chat_id: str) -> None:
+        """``POST /chat/sendPresence/{instance}`` ``{"number", "presence": "composing",
+        "delay"}``: Evolution shows "typing…" for ``typing_ms`` and answers after it."""
+        body = {"number": chat_id, "presence": "composing", "delay": self.typing_ms}
+        await self.call("POST", f"/chat/sendPresence/{self.session_path}", json_body=body)
 
     async def _media_fields(self, media: Media, caption: str | None) -> dict[str, Any]:
         found = await self.bridge_media(media, caption, urls=True)

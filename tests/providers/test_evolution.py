@@ -23,11 +23,13 @@ from botmesh.state.errors import (
     ConfigError,
     PayloadTooLargeError,
     ProviderError,
+    RateLimitedError,
     RecipientUnreachableError,
     SendError,
     UnsupportedContentError,
 )
 from botmesh.state.messages import Inbound, Media, Outbound
+from botmesh.state.ports import Deletes, Edits, Typing
 from botmesh.topics.records import chat_key
 from tests.kafka.conftest import kafka_bootstrap, topic_prefix
 from tests.providers.channel_paths import post_through_gateway, replay_media, send_through_engine
@@ -190,6 +192,63 @@ async def test_the_engine_dead_letters_a_number_without_whatsapp_at_once(rig: Ri
     with pytest.raises(RecipientUnreachableError):
         await send_through_engine(rig.provider, "5511000000000", "hi")
     assert rig.fake.calls == [f"POST /message/sendText/{INSTANCE}"]  # final: never retried
+
+
+# -- edit, delete, typing -----------------------------------------------------------------------
+
+
+async def test_edit_replaces_the_text_and_keeps_the_id(rig: Rig) -> None:
+    assert isinstance(rig.provider, Edits)
+    sent = await rig.provider.send(Outbound(NUMBER, "draft"))
+    edited = await rig.provider.edit(Outbound(NUMBER, "final"), sent.message_id)
+    assert edited.message_id == sent.message_id
+    assert rig.fake.texts() == {JID: ["final"]}
+    assert rig.fake.calls[-1] == f"POST /chat/updateMessage/{INSTANCE}"
+
+
+async def test_editing_an_unknown_message_is_final(rig: Rig) -> None:
+    with pytest.raises(SendError, match="Message not compatible") as err:
+        await rig.provider.edit(Outbound(JID, "x"), "3EB0NOPE")
+    assert err.value.retryable is False
+
+
+async def test_delete_removes_the_message_and_twice_is_fine(rig: Rig) -> None:
+    assert isinstance(rig.provider, Deletes)
+    keep = await rig.provider.send(Outbound(JID, "keep"))
+    gone = await rig.provider.send(Outbound(JID, "gone"))
+    await rig.provider.delete(NUMBER, gone.message_id)
+    assert [m.id for m in rig.fake.sent] == [keep.message_id]
+    await rig.provider.delete(JID, gone.message_id)
+    assert rig.fake.calls[-1] == f"DELETE /chat/deleteMessageForEveryone/{INSTANCE}"
+
+
+async def test_typing_sends_composing_presence(rig: Rig) -> None:
+    assert isinstance(rig.provider, Typing)
+    await rig.provider.typing(NUMBER)
+    assert rig.fake.presences == [(JID, "composing", EvolutionProvider.typing_ms)]
+    with pytest.raises(RecipientUnreachableError):
+        await rig.provider.typing("5511000000000")
+
+
+async def test_edit_delete_and_typing_map_errors_as_send_does(rig: Rig) -> None:
+    sent = await rig.provider.send(Outbound(JID, "hi"))
+    rig.fake.rate_limit("4")
+    with pytest.raises(RateLimitedError) as limited:
+        await rig.provider.edit(Outbound(JID, "x"), sent.message_id)
+    assert limited.value.retry_after == 4
+    rig.fake.connected = False
+    with pytest.raises(SendError, match="Connection Closed") as down:
+        await rig.provider.delete(JID, sent.message_id)
+    assert down.value.retryable is True
+    rig.fake.connected = True
+    wrong = EvolutionProvider(rig.url, "not-the-token", INSTANCE)
+    try:
+        with pytest.raises(SendError, match="EVOLUTION_API_KEY") as err:
+            await wrong.typing(JID)
+    finally:
+        await wrong.close()
+    assert err.value.retryable is False
+    assert rig.fake.texts() == {JID: ["hi"]}
 
 
 # -- media --------------------------------------------------------------------------------------

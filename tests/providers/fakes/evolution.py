@@ -17,6 +17,14 @@ body ``{"status", "error", "response": {"message"}}``: a number without WhatsApp
 required``; base64 without a file name for a document 400; media that is neither a URL nor
 base64 400.
 
+Edit, delete, presence: ``POST /chat/updateMessage/{instance}`` (``{"number", "key", "text"}``)
+replaces the text of a message the fake sent, 400 ``Message not compatible`` for one it does
+not hold (Evolution's answer when its database has no such text message);
+``DELETE /chat/deleteMessageForEveryone/{instance}`` (``{"id", "remoteJid", "fromMe"}``)
+removes it and answers 201 even when it is not there (a revoke is sent regardless);
+``POST /chat/sendPresence/{instance}`` (``{"number", "presence", "delay"}``) records it
+(``presences``) and answers 201 ``{"presence"}`` without waiting the delay.
+
 ``upsert`` writes the webhook body Evolution posts, and ``jwt_for`` the ``Authorization``
 JWT it makes from a webhook's ``jwt_key`` header.
 """
@@ -66,6 +74,8 @@ class FakeEvolution(BridgeFake):
         self.instance = instance
         self.token = secrets.token_hex(16).upper()
         self.global_key = "global-" + secrets.token_hex(12)
+        #: ``(jid, presence, delay)`` of every accepted ``sendPresence``.
+        self.presences: list[tuple[str, str, int]] = []
 
     # -- the app --------------------------------------------------------------------------
 
@@ -75,6 +85,11 @@ class FakeEvolution(BridgeFake):
         router.add_post(
             "/chat/getBase64FromMediaMessage/{instance}", self._guarded(self._base64_of)
         )
+        router.add_post("/chat/updateMessage/{instance}", self._guarded(self._update))
+        router.add_delete(
+            "/chat/deleteMessageForEveryone/{instance}", self._guarded(self._delete_for_all)
+        )
+        router.add_post("/chat/sendPresence/{instance}", self._guarded(self._presence))
 
     def _guarded(self, route: Any) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -176,6 +191,66 @@ class FakeEvolution(BridgeFake):
             },
             status=201,
         )
+
+    def _sent(self, mid: Any, jid: Any) -> Sent | None:
+        return next((m for m in self.sent if m.id == mid and m.chat == jid), None)
+
+    async def _update(self, body: dict[str, Any]) -> web.StreamResponse:
+        chat = self._recipient(body.get("number"))
+        if isinstance(chat, web.Response):
+            return chat
+        key, text = body.get("key"), body.get("text")
+        if not isinstance(key, dict) or not isinstance(text, str) or not text:
+            return error(400, ['"key" and "text" are required'])
+        found = self._sent(key.get("id"), key.get("remoteJid"))
+        if found is None or found.kind not in (None, "image", "video"):
+            return error(400, ["Message not compatible"])
+        if found.kind is None:
+            found.text = text
+        else:
+            found.caption = text
+        edited = {
+            "key": {"remoteJid": chat, "fromMe": True, "id": found.id},
+            "type": "MESSAGE_EDIT",
+            "editedMessage": {"conversation": text},
+        }
+        answer = {
+            "key": {"remoteJid": chat, "fromMe": True, "id": self.message_id()},
+            "message": {"protocolMessage": edited},
+            "messageTimestamp": int(time.time()),
+            "status": "PENDING",
+        }
+        return web.json_response(answer, status=200)
+
+    async def _delete_for_all(self, body: dict[str, Any]) -> web.StreamResponse:
+        mid, jid = body.get("id"), body.get("remoteJid")
+        if not isinstance(mid, str) or not isinstance(jid, str) or not mid or not jid:
+            return error(400, ['"id" and "remoteJid" are required'])
+        if not self.connected:
+            return error(400, ["Error: Connection Closed"])
+        found = self._sent(mid, jid)
+        if found is not None:
+            self.sent.remove(found)
+        target = {"remoteJid": jid, "fromMe": body.get("fromMe"), "id": mid}
+        answer = {
+            "key": {"remoteJid": jid, "fromMe": True, "id": self.message_id()},
+            "message": {"protocolMessage": {"key": target, "type": "REVOKE"}},
+            "messageTimestamp": int(time.time()),
+            "status": "PENDING",
+        }
+        return web.json_response(answer, status=201)
+
+    async def _presence(self, body: dict[str, Any]) -> web.StreamResponse:
+        chat = self._recipient(body.get("number"))
+        if isinstance(chat, web.Response):
+            return chat
+        presence, delay = body.get("presence"), body.get("delay")
+        if presence not in ("unavailable", "available", "composing", "recording", "paused"):
+            return error(400, ['"presence" is not a presence'])
+        if not isinstance(delay, int):
+            return error(400, ['"delay" is required'])
+        self.presences.append((chat, presence, delay))
+        return web.json_response({"presence": presence}, status=201)
 
 
 # -- webhook bodies -------------------------------------------------------------------------
