@@ -12,6 +12,9 @@ is refused (``UnsupportedContentError``) rather than split into two messages, wh
 could not deduplicate. ``options``: ``tag`` (a message tag such as ``HUMAN_AGENT``: sent
 as ``messaging_type: MESSAGE_TAG``), ``messaging_type``.
 
+Typing: ``{"recipient", "sender_action": "typing_on"}`` (``typing``). The Send API has no
+way to edit or delete a message, so there is no ``edit`` nor ``delete``.
+
 Inbound media is the attachment's CDN URL (``fbcdn.net``, ``fbsbx.com``,
 ``cdninstagram.com``); what is journaled of it is ruled by ``botmesh.providers.media_refs``.
 """
@@ -149,6 +152,12 @@ class MessengerProvider(GraphProvider):
         form.add_field("message", json.dumps(attachment))
         form.add_field("filedata", data, filename=name, content_type=mime)
         return self._result(await self.graph("POST", "me/messages", data=form))
+
+    async def typing(self, chat_id: str) -> None:
+        """``{"recipient": {"id"}, "sender_action": "typing_on"}`` to ``me/messages``
+        (``botmesh.state.ports.Typing``): shown for 20 seconds or until the next message."""
+        body = {"recipient": {"id": chat_id}, "sender_action": "typing_on"}
+        await self.graph("POST", "me/messages", json_body=body)
 
     def _result(self, answer: Mapping[str, Any]) -> SendResult:
         mid = answer.get("message_id")

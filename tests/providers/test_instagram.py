@@ -88,6 +88,20 @@ async def test_instagram_errors(fake: tuple[GraphFake, str], ig: InstagramProvid
     assert graph.accepted["instagram"] == []
 
 
+async def test_typing_is_a_typing_on_sender_action(
+    fake: tuple[GraphFake, str], ig: InstagramProvider
+) -> None:
+    graph, _ = fake
+    await ig.typing(IGSID)
+    assert graph.actions["instagram"] == [(IGSID, "typing_on")]
+    with pytest.raises(RecipientUnreachableError, match="2534014"):
+        await ig.typing("404")
+    graph.fail_next("instagram", 613)
+    with pytest.raises(RateLimitedError):
+        await ig.typing(IGSID)
+    assert graph.actions["messenger"] == []
+
+
 async def test_the_messenger_token_does_not_send_as_instagram_and_no_token_leaks(
     fake: tuple[GraphFake, str], caplog: pytest.LogCaptureFixture
 ) -> None:

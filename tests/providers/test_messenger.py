@@ -23,6 +23,7 @@ from botmesh.state.errors import (
     UnsupportedContentError,
 )
 from botmesh.state.messages import Media, Outbound
+from botmesh.state.ports import Deletes, Edits, Typing
 from tests.providers.fakes.graph import VERSION, GraphFake
 from tests.providers.serve import serving
 
@@ -234,6 +235,40 @@ async def test_a_wrong_page_token_is_final_and_never_shown(
     finally:
         await good.close()
     assert graph.page_token not in str(err.value) and graph.page_token not in caplog.text
+
+
+# -- typing -------------------------------------------------------------------------------
+
+
+async def test_typing_sends_the_typing_on_sender_action(
+    fake: tuple[GraphFake, str], fb: MessengerProvider
+) -> None:
+    graph, _ = fake
+    assert isinstance(fb, Typing)
+    # The Send API cannot edit or delete a message.
+    assert not isinstance(fb, Edits) and not isinstance(fb, Deletes)
+    await fb.typing(PSID)
+    assert graph.actions["messenger"] == [(PSID, "typing_on")]
+    assert graph.accepted["messenger"] == []
+
+
+async def test_typing_maps_errors_as_send_does(
+    fake: tuple[GraphFake, str], fb: MessengerProvider
+) -> None:
+    graph, base = fake
+    with pytest.raises(RecipientUnreachableError, match="No matching user found"):
+        await fb.typing("99999")
+    graph.fail_next("messenger", 613)
+    with pytest.raises(RateLimitedError):
+        await fb.typing(PSID)
+    wrong = MessengerProvider("EAAnot-the-page-token", api_url=f"{base}/{VERSION}")
+    try:
+        with pytest.raises(SendError) as err:
+            await wrong.typing(PSID)
+    finally:
+        await wrong.close()
+    assert err.value.retryable is False
+    assert graph.actions["messenger"] == []
 
 
 # -- media downloads ---------------------------------------------------------------------

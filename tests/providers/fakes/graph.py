@@ -16,7 +16,8 @@ and Instagram text over 2000 / 1000 → code 100, code 10 (subcode 2018278 / 253
 closed window, 551 for a user in ``unavailable``, 100 / 2018001 (2534014) for an unknown
 id. ``fail_next(channel, code, ...)`` scripts the next answers (rate limits with or
 without ``Retry-After``, 500s, code 2…), with the real status, type and message of the
-code. Accepted messages are kept per channel in ``accepted``.
+code. Accepted messages are kept per channel in ``accepted``; Messenger and Instagram
+``sender_action`` posts (``typing_on``…) in ``actions``.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class GraphFake:
     #: The origin (``scheme://host:port``) of the media URLs ``GET /{media_id}`` gives;
     #: ``None``: this server as the caller reached it.
     media_origin: str | None = None
+    #: Messenger / Instagram sender actions accepted: channel → [(scoped id, action)].
+    actions: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))
     _script: dict[str, deque[Scripted]] = field(default_factory=lambda: defaultdict(deque))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -288,6 +291,8 @@ class GraphFake:
             }
         else:
             body = await request.json()
+            if "sender_action" in body:
+                return self._sender_action(channel, body)
         psid = str((body.get("recipient") or {}).get("id") or "")
         message = body.get("message") or {}
         instagram = channel == "instagram"
@@ -310,6 +315,25 @@ class GraphFake:
         mid = f"m_{channel[:2]}{next(self._ids):016d}"
         self.accepted[channel].append(Accepted(channel, mid, psid, body))
         return web.json_response({"recipient_id": psid, "message_id": mid})
+
+    def _sender_action(self, channel: str, body: dict[str, Any]) -> web.Response:
+        """``{"recipient", "sender_action"}``: ``typing_on``, ``typing_off`` or ``mark_seen``,
+        for a user the page may write to; ``{"recipient_id"}``."""
+        psid = str((body.get("recipient") or {}).get("id") or "")
+        action = body.get("sender_action")
+        if "message" in body or action not in ("typing_on", "typing_off", "mark_seen"):
+            return _reply(
+                100,
+                message="(#100) Param sender_action must be one of "
+                "{MARK_SEEN, TYPING_ON, TYPING_OFF}",
+            )
+        if psid not in self.users:
+            subcode = 2534014 if channel == "instagram" else 2018001
+            return _reply(100, subcode=subcode, message="No matching user found")
+        if psid in self.unavailable:
+            return _reply(551, subcode=1545041)
+        self.actions[channel].append((psid, str(action)))
+        return web.json_response({"recipient_id": psid})
 
     async def _upload(self, request: web.Request) -> web.Response:
         if self._channel_of(request) != "whatsapp":
