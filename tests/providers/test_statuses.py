@@ -4,12 +4,14 @@ fakes post, checked with the channel's own ``verify``."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -18,7 +20,7 @@ from botmesh.providers.evolution import EvolutionWebhook
 from botmesh.providers.gupshup import GupshupWebhook
 from botmesh.providers.instagram import InstagramWebhook
 from botmesh.providers.messenger import MessengerWebhook
-from botmesh.providers.twilio import TwilioWebhook, twilio_signature
+from botmesh.providers.twilio import TwilioProvider, TwilioWebhook, twilio_signature
 from botmesh.providers.webhooks import (
     BadSignature,
     ChannelWebhook,
@@ -31,6 +33,7 @@ from botmesh.providers.wppconnect import WppConnectWebhook
 from botmesh.state.errors import RecipientUnreachableError
 from botmesh.state.messages import DeliveryState, DeliveryStatus, Outbound
 from tests.providers.fakes.graph import VERSION, GraphFake
+from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.serve import serving
 
 S = DeliveryState
@@ -441,6 +444,101 @@ def test_twilio_early_statuses_and_messages_give_none_and_bad_shapes_raise() -> 
         hook.statuses(_twilio(no_sid))
     with pytest.raises(MalformedWebhook):
         hook.statuses(_twilio({k: v for k, v in _callback("sent").items() if k != "To"}))
+
+
+@pytest.fixture
+async def twilio() -> AsyncIterator[tuple[FakeTwilio, TwilioProvider, Receiver, str]]:
+    fake, receiver = FakeTwilio(), Receiver()
+    async with serving(fake.app()) as base, serving(receiver.app()) as hooks:
+        fake.webhook_url = f"{hooks}/twilio"
+        provider = TwilioProvider(
+            fake.account_sid, fake.auth_token, "whatsapp:+14155238886", base_url=base
+        )
+        try:
+            yield fake, provider, receiver, base
+        finally:
+            await fake.settle()
+            await provider.close()
+
+
+def _twilio_received(fake: FakeTwilio, receiver: Receiver, url: str) -> list[DeliveryStatus]:
+    hook = TwilioWebhook(fake.auth_token)
+    out: list[DeliveryStatus] = []
+    for headers, body in receiver.got:
+        form = dict(parse_qsl(body.decode()))
+        request = WebhookRequest("POST", "/twilio", url, headers, {}, body, form)
+        hook.verify(request)
+        assert hook.parse(request) == []
+        out.extend(hook.statuses(request))
+    return out
+
+
+async def test_the_twilio_fake_posts_signed_status_callbacks(
+    twilio: tuple[FakeTwilio, TwilioProvider, Receiver, str],
+) -> None:
+    fake, provider, receiver, _ = twilio
+    url = str(fake.webhook_url)
+    result = await provider.send(Outbound("+14155550100", "hello"))
+    await fake.settle()
+    chat = "whatsapp:+14155550100"
+    assert [p[1] for p in fake.posted] == ["queued", "sent", "delivered", "read"]
+    assert _states(_twilio_received(fake, receiver, url)) == [
+        (chat, result.message_id, S.SENT),
+        (chat, result.message_id, S.DELIVERED),
+        (chat, result.message_id, S.READ),
+    ]
+    fake.fail_after_accept[chat] = 63016
+    fake.status_copies = 2
+    receiver.got.clear()
+    failed = await provider.send(Outbound(chat, "hello again"))
+    await fake.settle()
+    found = _twilio_received(fake, receiver, url)
+    assert [(s.message_id, s.status, s.code) for s in found] == [
+        (failed.message_id, S.SENT, None),
+        (failed.message_id, S.SENT, None),
+        (failed.message_id, S.FAILED, "63016"),
+        (failed.message_id, S.FAILED, "63016"),
+    ]
+    with pytest.raises(BadSignature):
+        TwilioWebhook("another-auth-token").verify(
+            WebhookRequest("POST", "/twilio", url, receiver.got[0][0], {}, receiver.got[0][1])
+        )
+
+
+async def test_the_twilio_fake_takes_the_sends_status_callback_and_sms_undelivered(
+    twilio: tuple[FakeTwilio, TwilioProvider, Receiver, str],
+) -> None:
+    fake, provider, receiver, base = twilio
+    url = str(fake.webhook_url)
+    fake.fail_after_accept["whatsapp:+14155550101"] = 30003
+    result = await provider.send(Outbound("+14155550101", "hello"))
+    await fake.settle()
+    assert [p[1:] for p in fake.posted] == [("queued", 200), ("sent", 200), ("undelivered", 200)]
+    [*_, last] = _twilio_received(fake, receiver, url)
+    assert (last.message_id, last.status, last.code) == (result.message_id, S.FAILED, "30003")
+    # A send that names its own StatusCallback gets its callbacks there, signed for it.
+    elsewhere = url.rsplit("/", 1)[0] + "/elsewhere"
+    form = {"To": "+14155550102", "From": "+15005550006", "Body": "hi", "StatusCallback": elsewhere}
+    auth = "Basic " + base64.b64encode(f"{fake.account_sid}:{fake.auth_token}".encode()).decode()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base}/2010-04-01/Accounts/{fake.account_sid}/Messages.json",
+            data=form,
+            headers={"Authorization": auth},
+        ) as answer,
+    ):
+        assert answer.status == 201
+        sid = (await answer.json())["sid"]
+    await fake.settle()
+    receiver.got.clear()
+    assert await fake.post_status(sid, "+14155550102", "delivered") == 200
+    headers, body = receiver.got[-1]
+    request = WebhookRequest("POST", "/elsewhere", elsewhere, headers, {}, body)
+    TwilioWebhook(fake.auth_token).verify(request)
+    assert _states(TwilioWebhook(fake.auth_token).statuses(request)) == [
+        ("+14155550102", sid, S.DELIVERED)
+    ]
 
 
 # -- Gupshup -----------------------------------------------------------------------------------

@@ -23,8 +23,9 @@ its statuses posted there once the send's answer is written, as Meta posts them
 (``object: whatsapp_business_account``, ``entry[].changes[].value.statuses[]`` with
 ``metadata.phone_number_id``), signed ``X-Hub-Signature-256: sha256=<HMAC-SHA256 of the
 body under app_secret>``: ``sent``, ``delivered``, ``read``, one after the other (each post
-awaited). A message to a number of ``fail_after_accept`` is accepted, then gets ``sent``
-and ``failed`` with that error code (Meta's title, message and details). A template gets
+awaited). A message to a number of ``fail_after_accept`` (which need not be in
+``numbers``) is accepted, then gets ``sent`` and ``failed`` with that error code (Meta's
+title, message and details). A template gets
 the default sequence even to such a number, unless the number is in
 ``fail_after_accept_templates``. ``status_copies`` posts each status that many times (a
 retrying channel); ``posted`` records ``(message id, status, HTTP status answered)``;
