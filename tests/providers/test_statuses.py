@@ -17,7 +17,7 @@ from aiohttp import web
 
 from botmesh.providers.baileys import BaileysWebhook
 from botmesh.providers.evolution import EvolutionWebhook
-from botmesh.providers.gupshup import GupshupWebhook
+from botmesh.providers.gupshup import GupshupProvider, GupshupWebhook
 from botmesh.providers.instagram import InstagramWebhook
 from botmesh.providers.messenger import MessengerWebhook
 from botmesh.providers.twilio import TwilioProvider, TwilioWebhook, twilio_signature
@@ -33,6 +33,7 @@ from botmesh.providers.wppconnect import WppConnectWebhook
 from botmesh.state.errors import RecipientUnreachableError
 from botmesh.state.messages import DeliveryState, DeliveryStatus, Outbound
 from tests.providers.fakes.graph import VERSION, GraphFake
+from tests.providers.fakes.gupshup import FakeGupshup
 from tests.providers.fakes.twilio import FakeTwilio
 from tests.providers.serve import serving
 
@@ -605,6 +606,42 @@ def test_gupshup_messages_give_no_status_and_bad_events_raise() -> None:
     ):
         with pytest.raises(MalformedWebhook):
             hook.statuses(_request(bad))
+
+
+async def test_the_gupshup_fake_posts_message_events_to_the_tokened_url() -> None:
+    fake, receiver, secret = FakeGupshup(), Receiver(), "gupshup-callback-secret-0123"
+    async with serving(fake.app()) as base, serving(receiver.app()) as hooks:
+        fake.webhook_url = f"{hooks}/gupshup?token={secret}"
+        fake.fail_after_accept["15550001111"] = 1026
+        provider = GupshupProvider(fake.api_key, fake.source, fake.app_name, base_url=base)
+        try:
+            ok = await provider.send(Outbound("15550002222", "hello"))
+            failed = await provider.send(Outbound("15550001111", "hello"))
+            await fake.settle()
+        finally:
+            await provider.close()
+    hook = GupshupWebhook(secret)
+    found: list[DeliveryStatus] = []
+    for headers, body in receiver.got:
+        request = _request(body, path="/gupshup", headers=headers, query={"token": secret})
+        hook.verify(request)
+        assert hook.parse(request) == []
+        found.extend(hook.statuses(request))
+    by_message = {
+        mid: [(s.status, s.code) for s in found if s.message_id == mid]
+        for mid in (ok.message_id, failed.message_id)
+    }
+    assert by_message == {
+        ok.message_id: [(S.SENT, None), (S.DELIVERED, None), (S.READ, None)],
+        failed.message_id: [(S.FAILED, "1026")],
+    }
+    assert {s.chat_id for s in found if s.message_id == ok.message_id} == {"15550002222"}
+    assert [p[1] for p in fake.posted if p[0] == ok.message_id] == [
+        "enqueued",
+        "sent",
+        "delivered",
+        "read",
+    ]
 
 
 # -- Evolution, WPPConnect, Baileys (WhatsApp Web bridges) ---------------------------------------
