@@ -88,6 +88,7 @@ from botmesh.providers.wa_bridges import (
     wa_inbound,
     wa_long,
     wa_message,
+    wa_status,
 )
 from botmesh.providers.webhooks import BadSignature, MalformedWebhook, WebhookRequest, same
 from botmesh.state.errors import (
@@ -98,7 +99,7 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import DeliveryStatus, Inbound, Media, Outbound, SendResult
 
 __all__ = ["BaileysProvider", "BaileysWebhook", "decrypt_media", "key_id"]
 
@@ -397,7 +398,15 @@ class BaileysWebhook(BridgeWebhook):
     """The bridge's webhook: every post carries the connection's ``webhookVerifyToken`` in
     its body (the bridge signs nothing), compared in constant time. ``messages.upsert``
     events of type ``notify`` give one record per message from someone else; every other
-    event (receipts, presence, connection updates, history) gives none."""
+    event (receipts, presence, connection updates, history) gives none.
+
+    ``statuses`` reads ``messages.update`` (Baileys' ``{key, update}`` list): for each
+    update of a message this account sent (``key.fromMe``) with an ``update.status``,
+    ``message_id`` = ``key.id`` (what ``send`` returned), ``chat_id`` = ``key.remoteJid``,
+    ``status`` from Baileys' number: 2 sent, 3 delivered, 4 (read) and 5 (played) read,
+    0 failed with the code WhatsApp gave in ``update.messageStubParameters`` (``463``…);
+    1 (pending) gives none, as do updates without a status (edits, reactions). A group's
+    per-member receipts (``message-receipt.update``) give none. No time is given."""
 
     channel = "baileys"
 
@@ -432,6 +441,32 @@ class BaileysWebhook(BridgeWebhook):
             raise BadSignature(
                 "baileys: webhookVerifyToken is wrong; check BAILEYS_WEBHOOK_VERIFY_TOKEN"
             )
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        body = self.body(request)
+        if not isinstance(body.get("event"), str):
+            raise MalformedWebhook("baileys: the body has no event")
+        if body["event"] != "messages.update":
+            return []
+        data = body.get("data")
+        if not isinstance(data, list):
+            raise MalformedWebhook("baileys: messages.update without a list of updates")
+        out = []
+        for item in data:
+            key = item.get("key") if isinstance(item, dict) else None
+            update = item.get("update") if isinstance(item, dict) else None
+            if not isinstance(key, dict) or not isinstance(update, dict):
+                raise MalformedWebhook("baileys: a message update without key and update")
+            if key.get("fromMe") is not True or "status" not in update:
+                continue
+            stub = update.get("messageStubParameters")
+            code = stub[0] if isinstance(stub, list) and stub else None
+            found = wa_status(
+                self.channel, key.get("remoteJid"), key.get("id"), update["status"], code=code
+            )
+            if found is not None:
+                out.append(found)
+        return out
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
         body = self.body(request)

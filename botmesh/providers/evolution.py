@@ -62,6 +62,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, ClassVar, Self
 
 from botmesh.providers.http import HttpAnswer
@@ -73,6 +74,7 @@ from botmesh.providers.wa_bridges import (
     message_key,
     wa_inbound,
     wa_message,
+    wa_status,
 )
 from botmesh.providers.webhooks import (
     BadSignature,
@@ -89,7 +91,7 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import DeliveryStatus, Inbound, Media, Outbound, SendResult
 
 __all__ = ["EvolutionProvider", "EvolutionWebhook"]
 
@@ -264,6 +266,15 @@ def jwt_problem(token: str, secret: str, now: float) -> str | None:
     return None
 
 
+def _when(body: Mapping[str, Any]) -> float | None:
+    """The body's ``date_time`` (ISO 8601) in seconds, or ``None``."""
+    raw = body.get("date_time")
+    try:
+        return datetime.fromisoformat(raw).timestamp() if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
 def _media(content: WaContent, key: Mapping[str, Any], message: Any) -> Media | None:
     """The media of a message: its key (what the reference journals), and the bytes when
     the webhook inlined them (``message.base64``)."""
@@ -285,7 +296,14 @@ class EvolutionWebhook(BridgeWebhook):
     """An instance's webhook (see the module docstring for what is checked). One record per
     ``messages.upsert`` message from someone else; other events give none. With
     ``instance`` set, events of other instances give none (their replies would go out from
-    the wrong number)."""
+    the wrong number).
+
+    ``statuses`` reads ``messages.update`` (event ``MESSAGES_UPDATE``): for each update of a
+    message this account sent (``fromMe``), ``message_id`` = ``keyId`` (the ``key.id``
+    ``send`` returned; Evolution v1 calls it ``id``), ``chat_id`` = ``remoteJid``,
+    ``status`` from Baileys' status name: ``SERVER_ACK`` sent, ``DELIVERY_ACK`` delivered,
+    ``READ`` and ``PLAYED`` read, ``ERROR`` failed (with no code: Evolution passes none);
+    ``PENDING`` and ``DELETED`` give none. ``ts`` is the body's ``date_time``."""
 
     channel = "evolution"
 
@@ -341,6 +359,30 @@ class EvolutionWebhook(BridgeWebhook):
                 "instance token there with AUTHENTICATION_EXPOSE_IN_FETCH_INSTANCES=true); "
                 "or set EVOLUTION_WEBHOOK_SECRET and a jwt_key header"
             )
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        body = self.body(request)
+        event = body.get("event")
+        if not isinstance(event, str):
+            raise MalformedWebhook("evolution: the body has no event")
+        if event.lower().replace("_", ".") != "messages.update":
+            return []
+        if self.instance is not None and body.get("instance") != self.instance:
+            return []
+        data = body.get("data")
+        out = []
+        for item in data if isinstance(data, list) else [data]:
+            if not isinstance(item, dict):
+                raise MalformedWebhook("evolution: messages.update data is not an object")
+            if item.get("fromMe") is not True:
+                continue  # the status of someone else's message (our read receipts)
+            mid = item.get("keyId") or item.get("id")
+            found = wa_status(
+                self.channel, item.get("remoteJid"), mid, item.get("status"), ts=_when(body)
+            )
+            if found is not None:
+                out.append(found)
+        return out
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
         body = self.body(request)

@@ -76,7 +76,14 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import (
+    DeliveryState,
+    DeliveryStatus,
+    Inbound,
+    Media,
+    Outbound,
+    SendResult,
+)
 
 __all__ = ["GupshupProvider", "GupshupWebhook"]
 
@@ -251,6 +258,22 @@ class GupshupProvider(RestChannel):
 # -- webhooks ---------------------------------------------------------------------------------
 
 
+#: The ``message-event`` types that are a delivery state.
+_STATES = {
+    "sent": DeliveryState.SENT,
+    "delivered": DeliveryState.DELIVERED,
+    "read": DeliveryState.READ,
+    "failed": DeliveryState.FAILED,
+}
+
+
+def _number(value: Any) -> float | None:
+    """A positive JSON number (not a bool), else ``None``."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 class GupshupWebhook(SignedWebhook):
     """A Gupshup app's callback (JSON, version 2 "Gupshup format"), checked by the shared
     secret in its ``token`` query parameter.
@@ -260,6 +283,13 @@ class GupshupWebhook(SignedWebhook):
     destination), ``text`` = the text, a caption, or a button's title (``kind=
     "interaction"``, the button's id in ``data["payload"]``); media as ``Media(provider=
     "gupshup", url, mime, name)``. ``data`` has ``app``, ``type`` and ``profile_name``.
+
+    ``statuses`` reads ``message-event`` callbacks: ``sent``, ``delivered``, ``read`` and
+    ``failed`` give one status (``enqueued`` and ``deleted`` none). ``message_id`` is the
+    Gupshup id ``send`` returned (the event's ``gsId``; a ``failed`` event, and any without
+    ``gsId``, carries it as ``id``), ``chat_id`` the ``destination`` (the number, as inbound
+    ``sender.phone``), ``ts`` the inner ``payload.ts`` (seconds) or else the event's
+    ``timestamp``; a ``failed`` one has ``payload.code`` and ``payload.reason``.
     """
 
     channel = "gupshup"
@@ -281,12 +311,7 @@ class GupshupWebhook(SignedWebhook):
             )
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
-        try:
-            event = json.loads(request.body)
-        except ValueError:
-            raise MalformedWebhook("gupshup: the body is not JSON") from None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise MalformedWebhook("gupshup: not a Gupshup event (no type)")
+        event = self._event(request)
         if "object" in event or "entry" in event:
             raise MalformedWebhook(
                 "gupshup: this is a Meta-format callback; set the app's callback format to "
@@ -298,6 +323,47 @@ class GupshupWebhook(SignedWebhook):
         if not isinstance(payload, dict):
             raise MalformedWebhook("gupshup: a message event without a payload")
         return [self._message(payload, event)]
+
+    def _event(self, request: WebhookRequest) -> dict[str, Any]:
+        """The callback's JSON object, with a ``type`` string."""
+        try:
+            event = json.loads(request.body)
+        except ValueError:
+            raise MalformedWebhook("gupshup: the body is not JSON") from None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise MalformedWebhook("gupshup: not a Gupshup event (no type)")
+        return event
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        event = self._event(request)
+        if event["type"] != "message-event":
+            return []
+        item = event.get("payload")
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            raise MalformedWebhook("gupshup: a message-event without a payload type")
+        mid, dest = item.get("gsId") or item.get("id"), item.get("destination")
+        if not (isinstance(mid, str) and mid and isinstance(dest, str) and dest):
+            raise MalformedWebhook("gupshup: a message-event without id or destination")
+        state = _STATES.get(item["type"])
+        if state is None:
+            return []  # enqueued (Gupshup handed it to WhatsApp), deleted
+        inner = item.get("payload")
+        detail: dict[str, Any] = inner if isinstance(inner, dict) else {}
+        stamp, outer = detail.get("ts"), event.get("timestamp")
+        ts = _number(stamp) or ((_number(outer) or 0) / 1000.0 or None)
+        failed = state is DeliveryState.FAILED
+        code, reason = detail.get("code"), detail.get("reason")
+        return [
+            DeliveryStatus(
+                chat_id=dest,
+                message_id=mid,
+                status=state,
+                channel=self.channel,
+                ts=ts,
+                code=str(code) if failed and code is not None else None,
+                error=str(reason) if failed and reason else None,
+            )
+        ]
 
     def _message(self, msg: Mapping[str, Any], event: Mapping[str, Any]) -> Inbound:
         mid, kind = msg.get("id"), str(msg.get("type") or "")

@@ -40,7 +40,14 @@ from botmesh.providers.meta import (
 )
 from botmesh.providers.webhooks import MalformedWebhook, WebhookRequest
 from botmesh.state.errors import SendError, UnsupportedContentError
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import (
+    DeliveryState,
+    DeliveryStatus,
+    Inbound,
+    Media,
+    Outbound,
+    SendResult,
+)
 from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = ["MessengerProvider", "MessengerWebhook"]
@@ -168,7 +175,16 @@ class MessengerProvider(GraphProvider):
 
 class MessengerWebhook(MetaWebhook):
     """``page`` webhooks (``messages``, ``messaging_postbacks``): one record per message or
-    postback; echoes of our own sends, ``read``, ``delivery`` and other events give none."""
+    postback; echoes of our own sends, ``read``, ``delivery`` and other events give none.
+
+    ``statuses`` reads the ``message_deliveries`` and ``message_reads`` (Instagram:
+    ``messaging_seen``) events: a ``delivery`` gives one ``delivered`` status per mid of
+    ``delivery.mids`` (the ``message_id`` ``send`` returned), ``chat_id`` the event's
+    ``sender.id`` (the user's PSID / IGSID, as inbound messages have it). A ``read`` that
+    names a message (``read.mid``, as Instagram sends it) gives one ``read`` status; a
+    ``read`` with only a ``watermark`` (Messenger: "every message sent before this time was
+    read") names no message and gives none, as does a ``delivery`` without ``mids``. The
+    Messenger Platform reports no failure after the Send API accepted a message."""
 
     channel: str = "messenger"
     env_prefix: ClassVar[str] = "MESSENGER"
@@ -182,8 +198,21 @@ class MessengerWebhook(MetaWebhook):
         return cls(*cls.secrets_from_env(env))
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
-        body = webhook_body(self.channel, request, self.object)
         out: list[Inbound] = []
+        for event in self._events(request):
+            out.extend(self._event(event))
+        return out
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        out: list[DeliveryStatus] = []
+        for event in self._events(request):
+            out.extend(self._status(event))
+        return out
+
+    def _events(self, request: WebhookRequest) -> list[dict[str, Any]]:
+        """Every event of ``entry[].messaging[]``."""
+        body = webhook_body(self.channel, request, self.object)
+        out: list[dict[str, Any]] = []
         for entry in body["entry"]:
             if not isinstance(entry, dict):
                 raise MalformedWebhook(f"{self.channel}: an entry is not an object")
@@ -195,8 +224,37 @@ class MessengerWebhook(MetaWebhook):
             for event in events:
                 if not isinstance(event, dict):
                     raise MalformedWebhook(f"{self.channel}: a messaging event is not an object")
-                out.extend(self._event(event))
+                out.append(event)
         return out
+
+    def _status(self, event: Mapping[str, Any]) -> list[DeliveryStatus]:
+        """The statuses of a ``delivery`` or ``read`` event (none for other events)."""
+        delivery, read = event.get("delivery"), event.get("read")
+        if delivery is None and read is None:
+            return []
+        sender = event.get("sender")
+        user = sender.get("id") if isinstance(sender, dict) else None
+        if not user or not isinstance(delivery or read, dict):
+            raise MalformedWebhook(f"{self.channel}: a delivery or read event without sender")
+        stamp = event.get("timestamp")
+        if isinstance(delivery, dict):
+            mids = delivery.get("mids") or []
+            stamp = stamp or delivery.get("watermark")
+            state = DeliveryState.DELIVERED
+        else:
+            assert isinstance(read, dict)
+            mids = [read["mid"]] if read.get("mid") else []  # a watermark names no message
+            stamp = stamp or read.get("watermark")
+            state = DeliveryState.READ
+        if not isinstance(mids, list) or not all(isinstance(m, str) and m for m in mids):
+            raise MalformedWebhook(f"{self.channel}: delivery.mids is not a list of mids")
+        ts = stamp / 1000.0 if isinstance(stamp, int | float) and stamp > 0 else None
+        return [
+            DeliveryStatus(
+                chat_id=str(user), message_id=mid, status=state, channel=self.channel, ts=ts
+            )
+            for mid in mids
+        ]
 
     def _event(self, event: Mapping[str, Any]) -> list[Inbound]:
         sender = (event.get("sender") or {}).get("id")

@@ -84,7 +84,14 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import (
+    DeliveryState,
+    DeliveryStatus,
+    Inbound,
+    Media,
+    Outbound,
+    SendResult,
+)
 
 __all__ = ["TwilioProvider", "TwilioWebhook", "twilio_signature"]
 
@@ -403,6 +410,16 @@ def _url_variants(url: str) -> list[str]:
     return variants
 
 
+#: ``MessageStatus`` values of a status callback that are a delivery state.
+_STATES = {
+    "sent": DeliveryState.SENT,
+    "delivered": DeliveryState.DELIVERED,
+    "read": DeliveryState.READ,
+    "undelivered": DeliveryState.FAILED,
+    "failed": DeliveryState.FAILED,
+}
+
+
 class TwilioWebhook(SignedWebhook):
     """Twilio's incoming-message webhook (``application/x-www-form-urlencoded``).
 
@@ -412,6 +429,15 @@ class TwilioWebhook(SignedWebhook):
     (MMS carries up to 10) are in ``data["more_media"]`` as ``{"url", "mime"}`` dicts.
     ``data`` also has ``to``, and ``profile_name`` / ``wa_id`` when Twilio sends them.
     Status callbacks (``MessageStatus`` without ``Body``) give no record.
+
+    ``statuses`` reads those status callbacks (the ``StatusCallback`` URL of a send, or
+    the messaging service's): ``message_id`` = ``MessageSid`` (the ``sid`` ``send``
+    returned), ``chat_id`` = ``To`` as Twilio writes it (``whatsapp:+1…`` keeps its prefix,
+    as inbound chat ids have it), ``status`` from ``MessageStatus``: ``sent``,
+    ``delivered``, ``read`` (WhatsApp), ``undelivered`` and ``failed`` both ``failed`` with
+    ``ErrorCode`` (and ``ErrorMessage`` when Twilio adds one); ``queued``, ``accepted``,
+    ``scheduled``, ``sending`` and ``canceled`` give none. A callback says no time: ``ts``
+    is ``None``.
     """
 
     channel = "twilio"
@@ -477,6 +503,29 @@ class TwilioWebhook(SignedWebhook):
                 text=form.get("Body") or None,
                 media=media[0] if media else None,
                 data=data,
+            )
+        ]
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        form = dict(self._params(request))
+        status = form.get("MessageStatus")
+        if status is None or "Body" in form:
+            return []  # an incoming message, not a status callback
+        sid = form.get("MessageSid") or form.get("SmsSid")
+        if not sid or not form.get("To"):
+            raise MalformedWebhook("twilio: a status callback without MessageSid or To")
+        state = _STATES.get(status)
+        if state is None:
+            return []  # queued, accepted, scheduled, sending, canceled: no news yet
+        failed = state is DeliveryState.FAILED
+        return [
+            DeliveryStatus(
+                chat_id=form["To"],
+                message_id=sid,
+                status=state,
+                channel=self.channel,
+                code=(form.get("ErrorCode") or None) if failed else None,
+                error=(form.get("ErrorMessage") or None) if failed else None,
             )
         ]
 

@@ -49,7 +49,7 @@ from botmesh.providers.media_kinds import kind_of_type
 from botmesh.providers.meta import env_value, media_bytes
 from botmesh.providers.webhooks import MalformedWebhook, WebhookReply, WebhookRequest
 from botmesh.state.errors import ConfigError, ProviderError, SendError, UnsupportedContentError
-from botmesh.state.messages import Inbound, Media
+from botmesh.state.messages import DeliveryState, DeliveryStatus, Inbound, Media
 
 __all__ = [
     "WA_TEXT_LIMIT",
@@ -494,6 +494,53 @@ def wa_inbound(
         kind=content.kind,
         media=media,
         data=data,
+    )
+
+
+# -- statuses of our messages (Baileys' message status) -----------------------------------
+
+#: Baileys' ``WAMessageStatus`` (``proto.WebMessageInfo.Status``), by number (Baileys'
+#: JSON) and by name (Evolution's ``messages.update``): ``PENDING`` (1, not yet on
+#: WhatsApp's servers) and ``DELETED`` (Evolution) give no status.
+WA_STATUS: dict[int | str, DeliveryState] = {
+    0: DeliveryState.FAILED,
+    "ERROR": DeliveryState.FAILED,
+    2: DeliveryState.SENT,
+    "SERVER_ACK": DeliveryState.SENT,
+    3: DeliveryState.DELIVERED,
+    "DELIVERY_ACK": DeliveryState.DELIVERED,
+    4: DeliveryState.READ,
+    "READ": DeliveryState.READ,
+    5: DeliveryState.READ,  # PLAYED: a voice note was listened to, so it was read
+    "PLAYED": DeliveryState.READ,
+}
+
+
+def wa_status(
+    channel: str,
+    chat: Any,
+    mid: Any,
+    status: Any,
+    *,
+    ts: float | None = None,
+    code: Any = None,
+) -> DeliveryStatus | None:
+    """The ``DeliveryStatus`` of one of our messages (``chat``'s JID, ``mid`` its key id)
+    with Baileys' status ``status``; ``None`` when that status is no delivery state.
+    ``MalformedWebhook`` without a chat or id."""
+    if not (isinstance(chat, str) and chat and isinstance(mid, str) and mid):
+        raise MalformedWebhook(f"{channel}: a message status without remoteJid or id")
+    state = WA_STATUS.get(status) if isinstance(status, int | str) else None
+    if state is None:
+        return None
+    failed = state is DeliveryState.FAILED
+    return DeliveryStatus(
+        chat_id=chat,
+        message_id=mid,
+        status=state,
+        channel=channel,
+        ts=ts,
+        code=str(code) if failed and code is not None else None,
     )
 
 

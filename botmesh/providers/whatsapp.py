@@ -41,7 +41,14 @@ from botmesh.providers.meta import (
 )
 from botmesh.providers.webhooks import MalformedWebhook, WebhookRequest
 from botmesh.state.errors import ConfigError, ProviderError, SendError, UnsupportedContentError
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import (
+    DeliveryState,
+    DeliveryStatus,
+    Inbound,
+    Media,
+    Outbound,
+    SendResult,
+)
 from botmesh.state.pacing import ChannelLimits, Rate
 
 __all__ = ["WhatsAppProvider", "WhatsAppWebhook"]
@@ -247,8 +254,13 @@ class WhatsAppProvider(GraphProvider):
 
 
 class WhatsAppWebhook(MetaWebhook):
-    """``whatsapp_business_account`` webhooks: one record per user message; statuses
-    (sent, delivered, read, failed) and errors give none."""
+    """``whatsapp_business_account`` webhooks: ``parse`` gives one record per user message
+    (statuses and errors give none); ``statuses`` gives one ``DeliveryStatus`` per item of
+    ``value.statuses[]`` (``sent``, ``delivered``, ``read``, ``failed``; others, such as
+    ``deleted`` or ``warning``, give none): ``message_id`` is the status's ``id`` (the wamid
+    ``send`` returned), ``chat_id`` its ``recipient_id`` (the wa_id, which is what inbound
+    messages of that user carry as ``from``), ``ts`` its ``timestamp``, and on ``failed``
+    the first ``errors[]`` item's ``code`` and ``title``."""
 
     channel: str = "whatsapp"
     env_prefix: ClassVar[str] = "WHATSAPP"
@@ -260,8 +272,26 @@ class WhatsAppWebhook(MetaWebhook):
         return cls(*cls.secrets_from_env(env))
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
-        body = webhook_body(self.channel, request, "whatsapp_business_account")
         out: list[Inbound] = []
+        for value in self._values(request):
+            out.extend(self._messages(value))
+        return out
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        out: list[DeliveryStatus] = []
+        for value in self._values(request):
+            items = value.get("statuses")
+            if items is None:
+                continue
+            if not isinstance(items, list):
+                raise MalformedWebhook("whatsapp: value.statuses is not a list")
+            out.extend(found for item in items if (found := _status(item)) is not None)
+        return out
+
+    def _values(self, request: WebhookRequest) -> list[dict[str, Any]]:
+        """The ``value`` of every ``entry[].changes[]``."""
+        body = webhook_body(self.channel, request, "whatsapp_business_account")
+        values: list[dict[str, Any]] = []
         for entry in body["entry"]:
             changes = entry.get("changes") if isinstance(entry, dict) else None
             if not isinstance(changes, list):
@@ -270,8 +300,8 @@ class WhatsAppWebhook(MetaWebhook):
                 value = change.get("value") if isinstance(change, dict) else None
                 if not isinstance(value, dict):
                     raise MalformedWebhook("whatsapp: a change has no value object")
-                out.extend(self._messages(value))
-        return out
+                values.append(value)
+        return values
 
     def _messages(self, value: Mapping[str, Any]) -> list[Inbound]:
         names = {
@@ -346,4 +376,45 @@ def _inbound(msg: Mapping[str, Any], extra: Mapping[str, Any]) -> Inbound:
         kind="interaction" if interaction else "message",
         media=media,
         data=data,
+    )
+
+
+#: The statuses of ``value.statuses[]`` that say something of a message's delivery.
+_STATES = {
+    "sent": DeliveryState.SENT,
+    "delivered": DeliveryState.DELIVERED,
+    "read": DeliveryState.READ,
+    "failed": DeliveryState.FAILED,
+}
+
+
+def _status(item: Any) -> DeliveryStatus | None:
+    """One item of ``value.statuses[]``; ``None`` for a status that is not a delivery
+    state (``deleted``, ``warning``…)."""
+    if not isinstance(item, dict):
+        raise MalformedWebhook("whatsapp: a status is not an object")
+    wamid, kind, recipient = item.get("id"), item.get("status"), item.get("recipient_id")
+    if not (isinstance(wamid, str) and wamid and isinstance(kind, str) and recipient):
+        raise MalformedWebhook("whatsapp: a status without id, status or recipient_id")
+    state = _STATES.get(kind)
+    if state is None:
+        return None
+    try:
+        ts = float(item.get("timestamp") or 0) or None
+    except (TypeError, ValueError):
+        raise MalformedWebhook(f"whatsapp: status of {wamid} has a bad timestamp") from None
+    code = error = None
+    errors = item.get("errors")
+    if state is DeliveryState.FAILED and isinstance(errors, list) and errors:
+        first = errors[0] if isinstance(errors[0], dict) else {}
+        code = str(first["code"]) if first.get("code") is not None else None
+        error = str(first.get("title") or first.get("message") or "") or None
+    return DeliveryStatus(
+        chat_id=str(recipient),
+        message_id=wamid,
+        status=state,
+        channel="whatsapp",
+        ts=ts,
+        code=code,
+        error=error,
     )

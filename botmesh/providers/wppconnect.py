@@ -62,7 +62,14 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Inbound, Media, Outbound, SendResult
+from botmesh.state.messages import (
+    DeliveryState,
+    DeliveryStatus,
+    Inbound,
+    Media,
+    Outbound,
+    SendResult,
+)
 
 __all__ = ["WppConnectProvider", "WppConnectWebhook"]
 
@@ -89,6 +96,24 @@ _SYSTEM = frozenset(
     }
 )
 
+
+#: wa-js' ``AckType`` of a message that reached the user's side; 0 is the clock, and the
+#: negative ones are the ways it failed (``_ACK_ERRORS``).
+_ACKS = {
+    1: DeliveryState.SENT,
+    2: DeliveryState.DELIVERED,
+    3: DeliveryState.READ,
+    4: DeliveryState.READ,  # PLAYED
+}
+_ACK_ERRORS = {
+    -1: "FAILED",
+    -2: "EXPIRED",
+    -3: "CONTENT_GONE",
+    -4: "CONTENT_TOO_BIG",
+    -5: "CONTENT_UNUPLOADABLE",
+    -6: "INACTIVE",
+    -7: "MD_DOWNGRADE",
+}
 
 #: What ``data`` keeps of a location or a contact card (a location's ``body`` is a thumbnail).
 _KEPT = {"location": ("lat", "lng", "loc"), "vcard": ("body",), "multi_vcard": ("vcardList",)}
@@ -222,7 +247,14 @@ def _content(msg: Mapping[str, Any], mid: str) -> tuple[str | None, str, Media |
 class WppConnectWebhook(BridgeWebhook):
     """A session's webhook: the secret in the URL's ``secret`` parameter, compared in
     constant time. ``onmessage`` events from someone else give one record; every other
-    event (acks, presence, revokes, calls) gives none."""
+    event (acks, presence, revokes, calls) gives none.
+
+    ``statuses`` reads ``onack`` events (the wa-js message with its new ``ack``) of the
+    messages this account sent (``id.fromMe``): ``message_id`` = ``id._serialized`` (the
+    id ``send`` returned), ``chat_id`` = ``id.remote`` (else ``to``), ``ts`` = ``t``;
+    ``ack`` 1 sent, 2 delivered, 3 read, 4 (played) read, a negative one (wa-js'
+    ``FAILED`` -1, ``EXPIRED`` -2, ``CONTENT_GONE`` -3…) failed with the number as the
+    code and its name as the error; 0 (the clock: not yet sent) gives none."""
 
     channel = "wppconnect"
 
@@ -255,6 +287,39 @@ class WppConnectWebhook(BridgeWebhook):
             raise BadSignature(
                 "wppconnect: the URL's secret is wrong; check WPPCONNECT_WEBHOOK_SECRET"
             )
+
+    def statuses(self, request: WebhookRequest) -> list[DeliveryStatus]:
+        msg = self.body(request)
+        if not isinstance(msg.get("event"), str):
+            raise MalformedWebhook("wppconnect: the body has no event")
+        if msg["event"] != "onack":
+            return []
+        if self.session is not None and msg.get("session") != self.session:
+            return []
+        key, ack = msg.get("id"), msg.get("ack")
+        mid = _serialized(key)
+        chat = _serialized(key.get("remote")) if isinstance(key, Mapping) else None
+        chat = chat or _serialized(msg.get("to"))
+        if mid is None or chat is None or not isinstance(ack, int) or isinstance(ack, bool):
+            raise MalformedWebhook("wppconnect: onack without id, to or a numeric ack")
+        mine = key.get("fromMe") if isinstance(key, Mapping) else msg.get("fromMe")
+        if mine is not True or ack == 0:
+            return []  # someone else's message, or ours still on the clock
+        state = _ACKS.get(ack) if ack > 0 else DeliveryState.FAILED
+        if state is None:
+            return []
+        failed = state is DeliveryState.FAILED
+        return [
+            DeliveryStatus(
+                chat_id=chat,
+                message_id=mid,
+                status=state,
+                channel=self.channel,
+                ts=wa_long(msg.get("t")),
+                code=str(ack) if failed else None,
+                error=_ACK_ERRORS.get(ack, "ERROR") if failed else None,
+            )
+        ]
 
     def parse(self, request: WebhookRequest) -> list[Inbound]:
         msg = self.body(request)

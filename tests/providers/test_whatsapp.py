@@ -25,7 +25,7 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Media, Outbound
+from botmesh.state.messages import DeliveryState, DeliveryStatus, Media, Outbound
 from tests.providers.fakes.graph import VERSION, GraphFake
 from tests.providers.serve import serving
 
@@ -612,7 +612,7 @@ def test_parse_a_location_keeps_it_in_data(hook: WhatsAppWebhook) -> None:
     assert rec.data["location"] == loc and rec.text is None
 
 
-def test_statuses_and_errors_give_no_record(hook: WhatsAppWebhook) -> None:
+def test_statuses_give_no_record_and_come_from_statuses(hook: WhatsAppWebhook) -> None:
     status = {
         "statuses": [
             {
@@ -626,8 +626,19 @@ def test_statuses_and_errors_give_no_record(hook: WhatsAppWebhook) -> None:
         ]
     }
     assert hook.parse(_request(_envelope(status))) == []
+    assert hook.statuses(_request(_envelope(status))) == [
+        DeliveryStatus(
+            chat_id="16505551234",
+            message_id="wamid.HBgLMTY1MDU1NTEyMzQVAgARGBI3",
+            status=DeliveryState.DELIVERED,
+            channel="whatsapp",
+            ts=1749416400.0,
+        )
+    ]
     errors = {"errors": [{"code": 131047, "title": "Re-engagement message"}]}
     assert hook.parse(_request(_envelope(errors))) == []
+    assert hook.statuses(_request(_envelope(errors))) == []
+    assert hook.statuses(_request(_message("text", {"body": "hi"}))) == []
 
 
 def test_a_redelivered_webhook_gives_the_same_id(hook: WhatsAppWebhook) -> None:

@@ -18,20 +18,62 @@ id. ``fail_next(channel, code, ...)`` scripts the next answers (rate limits with
 without ``Retry-After``, 500s, code 2…), with the real status, type and message of the
 code. Accepted messages are kept per channel in ``accepted``; Messenger and Instagram
 ``sender_action`` posts (``typing_on``…) in ``actions``.
+
+Status webhooks (WhatsApp): with ``webhook_url`` set, every accepted WhatsApp message gets
+its statuses posted there once the send's answer is written, as Meta posts them
+(``object: whatsapp_business_account``, ``entry[].changes[].value.statuses[]`` with
+``metadata.phone_number_id``), signed ``X-Hub-Signature-256: sha256=<HMAC-SHA256 of the
+body under app_secret>``: ``sent``, ``delivered``, ``read``, one after the other (each post
+awaited). A message to a number of ``fail_after_accept`` (which need not be in
+``numbers``) is accepted, then gets ``sent`` and ``failed`` with that error code (Meta's
+title, message and details). A template gets
+the default sequence even to such a number, unless the number is in
+``fail_after_accept_templates``. ``status_copies`` posts each status that many times (a
+retrying channel); ``posted`` records ``(message id, status, HTTP status answered)``;
+``post_status`` posts one by hand; ``settle()`` waits for the posts under way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import hmac
 import itertools
 import json
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 VERSION = "v21.0"
+
+#: WhatsApp's errors of a ``failed`` status: code → (title, details), as Meta writes them.
+STATUS_ERRORS: dict[int, tuple[str, str]] = {
+    131026: (
+        "Message undeliverable",
+        "Unable to deliver message. Reasons can include: the recipient phone number is not "
+        "a WhatsApp phone number; the recipient has not accepted our new Terms of Service "
+        "and Privacy Policy; the recipient is using an old WhatsApp version.",
+    ),
+    131047: (
+        "Re-engagement message",
+        "Message failed to send because more than 24 hours have passed since the customer "
+        "last replied to this number.",
+    ),
+    131049: (
+        "This message was not delivered to maintain healthy ecosystem engagement.",
+        "In order to maintain a healthy ecosystem engagement, the message failed to be delivered.",
+    ),
+    131050: (
+        "User has stopped marketing messages",
+        "Unable to deliver the message. This recipient has chosen to stop receiving "
+        "marketing messages on WhatsApp from your business.",
+    ),
+    131000: ("Something went wrong", "Message failed to send due to an unknown error."),
+}
 
 #: Real Graph / Cloud API errors: code → (HTTP status, type, message).
 ERRORS: dict[int, tuple[int, str, str]] = {
@@ -127,6 +169,19 @@ class GraphFake:
     media_origin: str | None = None
     #: Messenger / Instagram sender actions accepted: channel → [(scoped id, action)].
     actions: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))
+    #: Where WhatsApp status webhooks are posted (``None``: nowhere).
+    webhook_url: str | None = None
+    #: The app secret that signs them (``X-Hub-Signature-256``).
+    app_secret: str = "graph-fake-app-secret-0004"
+    #: Numbers whose messages are accepted, then fail with this WhatsApp error code.
+    fail_after_accept: dict[str, int] = field(default_factory=dict)
+    #: Numbers whose templates, too, fail after being accepted (with this code).
+    fail_after_accept_templates: dict[str, int] = field(default_factory=dict)
+    #: How many times each status webhook is posted.
+    status_copies: int = 1
+    #: ``(message id, status, HTTP status the webhook URL answered)`` of every post.
+    posted: list[tuple[str, str, int]] = field(default_factory=list)
+    _posting: set[asyncio.Task[None]] = field(default_factory=set)
     _script: dict[str, deque[Scripted]] = field(default_factory=lambda: defaultdict(deque))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -173,6 +228,107 @@ class GraphFake:
             out.setdefault(a.chat_id, []).append(str(text))
         return out
 
+    # -- status webhooks ------------------------------------------------------------------
+
+    def status_body(
+        self, message_id: str, recipient: str, status: str, *, code: int | None = None
+    ) -> dict[str, Any]:
+        """A WhatsApp status webhook as Meta posts it."""
+        item: dict[str, Any] = {
+            "id": message_id,
+            "status": status,
+            "timestamp": str(int(time.time())),
+            "recipient_id": recipient,
+        }
+        if status in ("sent", "delivered"):
+            item["conversation"] = {"id": "CONVERSATION_ID", "origin": {"type": "service"}}
+            item["pricing"] = {"billable": True, "pricing_model": "CBP", "category": "service"}
+        if status == "failed":
+            number = code or 131000
+            title, details = STATUS_ERRORS.get(number, (f"Error {number}", f"Error {number}"))
+            item["errors"] = [
+                {
+                    "code": number,
+                    "title": title,
+                    "message": title,
+                    "error_data": {"details": details},
+                    "href": "https://developers.facebook.com/docs/whatsapp/cloud-api/support/"
+                    "error-codes/",
+                }
+            ]
+        value = {
+            "messaging_product": "whatsapp",
+            "metadata": {
+                "display_phone_number": "15550783881",
+                "phone_number_id": self.phone_number_id,
+            },
+            "statuses": [item],
+        }
+        return {
+            "object": "whatsapp_business_account",
+            "entry": [
+                {"id": "102290129340398", "changes": [{"value": value, "field": "messages"}]}
+            ],
+        }
+
+    def signature(self, body: bytes) -> str:
+        """``X-Hub-Signature-256`` of ``body``."""
+        return "sha256=" + hmac.new(self.app_secret.encode(), body, hashlib.sha256).hexdigest()
+
+    async def post_status(
+        self, message_id: str, recipient: str, status: str, *, code: int | None = None
+    ) -> int:
+        """Post one status webhook to ``webhook_url`` (``status_copies`` times); the HTTP
+        status of the last answer (0: the URL could not be reached)."""
+        if self.webhook_url is None:
+            raise RuntimeError("GraphFake.webhook_url is not set")
+        body = json.dumps(self.status_body(message_id, recipient, status, code=code)).encode()
+        headers = {"Content-Type": "application/json", "X-Hub-Signature-256": self.signature(body)}
+        answered = 0
+        async with aiohttp.ClientSession() as session:
+            for _ in range(max(1, self.status_copies)):
+                try:
+                    async with session.post(self.webhook_url, data=body, headers=headers) as r:
+                        answered = r.status
+                except aiohttp.ClientError:
+                    answered = 0
+                self.posted.append((message_id, status, answered))
+        return answered
+
+    def sequence(self, recipient: str, template: bool) -> list[tuple[str, int | None]]:
+        """The statuses an accepted message to ``recipient`` gets, in order."""
+        code = (self.fail_after_accept_templates if template else self.fail_after_accept).get(
+            recipient
+        )
+        if code is not None:
+            return [("sent", None), ("failed", code)]
+        return [("sent", None), ("delivered", None), ("read", None)]
+
+    async def _post_sequence(self, wamid: str, recipient: str, template: bool) -> None:
+        for status, code in self.sequence(recipient, template):
+            await self.post_status(wamid, recipient, status, code=code)
+
+    async def _answer_then_post(
+        self, request: web.Request, response: web.Response, body: dict[str, Any]
+    ) -> web.Response:
+        """Write an accepted WhatsApp send's answer, then start posting its statuses."""
+        answer = json.loads(response.body or b"{}") if isinstance(response.body, bytes) else {}
+        messages = answer.get("messages")
+        if self.webhook_url is None or response.status != 200 or not messages:
+            return response
+        await response.prepare(request)
+        await response.write_eof()
+        wamid, to = str(messages[0]["id"]), str(body.get("to") or "")
+        task = asyncio.create_task(self._post_sequence(wamid, to, body.get("type") == "template"))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        return response
+
+    async def settle(self) -> None:
+        """Wait until every status sequence under way has been posted."""
+        while self._posting:
+            await asyncio.gather(*list(self._posting))
+
     # -- the server -----------------------------------------------------------------------
 
     def app(self) -> web.Application:
@@ -217,7 +373,8 @@ class GraphFake:
         if scripted is not None:
             return scripted
         if channel == "whatsapp":
-            return self._whatsapp(await request.json())
+            body = await request.json()
+            return await self._answer_then_post(request, self._whatsapp(body), body)
         return await self._messenger(channel, request)
 
     def _whatsapp(self, body: dict[str, Any]) -> web.Response:
@@ -255,7 +412,7 @@ class GraphFake:
                 )
         else:
             return _wa(131051, f"Message type {kind!r} is not currently supported")
-        if to not in self.numbers:
+        if to not in self.numbers and to not in self.fail_after_accept:
             return _wa(131026, "Message Undeliverable.")
         if to in self.closed_windows and kind != "template":
             return _wa(

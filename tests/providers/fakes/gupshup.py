@@ -13,19 +13,37 @@
 
 ``fail_next(status, message, retry_after=...)`` makes the next sends fail with that status
 (429 with ``Retry-After`` when given; a 5xx with Gupshup's body).
+
+Status callbacks: with ``webhook_url`` set (the app's callback URL; Gupshup signs nothing,
+so it carries ``?token=<secret>``), an accepted message gets ``message-event`` callbacks
+(version 2) posted there once the 202 is written: ``enqueued``, ``sent``, ``delivered``,
+``read``. A destination in ``fail_after_accept`` gets ``enqueued`` then ``failed`` with
+that code and its reason. ``status_copies``, ``posted``, ``post_status`` and ``settle()``
+are as in the Graph fake.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 TYPES = frozenset({"text", "image", "video", "audio", "file", "sticker"})
+
+#: Reasons of ``failed`` message-events, by Gupshup's code.
+FAILURES = {
+    1002: "Number Does Not Exists On WhatsApp",
+    1008: "User is not Opted in and Inactive",
+    1026: "Message failed to send because more than 24 hours have passed since the customer "
+    "last replied to this number",
+}
 
 
 @dataclass
@@ -51,6 +69,15 @@ class FakeGupshup:
     failures: list[Failure] = field(default_factory=list)
     #: Every send request, accepted or not.
     attempts: int = 0
+    #: Where message-events are posted (``None``: nowhere).
+    webhook_url: str | None = None
+    #: Destination → Gupshup code of a ``failed`` event after the message was accepted.
+    fail_after_accept: dict[str, int] = field(default_factory=dict)
+    #: How many times each message-event is posted.
+    status_copies: int = 1
+    #: ``(messageId, event type, HTTP status the callback URL answered)`` of every post.
+    posted: list[tuple[str, str, int]] = field(default_factory=list)
+    _posting: set[asyncio.Task[None]] = field(default_factory=set)
 
     def fail_next(self, status: int, message: str, *, retry_after: str | None = None) -> None:
         self.failures.append(Failure(status, message, retry_after))
@@ -67,6 +94,76 @@ class FakeGupshup:
             for m in self.messages
             if m["destination"] == destination
         ]
+
+    def event_body(
+        self, message_id: str, destination: str, status: str, *, code: int | None = None
+    ) -> dict[str, Any]:
+        """A version-2 ``message-event`` as Gupshup posts it."""
+        wamid = "gBEGkYiEB1VX" + message_id.replace("-", "")[:16]
+        item: dict[str, Any] = {"id": wamid, "gsId": message_id, "type": status}
+        if status == "enqueued":
+            item = {"id": message_id, "type": status}
+            inner: dict[str, Any] = {"whatsappMessageId": wamid, "type": "session"}
+        elif status == "failed":
+            item = {"id": message_id, "type": status}
+            number = code or 1002
+            inner = {"code": number, "reason": FAILURES.get(number, f"Error {number}")}
+        else:
+            inner = {"ts": int(time.time())}
+        return {
+            "app": self.app_name,
+            "timestamp": int(time.time() * 1000),
+            "version": 2,
+            "type": "message-event",
+            "payload": {**item, "destination": destination, "payload": inner},
+        }
+
+    async def post_status(
+        self, message_id: str, recipient: str, status: str, *, code: int | None = None
+    ) -> int:
+        """Post one message-event (``status_copies`` times); the HTTP status of the last
+        answer (0: the URL could not be reached)."""
+        if self.webhook_url is None:
+            raise RuntimeError("FakeGupshup.webhook_url is not set")
+        body = self.event_body(message_id, recipient, status, code=code)
+        answered = 0
+        async with aiohttp.ClientSession() as session:
+            for _ in range(max(1, self.status_copies)):
+                try:
+                    async with session.post(self.webhook_url, json=body) as r:
+                        answered = r.status
+                except aiohttp.ClientError:
+                    answered = 0
+                self.posted.append((message_id, status, answered))
+        return answered
+
+    def sequence(self, destination: str) -> list[tuple[str, int | None]]:
+        """The message-events an accepted message to ``destination`` gets, in order."""
+        code = self.fail_after_accept.get(destination)
+        if code is not None:
+            return [("enqueued", None), ("failed", code)]
+        return [("enqueued", None), ("sent", None), ("delivered", None), ("read", None)]
+
+    async def _post_sequence(self, message_id: str, destination: str) -> None:
+        for status, code in self.sequence(destination):
+            await self.post_status(message_id, destination, status, code=code)
+
+    async def settle(self) -> None:
+        """Wait until every event sequence under way has been posted."""
+        while self._posting:
+            await asyncio.gather(*list(self._posting))
+
+    async def _answer_then_post(self, request: web.Request, response: web.Response) -> web.Response:
+        """Write an accepted send's 202, then start posting its message-events."""
+        if response.status != 202 or self.webhook_url is None:
+            return response
+        await response.prepare(request)
+        await response.write_eof()
+        sent = self.messages[-1]
+        task = asyncio.create_task(self._post_sequence(sent["id"], sent["destination"]))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        return response
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -115,7 +212,8 @@ class FakeGupshup:
             return self._error(400, "User is not opted in")
         mid = str(uuid.uuid4())
         self.messages.append({**fields, "message": message, "id": mid, "form": dict(form)})
-        return web.json_response({"status": "submitted", "messageId": mid}, status=202)
+        response = web.json_response({"status": "submitted", "messageId": mid}, status=202)
+        return await self._answer_then_post(request, response)
 
     async def _media(self, request: web.Request) -> web.StreamResponse:
         key = request.headers.get("apikey")

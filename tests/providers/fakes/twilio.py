@@ -17,12 +17,25 @@ Every Accounts path checks basic auth (401, code 20003). Errors carry Twilio's b
 ``+digits`` (optionally ``whatsapp:``). ``script(to, code)`` makes every send to ``to`` fail
 with ``code``; ``fail_next(code, …)`` fails the next sends (any To); ``list_error`` makes
 the listing fail with that HTTP status.
+
+Status callbacks: an accepted message gets its statuses posted, once its 201 is written, to
+the ``StatusCallback`` of the request or else to ``webhook_url`` (a messaging service's
+callback), as Twilio posts them: a form (``MessageSid``, ``SmsSid``, ``MessageStatus``,
+``SmsStatus``, ``AccountSid``, ``From``, ``To``, ``ApiVersion``, ``ErrorCode`` when it
+failed) signed ``X-Twilio-Signature`` (base64 HMAC-SHA1 under ``auth_token`` of the URL and
+the sorted parameters). Default: ``queued``, ``sent``, ``delivered`` and, to a
+``whatsapp:`` number, ``read``. A ``To`` in ``fail_after_accept`` gets ``queued``,
+``sent`` then ``undelivered`` (a 63xxx WhatsApp code: ``failed``) with that ``ErrorCode``.
+``status_copies``, ``posted``, ``post_status`` and ``settle()`` are as in the Graph fake.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import email.utils
+import hashlib
+import hmac
 import re
 import secrets
 import time
@@ -32,6 +45,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+import aiohttp
 from aiohttp import web
 
 API = "/2010-04-01"
@@ -97,6 +111,16 @@ class FakeTwilio:
     list_calls: int = 0
     scripted: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    #: Where status callbacks go when a send names no ``StatusCallback`` (``None``: nowhere).
+    webhook_url: str | None = None
+    #: ``To`` → Twilio error code: accepted, then ``undelivered`` / ``failed`` with it.
+    fail_after_accept: dict[str, int] = field(default_factory=dict)
+    #: How many times each status callback is posted.
+    status_copies: int = 1
+    #: ``(MessageSid, MessageStatus, HTTP status the callback URL answered)`` of every post.
+    posted: list[tuple[str, str, int]] = field(default_factory=list)
+    _callbacks: dict[str, str] = field(default_factory=dict)
+    _posting: set[asyncio.Task[None]] = field(default_factory=set)
 
     # -- scripting ------------------------------------------------------------------------
 
@@ -150,6 +174,83 @@ class FakeTwilio:
 
     def sent_to(self, to: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["to"] == to]
+
+    # -- status callbacks -----------------------------------------------------------------
+
+    def signature(self, url: str, params: dict[str, str]) -> str:
+        """``X-Twilio-Signature`` of a post of ``params`` to ``url``."""
+        payload = url + "".join(k + v for k, v in sorted(params.items()))
+        digest = hmac.new(self.auth_token.encode(), payload.encode(), hashlib.sha1).digest()
+        return base64.b64encode(digest).decode()
+
+    async def post_status(
+        self, message_id: str, recipient: str, status: str, *, code: int | None = None
+    ) -> int:
+        """Post one status callback of ``message_id`` (``status_copies`` times); the HTTP
+        status of the last answer (0: the URL could not be reached)."""
+        url = self._callbacks.get(message_id) or self.webhook_url
+        if url is None:
+            raise RuntimeError("FakeTwilio.webhook_url is not set")
+        sent = next((m for m in self.messages if m["sid"] == message_id), None)
+        params = {
+            "AccountSid": self.account_sid,
+            "ApiVersion": "2010-04-01",
+            "From": str(sent["from"]) if sent else "",
+            "MessageSid": message_id,
+            "MessageStatus": status,
+            "SmsSid": message_id,
+            "SmsStatus": status,
+            "To": recipient,
+        }
+        if code is not None:
+            params["ErrorCode"] = str(code)
+        if sent is not None:
+            sent["status"], sent["error_code"] = status, code
+        headers = {"X-Twilio-Signature": self.signature(url, params)}
+        answered = 0
+        async with aiohttp.ClientSession() as session:
+            for _ in range(max(1, self.status_copies)):
+                try:
+                    async with session.post(url, data=params, headers=headers) as r:
+                        answered = r.status
+                except aiohttp.ClientError:
+                    answered = 0
+                self.posted.append((message_id, status, answered))
+        return answered
+
+    def sequence(self, to: str) -> list[tuple[str, int | None]]:
+        """The statuses an accepted message to ``to`` gets, in order."""
+        code = self.fail_after_accept.get(to)
+        if code is not None:
+            last = "failed" if 63000 <= code < 64000 else "undelivered"
+            return [("queued", None), ("sent", None), (last, code)]
+        read = [("read", None)] if to.startswith("whatsapp:") else []
+        return [("queued", None), ("sent", None), ("delivered", None), *read]
+
+    async def _post_sequence(self, sid: str, to: str) -> None:
+        for status, code in self.sequence(to):
+            await self.post_status(sid, to, status, code=code)
+
+    async def settle(self) -> None:
+        """Wait until every status sequence under way has been posted."""
+        while self._posting:
+            await asyncio.gather(*list(self._posting))
+
+    async def _answer_then_post(
+        self, request: web.Request, response: web.Response, callback: str
+    ) -> web.Response:
+        """Write an accepted send's 201, then start posting its status callbacks."""
+        if response.status != 201 or not (callback or self.webhook_url):
+            return response
+        sid, to = str(self.messages[-1]["sid"]), str(self.messages[-1]["to"])
+        if callback:
+            self._callbacks[sid] = callback
+        await response.prepare(request)
+        await response.write_eof()
+        task = asyncio.create_task(self._post_sequence(sid, to))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        return response
 
     # -- the API --------------------------------------------------------------------------
 
@@ -208,7 +309,8 @@ class FakeTwilio:
         if any(not m.startswith(("http://", "https://")) for m in media):
             return self._error(21620)
         self.record(to, from_, body, created=self.clock(), num_media=len(media))
-        return web.json_response(_public(self.messages[-1]), status=201)
+        response = web.json_response(_public(self.messages[-1]), status=201)
+        return await self._answer_then_post(request, response, str(form.get("StatusCallback", "")))
 
     async def _list(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
