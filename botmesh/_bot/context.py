@@ -71,6 +71,44 @@ class Context:
         it until then)."""
         return (await self._submit(chat_id, text, opts, inline=False)).key
 
+    async def edit(
+        self,
+        key: str,
+        text: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """Change the text of the send ``key`` (a send of this bot, sent already) to
+        ``text``, through the channel's message id its journal recorded. Journaled under a
+        key of its own (the next of this message's sends, unless ``idempotency_key``), so a
+        replay of this handler edits once. A send split in parts is edited part by part.
+        ``RecordStateError`` for a key never sent or still in flight;
+        ``UnsupportedContentError`` on a channel that cannot edit."""
+        own, derived = self._key(idempotency_key)
+        return await self._host.change(
+            key,
+            "edit",
+            own,
+            text=text,
+            options=options,
+            derived=derived,
+            inbound_id=self.inbound_id,
+        )
+
+    async def delete(self, key: str, *, idempotency_key: str | None = None) -> Receipt:
+        """Delete the send ``key`` (each of its parts) for the chat, once, as ``edit``
+        does; ``UnsupportedContentError`` on a channel that cannot delete."""
+        own, derived = self._key(idempotency_key)
+        return await self._host.change(
+            key, "delete", own, derived=derived, inbound_id=self.inbound_id
+        )
+
+    async def typing(self) -> bool:
+        """Show the channel's typing indicator in this chat (never journaled: it is gone
+        in seconds). ``False`` when the channel has none, or refused it."""
+        return await self._host.typing(self.chat_id)
+
     async def start_flow(
         self, flow: Flow[Any] | str, *, args: Mapping[str, Any] | None = None
     ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from botmesh._bot.context import Context
@@ -19,6 +20,7 @@ from botmesh._bot.flow_runner import FlowRunner
 from botmesh._bot.parts import Definition, Turn
 from botmesh.state.clock import Clock
 from botmesh.state.delivery import send_direct
+from botmesh.state.edits import Change
 from botmesh.state.engine import Engine
 from botmesh.state.errors import DurabilityError, FencedError, JournalUnavailableError, find_cause
 from botmesh.state.events import ErrorEvent, Event, SentEvent
@@ -26,7 +28,7 @@ from botmesh.state.fallback import Fallback
 from botmesh.state.keys import fingerprint
 from botmesh.state.kv import Entry, Op
 from botmesh.state.messages import Inbound, Outbound, Receipt
-from botmesh.state.ports import Provider
+from botmesh.state.ports import Provider, Typing
 from botmesh.state.timing import Timing
 
 __all__ = ["Core"]
@@ -166,6 +168,46 @@ class Core:
             if isinstance(result, Outbound):
                 message = result
         return message
+
+    async def change(
+        self,
+        key: str,
+        op: Change,
+        own_key: str,
+        *,
+        text: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        derived: bool = False,
+        inbound_id: str | None = None,
+    ) -> Receipt:
+        if not self.journaled:
+            raise DurabilityError(
+                f"cannot {op} {key!r}: the channel's message id of a send is the one its "
+                "journal recorded, and the bot runs without one (botmesh.run(bot, provider, "
+                "journal='file:///var/lib/bot') or the Kafka worker)"
+            )
+        return await self.started().change(
+            key,
+            op,
+            own_key,
+            text=text,
+            options=options,
+            derived=derived,
+            inbound_id=inbound_id,
+        )
+
+    async def typing(self, chat_id: str) -> bool:
+        self.check_running()
+        if not isinstance(self.provider, Typing):
+            return False
+        try:
+            await self.provider.typing(chat_id)
+        except Exception as exc:  # an indicator is never worth a handler's failure
+            log.warning(
+                "typing indicator in chat %s refused by %s: %s", chat_id, self.provider.name, exc
+            )
+            return False
+        return True
 
     async def _send_plain(self, message: Outbound, key: str, inbound_id: str | None) -> Receipt:
         self.check_running()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from botmesh._bot.flow import Flow
 from botmesh.state.config import DurabilityConfig
+from botmesh.state.edits import Change
 from botmesh.state.engine import Engine
 from botmesh.state.events import Event
 from botmesh.state.fallback import Fallback
@@ -149,6 +150,24 @@ class Host(Protocol):
         """Journal and send ``message`` under ``key`` (``derived``: keyed from an inbound,
         so a replay is checked against what was sent); inline now, or for the sweeper
         (always when ``timing`` schedules it)."""
+
+    async def change(
+        self,
+        key: str,
+        op: Change,
+        own_key: str,
+        *,
+        text: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        derived: bool = False,
+        inbound_id: str | None = None,
+    ) -> Receipt:
+        """Edit or delete the send ``key``, journaled under ``own_key``
+        (``botmesh.state.edits``)."""
+
+    async def typing(self, chat_id: str) -> bool:
+        """Show the channel's typing indicator in ``chat_id``, unjournaled; ``False`` when
+        the channel has none (or refused it)."""
 
     def flows(self) -> FlowStarter:
         """The bot's flow runner (``ValueError`` when the bot has none)."""

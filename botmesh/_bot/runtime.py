@@ -30,7 +30,7 @@ from botmesh.state.errors import (
 from botmesh.state.inbox import Outcome
 from botmesh.state.keys import check_explicit, random_key
 from botmesh.state.kv import DurableKv
-from botmesh.state.messages import Inbound, Outbound, Receipt
+from botmesh.state.messages import DeliveryStatus, Inbound, Outbound, Receipt
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
 
@@ -279,6 +279,34 @@ class Runtime:
         ``key`` is answered from it. ``RecordStateError`` when it went out already or is
         in flight."""
         return await self._journal_ops("cancel a send").cancel(check_explicit(key))
+
+    async def edit(
+        self,
+        key: str,
+        text: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """Change the text of the send ``key`` outside a handler (``Context.edit``),
+        journaled under ``idempotency_key`` (a random one unless given)."""
+        own = check_explicit(idempotency_key) if idempotency_key is not None else random_key()
+        return await self._core.change(check_explicit(key), "edit", own, text=text, options=options)
+
+    async def delete(self, key: str, *, idempotency_key: str | None = None) -> Receipt:
+        """Delete the send ``key`` outside a handler (``Context.delete``)."""
+        own = check_explicit(idempotency_key) if idempotency_key is not None else random_key()
+        return await self._core.change(check_explicit(key), "delete", own)
+
+    async def typing(self, chat_id: str) -> bool:
+        """Show the channel's typing indicator in ``chat_id`` (``Context.typing``)."""
+        return await self._core.typing(chat_id)
+
+    async def delivery_status(self, status: DeliveryStatus) -> str:
+        """Apply a channel's status webhook about a send (``botmesh.state.statuses``):
+        the delivery state it set (``delivered``, ``read``, ``failed``), ``unchanged`` or
+        ``unmatched``. The Kafka worker feeds it ``<prefix>.statuses``."""
+        return await self._core.started().statuses.apply(status)
 
     async def broadcast(
         self,

@@ -47,7 +47,7 @@ from botmesh.topics.records import SendRequest
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from botmesh.state.messages import Inbound
+    from botmesh.state.messages import DeliveryStatus, Inbound
     from botmesh.topics.control import ControlRequest
 
 __all__ = [
@@ -193,7 +193,7 @@ class _RecordContext(LogContext):
     def __init__(
         self,
         raw: tracing.ReadRecord,
-        item: Inbound | SendRequest | ControlRequest,
+        item: Inbound | SendRequest | ControlRequest | DeliveryStatus,
         inner: AbstractContextManager[object] | None,
     ) -> None:
         self._values = None  # LogContext.__init__'s, inline: it runs once a record
@@ -207,7 +207,7 @@ class _RecordContext(LogContext):
         raw, item = self._raw, self._item
         return {
             "chat_id": item.chat_id,
-            "message_id": item.id,
+            "message_id": item.message_id if isinstance(item, DeliveryStatus) else item.id,
             "topic": raw.topic,
             "partition": raw.partition,
             "offset": raw.offset,
@@ -247,7 +247,7 @@ def current_context() -> dict[str, object]:
 
 
 def record_scope(
-    raw: tracing.ReadRecord, item: Inbound | SendRequest | ControlRequest
+    raw: tracing.ReadRecord, item: Inbound | SendRequest | ControlRequest | DeliveryStatus
 ) -> LogContext:
     """What the worker's runner settles each record inside
     (``botmesh.streams.runner.RecordScope``): its log context, and its span when tracing

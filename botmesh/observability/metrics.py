@@ -25,7 +25,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -194,6 +200,13 @@ class WorkerTelemetry:
             registry=r,
             buckets=_BUCKETS,
         )
+        self._statuses = Counter(
+            "botmesh_delivery_statuses",
+            "channel status webhooks about sends, by channel and outcome (delivered, read, "
+            "failed: the delivery state they set; unchanged; unmatched: no such send)",
+            ["channel", "outcome"],
+            registry=r,
+        )
         self.handler = self._handler.observe
         self.journal_write = self._journal.observe
         self._receipt_observe = self._receipt.observe
@@ -209,6 +222,9 @@ class WorkerTelemetry:
 
     def calling(self, delta: int) -> None:
         self._calls.n += delta
+
+    def delivery_status(self, channel: str, outcome: str) -> None:
+        self._statuses.labels(channel, outcome).inc()
 
     def settled(self, seconds: float) -> None:
         """An inbound settled ``seconds`` after its record's timestamp (a clock behind the

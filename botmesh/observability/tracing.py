@@ -54,7 +54,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from botmesh._version import __version__
-from botmesh.state.messages import Inbound
+from botmesh.state.messages import DeliveryStatus, Inbound
 from botmesh.topics.records import SendRequest
 
 if TYPE_CHECKING:
@@ -387,7 +387,7 @@ class _RecordSpan(_Span):
 
 
 def record_span(
-    raw: ReadRecord, item: Inbound | SendRequest | ControlRequest
+    raw: ReadRecord, item: Inbound | SendRequest | ControlRequest | DeliveryStatus
 ) -> _RecordSpan | _NoSpan:
     """The worker's span of one record (``CONSUMER``, a child of the context its headers
     carry); ``NO_SPAN`` when tracing is off."""
@@ -402,12 +402,14 @@ def record_span(
         "messaging.destination.name": raw.topic,
         "messaging.destination.partition.id": str(raw.partition),
         "messaging.kafka.offset": raw.offset,
-        "messaging.message.id": item.id,
+        "messaging.message.id": item.message_id if isinstance(item, DeliveryStatus) else item.id,
         "botmesh.chat_id": item.chat_id,
     }
     name = "botmesh.control"
     if isinstance(item, Inbound):
         name = "botmesh.turn"
+    elif isinstance(item, DeliveryStatus):
+        name = "botmesh.status"
     elif isinstance(item, SendRequest):
         name = "botmesh.request"
         attributes["botmesh.idempotency_key"] = item.idempotency_key

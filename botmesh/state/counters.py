@@ -46,6 +46,18 @@ class Metric(StrEnum):
     OUTBOX_PACED = "outboxPaced"
     #: Beyond the reference: the milliseconds those sends waited, in all.
     OUTBOX_PACED_MS = "outboxPacedMs"
+    #: Beyond the reference: channel status webhooks that changed a send's delivery state
+    #: (delivered, read, failed).
+    DELIVERY_UPDATES = "deliveryUpdates"
+    #: Beyond the reference: sends the channel accepted and then reported failed.
+    DELIVERY_FAILED = "deliveryFailed"
+    #: Beyond the reference: statuses that changed nothing (a copy, or overtaken).
+    DELIVERY_UNCHANGED = "deliveryUnchanged"
+    #: Beyond the reference: statuses of a message the journal does not hold (never ours,
+    #: past retention, erased): dropped.
+    DELIVERY_UNMATCHED = "deliveryUnmatched"
+    #: Beyond the reference: edits and deletes journaled (``ctx.edit``, ``ctx.delete``).
+    OUTBOX_EDITS = "outboxEdits"
 
 
 _ATTRS = tuple(m.name.lower() for m in Metric)
@@ -76,6 +88,11 @@ class Metrics:
     outbox_cancelled: int
     outbox_paced: int
     outbox_paced_ms: int
+    delivery_updates: int
+    delivery_failed: int
+    delivery_unchanged: int
+    delivery_unmatched: int
+    outbox_edits: int
 
     def __init__(self) -> None:
         for attr in _ATTRS:
@@ -95,6 +112,10 @@ class Timings(Protocol):
 
     def provider_call(self, channel: str, result: str, seconds: float) -> None:
         """One call of the provider's send: ``result`` is ``ok`` or ``error``."""
+
+    def delivery_status(self, channel: str, outcome: str) -> None:
+        """A channel's status webhook about a send: ``outcome`` is the delivery state it
+        set (``delivered``, ``read``, ``failed``), ``unchanged`` or ``unmatched``."""
 
     def calling(self, delta: int) -> None:
         """Provider calls in flight went up (``1``) or down (``-1``)."""

@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from botmesh.state import records
 from botmesh.state.backoff import PARK_GRACE, GiveUp, park_delay
 from botmesh.state.common import Common
 from botmesh.state.config import OutboxConfig
+from botmesh.state.edits import change_message
 from botmesh.state.errors import (
     FencedError,
     ProviderNotLeaderError,
@@ -40,7 +41,7 @@ from botmesh.state.errors import (
 )
 from botmesh.state.events import AmbiguousEvent, DeadEvent, FallbackEvent, SentEvent
 from botmesh.state.fallback import Route, fallback_key, fallback_payload, routed, switches
-from botmesh.state.kv import Entry, Put, handover
+from botmesh.state.kv import Entry, Op, Put, handover
 from botmesh.state.lease import Held
 from botmesh.state.message_log import MessageLog
 from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
@@ -50,6 +51,7 @@ from botmesh.state.pacing import Pacer
 from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
 from botmesh.state.records import SETTLED, Json, revise
 from botmesh.state.splitter import split_text, text_length, unit_of
+from botmesh.state.statuses import index_ops
 from botmesh.state.writes import Write
 
 __all__ = ["Delivery", "send_direct"]
@@ -484,6 +486,8 @@ class Delivery:
         if pacer is not None:
             await pacer.spacing()
         try:
+            if route.op is not None:
+                return await change_message(provider, route)
             return await timed_send(provider, route.message, route.key, self._common.timings)
         except RateLimitedError as exc:
             if pacer is not None:
@@ -602,10 +606,19 @@ class Delivery:
         )
 
     async def _settle(
-        self, target: Held | Entry, value: Json, now: float, *, background: bool
+        self,
+        target: Held | Entry,
+        value: Json,
+        now: float,
+        *,
+        background: bool,
+        label: Write | None = None,
+        extra: Sequence[Op] = (),
     ) -> Receipt | None:
         """Write a settled state, then tell the world: the event, the receipt, the chat.
-        ``None`` when someone else wrote the record first (an ``Entry`` target)."""
+        ``None`` when someone else wrote the record first (an ``Entry`` target). ``label``
+        and ``extra`` (operations of the same commit) are a delivery state's change
+        (``botmesh.state.statuses``): no ``sent`` event again."""
         state: OutboxState = value["state"]
         due: float | None = None
         publisher = self._common.publisher
@@ -615,7 +628,8 @@ class Delivery:
             value["published"] = rides
             due = None if rides else now + self._lease
         purge = self._common.retention.purge_at(now) if state in _PURGED else None
-        label = _SETTLE_LABEL[state]
+        change = label is not None
+        label = label or _SETTLE_LABEL[state]
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
         # very commit, ahead of the record (on Kafka two changelog records, in that order),
         # so a crash leaves both, neither, or the entry alone, which proves the send went
@@ -625,20 +639,22 @@ class Delivery:
             if self._message_log is not None
             and state == OutboxState.SENT
             and isinstance(target, Held)
+            and not value.get("op")  # an edit or a delete is no message of the log
             else ()
         )
+        if state == OutboxState.SENT and not change:  # the message id names the send
+            logged = [*logged, *index_ops(self._common.keys, value, purge)]
         receipt = records.receipt_of(value, now)
         # the receipt handed over with the record, in the same transaction (no await
         # between ``ride`` and the write: a record of the key produced meanwhile would
         # take it without the settled state)
         back = await publisher.ride(target.key, receipt, value) if rides and publisher else None
         try:
-            if logged:
-                with self._common.near(target.key):
-                    await self._common.leases.write(
-                        target, value, label, due=due, purge=purge, before=logged
-                    )
-            elif not await self._common.leases.write(target, value, label, due=due, purge=purge):
+            with self._common.near(target.key) if logged else contextlib.nullcontext():
+                written = await self._common.leases.write(
+                    target, value, label, due=due, purge=purge, before=logged, extra=extra
+                )
+            if not written:
                 if back is not None:
                     back()
                 return None
@@ -649,7 +665,7 @@ class Delivery:
         if isinstance(target, Held):
             self._common.leases.held.pop(target.key, None)
         self._order.unblock(value)
-        if state == OutboxState.SENT:
+        if state == OutboxState.SENT and not change:
             await self._common.emit(SentEvent(receipt, background))
         if publisher is not None and not rides:
             await publisher.publish(receipt, value=value)
@@ -692,6 +708,8 @@ class Delivery:
         if gated is not None:
             return gated
         if value.get("inflight") and ls in ("expired", "orphan"):
+            if value.get("op"):  # an edit or a delete: the same change again is harmless
+                return await self._deliver(entry, now, resend=True)
             found = await self._found_in_log(entry, now)
             if found is not None:
                 return found
@@ -959,6 +977,7 @@ class Delivery:
         if not (
             isinstance(text, str)
             and not _fell_back(value)
+            and not value.get("op")  # an edit's parts are the send's
             and limit
             and text_length(text, unit_of(self._provider)) > limit
             and value.get("parts", 1) == 1

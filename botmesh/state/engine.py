@@ -43,7 +43,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from botmesh.state.basis import Basis
 from botmesh.state.checkpoints import Checkpoints
@@ -52,21 +52,26 @@ from botmesh.state.common import Common
 from botmesh.state.config import DurabilityConfig, RateLimits
 from botmesh.state.counters import Timings
 from botmesh.state.delivery import Delivery
+from botmesh.state.edits import Change, plan_change
 from botmesh.state.erasure import Erasure, ErasureReceipt
 from botmesh.state.events import Emit, ErasedEvent
 from botmesh.state.inbox import Dispatch, Inbox
+from botmesh.state.keys import fingerprint
 from botmesh.state.kv import DurableKv, Entry
 from botmesh.state.leader import Leadership
 from botmesh.state.lease import Leases
 from botmesh.state.message_log import JournalMessageLog
+from botmesh.state.messages import Receipt
 from botmesh.state.operations import Operations
 from botmesh.state.order import ChatOrder
 from botmesh.state.outbox import Outbox
 from botmesh.state.pacing import Pacer, declared_limits, group_test
 from botmesh.state.ports import Provider
 from botmesh.state.receipts import Publisher, ReceiptSink
+from botmesh.state.records import receipt_of
 from botmesh.state.retention import Retention
 from botmesh.state.scheduler import Scheduler, Sweeper
+from botmesh.state.statuses import Statuses
 from botmesh.state.turns import Turns
 
 __all__ = ["Engine", "EngineHooks", "RuntimeOptions", "checked_options"]
@@ -185,7 +190,9 @@ class Engine:
         """Every part, in the order of the table (a part after the parts it calls)."""
         kv, keys, config, basis = self.kv, self.keys, self.config, self.basis
         self.leases = Leases(basis)
-        self.retention = Retention(kv, prefix=keys.all, retention=config.retention, logged=keys.log)
+        self.retention = Retention(
+            kv, prefix=keys.all, retention=config.retention, logged=keys.log, named=keys.mid
+        )
         self.order = ChatOrder(kv, prefix=keys.outbox, config=config.outbox)
         #: The provider session's lease (``provider_session="leader"``), else ``None``.
         self.leader = self._new_leader()
@@ -206,6 +213,10 @@ class Engine:
         self.pacers = self._new_pacers()
         self.delivery = self._new_delivery()
         self.outbox = self._new_outbox()
+        #: Channels' status webhooks applied to the sends they name.
+        self.statuses = Statuses(
+            self.common, delivery=self.delivery, provider=self.provider, fallbacks=self.fallbacks
+        )
         self.inbox = self._new_inbox()
         self.checkpoints = Checkpoints(kv, prefix=keys.flow, purge_at=self.retention.purge_at)
         self.sweeper = self._new_sweeper()
@@ -342,6 +353,40 @@ class Engine:
         receipts published again. Returns how many records it acted on."""
         await self.order.rebuild_tails()
         return await self.sweeper.sweep_once(recovering=True)
+
+    async def change(
+        self,
+        key: str,
+        op: Change,
+        own_key: str,
+        *,
+        text: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        derived: bool = False,
+        inbound_id: str | None = None,
+        inline: bool = True,
+    ) -> Receipt:
+        """Edit (``text``) or delete the send ``key``, journaled under ``own_key``
+        (``botmesh.state.edits``): answered from the journal when ``own_key`` is recorded
+        already (a replayed handler), so the channel is called once."""
+        existing = await self.kv.get(self.out_prefix + own_key)
+        if existing is not None:
+            self.basis.metrics.outbox_deduped += 1
+            return receipt_of(existing.value, self.clock.now())
+        message, plan = await plan_change(
+            self.common, self.provider, key, op, text=text, options=options
+        )
+        receipt = await self.outbox.submit(
+            message,
+            own_key,
+            inline=inline,
+            derived=derived,
+            fp=fingerprint(message) if derived else None,
+            inbound_id=inbound_id,
+            changes=plan,
+        )
+        self.basis.metrics.outbox_edits += 1
+        return receipt
 
     async def close(self) -> None:
         """Stop the scheduler (letting a pass finish), release the provider session, and

@@ -120,6 +120,9 @@ class Reason(StrEnum):
     SUPERSEDED_BY_FALLBACK = "superseded-by-fallback"
     #: The send was not delivered by its deadline (``deliver_within``, ``expires_at``).
     EXPIRED = "expired"
+    #: The channel accepted the send, then reported it failed (a ``failed`` status webhook:
+    #: WhatsApp 131047, Twilio 30003…); the channel's code is in the error.
+    UNDELIVERED = "undelivered"
 
 
 class BotmeshError(Exception):

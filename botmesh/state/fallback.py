@@ -158,17 +158,23 @@ def fallback_payload(payload: Json, fallback: Fallback) -> Json:
 
 class Route(msgspec.Struct, frozen=True):
     """Where one attempt of a send goes: under ``key``, as ``message``, through ``channel``
-    (``None``: the bot's own provider)."""
+    (``None``: the bot's own provider). ``op`` (``edit``, ``delete``) makes it a change of
+    the channel's message ``target`` (``botmesh.state.edits``), not a send."""
 
     key: str
     message: Outbound
     channel: str | None = None
+    op: str | None = None
+    target: str | None = None
 
 
 def routed(value: Json, message: Outbound) -> Route:
     """The route of an attempt of the record ``value`` whose payload decodes to
     ``message``: the send itself, or its fallback once the record switched to it."""
     spec = value.get("fallback")
+    op = value.get("op")
+    if op is not None:
+        return Route(value["key"], message, None, str(op), str(value.get("target")))
     if not isinstance(spec, dict) or not spec.get("used"):
         return Route(value["key"], message)
     to = spec.get("chat_id")

@@ -61,6 +61,8 @@ class ScopeKeys:
     leader: str
     #: The message log: what was sent, per chat (``<scope>/log/``; see ``log_of``).
     log: str
+    #: The sent sends, named by the channel's message ids (``<scope>/mid/``; ``mid_of``).
+    mid: str = ""
 
     @classmethod
     def of(cls, scope: str) -> ScopeKeys:
@@ -73,12 +75,20 @@ class ScopeKeys:
             f"{scope}/turn/",
             f"{scope}/leader",
             f"{scope}/log/",
+            f"{scope}/mid/",
         )
 
     def log_of(self, chat_id: str) -> str:
         """The message log of one chat (``<scope>/log/<chat id, percent-encoded>/``): the
         encoding keeps a ``/`` in a chat id from reaching into another chat's log."""
         return f"{self.log}{quote(chat_id, safe='')}/"
+
+    def mid_of(self, message_id: str) -> str:
+        """Where the send the channel accepted as ``message_id`` is named
+        (``<scope>/mid/<message id, percent-encoded>``): a channel's status webhook names
+        the message by that id (its chat may be written otherwise than the send's:
+        ``whatsapp:+1…`` for ``+1…``, a JID for a number)."""
+        return f"{self.mid}{quote(message_id, safe='')}"
 
 
 def is_turn_key(key: str) -> bool:

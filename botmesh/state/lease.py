@@ -108,14 +108,19 @@ class Leases:
         A ``Held`` record is written as its holder: ``FencedError`` when it was taken over.
         An ``Entry`` is written with a compare-and-set on its version: ``False`` when
         someone wrote it first (the caller leaves it to them). ``extra`` operations join
-        the same commit after the record, ``before`` ones ahead of it (a ``Held`` only; on
-        Kafka the changelog gets them in that order); a conflict on one of them raises
-        ``VersionConflictError`` naming it, for the caller to settle.
+        the same commit after the record, ``before`` ones ahead of it (on Kafka the
+        changelog gets them in that order). For a ``Held`` a conflict on one of them raises
+        ``VersionConflictError`` naming it, for the caller to settle; for an ``Entry`` any
+        conflict gives ``False``.
         """
         if isinstance(target, Entry):
             try:
                 await self._basis.kv.commit(
-                    [handover(target.key, value, expect=target.version, due=due, purge=purge)],
+                    [
+                        *before,
+                        handover(target.key, value, expect=target.version, due=due, purge=purge),
+                        *extra,
+                    ],
                     label=label,
                 )
             except VersionConflictError:

@@ -22,6 +22,7 @@ from botmesh.state.errors import BadRecord, MediaUnavailableReason, Reason
 
 __all__ = [
     "DELIVERY_ORDER",
+    "RECEIPT_VERSION",
     "SCHEMA_VERSION",
     "DeliveryState",
     "DeliveryStatus",
@@ -30,6 +31,7 @@ __all__ = [
     "Outbound",
     "OutboxState",
     "Receipt",
+    "ReceiptV1",
     "SendResult",
     "no_surrogates",
     "surrogate_at",
@@ -350,11 +352,19 @@ class SendResult(msgspec.Struct, frozen=True):
     message_id: str
 
 
-class Receipt(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
-    """A settled send: ``sent``, ``dead`` or ``unknown``.
+#: The version of a receipt (``"v"``): 2 added the delivery state (``delivery``,
+#: ``delivery_code``, ``delivery_error``), so one send may have several receipts.
+RECEIPT_VERSION = 2
 
-    Published at least once on ``<prefix>.sent`` by the Kafka worker; ``key`` (the
-    idempotency key) lets consumers drop the copies.
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=RECEIPT_VERSION):
+    """A settled send (``sent``, ``dead``, ``unknown``, ``cancelled``), and each change of
+    a sent send's delivery state after that (``delivery``: what the channel's status
+    webhooks said: ``delivered``, ``read``, ``failed``).
+
+    Published at least once on ``<prefix>.sent`` by the Kafka worker; ``key`` and
+    ``delivery`` together (the idempotency key, and the delivery state) let consumers drop
+    the copies.
     """
 
     key: NonEmpty
@@ -367,3 +377,26 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
     #: Set when the send's fallback went out instead of it: the key it went out under
     #: (``<key>~fallback``); absent when the send itself went out.
     fallback_key: str | None = None
+    #: How far the sent message got, as the channel's status webhooks said (``None``: no
+    #: status yet, or a channel without them).
+    delivery: DeliveryState | None = None
+    #: The channel's error code and title when ``delivery`` is ``failed``.
+    delivery_code: str | None = None
+    delivery_error: str | None = None
+
+
+class ReceiptV1(msgspec.Struct, frozen=True, kw_only=True, tag_field="v", tag=1):
+    """A receipt of version 1 (before delivery states), as earlier workers wrote them:
+    read as a ``Receipt`` without a delivery state (``upgrade``)."""
+
+    key: NonEmpty
+    chat_id: NonEmpty
+    message_id: str | None
+    state: OutboxState
+    inbound_id: str | None = None
+    part: Annotated[int, msgspec.Meta(ge=1)] = 1
+    ts: float = 0.0
+    fallback_key: str | None = None
+
+    def upgrade(self) -> Receipt:
+        return Receipt(**msgspec.structs.asdict(self))

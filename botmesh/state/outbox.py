@@ -136,6 +136,8 @@ class Plan:
     #: Part number of ``parts[0]`` (2 when part 1 bypassed).
     first_part: int = 1
     total: int = 1
+    #: An edit or a delete: each part's ``op`` and ``target`` (``botmesh.state.edits``).
+    changes: list[Json] = field(default_factory=list)
 
 
 class Deliveries(Protocol):
@@ -192,6 +194,7 @@ class Outbox:
         inbound_id: str | None = None,
         fallback: Json | None = None,
         timing: Timing | None = None,
+        changes: Plan | None = None,
     ) -> Receipt:
         """Journal a send under ``key``; the one path of ``ctx.reply`` / ``send`` (``inline``:
         delivered now) and ``enqueue`` (left to the sweeper). Returns the receipt of its
@@ -206,12 +209,13 @@ class Outbox:
         raises the error of a final failure (the record is dead); ``FencedError`` when the
         lease was taken over. ``timing`` (``botmesh.state.timing``): a scheduled send is
         journaled for the sweeper, whatever ``inline`` says; a send past its deadline (its
-        own, else ``outbox.deliver_within``) dies ``expired``.
+        own, else ``outbox.deliver_within``) dies ``expired``. ``changes``: the plan of an
+        edit or a delete of a sent send (``botmesh.state.edits``), journaled as a send is.
         """
         when = self._when(timing)
         if when[0] is not None:
             inline = False
-        plan = self.plan(message)
+        plan = self.plan(message) if changes is None else changes
         if not inline and not plan.bypass:  # enqueue returns at once: no chat lock
             queued = await self._journal(
                 plan, key, derived, fp, inbound_id, inline=False, fallback=fallback, when=when
@@ -330,6 +334,8 @@ class Outbox:
             at=at,
             deadline=deadline,
         )
+        for value, change in zip(values, plan.changes, strict=False):
+            value.update(change)
         due = max(at, now) if at is not None else now + self._lease if live else now
         ops = [handover(self._prefix + v["key"], v, expect=0, due=due) for v in values]
         return values, ops, due

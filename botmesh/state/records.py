@@ -14,7 +14,7 @@ An outbox record (key ``<scope>/out/<key>``)::
     {"key", "state": OutboxState, "attempts", "token", "lease", "inflight", "payload",
      "fp", "part", "parts", "previous_part", "after", "inbound_id", "message_id", "error",
      "created", "updated", "ambiguous", "published", "resolved", "retry_at", "failed_first",
-     "at", "deadline"}
+     "at", "deadline", "delivery", "op", "target"}
 
 Records are sparse: a field at its default (``None``, ``False``, part 1 of 1) is left out,
 and readers use ``.get`` with the default; ``revise(value, now, field=None)`` removes a
@@ -31,7 +31,11 @@ part): it is not sent before. ``deadline`` (epoch seconds, on every part) is whe
 not yet delivered dies ``expired`` instead of going out late (never one that may have
 gone out: ``inflight`` or ``ambiguous``). ``published`` is ``False`` on a settled send
 whose receipt the runtime has not yet seen acknowledged (only runtimes that publish
-receipts write it).
+receipts write it). ``delivery`` is what the channel's status webhooks said of a sent
+send: ``{"state": "delivered" | "read" | "failed", "ts", "code", "error"}``
+(``botmesh.state.statuses``). ``op`` (``"edit"`` or ``"delete"``) makes the record an edit
+or a delete of the message ``target`` (the channel's message id of a sent send's part,
+``botmesh.state.edits``), not a send.
 
 Errors are journaled in one shape (``encode_error``): ``{"type", "message", "retryable",
 "reason"}``, never the exception object.
@@ -47,7 +51,7 @@ from typing import Any
 import msgspec
 
 from botmesh.state.errors import Reason
-from botmesh.state.messages import Inbound, Outbound, OutboxState, Receipt
+from botmesh.state.messages import DeliveryState, Inbound, Outbound, OutboxState, Receipt
 
 __all__ = [
     "SETTLED",
@@ -140,10 +144,27 @@ def decode_outbound(raw: Mapping[str, Any]) -> Outbound:
 
 
 _OUTBOX_STATES = {s.value: s for s in OutboxState}
+_DELIVERY_STATES = {s.value: s for s in DeliveryState}
 
 
 def receipt_of(value: Json, now: float) -> Receipt:
-    """The receipt of an outbox record."""
+    """The receipt of an outbox record (with its delivery state, once a channel's status
+    webhook set one: ``botmesh.state.statuses``)."""
+    delivery = value.get("delivery")
+    if isinstance(delivery, Mapping) and delivery.get("state") in _DELIVERY_STATES:
+        return Receipt(
+            key=value["key"],
+            chat_id=value["payload"]["chat_id"],
+            message_id=value.get("message_id"),
+            state=_OUTBOX_STATES[value["state"]],
+            inbound_id=value.get("inbound_id"),
+            part=value.get("part", 1),
+            ts=now,
+            fallback_key=_fallback_key(value),
+            delivery=_DELIVERY_STATES[delivery["state"]],
+            delivery_code=delivery.get("code"),
+            delivery_error=delivery.get("error"),
+        )
     return Receipt(
         key=value["key"],
         chat_id=value["payload"]["chat_id"],

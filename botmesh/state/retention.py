@@ -2,7 +2,9 @@
 (``retention``, default 7 days; 0 keeps them). A sent record whose receipt is not
 published yet is kept until it is. Message log entries (under ``logged``, the scope's
 ``<scope>/log/``) are deleted once their own ``purge`` time passed
-(``message_log.retention``: ``botmesh.state.message_log``)."""
+(``message_log.retention``: ``botmesh.state.message_log``); so are the names of sent
+sends under their message ids (under ``named``, ``<scope>/mid/``:
+``botmesh.state.statuses``), with their send."""
 
 from __future__ import annotations
 
@@ -23,13 +25,20 @@ PurgeAt: TypeAlias = Callable[[float], float | None]
 
 class Retention:
     def __init__(
-        self, kv: DurableKv, *, prefix: str, retention: float, logged: str | None = None
+        self,
+        kv: DurableKv,
+        *,
+        prefix: str,
+        retention: float,
+        logged: str | None = None,
+        named: str | None = None,
     ) -> None:
         self._kv = kv
         self._prefix = prefix
         self._retention = retention
-        #: The message log's prefix: its entries have no state; their purge time decides.
-        self._logged = logged
+        #: The prefixes of the message log and of the message-id names: their entries have
+        #: no state; their purge time decides.
+        self._stateless = tuple(p for p in (logged, named) if p)
 
     def purge_at(self, now: float) -> float | None:
         """When a record finished at ``now`` is purged; ``None`` when it is kept."""
@@ -43,14 +52,14 @@ class Retention:
         if not keys:
             return 0
         entries = await kv.get_many(keys)
-        logged = self._logged
+        stateless = self._stateless
         ops = [
             Delete(e.key, expect=e.version)
             for e in entries.values()
             if e.purge is not None
             and e.purge <= now
             and (
-                (logged is not None and e.key.startswith(logged))
+                (stateless and e.key.startswith(stateless))
                 or (e.value.get("state") in _PURGEABLE and e.value.get("published") is not False)
             )
         ]
@@ -60,8 +69,6 @@ class Retention:
             await kv.commit(ops, label=Write.RETENTION_PURGE)
         except VersionConflictError:
             return 0
-        if logged is None:
-            return len(ops)
-        # records acted on: the message log's entries are an index of what was sent, not
-        # records of the engine's (deleted all the same)
-        return sum(not op.key.startswith(logged) for op in ops)
+        # records acted on: the message log's entries and the names are indexes of what
+        # was sent, not records of the engine's (deleted all the same)
+        return sum(not (stateless and op.key.startswith(stateless)) for op in ops)

@@ -70,6 +70,9 @@ class Write(StrEnum):
     OUTBOX_NOT_LEADER = "outbox.not_leader"
     #: A send refused by its channel switched to its fallback (``botmesh.state.fallback``).
     OUTBOX_FALLBACK = "outbox.fallback"
+    #: A channel's status webhook changed a sent send's delivery state (delivered, read,
+    #: failed); with a failure, its fallback journaled in the same write.
+    OUTBOX_DELIVERY = "outbox.delivery"
     #: An operator's erasure of a chat: its records deleted (``botmesh.state.erasure``).
     CHAT_ERASE = "chat.erase"
     #: A chat's turn taken (``botmesh.state.turns``), before the inbound's handlers run.

@@ -287,7 +287,7 @@ class DeadLetterCopies:
         ours = {k for k, _ in headers}
         own = [(_encodable(k), v) for k, v in raw.headers if k not in ours]
         log.warning("%s %s -> DLQ (%s: %s)", noun, raw.where, reason, detail)
-        role = "dlq" if noun == "inbound" else "requests-dlq"
+        role = "dlq" if noun in ("inbound", "status") else "requests-dlq"
         await self._produce_letter(Letter(role, noun, raw, headers, own))
         self.dead_letters[reason] += 1
         self.letters[(KINDS.get(noun, noun), str(reason))] += 1

@@ -139,11 +139,15 @@ def ensure_topics(
 
 
 def check_copartitioned(cat: Catalog, have: Mapping[str, int]) -> None:
-    """Refuse to run when the requests or control topic and the inbound have other partition
-    counts: a chat's requests would land on another partition than its messages and its
+    """Refuse to run when the requests, control or statuses topic and the inbound have other
+    partition counts: a chat's requests would land on another partition than its messages and its
     journal (``ConfigError`` naming the topic and the fix)."""
     inbound = have.get(cat.inbound)
-    for name, what in ((cat.requests, "send requests"), (cat.control, "operator actions")):
+    for name, what in (
+        (cat.requests, "send requests"),
+        (cat.control, "operator actions"),
+        (cat.statuses, "delivery statuses"),
+    ):
         count = have.get(name)
         if inbound is not None and count is not None and inbound != count:
             raise ConfigError(

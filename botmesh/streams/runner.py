@@ -142,7 +142,7 @@ from botmesh.state.errors import (
 )
 from botmesh.state.inbox import Outcome
 from botmesh.state.kv import DurableKv
-from botmesh.state.messages import Inbound, Media, Receipt
+from botmesh.state.messages import DeliveryStatus, Inbound, Media, Receipt
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
 from botmesh.streams.dead_letter_copies import (
@@ -165,6 +165,7 @@ from botmesh.topics.records import (
     SendRequest,
     decode_inbound,
     decode_request,
+    decode_status,
 )
 
 __all__ = [
@@ -180,13 +181,12 @@ __all__ = [
 log = logging.getLogger("botmesh.streams")
 
 #: What one record of a batch is, once decoded.
-Item = tuple["RawRecord", Inbound | SendRequest | ControlRequest]
+Record = Inbound | SendRequest | ControlRequest | DeliveryStatus
+Item = tuple["RawRecord", Record]
 #: What the runner settles each record inside, entered once a record: ``scope(raw, item)``
 #: (the worker's command line gives ``botmesh.observability.logs.record_scope``: the
 #: record's log context and, with tracing on, its span). The default does nothing.
-RecordScope = Callable[
-    ["RawRecord", Inbound | SendRequest | ControlRequest], AbstractContextManager[object]
-]
+RecordScope = Callable[["RawRecord", Record], AbstractContextManager[object]]
 _NO_SCOPE = nullcontext()
 #: A chat's records of one batch: the chat, its records, what they wait for (the end of its
 #: records of the batches before, if any) and the future they set once settled.
@@ -207,6 +207,8 @@ class RuntimeLike(Protocol):
     async def stop(self) -> None: ...
 
     async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome: ...
+
+    async def delivery_status(self, status: DeliveryStatus) -> str: ...
 
     async def flush_receipts(self) -> int: ...
 
@@ -277,6 +279,7 @@ class InboundRunner:
         owns: Callable[[int], bool] | None = None,
         requests_topic: str | None = None,
         control_topic: str | None = None,
+        statuses_topic: str | None = None,
         instance: str = "",
         max_request_size: int = MAX_REQUEST_SIZE,
         flush: Callable[[], Awaitable[None]] | None = None,
@@ -297,6 +300,7 @@ class InboundRunner:
         self.letters = self.copies.letters
         self.requests_topic = requests_topic
         self.control_topic = control_topic
+        self.statuses_topic = statuses_topic
         self.instance = instance
         self._owns = owns
         self._fresh = fresh
@@ -326,6 +330,9 @@ class InboundRunner:
         self.retried = 0
         #: Operator actions carried out, by outcome (``done``, ``refused``, ``failed``).
         self.actions: Counter[str] = Counter()
+        #: Delivery statuses applied, by outcome (``delivered``, ``read``, ``failed``,
+        #: ``unchanged``, ``unmatched``).
+        self.statuses: Counter[str] = Counter()
         #: What each record is settled inside (``RecordScope``).
         self.scope: RecordScope = _unscoped
 
@@ -384,13 +391,16 @@ class InboundRunner:
         requests = self.requests_topic
         bad: list[tuple[RawRecord, Reason, str, Exception]] = []
         for raw in records:
-            item: Inbound | SendRequest | ControlRequest
+            item: Record
             try:
                 if raw.topic == requests:
                     item = decode_request(raw.value)
                     mixed.add(item.chat_id)
                 elif raw.topic == self.control_topic:
                     item = decode_control(raw.value)
+                    mixed.add(item.chat_id)
+                elif raw.topic == self.statuses_topic:
+                    item = decode_status(raw.value)
                     mixed.add(item.chat_id)
                 else:
                     item = decode_inbound(raw.value)
@@ -485,6 +495,8 @@ class InboundRunner:
                     await self._settle(raw, item, deadline)
                 elif isinstance(item, SendRequest):
                     await self._settle_request(raw, item, deadline)
+                elif isinstance(item, DeliveryStatus):
+                    await self._settle_status(raw, item, deadline)
                 else:
                     await self._settle_control(raw, item, deadline)
             self._settled()
@@ -515,6 +527,15 @@ class InboundRunner:
         done = await self._attempts(raw, request.id, lambda: self._send(request), deadline)
         if done is not None:
             self.requests[done[0]] += 1
+
+    async def _settle_status(self, raw: RawRecord, status: DeliveryStatus, deadline: float) -> None:
+        """A channel's status of a message: applied to the send it names, through the
+        journal (``botmesh.state.statuses``); a status of no send is counted, not an
+        error."""
+        apply = self.runtime.delivery_status
+        done = await self._attempts(raw, status.event_id, lambda: apply(status), deadline)
+        if done is not None:
+            self.statuses[done[0]] += 1
 
     async def _settle_control(
         self, raw: RawRecord, request: ControlRequest, deadline: float
@@ -719,6 +740,8 @@ class InboundRunner:
     def _noun(self, raw: RawRecord) -> str:
         if raw.topic == self.control_topic:
             return "operator action"
+        if raw.topic == self.statuses_topic:
+            return "status"
         return "request" if raw.topic == self.requests_topic else "inbound"
 
     async def _wait(self, delay: float, deadline: float, what: str) -> None:
@@ -791,9 +814,7 @@ async def _state_of(ops: Operations, request: ControlRequest) -> str | None:
     return str(send.state) if send is not None else None
 
 
-def _unscoped(
-    raw: RawRecord, item: Inbound | SendRequest | ControlRequest
-) -> AbstractContextManager[object]:
+def _unscoped(raw: RawRecord, item: Record) -> AbstractContextManager[object]:
     return _NO_SCOPE
 
 

@@ -13,6 +13,10 @@ topic                                     cleanup     purpose
 ``<prefix>.control``                      delete 7d   operator actions (retry a send, replay
                                                       an inbound, discard), keyed by chat
                                                       id; partitions = inbound's
+``<prefix>.statuses``                     delete 7d   channels' delivery statuses
+                                                      (delivered, read, failed), keyed by
+                                                      chat id, from the webhook gateway;
+                                                      partitions = inbound's
 ``<prefix>.control.results``              delete 7d   their results, keyed by request id
 ``<prefix>.sent``                         delete 7d   sent receipts, keyed by chat id
 ``<prefix>.outbox.retry.1s`` / ``.5s`` /  delete 1d   outbox retry tiers: a failed send
@@ -79,6 +83,7 @@ Role = Literal[
     "inbound",
     "requests",
     "control",
+    "statuses",
     "results",
     "sent",
     "retry",
@@ -170,6 +175,13 @@ class Catalog:
         """Operator actions (``botmesh.topics.control``): keyed by chat id, read with the inbound
         (same partitions), so the chat's owner carries them out."""
         return f"{self.prefix}.control"
+
+    @property
+    def statuses(self) -> str:
+        """Channels' delivery statuses (``DeliveryStatus``: delivered, read, failed), keyed
+        by chat id, produced by the webhook gateway and read with the inbound (same
+        partitions), so the chat's owner joins each to its send."""
+        return f"{self.prefix}.statuses"
 
     @property
     def control_results(self) -> str:
@@ -297,6 +309,12 @@ class Catalog:
                 "drop_flow), keyed by chat id",
             ),
             make.deleted(
+                self.statuses,
+                "statuses",
+                week,
+                "channels' delivery statuses (delivered, read, failed), keyed by chat id",
+            ),
+            make.deleted(
                 self.control_results,
                 "results",
                 week,
@@ -385,7 +403,7 @@ class Catalog:
             return specs
         return [
             replace(s, partitions=inbound)
-            if s.role in {"requests", "control", "retry"} and s.name not in existing
+            if s.role in {"requests", "control", "statuses", "retry"} and s.name not in existing
             else s
             for s in specs
         ]

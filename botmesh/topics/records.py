@@ -43,7 +43,15 @@ import msgspec
 import msgspec.inspect as mi
 
 from botmesh.state.errors import BadRecord, Reason
-from botmesh.state.messages import SCHEMA_VERSION, Inbound, Media, Receipt
+from botmesh.state.messages import (
+    RECEIPT_VERSION,
+    SCHEMA_VERSION,
+    DeliveryStatus,
+    Inbound,
+    Media,
+    Receipt,
+    ReceiptV1,
+)
 
 __all__ = [
     "REQUEST_KEY_PREFIX",
@@ -53,9 +61,11 @@ __all__ = [
     "decode_inbound",
     "decode_receipt",
     "decode_request",
+    "decode_status",
     "encode_inbound",
     "encode_receipt",
     "encode_request",
+    "encode_status",
     "schema",
 ]
 
@@ -109,12 +119,13 @@ class _Unversioned(msgspec.Struct, frozen=True, tag_field="v", tag=0):
 
 _S = TypeVar("_S", bound=msgspec.Struct)
 _INBOUND: Final = msgspec.json.Decoder(Inbound | _Unversioned)
-_RECEIPT: Final = msgspec.json.Decoder(Receipt | _Unversioned)
+_RECEIPT: Final = msgspec.json.Decoder(Receipt | ReceiptV1 | _Unversioned)
+_STATUS: Final = msgspec.json.Decoder(DeliveryStatus | _Unversioned)
 _REQUEST: Final = msgspec.json.Decoder(SendRequest | _Unversioned)
 _UNTYPED: Final = msgspec.json.Decoder()
 _ENCODER: Final = msgspec.json.Encoder()
 _MISSING: Final = object()
-_NOUN: Final = {"inbound": "message", "receipt": "send", "request": "send"}
+_NOUN: Final = {"inbound": "message", "receipt": "send", "request": "send", "status": "message"}
 #: The structs whose ``chat_id`` may be given as an integer (read as its decimal string).
 _INT_CHAT: Final = (Inbound, SendRequest)
 #: Longest piece of a bad value quoted in a ``detail`` (only enum, literal and numeric values
@@ -123,9 +134,12 @@ _QUOTE_MAX = 40
 
 
 def schema(
-    name: Literal["inbound", "receipt", "request"], version: int = SCHEMA_VERSION
+    name: Literal["inbound", "receipt", "request", "status"], version: int | None = None
 ) -> dict[str, Any]:
-    """The JSON Schema document shipped as ``botmesh/topics/schemas/<name>.v<version>.json``."""
+    """The JSON Schema document shipped as ``botmesh/topics/schemas/<name>.v<version>.json``
+    (``version``: the newest, by default)."""
+    if version is None:
+        version = RECEIPT_VERSION if name == "receipt" else SCHEMA_VERSION
     text = resources.files("botmesh.topics").joinpath(f"schemas/{name}.v{version}.json").read_text()
     doc: dict[str, Any] = json.loads(text)
     return doc
@@ -146,8 +160,21 @@ def decode_inbound(raw: bytes | str | None) -> Inbound:
 
 
 def decode_receipt(raw: bytes | str | None) -> Receipt:
-    """Decode and validate a receipt value; raises :class:`~botmesh.state.errors.BadRecord`."""
-    return _decode(raw, "receipt", Receipt, _RECEIPT)
+    """Decode and validate a receipt value (version 2, or 1: read without a delivery
+    state); raises :class:`~botmesh.state.errors.BadRecord`."""
+    receipt = _decode(raw, "receipt", Receipt, _RECEIPT)
+    return receipt.upgrade() if isinstance(receipt, ReceiptV1) else receipt
+
+
+def decode_status(raw: bytes | str | None) -> DeliveryStatus:
+    """Decode and validate a delivery status value (``<prefix>.statuses``); raises
+    :class:`~botmesh.state.errors.BadRecord`."""
+    return _decode(raw, "status", DeliveryStatus, _STATUS)
+
+
+def encode_status(status: DeliveryStatus) -> bytes:
+    """A delivery status as the gateway produces it to ``<prefix>.statuses``."""
+    return _ENCODER.encode(status)
 
 
 def decode_request(raw: bytes | str | None) -> SendRequest:
@@ -232,8 +259,8 @@ def _decode_or_diagnose(
         return _diagnose(raw, what, struct, str(exc))
     except msgspec.DecodeError as exc:
         raise _bad_json(what, exc) from None
-    if isinstance(value, struct):
-        return value
+    if not isinstance(value, _Unversioned):  # the struct, or an older version of it
+        return cast(_S, value)
     return _diagnose(raw, what, struct, "v is 0")
 
 
@@ -244,7 +271,7 @@ def encode_inbound(msg: Inbound) -> bytes:
 
 
 def encode_receipt(receipt: Receipt) -> bytes:
-    """The wire value of a receipt: compact JSON, ``"v": 1`` first, every field present."""
+    """The wire value of a receipt: compact JSON, ``"v": 2`` first, every field present."""
     return _ENCODER.encode(receipt)
 
 
@@ -284,12 +311,13 @@ def _diagnose(raw: bytes | str, what: str, struct: type[_S], why: str) -> _S:
             f'produce {{"v": {SCHEMA_VERSION}, "chat_id": ...}}',
         )
     version = value.get("v", _MISSING)
-    if type(version) is not int or version != SCHEMA_VERSION:
+    newest = RECEIPT_VERSION if what == "receipt" else SCHEMA_VERSION
+    if type(version) is not int or not 1 <= version <= newest:
         got = "missing" if version is _MISSING else _quote(version)
         raise BadRecord(
             Reason.UNKNOWN_VERSION,
-            f"field 'v' is {got}; this worker reads version {SCHEMA_VERSION} "
-            f'(set "v": {SCHEMA_VERSION}, or upgrade the worker for newer versions)',
+            f"field 'v' is {got}; this worker reads version {newest} "
+            f'(set "v": {newest}, or upgrade the worker for newer versions)',
         )
     chat = value.get("chat_id")
     if chat is None or chat == "":

@@ -38,6 +38,11 @@ OUR_COUNTERS = [
     "outboxCancelled",
     "outboxPaced",
     "outboxPacedMs",
+    "deliveryUpdates",
+    "deliveryFailed",
+    "deliveryUnchanged",
+    "deliveryUnmatched",
+    "outboxEdits",
 ]
 
 

@@ -112,6 +112,9 @@ class InboundsOnly:
     async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
         raise AssertionError("no request in this batch")
 
+    async def delivery_status(self, status: Any) -> str:
+        raise AssertionError("no status in this batch")
+
 
 def record(offset: int, chat: str, mid: str | None = None, text: str = "hi") -> RawRecord:
     value = encode_inbound(Inbound(id=mid or "", chat_id=chat, text=text))

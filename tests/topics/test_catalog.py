@@ -43,7 +43,7 @@ def test_unknown_retry_tier() -> None:
 
 def test_specs_cover_every_topic_with_policies() -> None:
     specs = {s.name: s for s in Catalog("p").specs(partitions=6, replication=3)}
-    assert len(specs) == 5 + len(RETRY_TIERS) + 3 + 1 + 1
+    assert len(specs) == 6 + len(RETRY_TIERS) + 3 + 1 + 1
     assert all(s.partitions == 6 and s.replication == 3 for s in specs.values())
     assert all(s.config["min.insync.replicas"] == "2" for s in specs.values())
     changelogs = [s for s in specs.values() if s.role == "changelog"]

@@ -410,6 +410,7 @@ class Worker:
             owns=kv.owns if kv is not None else None,
             requests_topic=self.cat.requests,
             control_topic=self.cat.control,
+            statuses_topic=self.cat.statuses,
             instance=self.instance,
             flush=kv.flush if kv is not None else None,
             on_settled=timed.settled if timed is not None else None,
@@ -423,7 +424,7 @@ class Worker:
         return ConsumerThread(
             worker_consumer_config(self.config),
             cat.inbound,
-            [cat.requests, cat.control],
+            [cat.requests, cat.control, cat.statuses],
             self,
             batch_size=self.config.batch_size,
             hook_timeout=RESTORE_S + 60.0,  # a restore's own limit comes first
@@ -614,7 +615,7 @@ class Worker:
             self._fresh_at.pop(p, None)
         self.checkpoint.forget(
             (t, p)
-            for t in (self.cat.inbound, self.cat.requests, self.cat.control)
+            for t in (self.cat.inbound, self.cat.requests, self.cat.control, self.cat.statuses)
             for p in partitions
         )
         for p in partitions:
@@ -887,7 +888,7 @@ class Worker:
         config, cat = self.config, self.cat
         kv = f" ({self.changelog.topic})" if self.kv is not None else ""
         return (
-            f"bot on {cat.inbound}, {cat.requests} and {cat.control}, journal "
+            f"bot on {cat.inbound}, {cat.requests}, {cat.control} and {cat.statuses}, journal "
             f"{redact(config.journal_url)}{kv}, instance {self.instance or '(default)'}, "
             f"Kafka at {config.bootstrap} ({config.security.describe()})"
         )

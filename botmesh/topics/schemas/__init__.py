@@ -18,22 +18,31 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from botmesh.state.messages import SCHEMA_VERSION, Inbound, Receipt
+from botmesh.state.messages import RECEIPT_VERSION, SCHEMA_VERSION, DeliveryStatus, Inbound, Receipt
 from botmesh.topics.records import SendRequest
 
-__all__ = ["NAMES", "Name", "build", "path", "render", "stale", "write"]
+__all__ = ["NAMES", "VERSIONS", "Name", "build", "path", "render", "stale", "write"]
 
-Name = Literal["inbound", "receipt", "request"]
-NAMES: Final[tuple[Name, ...]] = ("inbound", "receipt", "request")
+Name = Literal["inbound", "receipt", "request", "status"]
+NAMES: Final[tuple[Name, ...]] = ("inbound", "receipt", "request", "status")
+#: Each record's version (its file is ``<name>.v<version>.json``).
+VERSIONS: Final[dict[Name, int]] = {
+    "inbound": SCHEMA_VERSION,
+    "receipt": RECEIPT_VERSION,
+    "request": SCHEMA_VERSION,
+    "status": SCHEMA_VERSION,
+}
 
 _STRUCTS: Final[dict[Name, type[msgspec.Struct]]] = {
     "inbound": Inbound,
     "receipt": Receipt,
     "request": SendRequest,
+    "status": DeliveryStatus,
 }
 _TITLES: Final[dict[Name, str]] = {
     "inbound": "botmesh inbound message or interaction",
-    "receipt": "botmesh receipt of a settled send",
+    "receipt": "botmesh receipt of a settled send, or of its delivery state",
+    "status": "botmesh delivery status of a message a channel accepted",
     "request": "botmesh send request (a send from outside a handler)",
 }
 #: An id or key without ``#`` (botmesh keeps it for the parts of a split text).
@@ -44,10 +53,19 @@ _DESCRIPTIONS: Final[dict[Name, str]] = {
         "Unknown fields are ignored (forward compatible). Generated from "
         "botmesh.state.messages.Inbound by `python -m botmesh.topics.schemas`: do not edit."
     ),
+    "status": (
+        "Value of a record on <prefix>.statuses: what a channel's status webhook said of a "
+        "message it accepted, produced by the webhook gateway; the record key is the chat id "
+        "(UTF-8). The chat's owner joins it to the send by message_id. Unknown fields are "
+        "ignored. Generated from botmesh.state.messages.DeliveryStatus by "
+        "`python -m botmesh.topics.schemas`: do not edit."
+    ),
     "receipt": (
         "Value of a record on <prefix>.sent, published at least once for every settled send "
-        "(state sent, dead or unknown); the record key is the chat id (UTF-8). Consumers drop "
-        "copies by `key`. Unknown fields are ignored. Generated from "
+        "(state sent, dead, unknown or cancelled) and for every change of a sent send's "
+        "delivery state (delivered, read, failed); the record key is the chat id (UTF-8). "
+        "Consumers drop copies by `key` and `delivery` together. Version 1 receipts (no "
+        "delivery fields) are still read. Unknown fields are ignored. Generated from "
         "botmesh.state.messages.Receipt by `python -m botmesh.topics.schemas`: do not edit."
     ),
     "request": (
@@ -117,6 +135,24 @@ _FIELDS: Final[dict[str, dict[str, str]]] = {
             "set when the send's fallback went out instead of it (the key it went out "
             "under, <key>~fallback; docs/fallbacks.md); null when the send itself did"
         ),
+        "delivery": (
+            "how far the sent message got, as the channel's status webhooks said: delivered, "
+            "read or failed (null: no status yet, or a channel without them); each change "
+            "gets a receipt of its own"
+        ),
+        "delivery_code": "the channel's error code when delivery is failed (WhatsApp 131047)",
+        "delivery_error": "the channel's error title when delivery is failed",
+    },
+    "DeliveryStatus": {
+        "v": "schema version",
+        "chat_id": "the chat the message went to (our recipient), also the record key",
+        "message_id": "the channel's id of the message, as its send API returned it",
+        "status": ("what the channel says: sent (its servers took it), delivered, read or failed"),
+        "channel": "the channel that posted the status",
+        "id": "the channel's id of the event, when it gives one",
+        "ts": "when the channel says it happened, seconds since the epoch",
+        "code": "the channel's error code, on failed",
+        "error": "the channel's error title, on failed",
     },
     "SendRequest": {
         "v": "schema version",
@@ -172,8 +208,8 @@ def build(name: Name) -> dict[str, Any]:
         ]
     doc: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://botmesh.dev/schemas/{name}.v{SCHEMA_VERSION}.json",
-        "title": f"{_TITLES[name]}, version {SCHEMA_VERSION}",
+        "$id": f"https://botmesh.dev/schemas/{name}.v{VERSIONS[name]}.json",
+        "title": f"{_TITLES[name]}, version {VERSIONS[name]}",
         "description": _DESCRIPTIONS[name],
     }
     doc |= {k: v for k, v in top.items() if k not in ("title", "description")}
@@ -203,7 +239,7 @@ def render(name: Name) -> str:
 
 def path(name: Name) -> Path:
     """Where ``name``'s schema file lives in the source tree."""
-    return Path(__file__).with_name(f"{name}.v{SCHEMA_VERSION}.json")
+    return Path(__file__).with_name(f"{name}.v{VERSIONS[name]}.json")
 
 
 def stale() -> list[Path]:
