@@ -75,14 +75,15 @@ from botmesh.providers.webhooks import (
     BadSignature,
     ChannelWebhook,
     MalformedWebhook,
+    StatusWebhook,
     WebhookReply,
     WebhookRequest,
 )
-from botmesh.state.messages import Inbound
+from botmesh.state.messages import DeliveryStatus, Inbound
 from botmesh.streams.connection import Brokers
 from botmesh.streams.gateway_kafka import GatewayKafka, KafkaUnavailable
 from botmesh.topics.catalog import Catalog
-from botmesh.topics.records import chat_key, encode_inbound
+from botmesh.topics.records import chat_key, encode_inbound, encode_status
 
 __all__ = [
     "COUNTERS",
@@ -111,6 +112,7 @@ COUNTERS = (
     "malformed",
     "produce_failed",
     "too_large",
+    "statuses",
 )
 _RESERVED = {"healthz", "readyz", "metrics"}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -357,20 +359,23 @@ class Gateway:
         outcome = self._checked(name, hook, hook_request)
         if isinstance(outcome, web.Response):
             return outcome
+        records, statuses = outcome
         try:
             async with asyncio.timeout_at(deadline):
-                await self._produce(name, outcome)
+                await self._produce(name, records)
+                await self._produce_statuses(name, statuses)
         except (TimeoutError, KafkaUnavailable) as exc:
             counts["produce_failed"] += 1
             why = str(exc) or f"no ack within {self.config.request_timeout:g} s"
             log.warning("gateway %s: not produced, answered 503: %s", name, why)
             return _text(503, "not stored, retry later")
-        return _reply(hook.reply(hook_request, outcome))
+        return _reply(hook.reply(hook_request, records))
 
     def _checked(
         self, name: str, hook: ChannelWebhook, req: WebhookRequest
-    ) -> web.Response | list[Inbound]:
-        """Handshakes, verify and parse: a response to give now, or the records."""
+    ) -> web.Response | tuple[list[Inbound], list[DeliveryStatus]]:
+        """Handshakes, verify and parse: a response to give now, or the records and the
+        delivery statuses (a channel with status webhooks: ``StatusWebhook``)."""
         counts = self.counts[name]
         stage = "handshake"
         try:
@@ -387,6 +392,7 @@ class Gateway:
                     return _reply(reply)
             stage = "parse"
             records = hook.parse(req)
+            statuses = hook.statuses(req) if isinstance(hook, StatusWebhook) else []
         except BadSignature as exc:
             counts["bad_signature"] += 1
             log.warning("gateway %s: bad signature, answered 401: %s", name, _short(exc))
@@ -407,7 +413,10 @@ class Gateway:
                 "gateway %s: malformed (%s), answered 400: %s%s", name, stage, kind, _short(exc)
             )
             return _text(400, "malformed webhook")
-        return [r if r.channel else msgspec.structs.replace(r, channel=name) for r in records]
+        named = [r if r.channel else msgspec.structs.replace(r, channel=name) for r in records]
+        return named, [
+            s if s.channel else msgspec.structs.replace(s, channel=name) for s in statuses
+        ]
 
     def _request(self, request: web.Request, body: bytes) -> WebhookRequest:
         base = self.config.public_url or f"{request.scheme}://{request.host}"
@@ -487,6 +496,27 @@ class Gateway:
         if failed:
             raise KafkaUnavailable(f"{len(failed)} of {len(waits)} not acked: {failed[0]!r}")
         counts["duplicates"] += sum(1 for _, mine in waits if not mine)
+
+    async def _produce_statuses(self, name: str, statuses: list[DeliveryStatus]) -> None:
+        """Produce the delivery statuses to ``<prefix>.statuses``, keyed by chat id, in the
+        order the channel gave them; return once every one is acked. Not deduplicated: a
+        status the channel posts again changes nothing at the chat's owner."""
+        if not statuses:
+            return
+        if not self._connected:
+            raise KafkaUnavailable(f"not connected: {self._reason}")
+        topic = self.catalog.statuses
+        try:
+            acks = [
+                await self._kafka.send(topic, chat_key(s.chat_id), encode_status(s))
+                for s in statuses
+            ]
+            await asyncio.gather(*acks)
+        except KafkaUnavailable:
+            raise
+        except Exception as exc:
+            raise KafkaUnavailable(_what(exc)) from None
+        self.counts[name]["statuses"] += len(statuses)
 
     async def _settle(
         self, name: str, rec: Inbound, enqueued: asyncio.Future[Awaitable[Any]]

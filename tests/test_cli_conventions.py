@@ -21,8 +21,8 @@ from botmesh._version import __version__
 ROOT = Path(__file__).resolve().parent.parent
 #: Commands that report (a table, a summary, an id): each takes --json.
 REPORTING = {
-    "topics create", "topics list", "produce", "send", "send cancel", "broadcast",
-    "broadcast cancel", "dlq list", "dlq show", "dlq retry",
+    "topics create", "topics list", "produce", "send", "send cancel", "send edit",
+    "send delete", "broadcast", "broadcast cancel", "dlq list", "dlq show", "dlq retry",
     "dlq replay", "dlq discard", "flows restart", "flows drop", "replay", "status", "metrics",
 }  # fmt: skip
 

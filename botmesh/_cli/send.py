@@ -5,6 +5,10 @@ order with the chat's other sends. It prints the request id and the send's idemp
 the bot still sends once. ``--at``/``--delay`` schedule it, ``--deliver-within``/
 ``--expires-at`` give it a deadline.
 
+``botmesh send edit --key K --chat-id C --text T`` and ``botmesh send delete --key K
+--chat-id C``: the chat's owner edits or deletes the send ``K`` (a request with ``edit`` or
+``delete``), once; it prints the request id.
+
 ``botmesh send cancel --key K --chat-id C``: the chat's owner cancels the send ``K`` before
 it goes out (a ``cancel`` operator action on ``<prefix>.control``; exit statuses as
 ``botmesh flows``': 0 cancelled, 1 refused, 4 no answer within ``--wait``)."""
@@ -125,6 +129,56 @@ def channel_options(pairs: list[str]) -> dict[str, object]:
         except ValueError:
             out[name] = raw
     return out
+
+
+def _change(
+    prefix: str, bootstrap: str, chat_id: str, key: str, *, text: str | None, as_json: bool
+) -> int:
+    """Produce an edit (``text``) or a delete request of the send ``key``."""
+    import asyncio
+
+    from botmesh.state.keys import check_explicit
+    from botmesh.streams.ops.tools import request_send
+
+    cat, servers = catalog_of(prefix), bootstrap_of(bootstrap)
+    target = check_explicit(key)
+    what = "edit" if text is not None else "delete"
+    sent_id = asyncio.run(
+        request_send(
+            servers,
+            cat.prefix,
+            chat_id,
+            text,
+            edit=target if text is not None else None,
+            delete=target if text is None else None,
+        )
+    )
+    if as_json:
+        print(json.dumps({"request_id": sent_id, what: target, "chat_id": chat_id}))
+    else:
+        print(f"request {sent_id}: {what} {target} (chat {chat_id}, on {cat.requests})")
+    return Exit.OK
+
+
+@send.command("edit", context_settings=CONTEXT)
+@connection_options
+@click.option("--key", required=True, help="the idempotency key of the send to edit")
+@click.option("--chat-id", required=True, help="the chat the send went to (its owner edits it)")
+@click.option("--text", required=True, help="the new text")
+@json_option
+def edit(*, prefix: str, bootstrap: str, key: str, chat_id: str, text: str, as_json: bool) -> int:
+    """Edit a send that went out, by its key (on channels whose API can edit)."""
+    return _change(prefix, bootstrap, chat_id, key, text=text, as_json=as_json)
+
+
+@send.command("delete", context_settings=CONTEXT)
+@connection_options
+@click.option("--key", required=True, help="the idempotency key of the send to delete")
+@click.option("--chat-id", required=True, help="the chat the send went to (its owner deletes it)")
+@json_option
+def delete(*, prefix: str, bootstrap: str, key: str, chat_id: str, as_json: bool) -> int:
+    """Delete a send that went out, by its key (on channels whose API can delete)."""
+    return _change(prefix, bootstrap, chat_id, key, text=None, as_json=as_json)
 
 
 @send.command("cancel", context_settings=CONTEXT)

@@ -42,12 +42,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from botmesh.observability import tracing
+from botmesh.state.messages import DeliveryStatus
 from botmesh.topics.records import SendRequest
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from botmesh.state.messages import DeliveryStatus, Inbound
+    from botmesh.state.messages import Inbound
     from botmesh.topics.control import ControlRequest
 
 __all__ = [

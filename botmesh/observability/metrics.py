@@ -295,6 +295,7 @@ def metric_names() -> frozenset[str]:
     telemetry.handler(0.0)
     telemetry.journal_write(0.0)
     telemetry.settled(0.0)
+    telemetry.delivery_status("channel", "delivered")
     gateway = gateway_registry(lambda: {"channels": {"channel": {"received": 0}}})
     names: set[str] = set()
     for registry in (telemetry.registry, gateway):

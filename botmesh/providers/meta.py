@@ -69,7 +69,7 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import Inbound, Media
+from botmesh.state.messages import DeliveryStatus, Inbound, Media
 
 __all__ = [
     "GRAPH_URL",
@@ -238,6 +238,25 @@ class GraphProvider(ChannelProvider):
 
     #: The environment variable holding the token (named by errors that ask to fix it).
     token_env: ClassVar[str] = ""
+
+    def delivery_error(self, status: DeliveryStatus) -> SendError:
+        """Our error for a ``failed`` status webhook (``botmesh.state.statuses``): the one
+        the send's answer gives for the same code (131047 outside the 24-hour window, 131026
+        undeliverable…), so a send's ``Fallback`` acts on it as on a refusal in the answer."""
+        code = _int(status.code)
+        what = (
+            f"{self.name}: the message {status.message_id} was accepted, then failed: "
+            f"code {status.code} {status.error or ''}".rstrip()
+        )
+        if code == 131047:
+            return OutsideSessionWindowError(
+                f"{what}; the user must write first (or send an approved template)"
+            )
+        if code in _UNREACHABLE:
+            return RecipientUnreachableError(f"{what}; check the recipient, or stop writing")
+        if code in _UNSUPPORTED:
+            return UnsupportedContentError(f"{what}; send another type or format of content")
+        return SendError(what, retryable=False)
 
     def __init__(
         self,

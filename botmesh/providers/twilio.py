@@ -122,6 +122,14 @@ _UNSUPPORTED = {
     63021: "the channel refused this content or media type",
 }
 _SESSION = {63016: "outside WhatsApp's 24 h customer-service window: send a template"}
+#: Codes of a status callback's ``undelivered`` / ``failed`` (``ErrorCode``) whose recipient
+#: cannot be reached.
+_UNDELIVERABLE = {
+    30003: "the handset is unreachable",
+    30005: "the number is unknown or no longer exists",
+    30006: "a landline, or a carrier that takes no messages",
+    63024: "not a valid recipient on the channel",
+}
 
 
 class TwilioProvider(ChannelProvider):
@@ -131,6 +139,22 @@ class TwilioProvider(ChannelProvider):
     name = "twilio"
     media_channel = "twilio"
     text_limit: int | None = TEXT_LIMIT
+
+    def delivery_error(self, status: DeliveryStatus) -> SendError:
+        """Our error for an ``undelivered``/``failed`` status callback
+        (``botmesh.state.statuses``), by its ``ErrorCode`` as the send's answer maps it:
+        63016 outside WhatsApp's window, 30003/30005/30006 unreachable…"""
+        code = int(status.code) if status.code and status.code.isdigit() else None
+        what = (
+            f"twilio: the message {status.message_id} was accepted, then not delivered "
+            f"(code {status.code})"
+        )
+        if code in _SESSION:
+            return OutsideSessionWindowError(f"{what}: {_SESSION[code]}")
+        if code in _UNDELIVERABLE or code in _UNREACHABLE:
+            why = _UNDELIVERABLE.get(code) or _UNREACHABLE[code]
+            return RecipientUnreachableError(f"{what}: {why}")
+        return SendError(what, retryable=False)
 
     def __init__(
         self,

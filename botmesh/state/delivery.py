@@ -392,7 +392,7 @@ class Delivery:
         key = held.value["key"]
         spec = {**held.value["fallback"], "used": True, "key": fallback_key(key)}
         inline = started is not None
-        payloads = self._fallback_texts(fallback_payload(held.value["payload"], fallback), spec)
+        payloads = self.fallback_texts(fallback_payload(held.value["payload"], fallback), spec)
         if len(payloads) > 1:
             spec["parts"] = len(payloads)
         switched = revise(
@@ -431,7 +431,7 @@ class Delivery:
         self._common.wake.set()
         return None
 
-    def _fallback_texts(self, payload: Json, spec: Json) -> list[Json]:
+    def fallback_texts(self, payload: Json, spec: Json) -> list[Json]:
         """The payload of each part of a fallback: its text split to the limit of the
         channel it goes out through (its own, else the send's), as any send's is."""
         text = payload.get("text")
@@ -630,20 +630,7 @@ class Delivery:
         purge = self._common.retention.purge_at(now) if state in _PURGED else None
         change = label is not None
         label = label or _SETTLE_LABEL[state]
-        # a send is recorded sent by its holder only (a Held): its log entry rides in that
-        # very commit, ahead of the record (on Kafka two changelog records, in that order),
-        # so a crash leaves both, neither, or the entry alone, which proves the send went
-        # out (``_found_in_log``) (botmesh.state.message_log)
-        logged = (
-            self._message_log.entry_ops(value, now)
-            if self._message_log is not None
-            and state == OutboxState.SENT
-            and isinstance(target, Held)
-            and not value.get("op")  # an edit or a delete is no message of the log
-            else ()
-        )
-        if state == OutboxState.SENT and not change:  # the message id names the send
-            logged = [*logged, *index_ops(self._common.keys, value, purge)]
+        logged = self._riders(target, value, now, purge) if not change else []
         receipt = records.receipt_of(value, now)
         # the receipt handed over with the record, in the same transaction (no await
         # between ``ride`` and the write: a record of the key produced meanwhile would
@@ -670,6 +657,37 @@ class Delivery:
         if publisher is not None and not rides:
             await publisher.publish(receipt, value=value)
         return receipt
+
+    def _riders(
+        self, target: Held | Entry, value: Json, now: float, purge: float | None
+    ) -> list[Op]:
+        """What rides ahead of a send's record in the commit that records it ``sent``: its
+        message log entry and its name under the channel's message id."""
+        if value["state"] != OutboxState.SENT:
+            return []
+        # a send is recorded sent by its holder only (a Held): its log entry rides in that
+        # very commit, ahead of the record (on Kafka two changelog records, in that order),
+        # so a crash leaves both, neither, or the entry alone, which proves the send went
+        # out (``_found_in_log``) (botmesh.state.message_log)
+        logged = (
+            list(self._message_log.entry_ops(value, now))
+            if self._message_log is not None
+            and isinstance(target, Held)
+            and not value.get("op")  # an edit or a delete is no message of the log
+            else []
+        )
+        return [*logged, *index_ops(self._common.keys, value, purge)]
+
+    async def record_delivery(
+        self, target: Entry, value: Json, *, extra: Sequence[Op] = ()
+    ) -> Receipt | None:
+        """Write a sent (or dead) send's new delivery state (``botmesh.state.statuses``),
+        with ``extra`` in the same commit, and publish its receipt; ``None`` when someone
+        wrote the record first."""
+        now = self._common.clock.now()
+        return await self._settle(
+            target, value, now, background=True, label=Write.OUTBOX_DELIVERY, extra=extra
+        )
 
     async def bypass(
         self, message: Outbound, key: str, inbound_id: str | None, part: int

@@ -123,6 +123,9 @@ class Reason(StrEnum):
     #: The channel accepted the send, then reported it failed (a ``failed`` status webhook:
     #: WhatsApp 131047, Twilio 30003…); the channel's code is in the error.
     UNDELIVERED = "undelivered"
+    #: An edit or a delete request names a send that cannot be changed: never journaled,
+    #: not gone out (pending, in flight, dead…), or on a channel whose API cannot.
+    NOT_EDITABLE = "not-editable"
 
 
 class BotmeshError(Exception):

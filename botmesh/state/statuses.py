@@ -37,8 +37,8 @@ Nothing here touches the network: statuses come from the runtime (on Kafka from
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from botmesh.state import records
 from botmesh.state.common import Common
@@ -47,13 +47,15 @@ from botmesh.state.events import FallbackEvent
 from botmesh.state.fallback import fallback_key, fallback_payload, switches
 from botmesh.state.keys import ScopeKeys, part_base
 from botmesh.state.kv import Entry, Op, Put, handover
-from botmesh.state.messages import DELIVERY_ORDER, DeliveryState, DeliveryStatus, OutboxState
+from botmesh.state.messages import (
+    DELIVERY_ORDER,
+    DeliveryState,
+    DeliveryStatus,
+    OutboxState,
+    Receipt,
+)
 from botmesh.state.outbox import new_values
 from botmesh.state.records import Json, revise
-from botmesh.state.writes import Write
-
-if TYPE_CHECKING:
-    from botmesh.state.delivery import Delivery
 
 __all__ = ["DeliveryFailures", "Statuses", "index_ops"]
 
@@ -61,6 +63,18 @@ log = logging.getLogger("botmesh.statuses")
 
 #: What ``Statuses.apply`` returns besides a delivery state.
 UNCHANGED, UNMATCHED = "unchanged", "unmatched"
+
+
+class Settles(Protocol):
+    """What the statuses ask of the delivery (``botmesh.state.delivery.Delivery``)."""
+
+    async def record_delivery(
+        self, target: Entry, value: Json, *, extra: Sequence[Op] = ()
+    ) -> Receipt | None: ...
+
+    async def dead(self, target: Entry, error: Json, *, background: bool) -> bool: ...
+
+    def fallback_texts(self, payload: Json, spec: Json) -> list[Json]: ...
 
 
 @runtime_checkable
@@ -105,7 +119,7 @@ class Statuses:
         self,
         common: Common,
         *,
-        delivery: Delivery,
+        delivery: Settles,
         provider: object,
         fallbacks: Mapping[str, object],
     ) -> None:
@@ -184,10 +198,7 @@ class Statuses:
     async def _advance(self, entry: Entry, status: DeliveryStatus, state: DeliveryState) -> bool:
         now = self._common.clock.now()
         value = revise(entry.value, now, delivery=self._delivery_of(status, state))
-        settled = await self._delivery._settle(
-            entry, value, now, background=True, label=Write.OUTBOX_DELIVERY
-        )
-        return settled is not None
+        return await self._delivery.record_delivery(entry, value) is not None
 
     def _error(self, status: DeliveryStatus, value: Json) -> SendError:
         """Our error for the failure: the channel's own mapping, else a final ``SendError``."""
@@ -238,7 +249,7 @@ class Statuses:
         now = self._common.clock.now()
         key = first.value["key"]
         spec = {**first.value["fallback"], "used": True, "key": fallback_key(key)}
-        payloads = self._delivery._fallback_texts(
+        payloads = self._delivery.fallback_texts(
             fallback_payload(first.value["payload"], fallback), spec
         )
         made = new_values(
@@ -261,10 +272,7 @@ class Statuses:
             marked = revise(first.value, now, fallback=spec)
             extra.insert(0, Put(first.key, marked, first.version, first.due, first.purge, True))
         target = Entry(entry.key, entry.value, entry.version, entry.due, entry.purge)
-        written = await self._delivery._settle(
-            target, value, now, background=True, label=Write.OUTBOX_DELIVERY, extra=extra
-        )
-        if written is None:
+        if await self._delivery.record_delivery(target, value, extra=extra) is None:
             return False
         log.warning(
             "send %s failed after the channel accepted it (%s): sending its fallback %s",

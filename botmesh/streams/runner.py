@@ -61,7 +61,11 @@ holder delivers it) or any other error that is not the journal's (``refused``: t
 refused it for good and the send is journaled dead with its receipt, or a before-send hook
 raised, as a handler's error counts as handled). A ``DurabilityError`` (the journal) is
 retried and dead-lettered as for an inbound (``journal-unavailable``, ``handle-failed``); an
-undecodable request goes at once, with its ``BadRecord`` reason. A request's dead letters go
+undecodable request goes at once, with its ``BadRecord`` reason. A request with ``edit`` or
+``delete`` (a send's key) edits or deletes that send instead (``runtime.edit``,
+``runtime.delete``: ``botmesh.state.edits``), journaled under the request's key; one that
+names a send that cannot be changed (never sent, not gone out, a channel that cannot) goes
+to the DLQ at once, reason ``not-editable``. A request's dead letters go
 to ``<prefix>.requests.dlq`` (produce role ``"requests-dlq"``), so each DLQ holds the
 records of one topic and is redriven to it.
 
@@ -138,6 +142,7 @@ from botmesh.state.errors import (
     RecordStateError,
     SendDeferredError,
     SendExpiredError,
+    UnsupportedContentError,
     caused_by,
 )
 from botmesh.state.inbox import Outcome
@@ -209,6 +214,17 @@ class RuntimeLike(Protocol):
     async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome: ...
 
     async def delivery_status(self, status: DeliveryStatus) -> str: ...
+
+    async def edit(
+        self,
+        key: str,
+        text: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt: ...
+
+    async def delete(self, key: str, *, idempotency_key: str | None = None) -> Receipt: ...
 
     async def flush_receipts(self) -> int: ...
 
@@ -609,10 +625,30 @@ class InboundRunner:
             erasure=erasure,
         )
 
+    async def _change(self, request: SendRequest) -> Receipt:
+        """An edit or a delete request (``botmesh.state.edits``); one that names a send
+        that cannot be changed is a ``BadRecord`` (``not-editable``): dead-lettered with
+        why, never retried."""
+        key = request.idempotency_key
+        try:
+            if request.edit is not None:
+                return await self.runtime.edit(
+                    request.edit,
+                    request.text or "",
+                    options=request.options or None,
+                    idempotency_key=key,
+                )
+            assert request.delete is not None
+            return await self.runtime.delete(request.delete, idempotency_key=key)
+        except (RecordStateError, UnsupportedContentError, ValueError) as exc:
+            raise BadRecord(Reason.NOT_EDITABLE, f"{type(exc).__name__}: {exc}") from exc
+
     async def _send(self, request: SendRequest) -> str:
         """One attempt at a request: how it settled, or the journal's error (retried)."""
         key = request.idempotency_key
         try:
+            if request.edit is not None or request.delete is not None:
+                return str((await self._change(request)).state)
             receipt = await self.runtime.send(
                 request.chat_id,
                 request.text,
@@ -630,7 +666,7 @@ class InboundRunner:
             raise
         except FencedError:  # another holder of the send's lease delivers it
             return "fenced"
-        except DurabilityError:
+        except (DurabilityError, BadRecord):
             raise
         except Exception as exc:  # the provider's final refusal (journaled dead), or a hook
             log.warning(

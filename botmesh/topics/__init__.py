@@ -2,9 +2,9 @@
 
 Pure data: no Kafka client, and of ours only ``state`` (the message model of
 ``botmesh.state.messages`` and the error tree of ``botmesh.state.errors``).
-``botmesh.streams.provision`` creates the
-topics; the records are ``botmesh.state.messages.Inbound`` and ``Receipt`` and the send request
-``SendRequest`` (defined here), refused ones raise ``botmesh.state.errors.BadRecord``.
+``botmesh.streams.provision`` creates the topics; the records are
+``botmesh.state.messages.Inbound``, ``Receipt`` and ``DeliveryStatus`` and the send request
+``SendRequest`` (defined here); refused ones raise ``botmesh.state.errors.BadRecord``.
 """
 
 from botmesh.topics.catalog import (
@@ -24,9 +24,11 @@ from botmesh.topics.records import (
     decode_inbound,
     decode_receipt,
     decode_request,
+    decode_status,
     encode_inbound,
     encode_receipt,
     encode_request,
+    encode_status,
     schema,
 )
 
@@ -44,9 +46,11 @@ __all__ = [
     "decode_inbound",
     "decode_receipt",
     "decode_request",
+    "decode_status",
     "encode_inbound",
     "encode_receipt",
     "encode_request",
+    "encode_status",
     "prefix_from_env",
     "schema",
 ]

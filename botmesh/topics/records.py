@@ -104,6 +104,10 @@ class SendRequest(
     options: dict[str, Any] = {}
     at: _Epoch | None = None
     expires_at: _Epoch | None = None
+    #: The key of a send of the bot to edit to ``text`` (``ctx.edit``), instead of sending.
+    edit: _NonEmpty | None = None
+    #: The key of a send of the bot to delete (``ctx.delete``), instead of sending.
+    delete: _NonEmpty | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -166,6 +170,26 @@ def decode_receipt(raw: bytes | str | None) -> Receipt:
     return receipt.upgrade() if isinstance(receipt, ReceiptV1) else receipt
 
 
+def _check_change(request: SendRequest) -> None:
+    """What an edit or a delete request must be (beyond the struct)."""
+    if request.edit is not None and request.delete is not None:
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            "the request has both 'edit' and 'delete': give one (the key of the send to change)",
+        )
+    if request.edit is not None and not request.text:
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            "an 'edit' request needs the new 'text' (a non-empty string)",
+        )
+    if request.media is not None or request.at is not None or request.expires_at is not None:
+        raise BadRecord(
+            Reason.WRONG_TYPE,
+            "an 'edit' or 'delete' request takes no 'media', 'at' or 'expires_at': it changes "
+            "a message that went out, now; send a new message for those",
+        )
+
+
 def decode_status(raw: bytes | str | None) -> DeliveryStatus:
     """Decode and validate a delivery status value (``<prefix>.statuses``); raises
     :class:`~botmesh.state.errors.BadRecord`."""
@@ -183,7 +207,9 @@ def decode_request(raw: bytes | str | None) -> SendRequest:
     may hold ``#``, which botmesh keeps for the parts of a split text, and its
     ``expires_at`` must come after its ``at``)."""
     request = _decode(raw, "request", SendRequest, _REQUEST)
-    if request.text is None and request.media is None:
+    if request.edit is not None or request.delete is not None:
+        _check_change(request)
+    elif request.text is None and request.media is None:
         raise BadRecord(
             Reason.WRONG_TYPE,
             "the request has neither 'text' nor 'media': give a string 'text', a 'media' "

@@ -151,6 +151,7 @@ async def test_the_same_event_three_times_and_after_a_restart_is_one_record(
         "malformed": 0,
         "produce_failed": 0,
         "too_large": 0,
+        "statuses": 0,
     }
     seen = await read_topic(kafka_bootstrap, catalog.gateway_seen)
     assert [r.key for r in seen] == [b"slack:Ev03"]
@@ -379,6 +380,7 @@ async def test_health_ready_and_metrics(kafka_bootstrap: str, catalog: Catalog) 
         "malformed": 1,
         "produce_failed": 0,
         "too_large": 0,
+        "statuses": 0,
     }
     assert metrics[("botmesh_gateway_webhooks_total", ("probe", "produced"))] == 2
     assert metrics[("botmesh_gateway_connected", ())] == 1

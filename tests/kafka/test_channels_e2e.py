@@ -36,10 +36,7 @@ import base64
 import contextlib
 import hashlib
 import json
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -61,8 +58,8 @@ from botmesh.streams.ops.tools import end_offsets
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics import Catalog
 from tests.kafka.channel_bot import bot
+from tests.kafka.gateway import Gateway, start_gateway
 from tests.kafka.worker import PARTITIONS, WAIT_S, Worker, collect, read_all, read_journal
-from tests.kill import Child, python
 from tests.providers.fakes.baileys import FakeBaileys
 from tests.providers.fakes.baileys import message as baileys_message
 from tests.providers.fakes.baileys import upsert as baileys_upsert
@@ -1023,74 +1020,26 @@ CASES: dict[str, Callable[[], Case]] = {
 # -- the gateway process ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Gateway:
-    child: Child
-    url: str
-
-    def post(self, path: str, headers: dict[str, str], body: bytes) -> int:
-        req = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/readyz", timeout=5) as resp:
-                return int(resp.status) == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-
 @pytest.fixture
 def gateway_for(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> Iterator[Callable[[Case], Gateway]]:
-    started: list[Child] = []
+    started: list[Gateway] = []
 
     def start(case: Case) -> Gateway:
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv = python(
-            "-m",
-            "botmesh",
-            "gateway",
-            "--channel",
+        gw = start_gateway(
             case.name,
-            "--port",
-            str(port),
-            "--public-url",
-            url,
-            "--bootstrap",
-            kafka_bootstrap,
-            "--prefix",
-            topic_prefix,
-            "--loglevel",
-            "warning",
+            case.gateway_env,
+            bootstrap=kafka_bootstrap,
+            prefix=topic_prefix,
+            log=tmp_path / "gateway.log",
         )
-        child = Child(argv, env=case.gateway_env, log=tmp_path / "gateway.log").start()
-        started.append(child)
-        gw = Gateway(child, url)
-        deadline = time.monotonic() + WAIT_S
-        while not gw.ready():
-            if not child.alive():
-                pytest.fail(f"the gateway exited:\n{child.tail(40)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the gateway never became ready:\n{child.tail(40)}")
-            time.sleep(0.1)
+        started.append(gw)
         return gw
 
     yield start
-    for child in started:
-        child.stop()
+    for gw in started:
+        gw.child.stop()
 
 
 def _wait_dead(worker: Worker) -> None:

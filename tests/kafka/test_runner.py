@@ -115,6 +115,12 @@ class InboundsOnly:
     async def delivery_status(self, status: Any) -> str:
         raise AssertionError("no status in this batch")
 
+    async def edit(self, key: str, text: str, **opts: Any) -> Receipt:
+        raise AssertionError("no edit in this batch")
+
+    async def delete(self, key: str, **opts: Any) -> Receipt:
+        raise AssertionError("no delete in this batch")
+
 
 def record(offset: int, chat: str, mid: str | None = None, text: str = "hi") -> RawRecord:
     value = encode_inbound(Inbound(id=mid or "", chat_id=chat, text=text))

@@ -79,9 +79,9 @@ def test_bad_counts(partitions: int, replication: int) -> None:
 def test_a_requests_topic_beside_an_existing_inbound_gets_its_partition_count() -> None:
     cat = Catalog("p")
     beside = {s.name: s.partitions for s in cat.specs_beside({"p.inbound": 3}, partitions=8)}
-    follow = {"p.requests", "p.control", *cat.retries}
+    follow = {"p.requests", "p.control", "p.statuses", *cat.retries}
     assert {beside[n] for n in follow} == {3}
-    assert beside["p.sent"] == 8  # only the requests, control and tiers follow the inbound
+    assert beside["p.sent"] == 8  # only requests, control, statuses and tiers follow it
     both = {"p.inbound": 3, "p.requests": 5}  # left as they are (the worker refuses them)
     again = {s.name: s.partitions for s in cat.specs_beside(both, partitions=8)}
     assert {again[n] for n in follow - {"p.requests"}} == {3}

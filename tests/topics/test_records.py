@@ -251,7 +251,20 @@ def test_receipt_round_trip(state: OutboxState) -> None:
         "part",
         "ts",
         "fallback_key",
+        "delivery",
+        "delivery_code",
+        "delivery_error",
     ]
+    assert json.loads(raw)["v"] == 2
+
+
+def test_a_version_1_receipt_is_read_without_a_delivery_state() -> None:
+    raw = b'{"v":1,"key":"k","chat_id":"c","message_id":"m","state":"sent","ts":1.0}'
+    receipt = decode_receipt(raw)
+    assert (receipt.key, receipt.state, receipt.delivery) == ("k", "sent", None)
+    with pytest.raises(BadRecord) as bad:
+        decode_receipt(raw.replace(b'"v":1', b'"v":3'))
+    assert bad.value.reason == "unknown-version"
 
 
 @pytest.mark.parametrize(

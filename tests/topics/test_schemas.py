@@ -19,18 +19,19 @@ import pytest
 
 import botmesh.topics.schemas
 from botmesh.state.errors import Reason
-from botmesh.state.messages import Inbound, Media, OutboxState, Receipt
+from botmesh.state.messages import DeliveryStatus, Inbound, Media, OutboxState, Receipt
 from botmesh.topics import (
     SendRequest,
     decode_inbound,
     decode_receipt,
     decode_request,
+    decode_status,
     encode_inbound,
     encode_receipt,
     encode_request,
     schema,
 )
-from botmesh.topics.schemas import NAMES, Name, build, path, render, stale, write
+from botmesh.topics.schemas import NAMES, VERSIONS, Name, build, path, render, stale, write
 from botmesh.topics.schemas.__main__ import main as check
 from tests.topics.test_records import BAD_INBOUND
 from tests.topics.test_requests import BAD_REQUESTS
@@ -40,13 +41,20 @@ STRUCTS: dict[Name, type[msgspec.Struct]] = {
     "inbound": Inbound,
     "receipt": Receipt,
     "request": SendRequest,
+    "status": DeliveryStatus,
 }
-DECODERS = {"inbound": decode_inbound, "receipt": decode_receipt, "request": decode_request}
+DECODERS = {
+    "inbound": decode_inbound,
+    "receipt": decode_receipt,
+    "request": decode_request,
+    "status": decode_status,
+}
 #: The SCHEMAS.md sections that hold examples and field tables, and their record.
 SECTIONS: dict[str, Name] = {
     "Inbound message or interaction (`<prefix>.inbound`)": "inbound",
     "Send request (`<prefix>.requests`)": "request",
     "Receipt (`<prefix>.sent`)": "receipt",
+    "Delivery status (`<prefix>.statuses`)": "status",
 }
 DEAD_LETTERS = "Dead letters (`<prefix>.inbound.dlq`, `<prefix>.requests.dlq`)"
 
@@ -62,7 +70,8 @@ def test_schema_file_is_in_step_with_the_struct(name: Name) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_schema_loads_the_shipped_file(name: Name) -> None:
     assert schema(name) == build(name)
-    assert schema(name)["$id"].endswith(f"/{name}.v1.json")
+    assert schema(name)["$id"].endswith(f"/{name}.v{VERSIONS[name]}.json")
+    assert VERSIONS[name] == (2 if name == "receipt" else 1)
 
 
 def test_required_fields_are_the_structs_required_fields() -> None:
@@ -74,14 +83,14 @@ def test_required_fields_are_the_structs_required_fields() -> None:
 
 
 def test_write_and_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(botmesh.topics.schemas, "path", lambda name: tmp_path / f"{name}.v1.json")
-    assert set(stale()) == {tmp_path / f"{name}.v1.json" for name in NAMES}
+    monkeypatch.setattr(botmesh.topics.schemas, "path", lambda name: tmp_path / f"{name}.json")
+    assert set(stale()) == {tmp_path / f"{name}.json" for name in NAMES}
     assert check(["--check"]) == 1
-    assert len(write()) == 3
+    assert len(write()) == len(NAMES)
     assert stale() == [] and write() == []
     assert check(["--check"]) == 0
-    (tmp_path / "receipt.v1.json").write_text("{}\n")
-    assert stale() == [tmp_path / "receipt.v1.json"]
+    (tmp_path / "receipt.json").write_text("{}\n")
+    assert stale() == [tmp_path / "receipt.json"]
 
 
 def test_every_field_needs_a_description(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,6 +122,8 @@ async def request_send(
     request_id: str | None = None,
     at: float | None = None,
     expires_at: float | None = None,
+    edit: str | None = None,
+    delete: str | None = None,
 ) -> str:
     """Ask the bot to send ``text`` (and/or ``media``) to ``chat_id`` from outside a handler:
     one send request on ``<prefix>.requests``, keyed by the chat id, produced with acks=all.
@@ -133,6 +135,8 @@ async def request_send(
     once. Its receipt comes on ``<prefix>.sent`` with that key. ``at`` (epoch seconds)
     schedules it: it goes out at that time, not before; ``expires_at`` (epoch seconds) is
     its deadline: not delivered by then, it dies ``expired`` instead of going out late.
+    ``edit`` (a send's key) edits that send to ``text`` instead, ``delete`` deletes it
+    (``botmesh.state.edits``), made once under ``key``.
 
     Raises ``BadRecord`` (a ``ValueError``) for a request the worker would refuse (neither
     text nor media, a ``#`` in the key…), ``LookupError`` when the topic does not exist
@@ -149,6 +153,8 @@ async def request_send(
         options=dict(options) if options else {},
         at=at,
         expires_at=expires_at,
+        edit=edit,
+        delete=delete,
     )
     value = encode_request(request)
     decode_request(value)  # the worker's checks, here: refused before it is produced

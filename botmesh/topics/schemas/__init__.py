@@ -178,6 +178,15 @@ _FIELDS: Final[dict[str, dict[str, str]]] = {
             "the send's deadline, epoch seconds: not delivered by then, it dies expired (its "
             "dead letter, reason expired, and its receipt dead) and never goes out"
         ),
+        "edit": (
+            "the key of a send of the bot to edit to text, instead of sending: the channel's "
+            "message id is the one the journal recorded; journaled under key (req:<id>), so "
+            "it is made once"
+        ),
+        "delete": (
+            "the key of a send of the bot to delete (every part), instead of sending; "
+            "journaled under key (req:<id>), so it is made once"
+        ),
     },
 }
 
@@ -205,6 +214,8 @@ def build(name: Name) -> dict[str, Any]:
         top["anyOf"] = [
             {"required": ["text"], "properties": {"text": {"type": "string"}}},
             {"required": ["media"], "properties": {"media": {"type": "object"}}},
+            {"required": ["edit", "text"], "properties": {"text": {"type": "string"}}},
+            {"required": ["delete"]},
         ]
     doc: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
