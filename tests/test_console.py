@@ -112,6 +112,46 @@ def test_the_timeline_links_a_send_to_its_inbound_receipt_and_dead_letter() -> N
     assert inbound.sends == ()  # type: ignore[union-attr]
 
 
+def test_the_timeline_shows_a_sends_delivery_states_and_an_edit() -> None:
+    cat = Catalog("bm")
+    index = Index(cat)
+    records = journal(cat, "c1", "hi")
+    send = decode_entry(b"", records[1].value or b"")
+    assert send is not None
+    failed = {**send.value, "delivery": {"state": "failed", "code": "131047", "ts": 2.0}}
+    edit = {
+        **send.value,
+        "key": "m1:2",
+        "op": "edit",
+        "target": "prov-1",
+        "message_id": "prov-1",
+    }
+    for n, (key, value) in enumerate(((f"{SCOPE}/out/m1:1", failed), (f"{SCOPE}/out/m1:2", edit))):
+        raw = encode_entry(Entry(key, value, 2))
+        records.append(Record(cat.changelog("journal"), 0, 10 + n, 2.0, key.encode(), raw))
+    steps = [None, "delivered", "delivered", "failed"]  # a copy of "delivered": one kept
+    for n, step in enumerate(steps):
+        r = Receipt(
+            key="m1:1",
+            chat_id="c1",
+            message_id="prov-1",
+            state=OutboxState.SENT,
+            ts=1.0 + n,
+            delivery=step,  # type: ignore[arg-type]
+        )
+        records.append(Record(cat.sent, 0, n, 1.0, b"c1", encode_receipt(r)))
+    index.apply(records)
+    [(_, inbound)] = index.timeline("c1").items
+    sent, changed = inbound.sends  # type: ignore[union-attr]
+    assert [r.delivery for r in sent.receipts] == [None, "delivered", "failed"]
+    assert (sent.delivery, sent.delivery_code) == ("failed", "131047")
+    assert (changed.op, changed.target) == ("edit", "prov-1")
+    html = timeline(view(False), "c1", index.timeline("c1"))
+    assert 'data-testid="send-delivery" data-delivery="failed"' in html
+    assert "channel code 131047" in html and "edit of prov-1" in html
+    assert html.count('data-delivery="delivered"') == 1
+
+
 def test_a_flow_checkpoint_shows_its_status_and_hides_its_answers() -> None:
     cat = Catalog("bm")
     index = Index(cat)

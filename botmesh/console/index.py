@@ -76,6 +76,8 @@ class ReceiptSeen:
     message_id: str | None
     ts: float
     offset: int
+    #: the delivery state it reports (receipt version 2), else ``None``
+    delivery: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,13 @@ class SendView:
     at: float | None = None
     #: when it dies ``expired`` if not delivered by then (epoch seconds)
     deadline: float | None = None
+    #: how far it got, as the channel's status webhooks said (``delivered``, ``read``,
+    #: ``failed``), with the channel's code on ``failed``
+    delivery: str | None = None
+    delivery_code: str | None = None
+    #: an edit or a delete of the channel's message ``target``, not a send
+    op: str | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +246,9 @@ class _Chat:
     flow: bytes | None = None
     #: message log entries by their key after ``<scope>/log/`` (``<chat>/<position>``)
     logged: dict[str, bytes] = field(default_factory=dict)
-    receipts: dict[str, dict[tuple[str, str | None], ReceiptSeen]] = field(default_factory=dict)
+    receipts: dict[str, dict[tuple[str, str | None, str | None], ReceiptSeen]] = field(
+        default_factory=dict
+    )
     dead: dict[tuple[str, int, int], DeadLetter] = field(default_factory=dict)
 
 
@@ -392,9 +403,12 @@ class Index:
 
     def _receipt(self, r: Record) -> None:
         receipt = decode_receipt(r.value)
-        seen = ReceiptSeen(str(receipt.state), receipt.message_id, receipt.ts, r.offset)
+        delivery = None if receipt.delivery is None else str(receipt.delivery)
+        seen = ReceiptSeen(
+            str(receipt.state), receipt.message_id, receipt.ts, r.offset, delivery=delivery
+        )
         by_key = self._chat(receipt.chat_id).receipts.setdefault(receipt.key, {})
-        by_key.setdefault((seen.state, seen.message_id), seen)
+        by_key.setdefault((seen.state, seen.message_id, delivery), seen)
 
     def _dead_letter(self, r: Record) -> None:
         letter = read_dead_letter(
@@ -525,6 +539,7 @@ def _send_view(
     state = str(value.get("state", ""))
     reason = error.get("reason") if state == "dead" else None
     at, deadline = value.get("at"), value.get("deadline")
+    delivery = value.get("delivery") or {}
     return SendView(
         key=key,
         part=int(value.get("part", 1)),
@@ -544,6 +559,10 @@ def _send_view(
         dead_letter=letter,
         at=float(at) if at is not None else None,
         deadline=float(deadline) if deadline is not None else None,
+        delivery=delivery.get("state"),
+        delivery_code=delivery.get("code"),
+        op=value.get("op"),
+        target=value.get("target"),
     )
 
 

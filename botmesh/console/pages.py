@@ -455,8 +455,11 @@ def _inbound(view: View, m: InboundView) -> str:
 
 
 def _receipt(r: Any) -> str:
+    delivery = getattr(r, "delivery", None)
+    what = f"{r.state}, {delivery}" if delivery else str(r.state)
     return (
-        f'<span data-testid="send-receipt" data-state="{e(r.state)}">{e(r.state)} '
+        f'<span data-testid="send-receipt" data-state="{e(r.state)}" '
+        f'data-delivery="{e(delivery or "")}">{e(what)} '
         f"{e(r.message_id or '')} at {e(when(r.ts))}</span>"
     )
 
@@ -470,13 +473,32 @@ def _send(view: View, s: SendView) -> str:
     return (
         f'<div class="entry" data-testid="timeline-entry" data-kind="send" '
         f'data-key="{e(s.key)}" data-state="{e(s.state)}">'
-        f"{e(when(s.created))} <strong>send</strong> "
+        f"{e(when(s.created))} <strong>{e(_what(s))}</strong> "
         f'<code data-testid="send-key">{e(s.key)}</code>{e(part)} '
         f"{_state(s.state, 'send-state')}{e(ambiguous)}, "
         f'<span data-testid="send-attempts">{s.attempts}</span> attempt(s), provider id '
         f'<code data-testid="send-message-id">{e(s.message_id or "-")}</code>: '
         f"{text_of(s.text, view.show_texts)}{e(media)}{_send_outcome(s)}{error}"
+        f"{_delivery(s)}"
         f"{_send_times(s)}<div>receipts: {receipts}</div></div>"
+    )
+
+
+def _what(s: SendView) -> str:
+    """A send, or an edit or a delete of a message (``botmesh.state.edits``)."""
+    if s.op is not None:
+        return f"{s.op} of {s.target}"
+    return "send"
+
+
+def _delivery(s: SendView) -> str:
+    """How far a sent message got, as the channel's status webhooks said."""
+    if s.delivery is None:
+        return ""
+    code = f" (channel code {s.delivery_code})" if s.delivery_code else ""
+    return (
+        f'<div>delivery: <span data-testid="send-delivery" data-delivery="{e(s.delivery)}">'
+        f"{e(s.delivery)}</span>{e(code)}</div>"
     )
 
 
