@@ -77,6 +77,7 @@ from botmesh.state.errors import (
     UnsupportedContentError,
 )
 from botmesh.state.messages import (
+    DELIVERY_STATES,
     DeliveryState,
     DeliveryStatus,
     Inbound,
@@ -258,15 +259,6 @@ class GupshupProvider(RestChannel):
 # -- webhooks ---------------------------------------------------------------------------------
 
 
-#: The ``message-event`` types that are a delivery state.
-_STATES = {
-    "sent": DeliveryState.SENT,
-    "delivered": DeliveryState.DELIVERED,
-    "read": DeliveryState.READ,
-    "failed": DeliveryState.FAILED,
-}
-
-
 def _number(value: Any) -> float | None:
     """A positive JSON number (not a bool), else ``None``."""
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
@@ -344,7 +336,7 @@ class GupshupWebhook(SignedWebhook):
         mid, dest = item.get("gsId") or item.get("id"), item.get("destination")
         if not (isinstance(mid, str) and mid and isinstance(dest, str) and dest):
             raise MalformedWebhook("gupshup: a message-event without id or destination")
-        state = _STATES.get(item["type"])
+        state = DELIVERY_STATES.get(item["type"])
         if state is None:
             return []  # enqueued (Gupshup handed it to WhatsApp), deleted
         inner = item.get("payload")

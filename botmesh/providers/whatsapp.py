@@ -42,6 +42,7 @@ from botmesh.providers.meta import (
 from botmesh.providers.webhooks import MalformedWebhook, WebhookRequest
 from botmesh.state.errors import ConfigError, ProviderError, SendError, UnsupportedContentError
 from botmesh.state.messages import (
+    DELIVERY_STATES,
     DeliveryState,
     DeliveryStatus,
     Inbound,
@@ -379,15 +380,6 @@ def _inbound(msg: Mapping[str, Any], extra: Mapping[str, Any]) -> Inbound:
     )
 
 
-#: The statuses of ``value.statuses[]`` that say something of a message's delivery.
-_STATES = {
-    "sent": DeliveryState.SENT,
-    "delivered": DeliveryState.DELIVERED,
-    "read": DeliveryState.READ,
-    "failed": DeliveryState.FAILED,
-}
-
-
 def _status(item: Any) -> DeliveryStatus | None:
     """One item of ``value.statuses[]``; ``None`` for a status that is not a delivery
     state (``deleted``, ``warning``…)."""
@@ -396,7 +388,7 @@ def _status(item: Any) -> DeliveryStatus | None:
     wamid, kind, recipient = item.get("id"), item.get("status"), item.get("recipient_id")
     if not (isinstance(wamid, str) and wamid and isinstance(kind, str) and recipient):
         raise MalformedWebhook("whatsapp: a status without id, status or recipient_id")
-    state = _STATES.get(kind)
+    state = DELIVERY_STATES.get(kind)
     if state is None:
         return None
     try:

@@ -22,6 +22,7 @@ from botmesh.state.errors import BadRecord, MediaUnavailableReason, Reason
 
 __all__ = [
     "DELIVERY_ORDER",
+    "DELIVERY_STATES",
     "RECEIPT_VERSION",
     "SCHEMA_VERSION",
     "DeliveryState",
@@ -296,6 +297,9 @@ class DeliveryState(StrEnum):
     #: It will never arrive (WhatsApp ``failed``, Twilio ``undelivered``/``failed``).
     FAILED = "failed"
 
+
+#: Each delivery state by its name (a channel's status of that name, as it is).
+DELIVERY_STATES = {s.value: s for s in DeliveryState}
 
 #: How far each delivery state is along the way: a status that is not further along than
 #: the one a send has already (a copy, or one overtaken by a later one) changes nothing.

@@ -51,7 +51,7 @@ from typing import Any
 import msgspec
 
 from botmesh.state.errors import Reason
-from botmesh.state.messages import DeliveryState, Inbound, Outbound, OutboxState, Receipt
+from botmesh.state.messages import DELIVERY_STATES, Inbound, Outbound, OutboxState, Receipt
 
 __all__ = [
     "SETTLED",
@@ -144,27 +144,19 @@ def decode_outbound(raw: Mapping[str, Any]) -> Outbound:
 
 
 _OUTBOX_STATES = {s.value: s for s in OutboxState}
-_DELIVERY_STATES = {s.value: s for s in DeliveryState}
 
 
 def receipt_of(value: Json, now: float) -> Receipt:
     """The receipt of an outbox record (with its delivery state, once a channel's status
     webhook set one: ``botmesh.state.statuses``)."""
     delivery = value.get("delivery")
-    if isinstance(delivery, Mapping) and delivery.get("state") in _DELIVERY_STATES:
-        return Receipt(
-            key=value["key"],
-            chat_id=value["payload"]["chat_id"],
-            message_id=value.get("message_id"),
-            state=_OUTBOX_STATES[value["state"]],
-            inbound_id=value.get("inbound_id"),
-            part=value.get("part", 1),
-            ts=now,
-            fallback_key=_fallback_key(value),
-            delivery=_DELIVERY_STATES[delivery["state"]],
-            delivery_code=delivery.get("code"),
-            delivery_error=delivery.get("error"),
-        )
+    seen: dict[str, Any] = {}
+    if isinstance(delivery, Mapping) and delivery.get("state") in DELIVERY_STATES:
+        seen = {
+            "delivery": DELIVERY_STATES[delivery["state"]],
+            "delivery_code": delivery.get("code"),
+            "delivery_error": delivery.get("error"),
+        }
     return Receipt(
         key=value["key"],
         chat_id=value["payload"]["chat_id"],
@@ -174,6 +166,7 @@ def receipt_of(value: Json, now: float) -> Receipt:
         part=value.get("part", 1),
         ts=now,
         fallback_key=_fallback_key(value),
+        **seen,
     )
 
 
