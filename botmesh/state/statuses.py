@@ -142,11 +142,14 @@ class Statuses:
             current = (entry.value.get("delivery") or {}).get("state")
             if not _further(current, state):
                 break
-            done = (
-                await self._failed(entry, status)
-                if state is DeliveryState.FAILED
-                else await self._advance(entry, status, state)
-            )
+            # written where the send's record is (on Kafka its journal partition, which the
+            # partition of the chat the status names need not be)
+            with self._common.near(entry.key):
+                done = (
+                    await self._failed(entry, status)
+                    if state is DeliveryState.FAILED
+                    else await self._advance(entry, status, state)
+                )
             if done:
                 outcome = state.value
                 break
