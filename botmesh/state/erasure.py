@@ -12,6 +12,8 @@ control action, carried out by the worker that owns the chat) deletes, in this b
 ``log``          its message log (everything under ``ScopeKeys.log_of(chat)``)
 ===============  ====================================================================
 
+and the names of its sends under their message ids (``ScopeKeys.mid_of``), not counted.
+
 **Sends in flight finish first.** The erasure holds the chat's order lock
 (``ChatOrder.chat_lock``) while it reads and deletes: an attempt under way holds it for its
 provider call, so it finishes (and is recorded) before; no new attempt of the chat starts
@@ -154,6 +156,9 @@ class _Found:
             "turn": [],
             "log": [],
         }
+        #: The names of its sends under their message ids (``botmesh.state.statuses``):
+        #: deleted with them, not counted in the receipt (each holds a send's key only).
+        self.names: list[Entry] = []
 
 
 class _Tally:
@@ -274,6 +279,13 @@ class Erasure:
         found.entries["flow"] = [e for k, e in got.items() if k.startswith(keys.flow)]
         found.entries["turn"] = [e for k, e in got.items() if k.startswith(keys.turn)]
         found.entries["log"] = await kv.scan(keys.log_of(chat_id))
+        sent = {
+            keys.mid_of(str(e.value["message_id"])): e.value.get("key")
+            for e in found.entries["outbox"]
+            if e.value.get("message_id")
+        }
+        named = await kv.get_many(list(sent))
+        found.names = [e for k, e in named.items() if e.value.get("key") == sent[k]]
         return found
 
     def _in_flight(self, found: _Found) -> list[str]:
@@ -303,6 +315,14 @@ class Erasure:
                 return False
             for kind, e in chunk:
                 deleted[kind].add(e.key)
+        for i in range(0, len(found.names), _CHUNK):
+            names = found.names[i : i + _CHUNK]
+            try:
+                await self._basis.kv.commit(
+                    [Delete(e.key, expect=e.version) for e in names], label=Write.CHAT_ERASE
+                )
+            except VersionConflictError:
+                return False
         return True
 
     def _receipt(self, chat_id: str, note: str, tally: _Tally, *, dry_run: bool) -> ErasureReceipt:

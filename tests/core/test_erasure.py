@@ -90,6 +90,13 @@ def of_chat(entries: dict[str, Entry], scope: str, chat: str) -> list[str]:
     return out
 
 
+def names_of(entries: dict[str, Entry], scope: str, chat: str) -> set[str]:
+    """The keys naming ``chat``'s sends under their message ids (botmesh.state.statuses)."""
+    keys = ScopeKeys.of(scope)
+    sends = {e.value.get("key") for k, e in entries.items() if k in of_chat(entries, scope, chat)}
+    return {k for k, e in entries.items() if k.startswith(keys.mid) and e.value["key"] in sends}
+
+
 async def started(backend: BackendHandle, provider: Any = None) -> App:
     assert backend.kv is not None
     return await make_app(provider, kv=backend.kv, bot=chat_bot())
@@ -112,7 +119,9 @@ async def test_erase_deletes_the_chats_records_and_nothing_else(backend: Backend
     after = await records(app.kv, scope)
     assert of_chat(after, scope, A) == []
     assert {k: after[k].version for k in theirs} == {k: before[k].version for k in theirs}
-    assert set(after) == set(before) - set(mine)
+    named = names_of(before, scope, A)
+    assert len(named) == 2 and names_of(after, scope, B) == names_of(before, scope, B) != set()
+    assert set(after) == set(before) - set(mine) - named  # the names go too, uncounted
     assert receipt.chat_id == A and receipt.note == "ticket 42" and not receipt.dry_run
     assert receipt.instance == "i1" and receipt.scope == scope
     d = receipt.deleted
