@@ -48,6 +48,9 @@ def receipts(
                         "inbound_id": r.inbound_id,
                         "part": r.part,
                         "ts": r.ts,
+                        "fallback_key": r.fallback_key,
+                        "delivery": r.delivery,
+                        "delivery_code": r.delivery_code,
                     }
                 ),
                 flush=True,

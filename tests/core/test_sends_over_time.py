@@ -79,13 +79,20 @@ async def test_a_scheduled_reply_does_not_hold_up_the_chats_other_sends() -> Non
     assert texts(app.provider) == ["now", "later"]
 
 
-async def test_a_due_scheduled_send_waits_behind_the_send_its_chat_waits_for() -> None:
+async def _behind_a_retry() -> App:
+    """A scheduled send due in 5 s, and a send of its chat ("first") that failed and waits
+    30 s for its retry."""
     provider = MockProvider()
     app = await _app(provider, outbox={"inline_max": 0, "backoff": {"base": "30s", "jitter": 0}})
     await app.runtime.enqueue("c1", "scheduled", delay=5)
     provider.fail_next(SendError("down"))
     with pytest.raises(Exception, match="deferred"):
         await app.runtime.send("c1", "first")
+    return app
+
+
+async def test_a_due_scheduled_send_waits_behind_the_send_its_chat_waits_for() -> None:
+    app = await _behind_a_retry()
     await _pass(app, 5.0)  # the scheduled one is due; "first" waits for its retry (30 s)
     assert texts(app.provider) == []
     await _pass(app, 30.0)
@@ -94,12 +101,7 @@ async def test_a_due_scheduled_send_waits_behind_the_send_its_chat_waits_for() -
 
 
 async def test_a_send_made_after_a_scheduled_one_took_its_turn_goes_after_it() -> None:
-    provider = MockProvider()
-    app = await _app(provider, outbox={"inline_max": 0, "backoff": {"base": "30s", "jitter": 0}})
-    await app.runtime.enqueue("c1", "scheduled", delay=5)
-    provider.fail_next(SendError("down"))
-    with pytest.raises(Exception, match="deferred"):
-        await app.runtime.send("c1", "first")
+    app = await _behind_a_retry()
     await _pass(app, 5.0)  # the scheduled one takes its turn behind "first"
     later = await app.runtime.send("c1", "later")
     assert later.state == OutboxState.PENDING  # behind the scheduled one, not beside it
