@@ -14,6 +14,13 @@ media CDN behind it.
   404 ``File not found`` otherwise.
 - ``GET /v/…``: the CDN: media encrypted as WhatsApp does (``add_cdn_media``).
 
+Status webhooks (``BridgeFake``): ``messages.update`` events as the bridge forwards Baileys'
+(``{"event": "messages.update", "data": [{"key": {"remoteJid", "fromMe": true, "id"},
+"update": {"status"}}], "webhookVerifyToken"}``), the connection's ``webhook_verify_token``
+in the body (the bridge signs nothing): status 2 (``SERVER_ACK``), 3 (``DELIVERY_ACK``), 4
+(``READ``); a number of ``fail_after_accept`` gets 0 (``ERROR``) with the value as
+``messageStubParameters`` (``463``: the account is restricted).
+
 ``upsert`` and the message builders write the webhook bodies the bridge posts, byte fields
 as ``JSON.stringify`` writes a Node Buffer.
 """
@@ -40,6 +47,8 @@ from tests.providers.fakes.wa_bridges import BridgeFake, Sent
 _PHONE = re.compile(r"^\+\d{5,15}$")
 _MEDIA_ID = re.compile(r"^[A-Z0-9]{1,64}$")
 _KINDS = ("image", "video", "document", "audio")
+#: Baileys' ``WAMessageStatus`` by name.
+STATUSES = {"ERROR": 0, "PENDING": 1, "SERVER_ACK": 2, "DELIVERY_ACK": 3, "READ": 4, "PLAYED": 5}
 _INFO = {
     "image": b"WhatsApp Image Keys",
     "video": b"WhatsApp Video Keys",
@@ -81,7 +90,10 @@ def _base64(value: Any) -> bytes | None:
 
 
 class FakeBaileys(BridgeFake):
-    """The bridge with one connection, ``phone``, owned by ``api_key``."""
+    """The bridge with one connection, ``phone``, owned by ``api_key``; its webhook's
+    ``webhook_verify_token``."""
+
+    status_names = ("SERVER_ACK", "DELIVERY_ACK", "READ", "ERROR")
 
     def __init__(self, phone: str = "+5511999990000", api_key: str = "") -> None:
         super().__init__()
@@ -92,6 +104,7 @@ class FakeBaileys(BridgeFake):
         self.cdn_downloads: list[str] = []
         self.idempotent: dict[str, dict[str, Any]] = {}
         self._lose_next = False
+        self.webhook_verify_token = "verify-" + secrets.token_hex(6)
 
     def lose_next_answer(self) -> None:
         """The next send goes out, then answers 504 (a send timeout: the answer is lost)."""
@@ -170,8 +183,9 @@ class FakeBaileys(BridgeFake):
             self.idempotent[str(key)] = result
         if self._lose_next:
             self._lose_next = False
-            return web.Response(status=504, text="Send timed out")
-        return web.json_response({"data": result})
+            lost = web.Response(status=504, text="Send timed out")
+            return await self.answer_then_post(request, lost, sent)
+        return await self.answer_then_post(request, web.json_response({"data": result}), sent)
 
     def _content(self, jid: str, content: dict[str, Any]) -> Sent | web.Response:
         if isinstance(content.get("text"), str):
@@ -209,6 +223,21 @@ class FakeBaileys(BridgeFake):
         if path not in self.cdn:
             return web.Response(status=404, text="Not Found")
         return web.Response(body=self.cdn[path], content_type="application/octet-stream")
+
+    def status_post(
+        self, sent: Sent, status: str, code: int | str | None
+    ) -> tuple[dict[str, str], bytes]:
+        """A ``messages.update`` event of ``sent`` with Baileys' status ``status``."""
+        update: dict[str, Any] = {"status": STATUSES[status]}
+        if status == "ERROR" and code is not None:
+            update["messageStubParameters"] = [str(code)]
+        key = {"remoteJid": sent.chat, "fromMe": True, "id": sent.id}
+        body = {
+            "event": "messages.update",
+            "data": [{"key": key, "update": update}],
+            "webhookVerifyToken": self.webhook_verify_token,
+        }
+        return {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 # -- webhook bodies -------------------------------------------------------------------------

@@ -14,6 +14,13 @@ without WhatsApp 400 ``{"status": "Connected", "message": "O número … não ex
 file that is neither a URL nor a data URI 500 ``Erro ao enviar a mensagem.``, as the
 controller's catch answers.
 
+Status webhooks (``BridgeFake``): ``onack`` events, the wa-js message with its new ``ack``
+(``{"event": "onack", "session", "id": {"fromMe": true, "remote", "id", "_serialized"},
+"ack", "from", "to", "t", "body", …}``), posted to ``webhook_url`` as it is: WPPConnect
+signs nothing, the secret rides in the URL the session was given
+(``…/wppconnect?secret=…``). ack 1 (``SENT``), 2 (``RECEIVED``), 3 (``READ``); a number of
+``fail_after_accept`` gets its value as the ack (a negative one: ``-1`` is ``FAILED``).
+
 ``onmessage`` writes the webhook body WPPConnect posts for a wa-js message.
 """
 
@@ -23,6 +30,7 @@ import base64
 import binascii
 import json
 import secrets
+import time
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +38,8 @@ from aiohttp import web
 from tests.providers.fakes.wa_bridges import BridgeFake, Sent, digits
 
 ME = "5511999990000@c.us"
+#: wa-js' ``AckType`` by name.
+ACKS = {"FAILED": -1, "CLOCK": 0, "SENT": 1, "RECEIVED": 2, "READ": 3, "PLAYED": 4}
 
 
 def _status(status: int, state: str, message: str) -> web.Response:
@@ -45,6 +55,8 @@ def _send_error(error: str) -> web.Response:
 
 class FakeWppConnect(BridgeFake):
     """A WPPConnect server with one session, ``session``, and its bearer ``token``."""
+
+    status_names = ("SENT", "RECEIVED", "READ", "FAILED")
 
     def __init__(self, session: str = "support") -> None:
         super().__init__()
@@ -80,7 +92,7 @@ class FakeWppConnect(BridgeFake):
         if body.get("isGroup"):
             return f"{phone.split('@', 1)[0]}@g.us"
         number = digits(phone)
-        if number not in self.numbers:
+        if not self.exists(number):
             return _status(400, "Connected", f"O número {number} não existe.")
         return f"{number}@{'lid' if body.get('isLid') else 'c.us'}"
 
@@ -108,7 +120,8 @@ class FakeWppConnect(BridgeFake):
             result = {"ack": 0, "id": mid, "sendMsgResult": {"messageSendResult": "OK"}}
         self.sent.append(sent)
         answer = {"status": "success", "response": [{**result, "from": ME, "to": chat}]}
-        return web.json_response({**answer, "mapper": "return"}, status=201)
+        response = web.json_response({**answer, "mapper": "return"}, status=201)
+        return await self.answer_then_post(request, response, sent)
 
     def _file(self, sent: Sent, route: str, body: dict[str, Any]) -> str | None:
         """Fill ``sent`` with the file of a send-file call; what is wrong, if anything."""
@@ -141,6 +154,32 @@ class FakeWppConnect(BridgeFake):
             )
         data, mime = self.media[mid]
         return web.json_response({"base64": base64.b64encode(data).decode(), "mimetype": mime})
+
+    def status_post(
+        self, sent: Sent, status: str, code: int | str | None
+    ) -> tuple[dict[str, str], bytes]:
+        """An ``onack`` event of ``sent``: ack ``code`` for a failure, else the ack named."""
+        ack = int(code) if status == "FAILED" and code is not None else ACKS[status]
+        body = {
+            "event": "onack",
+            "session": self.session,
+            "id": {
+                "fromMe": True,
+                "remote": sent.chat,
+                "id": sent.id.rsplit("_", 1)[-1],
+                "_serialized": sent.id,
+            },
+            "body": sent.text or sent.caption or "",
+            "type": "chat" if sent.text is not None else "image",
+            "t": int(time.time()),
+            "from": ME,
+            "to": sent.chat,
+            "self": "out",
+            "ack": ack,
+            "isNewMsg": True,
+            "fromMe": True,
+        }
+        return {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 # -- webhook bodies -------------------------------------------------------------------------
