@@ -23,6 +23,11 @@ the webhook (bridge → gateway)               ``POST`` JSON ``{"event": "messag
                                              "data": {"type": "notify", "messages": [WAMessage]},
                                              "extra": {"media": {id: base64}}?,
                                              "webhookVerifyToken"}``
+``PATCH /connections/{phone}/messages``      ``{"jid", "key": {"id", "remoteJid", "fromMe"},
+                                             "messageContent": {"text", "mentions"?}}`` → 200
+                                             ``{"data": {"key", "messageTimestamp"}}``: an edit
+``DELETE /connections/{phone}/messages``     ``{"jid", "key"}`` → 200: a delete for everyone
+``PATCH /connections/{phone}/presence``      ``{"type": "composing", "toJid"}`` → 200
 ===========================================  ===================================================
 
 ``{phone}`` is ``BAILEYS_PHONE_NUMBER`` (``+`` and digits), the connection opened with
@@ -35,6 +40,15 @@ is ``{"text"}``; media is sent as its bytes (``media.data`` or the file at ``med
 base64: the bridge takes nothing else) as ``image``, ``video``, ``audio`` or ``document``
 by its mime type, the text as its caption (audio takes none). ``options`` go into
 ``messageContent`` (``mentions``, ``quotedMessage``, ``ptt``).
+
+Edit, delete, typing (the bridge's ``controllers/connections`` and their OpenAPI
+descriptions): ``edit`` replaces the text (or a caption) of a message this number sent,
+within WhatsApp's 15 minutes; ``delete`` revokes it for everyone; ``typing`` shows
+"typing…", which WhatsApp holds about 25 s. The message id is the ``key.id`` ``send``
+returned, ``fromMe: true``. Baileys sends an edit or a revoke as a protocol message and
+WhatsApp answers nothing about it: one of a message that does not exist, or too old, is
+a 200 too, and changes nothing. The errors are the send's; a connection that is down is a
+500 here (the send's route alone says 404), retried as one.
 
 Idempotency (``send_keyed``): ``chatwootMessageId`` is the send's key (hashed): a resend of the
 same send answers the message already made instead of making another, for 10 minutes (the
@@ -300,6 +314,36 @@ class BaileysProvider(BridgeProvider):
         if message.text:
             content["caption"] = message.text
         return content
+
+    # -- edit, delete, typing (botmesh.state.ports.Edits, Deletes, Typing) -----------------
+
+    def _key(self, chat_id: str, message_id: str) -> dict[str, Any]:
+        """``jid`` and the message ``key`` of one of this number's messages."""
+        jid = _jid(chat_id)
+        return {"jid": jid, "key": {"id": message_id, "remoteJid": jid, "fromMe": True}}
+
+    async def edit(self, message: Outbound, message_id: str) -> SendResult:
+        """``PATCH /connections/{phone}/messages`` ``{"jid", "key", "messageContent":
+        {"text", "mentions"?}}``: the text (or a caption) of a message this number sent."""
+        if not message.text:
+            raise UnsupportedContentError("baileys: an edit needs a text")
+        content: dict[str, Any] = {"text": message.text}
+        if "mentions" in message.options:
+            content["mentions"] = message.options["mentions"]
+        body = {**self._key(message.chat_id, message_id), "messageContent": content}
+        await self.call("PATCH", f"/connections/{self.session_path}/messages", json_body=body)
+        return SendResult(message_id)
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        """``DELETE /connections/{phone}/messages`` ``{"jid", "key"}``: a revoke, for
+        everyone; WhatsApp takes a second one without complaint."""
+        body = self._key(chat_id, message_id)
+        await self.call("DELETE", f"/connections/{self.session_path}/messages", json_body=body)
+
+    async def typing(self, chat_id: str) -> None:
+        """``PATCH /connections/{phone}/presence`` ``{"type": "composing", "toJid"}``."""
+        body = {"type": "composing", "toJid": _jid(chat_id)}
+        await self.call("PATCH", f"/connections/{self.session_path}/presence", json_body=body)
 
     def _classify(self, answer: HttpAnswer, body: Any, detail: str) -> SendError | None:
         what = f"baileys: HTTP {answer.status}: {detail}"

@@ -120,8 +120,9 @@ class EvolutionProvider(BridgeProvider):
     session_env: ClassVar[str] = "EVOLUTION_INSTANCE"
     session_fix: ClassVar[str] = "the name of the Evolution instance to send through"
     #: How long ``typing`` shows "typing…" (ms): Evolution holds the call that long, then
-    #: sends "paused".
-    typing_ms: ClassVar[int] = 3000
+    #: sends "paused". Evolution's documentation sets no least ``delay``; a second keeps
+    #: the handler waiting little (WhatsApp clears the indicator with the reply anyway).
+    typing_ms: ClassVar[int] = 1000
 
     def _headers(self) -> dict[str, str]:
         return {"apikey": self._credential}

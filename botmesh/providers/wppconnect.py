@@ -24,9 +24,25 @@ Errors (``{"status", "message", "error"?}``), before the common rules of ``wa_br
                                                account has this number
 404 ``status: Disconnected``                   retryable: the session is not running now
 500 ``Erro ao enviar a mensagem.``             retryable (as any 5xx)
+401 ``status: error`` (``delete-message``        final: WPPConnect deleted nothing (the
+when wa-js deleted nothing)                    token's 401 has no ``status``)
 a 2xx that is not ``status: success`` or has   final: it may be out
 no message id
 =============================================  =========================================
+
+Edit, delete, typing (the routes and bodies of wppconnect-server's ``routes/index.ts`` and
+its message and device controllers): ``edit`` is ``POST /api/{session}/edit-message``
+``{"id", "newText", "options"?}`` (wa-js' ``editMessage``: a text, or a media's caption,
+within WhatsApp's 15 minutes), answered 201 ``{"status": "success", "response": message}``;
+``delete`` is ``POST /api/{session}/delete-message`` ``{"phone", "isGroup", "isLid",
+"messageId"}`` (a revoke, for everyone; a message already revoked is revoked again without
+error), answered 200 ``{"status": "success", "response": {"message": "Message deleted"}}``;
+``typing`` is ``POST /api/{session}/typing`` ``{"phone", "isGroup", "isLid", "value": true}``
+(wa-js' ``markIsComposing``: "typing…" until WhatsApp clears it or the next message). The
+message id is the ``id`` ``send`` returned. Their errors are the send's; a message
+WPPConnect cannot find or edit (unknown, too old) is a 500 that says no more than a failed
+send does (``Erro ao enviar a mensagem.``, ``Error on delete message``), so it is retried
+as one, until the outbox gives up.
 
 WPPConnect has no idempotency key and no lookup by anything the send set: no
 ``send_keyed``, no ``resolve_ambiguous``.
@@ -141,17 +157,18 @@ class WppConnectProvider(BridgeProvider):
 
     # -- sending --------------------------------------------------------------------------
 
-    async def send(self, message: Outbound) -> SendResult:
-        chat = message.chat_id
+    @staticmethod
+    def _chat(chat: str) -> dict[str, Any]:
+        """``phone``, ``isGroup`` and ``isLid`` of a chat id (``RecipientUnreachableError``
+        when it is neither a chat id nor a phone number)."""
         if not _CHAT.match(chat):
             raise RecipientUnreachableError(
                 f"wppconnect: chat_id {chat!r} is neither a WhatsApp chat id nor a phone number"
             )
-        body: dict[str, Any] = {
-            "phone": chat,
-            "isGroup": chat.endswith("@g.us"),
-            "isLid": chat.endswith("@lid"),
-        }
+        return {"phone": chat, "isGroup": chat.endswith("@g.us"), "isLid": chat.endswith("@lid")}
+
+    async def send(self, message: Outbound) -> SendResult:
+        body = self._chat(message.chat_id)
         if message.options:
             body["options"] = dict(message.options)
         media = message.media
@@ -175,6 +192,36 @@ class WppConnectProvider(BridgeProvider):
             )
         return SendResult(mid)
 
+    # -- edit, delete, typing (botmesh.state.ports.Edits, Deletes, Typing) -----------------
+
+    async def edit(self, message: Outbound, message_id: str) -> SendResult:
+        """``POST /api/{session}/edit-message`` ``{"id", "newText", "options"?}``: the text
+        (or a media's caption) of a message this session sent."""
+        if not message.text:
+            raise UnsupportedContentError("wppconnect: an edit needs a text")
+        body: dict[str, Any] = {"id": message_id, "newText": message.text}
+        if message.options:
+            body["options"] = dict(message.options)
+        path = f"/api/{self.session_path}/edit-message"
+        answer = await self.call("POST", path, json_body=body)
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            raise SendError(
+                "wppconnect: the edit's answer is not a success; it may be made", retryable=False
+            )
+        return SendResult(message_id)
+
+    async def delete(self, chat_id: str, message_id: str) -> None:
+        """``POST /api/{session}/delete-message`` ``{"phone", "isGroup", "isLid",
+        "messageId"}``: a revoke, for everyone; a message revoked already is no error."""
+        body = {**self._chat(chat_id), "messageId": message_id}
+        await self.call("POST", f"/api/{self.session_path}/delete-message", json_body=body)
+
+    async def typing(self, chat_id: str) -> None:
+        """``POST /api/{session}/typing`` ``{"phone", "isGroup", "isLid", "value": true}``:
+        "typing…" until WhatsApp clears it (or the next message)."""
+        body = {**self._chat(chat_id), "value": True}
+        await self.call("POST", f"/api/{self.session_path}/typing", json_body=body)
+
     async def _media_fields(self, body: dict[str, Any], media: Media, caption: str | None) -> str:
         """Fill ``body`` with ``media``; the route that sends it."""
         found = await self.bridge_media(media, caption, urls=True)
@@ -190,6 +237,9 @@ class WppConnectProvider(BridgeProvider):
         status = body.get("status") if isinstance(body, dict) else None
         if answer.status == 400 and status == "Connected":
             return RecipientUnreachableError(f"{what}: no WhatsApp account has this number")
+        if answer.status == 401 and status == "error":
+            # delete-message when wa-js deleted nothing: not the token (that 401 has no status)
+            return SendError(f"{what}: WPPConnect deleted nothing", retryable=False)
         if answer.status == 404 and status == "Disconnected":
             return SendError(
                 f"{what}: the session {self.session} is not running now (start it, or scan "

@@ -27,11 +27,13 @@ from botmesh.state.errors import (
     ConfigError,
     PayloadTooLargeError,
     ProviderError,
+    RateLimitedError,
     RecipientUnreachableError,
     SendError,
     UnsupportedContentError,
 )
 from botmesh.state.messages import Inbound, Media, Outbound
+from botmesh.state.ports import Deletes, Edits, Typing
 from botmesh.testing import ManualClock, SimulatedCrash, crashable
 from botmesh.topics.records import chat_key
 from tests.kafka.conftest import kafka_bootstrap, topic_prefix
@@ -250,6 +252,77 @@ async def test_a_send_lost_in_a_crash_is_found_by_the_engine_not_sent_twice(rig:
         assert (m["outboxResolvedSent"], m["outboxAmbiguous"]) == (1, 0)
     finally:
         await again.stop()
+
+
+# -- edit, delete, typing -----------------------------------------------------------------------
+
+
+async def test_edit_replaces_the_text_and_keeps_the_id(rig: Rig) -> None:
+    assert isinstance(rig.provider, Edits)
+    sent = await rig.provider.send(Outbound("+55 11 99999-0001", "draft"))
+    edited = await rig.provider.edit(
+        Outbound("5511999990001", "final", options={"mentions": [JID], "ptt": True}),
+        sent.message_id,
+    )
+    assert edited.message_id == sent.message_id
+    assert rig.fake.texts() == {JID: ["final"]}
+    assert rig.fake.edits == [(JID, sent.message_id, "final")]
+    assert rig.fake.calls[-1] == f"PATCH /connections/{rig.fake.phone}/messages"
+    with pytest.raises(UnsupportedContentError):
+        await rig.provider.edit(Outbound(JID, ""), sent.message_id)
+
+
+async def test_an_edit_of_an_unknown_message_goes_out_and_changes_nothing(rig: Rig) -> None:
+    kept = await rig.provider.send(Outbound(JID, "kept"))
+    edited = await rig.provider.edit(Outbound(JID, "x"), "3EB0NOPE")
+    assert edited.message_id == "3EB0NOPE"
+    assert rig.fake.texts() == {JID: ["kept"]} and kept.message_id != "3EB0NOPE"
+
+
+async def test_delete_revokes_the_message_and_twice_is_fine(rig: Rig) -> None:
+    assert isinstance(rig.provider, Deletes)
+    keep = await rig.provider.send(Outbound(GROUP, "keep"))
+    gone = await rig.provider.send(Outbound(GROUP, "gone"))
+    await rig.provider.delete(GROUP, gone.message_id)
+    assert [m.id for m in rig.fake.sent] == [keep.message_id]
+    await rig.provider.delete(GROUP, gone.message_id)
+    assert rig.fake.revoked == {gone.message_id}
+    assert rig.fake.calls[-1] == f"DELETE /connections/{rig.fake.phone}/messages"
+
+
+async def test_typing_sends_composing_to_the_chat(rig: Rig) -> None:
+    assert isinstance(rig.provider, Typing)
+    await rig.provider.typing("5511999990001")
+    assert rig.fake.presences == [(JID, "composing")]
+    with pytest.raises(RecipientUnreachableError):
+        await rig.provider.typing("not a chat")
+    assert rig.fake.calls == [f"PATCH /connections/{rig.fake.phone}/presence"]
+
+
+async def test_edit_delete_and_typing_map_errors_as_send_does(rig: Rig) -> None:
+    sent = await rig.provider.send(Outbound(JID, "hi"))
+    rig.fake.rate_limit("4")
+    with pytest.raises(RateLimitedError) as limited:
+        await rig.provider.edit(Outbound(JID, "x"), sent.message_id)
+    assert limited.value.retry_after == 4
+    rig.fake.connected = False
+    for call in (
+        rig.provider.edit(Outbound(JID, "x"), sent.message_id),
+        rig.provider.delete(JID, sent.message_id),
+        rig.provider.typing(JID),
+    ):
+        with pytest.raises(SendError, match="Phone number not connected") as down:
+            await call
+        assert down.value.retryable is True
+    rig.fake.connected = True
+    wrong = BaileysProvider(rig.url, "bk_not-the-key", rig.fake.phone)
+    try:
+        with pytest.raises(SendError, match="BAILEYS_API_KEY") as err:
+            await wrong.delete(JID, sent.message_id)
+    finally:
+        await wrong.close()
+    assert err.value.retryable is False
+    assert rig.fake.texts() == {JID: ["hi"]} and rig.fake.presences == []
 
 
 # -- media downloads --------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from botmesh.providers.baileys import BaileysWebhook
-from botmesh.providers.evolution import EvolutionWebhook
+from botmesh.providers.baileys import BaileysProvider, BaileysWebhook
+from botmesh.providers.evolution import EvolutionProvider, EvolutionWebhook
 from botmesh.providers.gupshup import GupshupProvider, GupshupWebhook
 from botmesh.providers.instagram import InstagramWebhook
 from botmesh.providers.messenger import MessengerWebhook
@@ -29,12 +29,15 @@ from botmesh.providers.webhooks import (
     WebhookRequest,
 )
 from botmesh.providers.whatsapp import WhatsAppProvider, WhatsAppWebhook
-from botmesh.providers.wppconnect import WppConnectWebhook
+from botmesh.providers.wppconnect import WppConnectProvider, WppConnectWebhook
 from botmesh.state.errors import RecipientUnreachableError
 from botmesh.state.messages import DeliveryState, DeliveryStatus, Outbound
+from tests.providers.fakes.baileys import FakeBaileys
+from tests.providers.fakes.evolution import FakeEvolution
 from tests.providers.fakes.graph import VERSION, GraphFake
 from tests.providers.fakes.gupshup import FakeGupshup
 from tests.providers.fakes.twilio import FakeTwilio
+from tests.providers.fakes.wppconnect import FakeWppConnect
 from tests.providers.serve import serving
 
 S = DeliveryState
@@ -772,3 +775,126 @@ def test_baileys_messages_update() -> None:
         hook.statuses(_request({**body, "data": {"key": {}}}))
     with pytest.raises(MalformedWebhook):
         hook.statuses(_request(_baileys({"key": {"fromMe": True}, "update": {"status": 3}})))
+
+
+# -- the bridges' fakes post statuses ------------------------------------------------------------
+
+
+def _bridge_received(
+    hook: EvolutionWebhook | WppConnectWebhook | BaileysWebhook,
+    receiver: Receiver,
+    path: str,
+    query: dict[str, str] | None = None,
+) -> list[DeliveryStatus]:
+    """What ``hook`` (verified first) reads of every post ``receiver`` got."""
+    out: list[DeliveryStatus] = []
+    for headers, body in receiver.got:
+        request = _request(body, path=path, headers=headers, query=query)
+        hook.verify(request)
+        assert hook.parse(request) == []
+        out.extend(hook.statuses(request))
+    return out
+
+
+def _by_message(found: list[DeliveryStatus]) -> dict[str, list[tuple[DeliveryState, str | None]]]:
+    out: dict[str, list[tuple[DeliveryState, str | None]]] = {}
+    for s in found:
+        out.setdefault(s.message_id, []).append((s.status, s.code))
+    return out
+
+
+async def test_the_evolution_fake_posts_messages_update_with_the_instance_token_or_a_jwt() -> None:
+    fake, receiver = FakeEvolution("support-bot"), Receiver()
+    async with serving(fake.app()) as base, serving(receiver.app()) as hooks:
+        fake.webhook_url = f"{hooks}/evolution"
+        fake.fail_after_accept["5511999990009"] = "ERROR"
+        provider = EvolutionProvider(base, fake.token, fake.instance)
+        try:
+            ok = await provider.send(Outbound("5511999990001", "hello"))
+            failed = await provider.send(Outbound("5511999990009", "hello"))
+            await fake.settle()
+            by_token = EvolutionWebhook(api_key=fake.token, instance=fake.instance)
+            found = _bridge_received(by_token, receiver, "/evolution")
+            fake.webhook_jwt_key = "evolution-jwt-key-0123"
+            receiver.got.clear()
+            again = await provider.send(Outbound("5511999990002", "hello again"))
+            await fake.settle()
+        finally:
+            await provider.close()
+    assert _by_message(found) == {
+        ok.message_id: [(S.SENT, None), (S.DELIVERED, None), (S.READ, None)],
+        failed.message_id: [(S.FAILED, None)],
+    }
+    assert {s.chat_id for s in found if s.message_id == ok.message_id} == {
+        "5511999990001@s.whatsapp.net"
+    }
+    by_jwt = EvolutionWebhook(secret="evolution-jwt-key-0123")
+    jwt_found = _bridge_received(by_jwt, receiver, "/evolution")
+    assert _states(jwt_found) == [
+        ("5511999990002@s.whatsapp.net", again.message_id, state)
+        for state in (S.SENT, S.DELIVERED, S.READ)
+    ]
+    with pytest.raises(BadSignature):
+        EvolutionWebhook(secret="another-jwt-key-0123").verify(
+            _request(receiver.got[0][1], headers=receiver.got[0][0])
+        )
+    assert [p[1] for p in fake.posted if p[0] == ok.message_id] == [
+        "SERVER_ACK",
+        "DELIVERY_ACK",
+        "READ",
+    ]
+
+
+async def test_the_wppconnect_fake_posts_onack_to_the_url_with_the_secret() -> None:
+    fake, receiver, secret = FakeWppConnect("support"), Receiver(), "wppconnect-secret-0123"
+    async with serving(fake.app()) as base, serving(receiver.app()) as hooks:
+        fake.webhook_url = f"{hooks}/wppconnect?secret={secret}"
+        fake.fail_after_accept["5511999990009"] = -1
+        fake.status_copies = 2
+        provider = WppConnectProvider(base, fake.token, fake.session)
+        try:
+            ok = await provider.send(Outbound("5511999990001", "hello"))
+            failed = await provider.send(Outbound("5511999990009@c.us", "hello"))
+            await fake.settle()
+        finally:
+            await provider.close()
+    hook = WppConnectWebhook(secret, session="support")
+    found = _bridge_received(hook, receiver, "/wppconnect", query={"secret": secret})
+    twice = [(S.SENT, None)] * 2 + [(S.DELIVERED, None)] * 2 + [(S.READ, None)] * 2
+    assert _by_message(found) == {
+        ok.message_id: twice,
+        failed.message_id: [(S.FAILED, "-1")] * 2,
+    }
+    assert {s.chat_id for s in found} == {"5511999990001@c.us", "5511999990009@c.us"}
+    assert [p[1] for p in fake.posted if p[0] == ok.message_id][::2] == [
+        "SENT",
+        "RECEIVED",
+        "READ",
+    ]
+    with pytest.raises(BadSignature):
+        hook.verify(_request(receiver.got[0][1], query={"secret": "not-the-secret-0123"}))
+
+
+async def test_the_baileys_fake_posts_messages_update_with_the_verify_token() -> None:
+    fake, receiver = FakeBaileys(), Receiver()
+    async with serving(fake.app()) as base, serving(receiver.app()) as hooks:
+        fake.webhook_url = f"{hooks}/baileys"
+        fake.fail_after_accept["5511999990009"] = 463
+        provider = BaileysProvider(base, fake.api_key, fake.phone)
+        try:
+            ok = await provider.send(Outbound("5511999990001", "hello"))
+            failed = await provider.send(Outbound("5511999990009@s.whatsapp.net", "hello"))
+            await fake.settle()
+        finally:
+            await provider.close()
+    found = _bridge_received(BaileysWebhook(fake.webhook_verify_token), receiver, "/baileys")
+    assert _by_message(found) == {
+        ok.message_id: [(S.SENT, None), (S.DELIVERED, None), (S.READ, None)],
+        failed.message_id: [(S.FAILED, "463")],
+    }
+    assert {s.chat_id for s in found if s.message_id == ok.message_id} == {
+        "5511999990001@s.whatsapp.net"
+    }
+    assert [p[1:] for p in fake.posted if p[0] == failed.message_id] == [("ERROR", 200)]
+    with pytest.raises(BadSignature):
+        BaileysWebhook("another-token").verify(_request(receiver.got[0][1]))

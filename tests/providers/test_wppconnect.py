@@ -20,11 +20,13 @@ from botmesh.providers.wppconnect import WppConnectProvider, WppConnectWebhook
 from botmesh.state.errors import (
     ConfigError,
     ProviderError,
+    RateLimitedError,
     RecipientUnreachableError,
     SendError,
     UnsupportedContentError,
 )
 from botmesh.state.messages import Inbound, Media, Outbound
+from botmesh.state.ports import Deletes, Edits, Typing
 from botmesh.topics.records import chat_key
 from tests.kafka.conftest import kafka_bootstrap, topic_prefix
 from tests.providers.channel_paths import post_through_gateway, replay_media, send_through_engine
@@ -179,6 +181,81 @@ async def test_the_engine_dead_letters_a_number_without_whatsapp_at_once(rig: Ri
     with pytest.raises(RecipientUnreachableError):
         await send_through_engine(rig.provider, "5511000000000", "hi")
     assert rig.fake.calls == ["POST /api/support/send-message"]  # final: never retried
+
+
+# -- edit, delete, typing -----------------------------------------------------------------------
+
+
+async def test_edit_replaces_the_text_and_keeps_the_id(rig: Rig) -> None:
+    assert isinstance(rig.provider, Edits)
+    sent = await rig.provider.send(Outbound("5511999990001", "draft"))
+    edited = await rig.provider.edit(Outbound(CHAT, "final "), sent.message_id)
+    assert edited.message_id == sent.message_id
+    assert rig.fake.texts() == {CHAT: ["final"]}  # wa-js trims the new text
+    assert rig.fake.calls[-1] == "POST /api/support/edit-message"
+    with pytest.raises(UnsupportedContentError):
+        await rig.provider.edit(Outbound(CHAT, ""), sent.message_id)
+
+
+async def test_editing_an_unknown_message_is_a_500_retried_as_a_send_is(rig: Rig) -> None:
+    with pytest.raises(SendError, match="Erro ao enviar a mensagem") as err:
+        await rig.provider.edit(Outbound(CHAT, "x"), MID)
+    assert err.value.retryable is True
+
+
+async def test_delete_revokes_the_message_and_twice_is_fine(rig: Rig) -> None:
+    assert isinstance(rig.provider, Deletes)
+    keep = await rig.provider.send(Outbound(CHAT, "keep"))
+    gone = await rig.provider.send(Outbound(CHAT, "gone"))
+    await rig.provider.delete("5511999990001", gone.message_id)
+    assert [m.id for m in rig.fake.sent] == [keep.message_id]
+    await rig.provider.delete(CHAT, gone.message_id)
+    assert rig.fake.revoked == {gone.message_id}
+    assert rig.fake.calls[-1] == "POST /api/support/delete-message"
+    with pytest.raises(SendError, match="Error on delete message"):
+        await rig.provider.delete(CHAT, MID)
+
+
+async def test_typing_marks_the_chat_composing(rig: Rig) -> None:
+    assert isinstance(rig.provider, Typing)
+    await rig.provider.typing(CHAT)
+    await rig.provider.typing(GROUP)
+    assert rig.fake.typings == [(CHAT, True), (GROUP, True)]
+    with pytest.raises(RecipientUnreachableError):
+        await rig.provider.typing("5511000000000")
+    with pytest.raises(RecipientUnreachableError):
+        await rig.provider.typing("5511999990001,5511999990002")
+    assert len(rig.fake.typings) == 2
+
+
+async def test_edit_delete_and_typing_map_errors_as_send_does(rig: Rig) -> None:
+    sent = await rig.provider.send(Outbound(CHAT, "hi"))
+    rig.fake.rate_limit("4")
+    with pytest.raises(RateLimitedError) as limited:
+        await rig.provider.edit(Outbound(CHAT, "x"), sent.message_id)
+    assert limited.value.retry_after == 4
+    rig.fake.connected = False
+    for call in (
+        rig.provider.edit(Outbound(CHAT, "x"), sent.message_id),
+        rig.provider.delete(CHAT, sent.message_id),
+        rig.provider.typing(CHAT),
+    ):
+        with pytest.raises(SendError, match="not running now") as down:
+            await call
+        assert down.value.retryable is True
+    rig.fake.connected = True
+    rig.fake.fail_next(401, {"status": "error", "response": {"message": "Error unknown"}})
+    with pytest.raises(SendError, match="deleted nothing") as nothing:
+        await rig.provider.delete(CHAT, sent.message_id)
+    assert nothing.value.retryable is False
+    wrong = WppConnectProvider(rig.url, "not-the-token", "support")
+    try:
+        with pytest.raises(SendError, match="WPPCONNECT_TOKEN") as err:
+            await wrong.typing(CHAT)
+    finally:
+        await wrong.close()
+    assert err.value.retryable is False
+    assert rig.fake.texts() == {CHAT: ["hi"]} and rig.fake.typings == []
 
 
 # -- media --------------------------------------------------------------------------------------

@@ -13,6 +13,27 @@ media CDN behind it.
 - ``GET /media/{messageId}``: the media the bridge saved when a message arrived (``media``),
   404 ``File not found`` otherwise.
 - ``GET /v/…``: the CDN: media encrypted as WhatsApp does (``add_cdn_media``).
+- ``PATCH /connections/{phone}/messages`` (``{"jid", "key": {"id", …}, "messageContent":
+  {"text", "mentions"?}}``): an edit. The text (or an image's or video's caption) of a
+  message the fake sent is replaced; every edit is kept in ``edits`` as ``(jid, id,
+  text)``, also one of a message the fake does not hold: Baileys sends it as a protocol
+  message and WhatsApp says nothing, so the bridge answers 200 ``{"data": {"key",
+  "messageTimestamp"}}`` (the key of the protocol message) all the same.
+- ``DELETE /connections/{phone}/messages`` (``{"jid", "key"}``): removes the message (its id
+  into ``revoked``), 200 with no body, whether it was there or not.
+- ``PATCH /connections/{phone}/presence`` (``{"type", "toJid"?}``): ``(toJid, type)`` into
+  ``presences``, 200 with no body.
+
+These three check the key and the phone as the send does; a connection that is down
+answers 500 ``Phone number not connected`` (the error Elysia reports: only the send's route
+turns it into a 404), a body Elysia's schema refuses 422.
+
+Status webhooks (``BridgeFake``): ``messages.update`` events as the bridge forwards Baileys'
+(``{"event": "messages.update", "data": [{"key": {"remoteJid", "fromMe": true, "id"},
+"update": {"status"}}], "webhookVerifyToken"}``), the connection's ``webhook_verify_token``
+in the body (the bridge signs nothing): status 2 (``SERVER_ACK``), 3 (``DELIVERY_ACK``), 4
+(``READ``); a number of ``fail_after_accept`` gets 0 (``ERROR``) with the value as
+``messageStubParameters`` (``463``: the account is restricted).
 
 ``upsert`` and the message builders write the webhook bodies the bridge posts, byte fields
 as ``JSON.stringify`` writes a Node Buffer.
@@ -40,6 +61,8 @@ from tests.providers.fakes.wa_bridges import BridgeFake, Sent
 _PHONE = re.compile(r"^\+\d{5,15}$")
 _MEDIA_ID = re.compile(r"^[A-Z0-9]{1,64}$")
 _KINDS = ("image", "video", "document", "audio")
+#: Baileys' ``WAMessageStatus`` by name.
+STATUSES = {"ERROR": 0, "PENDING": 1, "SERVER_ACK": 2, "DELIVERY_ACK": 3, "READ": 4, "PLAYED": 5}
 _INFO = {
     "image": b"WhatsApp Image Keys",
     "video": b"WhatsApp Video Keys",
@@ -81,7 +104,10 @@ def _base64(value: Any) -> bytes | None:
 
 
 class FakeBaileys(BridgeFake):
-    """The bridge with one connection, ``phone``, owned by ``api_key``."""
+    """The bridge with one connection, ``phone``, owned by ``api_key``; its webhook's
+    ``webhook_verify_token``."""
+
+    status_names = ("SERVER_ACK", "DELIVERY_ACK", "READ", "ERROR")
 
     def __init__(self, phone: str = "+5511999990000", api_key: str = "") -> None:
         super().__init__()
@@ -92,6 +118,13 @@ class FakeBaileys(BridgeFake):
         self.cdn_downloads: list[str] = []
         self.idempotent: dict[str, dict[str, Any]] = {}
         self._lose_next = False
+        self.webhook_verify_token = "verify-" + secrets.token_hex(6)
+        #: ``(jid, message id, new text)`` of every edit.
+        self.edits: list[tuple[str, str, str]] = []
+        #: Ids of the messages deleted for everyone.
+        self.revoked: set[str] = set()
+        #: ``(toJid, type)`` of every presence update.
+        self.presences: list[tuple[str | None, str]] = []
 
     def lose_next_answer(self) -> None:
         """The next send goes out, then answers 504 (a send timeout: the answer is lost)."""
@@ -121,6 +154,9 @@ class FakeBaileys(BridgeFake):
 
     def routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/connections/{phone}/send-message", self._send)
+        router.add_patch("/connections/{phone}/messages", self._edit)
+        router.add_delete("/connections/{phone}/messages", self._delete)
+        router.add_patch("/connections/{phone}/presence", self._presence)
         router.add_get("/media/{message_id}", self._media_file)
         router.add_get("/v/{path:.+}", self._cdn)
 
@@ -131,7 +167,9 @@ class FakeBaileys(BridgeFake):
             )
         return None
 
-    async def _send(self, request: web.Request) -> web.StreamResponse:
+    async def _guarded(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The API key, the phone of the path and a JSON object body, as the bridge checks
+        them; the body, or the answer that refuses the call."""
         refused = self._auth(request)
         if refused is not None:
             return refused
@@ -149,6 +187,74 @@ class FakeBaileys(BridgeFake):
             body = await request.json()
         except ValueError:
             return _validation("body is not JSON")
+        return body if isinstance(body, dict) else _validation("Expected an object")
+
+    def _keyed(self, request: web.Request, body: dict[str, Any]) -> web.Response | None:
+        """An edit's or a delete's ``jid`` and ``key.id`` checked, then the connection."""
+        jid, key = body.get("jid"), body.get("key")
+        if (
+            not isinstance(jid, str)
+            or not isinstance(key, dict)
+            or not isinstance(key.get("id"), str)
+        ):
+            return _validation("Expected jid and key.id")
+        if request.match_info["phone"] != self.phone or not self.connected:
+            return web.Response(status=500, text="Phone number not connected")
+        return None
+
+    async def _edit(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        content = body.get("messageContent")
+        text = content.get("text") if isinstance(content, dict) else None
+        if not isinstance(text, str):
+            return _validation("messageContent.text: expected a string")
+        refused = self._keyed(request, body)
+        if refused is not None:
+            return refused
+        jid, mid = body["jid"], body["key"]["id"]
+        self.edits.append((jid, mid, text))
+        found = next((m for m in self.sent if m.id == mid and m.chat == jid), None)
+        if found is not None and found.kind in (None, "image", "video"):
+            if found.kind is None:
+                found.text = text
+            else:
+                found.caption = text
+        key = {"remoteJid": jid, "fromMe": True, "id": self.message_id()}
+        return web.json_response({"data": {"key": key, "messageTimestamp": str(int(time.time()))}})
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        refused = self._keyed(request, body)
+        if refused is not None:
+            return refused
+        jid, mid = body["jid"], body["key"]["id"]
+        self.sent = [m for m in self.sent if not (m.id == mid and m.chat == jid)]
+        self.revoked.add(mid)
+        return web.Response(status=200)
+
+    async def _presence(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        kind, to = body.get("type"), body.get("toJid")
+        if kind not in ("unavailable", "available", "composing", "recording", "paused"):
+            return _validation("type: expected a presence")
+        if to is not None and not isinstance(to, str):
+            return _validation("toJid: expected a string")
+        if request.match_info["phone"] != self.phone or not self.connected:
+            return web.Response(status=500, text="Phone number not connected")
+        self.presences.append((to, kind))
+        return web.Response(status=200)
+
+    async def _send(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        phone = request.match_info["phone"]
         jid, content = body.get("jid"), body.get("messageContent")
         if not isinstance(jid, str) or not isinstance(content, dict):
             return _validation("Expected jid and messageContent")
@@ -170,8 +276,9 @@ class FakeBaileys(BridgeFake):
             self.idempotent[str(key)] = result
         if self._lose_next:
             self._lose_next = False
-            return web.Response(status=504, text="Send timed out")
-        return web.json_response({"data": result})
+            lost = web.Response(status=504, text="Send timed out")
+            return await self.answer_then_post(request, lost, sent)
+        return await self.answer_then_post(request, web.json_response({"data": result}), sent)
 
     def _content(self, jid: str, content: dict[str, Any]) -> Sent | web.Response:
         if isinstance(content.get("text"), str):
@@ -209,6 +316,21 @@ class FakeBaileys(BridgeFake):
         if path not in self.cdn:
             return web.Response(status=404, text="Not Found")
         return web.Response(body=self.cdn[path], content_type="application/octet-stream")
+
+    def status_post(
+        self, sent: Sent, status: str, code: int | str | None
+    ) -> tuple[dict[str, str], bytes]:
+        """A ``messages.update`` event of ``sent`` with Baileys' status ``status``."""
+        update: dict[str, Any] = {"status": STATUSES[status]}
+        if status == "ERROR" and code is not None:
+            update["messageStubParameters"] = [str(code)]
+        key = {"remoteJid": sent.chat, "fromMe": True, "id": sent.id}
+        body = {
+            "event": "messages.update",
+            "data": [{"key": key, "update": update}],
+            "webhookVerifyToken": self.webhook_verify_token,
+        }
+        return {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 # -- webhook bodies -------------------------------------------------------------------------

@@ -25,6 +25,15 @@ removes it and answers 201 even when it is not there (a revoke is sent regardles
 ``POST /chat/sendPresence/{instance}`` (``{"number", "presence", "delay"}``) records it
 (``presences``) and answers 201 ``{"presence"}`` without waiting the delay.
 
+Status webhooks (``BridgeFake``): ``messages.update`` events (``MESSAGES_UPDATE``), as
+Evolution v2 posts them: ``{"event": "messages.update", "instance", "data": {"messageId",
+"keyId", "remoteJid", "fromMe": true, "participant", "status", "instanceId"}, "date_time",
+"sender", "server_url", "apikey"}``, with the instance's token as ``apikey``
+(``AUTHENTICATION_EXPOSE_IN_FETCH_INSTANCES=true``) and, when ``webhook_jwt_key`` is set (the
+webhook's ``headers`` hold ``jwt_key``), ``Authorization: Bearer <JWT of it>``.
+``SERVER_ACK``, ``DELIVERY_ACK``, ``READ``; a number of ``fail_after_accept`` gets
+``ERROR`` (Evolution passes no code, so the value is not posted).
+
 ``upsert`` writes the webhook body Evolution posts, and ``jwt_for`` the ``Authorization``
 JWT it makes from a webhook's ``jwt_key`` header.
 """
@@ -69,6 +78,8 @@ class FakeEvolution(BridgeFake):
     """An Evolution server with one instance, ``instance``, whose token is ``token``;
     ``global_key`` works for every instance."""
 
+    status_names = ("SERVER_ACK", "DELIVERY_ACK", "READ", "ERROR")
+
     def __init__(self, instance: str = "support-bot") -> None:
         super().__init__()
         self.instance = instance
@@ -76,12 +87,16 @@ class FakeEvolution(BridgeFake):
         self.global_key = "global-" + secrets.token_hex(12)
         #: ``(jid, presence, delay)`` of every accepted ``sendPresence``.
         self.presences: list[tuple[str, str, int]] = []
+        #: The webhook's ``jwt_key`` header: its status posts carry the JWT of it.
+        self.webhook_jwt_key: str | None = None
 
     # -- the app --------------------------------------------------------------------------
 
     def routes(self, router: web.UrlDispatcher) -> None:
-        router.add_post("/message/sendText/{instance}", self._guarded(self._text))
-        router.add_post("/message/sendMedia/{instance}", self._guarded(self._media_send))
+        router.add_post("/message/sendText/{instance}", self._guarded(self._text, posts=True))
+        router.add_post(
+            "/message/sendMedia/{instance}", self._guarded(self._media_send, posts=True)
+        )
         router.add_post(
             "/chat/getBase64FromMediaMessage/{instance}", self._guarded(self._base64_of)
         )
@@ -91,7 +106,10 @@ class FakeEvolution(BridgeFake):
         )
         router.add_post("/chat/sendPresence/{instance}", self._guarded(self._presence))
 
-    def _guarded(self, route: Any) -> Any:
+    def _guarded(self, route: Any, *, posts: bool = False) -> Any:
+        """``route`` behind Evolution's guards; ``posts``: an accepted send (201) gets its
+        status webhooks."""
+
         async def handle(request: web.Request) -> web.StreamResponse:
             name = request.match_info["instance"]
             if name != self.instance:
@@ -102,7 +120,9 @@ class FakeEvolution(BridgeFake):
                 body = await request.json()
             except ValueError:
                 return error(400, ["body is not JSON"])
-            answer: web.StreamResponse = await route(body)
+            answer: web.Response = await route(body)
+            if posts and answer.status == 201:
+                return await self.answer_then_post(request, answer, self.sent[-1])
             return answer
 
         return handle
@@ -115,7 +135,7 @@ class FakeEvolution(BridgeFake):
         if number.endswith("@g.us"):
             return number
         jid = f"{digits(number)}@s.whatsapp.net"
-        if digits(number) not in self.numbers:
+        if not self.exists(digits(number)):
             return error(400, [{"jid": jid, "exists": False, "number": number}])
         return jid
 
@@ -251,6 +271,25 @@ class FakeEvolution(BridgeFake):
             return error(400, ['"delay" is required'])
         self.presences.append((chat, presence, delay))
         return web.json_response({"presence": presence}, status=201)
+
+    def status_post(
+        self, sent: Sent, status: str, code: int | str | None
+    ) -> tuple[dict[str, str], bytes]:
+        """A ``messages.update`` event of ``sent`` with Baileys' status name ``status``."""
+        data = {
+            "messageId": "cm" + secrets.token_hex(10),
+            "keyId": sent.id,
+            "remoteJid": sent.chat,
+            "fromMe": True,
+            "participant": sent.chat,
+            "status": status,
+            "instanceId": "a1b2c3d4-0000-4000-8000-000000000001",
+        }
+        body = upsert(self.instance, data, apikey=self.token, event="messages.update")
+        headers = {"Content-Type": "application/json"}
+        if self.webhook_jwt_key is not None:
+            headers["Authorization"] = f"Bearer {jwt_for(self.webhook_jwt_key)}"
+        return headers, body
 
 
 # -- webhook bodies -------------------------------------------------------------------------

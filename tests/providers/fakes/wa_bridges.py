@@ -1,10 +1,21 @@
 """What the fakes of the three WhatsApp Web bridges share (``baileys``, ``evolution``,
 ``wppconnect`` in this package): answers scripted ahead of the real ones (a proxy's 429 with
 ``Retry-After``, a 5xx, any error body), the calls seen, the messages accepted, and the
-WhatsApp numbers that exist; and ``refused``, for their tests."""
+WhatsApp numbers that exist; and ``refused``, for their tests.
+
+Status webhooks: with ``webhook_url`` set, every accepted message gets its statuses posted
+there once the send's answer is written, as the bridge forwards WhatsApp's acks (each
+fake writes the body and the credential its bridge posts, ``status_post``): the bridge's
+sent, delivered and read, one after the other (each post awaited). A number of
+``fail_after_accept`` (digits; it need not be in ``numbers``) is accepted, then gets the
+bridge's failure with that value as its code. ``status_copies`` posts each status that
+many times (a retrying bridge); ``posted`` records ``(message id, status, HTTP status
+answered)``; ``post_status`` posts one by hand; ``settle()`` waits for the posts under
+way."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import secrets
@@ -13,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -71,6 +83,15 @@ class BridgeFake:
         self.media: dict[str, tuple[bytes, str]] = {}
         self._injected: deque[web.Response] = deque()
         self._seq = itertools.count(1)
+        #: Where status webhooks are posted (``None``: nowhere).
+        self.webhook_url: str | None = None
+        #: Numbers (digits) whose messages are accepted, then fail with this code.
+        self.fail_after_accept: dict[str, int | str] = {}
+        #: How many times each status webhook is posted.
+        self.status_copies = 1
+        #: ``(message id, status, HTTP status the webhook URL answered)`` of every post.
+        self.posted: list[tuple[str, str, int]] = []
+        self._posting: set[asyncio.Task[None]] = set()
 
     # -- scripting ------------------------------------------------------------------------
 
@@ -104,6 +125,68 @@ class BridgeFake:
     def message_id(self) -> str:
         """A fresh WhatsApp message id (``3EB0`` and hex, as WhatsApp Web makes them)."""
         return f"3EB0{next(self._seq):04X}{secrets.token_hex(6).upper()}"
+
+    def exists(self, number: str) -> bool:
+        """Whether ``number`` (digits) has WhatsApp: in ``numbers`` or ``fail_after_accept``."""
+        return number in self.numbers or number in self.fail_after_accept
+
+    # -- status webhooks ------------------------------------------------------------------
+
+    #: The bridge's names of sent, delivered and read, and of a failure.
+    status_names: tuple[str, str, str, str] = ("sent", "delivered", "read", "failed")
+
+    def status_post(
+        self, sent: Sent, status: str, code: int | str | None
+    ) -> tuple[dict[str, str], bytes]:  # pragma: no cover - abstract
+        """The headers and body the bridge posts for status ``status`` of ``sent``."""
+        raise NotImplementedError
+
+    def sequence(self, chat: str) -> list[tuple[str, int | str | None]]:
+        """The statuses an accepted message to ``chat`` gets, in order."""
+        sent, delivered, read, failed = self.status_names
+        code = self.fail_after_accept.get(digits(chat))
+        if code is not None:
+            return [(failed, code)]
+        return [(sent, None), (delivered, None), (read, None)]
+
+    async def post_status(self, sent: Sent, status: str, code: int | str | None = None) -> int:
+        """Post one status webhook of ``sent`` to ``webhook_url`` (``status_copies`` times);
+        the HTTP status of the last answer (0: the URL could not be reached)."""
+        if self.webhook_url is None:
+            raise RuntimeError(f"{type(self).__name__}.webhook_url is not set")
+        headers, body = self.status_post(sent, status, code)
+        answered = 0
+        async with aiohttp.ClientSession() as session:
+            for _ in range(max(1, self.status_copies)):
+                try:
+                    async with session.post(self.webhook_url, data=body, headers=headers) as r:
+                        answered = r.status
+                except aiohttp.ClientError:
+                    answered = 0
+                self.posted.append((sent.id, status, answered))
+        return answered
+
+    async def _post_sequence(self, sent: Sent) -> None:
+        for status, code in self.sequence(sent.chat):
+            await self.post_status(sent, status, code)
+
+    async def answer_then_post(
+        self, request: web.Request, response: web.Response, sent: Sent
+    ) -> web.Response:
+        """Write the answer that accepted ``sent``, then start posting its statuses."""
+        if self.webhook_url is None:
+            return response
+        await response.prepare(request)
+        await response.write_eof()
+        task = asyncio.create_task(self._post_sequence(sent))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        return response
+
+    async def settle(self) -> None:
+        """Wait until every status sequence under way has been posted."""
+        while self._posting:
+            await asyncio.gather(*list(self._posting))
 
     # -- the app --------------------------------------------------------------------------
 

@@ -14,6 +14,25 @@ without WhatsApp 400 ``{"status": "Connected", "message": "O número … não ex
 file that is neither a URL nor a data URI 500 ``Erro ao enviar a mensagem.``, as the
 controller's catch answers.
 
+Status webhooks (``BridgeFake``): ``onack`` events, the wa-js message with its new ``ack``
+(``{"event": "onack", "session", "id": {"fromMe": true, "remote", "id", "_serialized"},
+"ack", "from", "to", "t", "body", …}``), posted to ``webhook_url`` as it is: WPPConnect
+signs nothing, the secret rides in the URL the session was given
+(``…/wppconnect?secret=…``). ack 1 (``SENT``), 2 (``RECEIVED``), 3 (``READ``); a number of
+``fail_after_accept`` gets its value as the ack (a negative one: ``-1`` is ``FAILED``).
+
+Edit, delete, typing, behind the same guards: ``POST /api/{session}/edit-message`` (``{"id",
+"newText", "options"?}``) replaces the text (or an image's or video's caption) of a message
+the fake sent, 201 ``{"status": "success", "response": message}``; a message it does not
+hold (or cannot edit: a document, audio) 500 ``Erro ao enviar a mensagem.`` with the empty
+``error`` the controller's catch gives (wa-js' error does not cross puppeteer).
+``POST /api/{session}/delete-message`` (``{"phone", "isGroup", "messageId"}``, the phone
+through ``statusConnection``) removes it (``revoked`` keeps its id) and answers 200 ``{"status":
+"success", "response": {"message": "Message deleted"}}``, again for one revoked already; an
+id the fake never sent 500 ``Error on delete message``. ``POST /api/{session}/typing``
+(``{"phone", "isGroup", "value"}``) records ``(chat, value)`` in ``typings``, 200
+``{"status": "success"}``.
+
 ``onmessage`` writes the webhook body WPPConnect posts for a wa-js message.
 """
 
@@ -23,6 +42,7 @@ import base64
 import binascii
 import json
 import secrets
+import time
 from typing import Any
 
 from aiohttp import web
@@ -30,15 +50,19 @@ from aiohttp import web
 from tests.providers.fakes.wa_bridges import BridgeFake, Sent, digits
 
 ME = "5511999990000@c.us"
+#: wa-js' ``AckType`` by name.
+ACKS = {"FAILED": -1, "CLOCK": 0, "SENT": 1, "RECEIVED": 2, "READ": 3, "PLAYED": 4}
 
 
 def _status(status: int, state: str, message: str) -> web.Response:
     return web.json_response({"response": None, "status": state, "message": message}, status=status)
 
 
-def _send_error(error: str) -> web.Response:
+def _send_error(error: str | None) -> web.Response:
+    """The messages controller's catch; ``None``: an error puppeteer brought back empty."""
+    detail = {} if error is None else {"message": error}
     return web.json_response(
-        {"status": "Error", "message": "Erro ao enviar a mensagem.", "error": {"message": error}},
+        {"status": "Error", "message": "Erro ao enviar a mensagem.", "error": detail},
         status=500,
     )
 
@@ -46,16 +70,25 @@ def _send_error(error: str) -> web.Response:
 class FakeWppConnect(BridgeFake):
     """A WPPConnect server with one session, ``session``, and its bearer ``token``."""
 
+    status_names = ("SENT", "RECEIVED", "READ", "FAILED")
+
     def __init__(self, session: str = "support") -> None:
         super().__init__()
         self.session = session
         self.token = "$2b$10$" + secrets.token_urlsafe(40).replace("-", "x")
+        #: Ids of the messages revoked (deleted for everyone).
+        self.revoked: set[str] = set()
+        #: ``(chat, value)`` of every ``typing`` call.
+        self.typings: list[tuple[str, bool]] = []
 
     # -- the app --------------------------------------------------------------------------
 
     def routes(self, router: web.UrlDispatcher) -> None:
         for route in ("send-message", "send-file", "send-file-base64"):
             router.add_post(f"/api/{{session}}/{route}", self._send)
+        router.add_post("/api/{session}/edit-message", self._edit)
+        router.add_post("/api/{session}/delete-message", self._delete)
+        router.add_post("/api/{session}/typing", self._typing)
         router.add_get("/api/{session}/get-media-by-message/{message_id}", self._media_of)
 
     def _auth(self, request: web.Request) -> web.Response | None:
@@ -80,7 +113,7 @@ class FakeWppConnect(BridgeFake):
         if body.get("isGroup"):
             return f"{phone.split('@', 1)[0]}@g.us"
         number = digits(phone)
-        if number not in self.numbers:
+        if not self.exists(number):
             return _status(400, "Connected", f"O número {number} não existe.")
         return f"{number}@{'lid' if body.get('isLid') else 'c.us'}"
 
@@ -108,7 +141,8 @@ class FakeWppConnect(BridgeFake):
             result = {"ack": 0, "id": mid, "sendMsgResult": {"messageSendResult": "OK"}}
         self.sent.append(sent)
         answer = {"status": "success", "response": [{**result, "from": ME, "to": chat}]}
-        return web.json_response({**answer, "mapper": "return"}, status=201)
+        response = web.json_response({**answer, "mapper": "return"}, status=201)
+        return await self.answer_then_post(request, response, sent)
 
     def _file(self, sent: Sent, route: str, body: dict[str, Any]) -> str | None:
         """Fill ``sent`` with the file of a send-file call; what is wrong, if anything."""
@@ -130,6 +164,70 @@ class FakeWppConnect(BridgeFake):
         sent.mime = head[5:].removesuffix(";base64")
         return None
 
+    async def _guarded(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """``verifyToken``, then the JSON body (a 500 as the controller's catch gives)."""
+        refused = self._auth(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+        except ValueError:
+            return _send_error("body is not JSON")
+        return body if isinstance(body, dict) else _send_error("body is not an object")
+
+    async def _edit(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        if not self.connected:
+            return _status(404, "Disconnected", "A sessão do WhatsApp não está ativa.")
+        mid, text = body.get("id"), body.get("newText")
+        found = next((m for m in self.sent if m.id == mid), None)
+        if found is None or not isinstance(text, str) or found.kind not in (None, "image", "video"):
+            return _send_error(None)
+        if found.text is not None:
+            found.text = text.strip()
+        else:
+            found.caption = text.strip()
+        edited = {
+            "id": found.id,
+            "body": text.strip(),
+            "type": "chat",
+            "from": ME,
+            "to": found.chat,
+        }
+        return web.json_response(
+            {"status": "success", "response": edited, "mapper": "return"}, status=201
+        )
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        chat = self._chat(body)
+        if isinstance(chat, web.Response):
+            return chat
+        mid = body.get("messageId")
+        found = next((m for m in self.sent if m.id == mid and m.chat == chat), None)
+        if found is None and mid not in self.revoked:
+            return web.json_response(
+                {"status": "error", "message": "Error on delete message", "error": {}}, status=500
+            )
+        if found is not None:
+            self.sent.remove(found)
+            self.revoked.add(found.id)
+        return web.json_response({"status": "success", "response": {"message": "Message deleted"}})
+
+    async def _typing(self, request: web.Request) -> web.StreamResponse:
+        body = await self._guarded(request)
+        if isinstance(body, web.Response):
+            return body
+        chat = self._chat(body)
+        if isinstance(chat, web.Response):
+            return chat
+        self.typings.append((chat, body.get("value", True) is not False))
+        return web.json_response({"status": "success"})
+
     async def _media_of(self, request: web.Request) -> web.StreamResponse:
         refused = self._auth(request)
         if refused is not None:
@@ -141,6 +239,32 @@ class FakeWppConnect(BridgeFake):
             )
         data, mime = self.media[mid]
         return web.json_response({"base64": base64.b64encode(data).decode(), "mimetype": mime})
+
+    def status_post(
+        self, sent: Sent, status: str, code: int | str | None
+    ) -> tuple[dict[str, str], bytes]:
+        """An ``onack`` event of ``sent``: ack ``code`` for a failure, else the ack named."""
+        ack = int(code) if status == "FAILED" and code is not None else ACKS[status]
+        body = {
+            "event": "onack",
+            "session": self.session,
+            "id": {
+                "fromMe": True,
+                "remote": sent.chat,
+                "id": sent.id.rsplit("_", 1)[-1],
+                "_serialized": sent.id,
+            },
+            "body": sent.text or sent.caption or "",
+            "type": "chat" if sent.text is not None else "image",
+            "t": int(time.time()),
+            "from": ME,
+            "to": sent.chat,
+            "self": "out",
+            "ack": ack,
+            "isNewMsg": True,
+            "fromMe": True,
+        }
+        return {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 # -- webhook bodies -------------------------------------------------------------------------
