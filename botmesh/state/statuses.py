@@ -274,8 +274,7 @@ class Statuses:
         else:
             marked = revise(first.value, now, fallback=spec)
             extra.insert(0, Put(first.key, marked, first.version, first.due, first.purge, True))
-        target = Entry(entry.key, entry.value, entry.version, entry.due, entry.purge)
-        if await self._delivery.record_delivery(target, value, extra=extra) is None:
+        if await self._delivery.record_delivery(entry, value, extra=extra) is None:
             return False
         log.warning(
             "send %s failed after the channel accepted it (%s): sending its fallback %s",
