@@ -193,6 +193,9 @@ class BaileysProvider(BridgeProvider):
     {viewOnce: true}``)."""
 
     name = "baileys"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     media_channel = "baileys"
     env_prefix: ClassVar[str] = "BAILEYS"
     credential_env: ClassVar[str] = "BAILEYS_API_KEY"

@@ -114,6 +114,9 @@ class EvolutionProvider(BridgeProvider):
     """Sends through one Evolution instance with its token (or the global API key)."""
 
     name = "evolution"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     media_channel = "evolution"
     env_prefix: ClassVar[str] = "EVOLUTION"
     credential_env: ClassVar[str] = "EVOLUTION_API_KEY"

@@ -122,6 +122,9 @@ class GupshupProvider(RestChannel):
     app name (``app_name``, the form's ``src.name``)."""
 
     name = "gupshup"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     media_channel = "gupshup"
     text_limit: int | None = TEXT_LIMIT
     default_url = API_URL

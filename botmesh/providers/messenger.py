@@ -66,6 +66,9 @@ class MessengerProvider(GraphProvider):
     """Sends as one Facebook Page (its ``page_access_token``)."""
 
     name = "messenger"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     text_limit: int | None = 2000
     #: The Send API's limit per Page for text (300 calls a second; audio and video have a
     #: lower one, 10, left to the channel's 429s).

@@ -33,9 +33,17 @@ class MockProvider:
     """
 
     def __init__(
-        self, name: str = "mock", *, text_limit: int | None = None, delay: float = 0.0
+        self,
+        name: str = "mock",
+        *,
+        text_limit: int | None = None,
+        delay: float = 0.0,
+        delivery_statuses: bool = False,
     ) -> None:
         self.name = name
+        #: Whether the channel it stands for posts status webhooks (the statuses are fed by
+        #: the test: ``Runtime.delivery_status``).
+        self.delivery_statuses = delivery_statuses
         self.text_limit = text_limit
         self.delay = delay
         self.calls: list[SentCall] = []

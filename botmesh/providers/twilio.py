@@ -137,6 +137,9 @@ class TwilioProvider(ChannelProvider):
     and ``rate_limit_wait`` are seconds (see the module docstring)."""
 
     name = "twilio"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     media_channel = "twilio"
     text_limit: int | None = TEXT_LIMIT
 

@@ -97,6 +97,9 @@ class WhatsAppProvider(GraphProvider):
     or temporary ``access_token``."""
 
     name = "whatsapp"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     text_limit: int | None = 4096
     #: Cloud API's default throughput of a business phone number: 80 messages a second
     #: (Meta raises it to 1,000 for some numbers: set ``outbox.rate_limits.channel``). No

@@ -146,6 +146,9 @@ class WppConnectProvider(BridgeProvider):
     """Sends through one WPPConnect session with its bearer token."""
 
     name = "wppconnect"
+    #: It posts status webhooks (``botmesh.state.statuses``): its sends are named under
+    #: their message ids when recorded sent.
+    delivery_statuses = True
     media_channel = "wppconnect"
     env_prefix: ClassVar[str] = "WPPCONNECT"
     credential_env: ClassVar[str] = "WPPCONNECT_TOKEN"

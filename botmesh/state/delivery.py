@@ -48,7 +48,13 @@ from botmesh.state.messages import Outbound, OutboxState, Receipt, SendResult
 from botmesh.state.order import ChatOrder, last_part
 from botmesh.state.outbox import new_values, part_payloads
 from botmesh.state.pacing import Pacer
-from botmesh.state.ports import AmbiguityResolver, Provider, call_send, timed_send
+from botmesh.state.ports import (
+    AmbiguityResolver,
+    Provider,
+    call_send,
+    posts_statuses,
+    timed_send,
+)
 from botmesh.state.records import SETTLED, Json, revise
 from botmesh.state.splitter import split_text, text_length, unit_of
 from botmesh.state.statuses import index_ops
@@ -662,7 +668,8 @@ class Delivery:
         self, target: Held | Entry, value: Json, now: float, purge: float | None
     ) -> list[Op]:
         """What rides ahead of a send's record in the commit that records it ``sent``: its
-        message log entry and its name under the channel's message id."""
+        message log entry, and its name under the channel's message id when the channel
+        posts status webhooks."""
         if value["state"] != OutboxState.SENT:
             return []
         # a send is recorded sent by its holder only (a Held): its log entry rides in that
@@ -676,7 +683,12 @@ class Delivery:
             and not value.get("op")  # an edit or a delete is no message of the log
             else []
         )
-        return [*logged, *index_ops(self._common.keys, value, purge)]
+        named = (
+            index_ops(self._common.keys, value, purge)
+            if posts_statuses(self._resolver_of(value))
+            else []
+        )
+        return [*logged, *named]
 
     async def record_delivery(
         self, target: Entry, value: Json, *, extra: Sequence[Op] = ()

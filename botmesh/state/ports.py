@@ -38,6 +38,7 @@ __all__ = [
     "SessionHooks",
     "Typing",
     "call_send",
+    "posts_statuses",
     "timed_send",
 ]
 
@@ -148,6 +149,14 @@ class SessionHooks(Protocol):
     async def close_session(self) -> None:
         """This replica lost the lead or stops: close the session, so another can open it."""
         ...
+
+
+def posts_statuses(provider: object) -> bool:
+    """Whether ``provider``'s channel posts status webhooks about the messages it accepted
+    (its ``delivery_statuses`` attribute; absent: it does not). Only such a channel's sends
+    are named under their message ids when recorded sent (``botmesh.state.statuses``): the
+    name costs a journal record a send."""
+    return bool(getattr(provider, "delivery_statuses", False))
 
 
 async def call_send(provider: Provider, message: Outbound, key: str) -> SendResult:

@@ -5,8 +5,9 @@ messages they accepted: ``sent``, ``delivered``, ``read``, ``failed``. Some refu
 only that way (WhatsApp 131047 outside the 24-hour window, 131026 undeliverable): the send
 API answered 200, and the message never arrived.
 
-**Joining a status to its send.** When a send is recorded ``sent``, the same journal commit
-names it under the channel's message id (``<scope>/mid/<message id>`` → its key;
+**Joining a status to its send.** When a send is recorded ``sent`` on a channel that posts
+status webhooks (``ports.posts_statuses``), the same journal commit names it under the
+channel's message id (``<scope>/mid/<message id>`` → its key;
 ``index_ops``), purged with the send's record. The chat a status names is not compared
 with the send's (channels write it their own way: ``whatsapp:+1…``, a JID); on Kafka the
 status is read by the owner of its chat's partition, where the send's record is when the

@@ -29,7 +29,11 @@ TEMPLATE = Fallback.template("order_update", "en")
 
 
 class Channel(MockProvider):
-    """The mock channel, mapping a ``failed`` status's code as WhatsApp's adapter does."""
+    """The mock channel of a channel with status webhooks, mapping a ``failed`` status's
+    code as WhatsApp's adapter does."""
+
+    def __init__(self) -> None:
+        super().__init__(delivery_statuses=True)
 
     def delivery_error(self, status: DeliveryStatus) -> SendError:
         if status.code == "131047":

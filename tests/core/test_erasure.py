@@ -24,7 +24,7 @@ from botmesh.state.inbox import Outcome
 from botmesh.state.keys import ScopeKeys
 from botmesh.state.kv import DurableKv, Entry, Put
 from botmesh.state.lease import Held
-from botmesh.testing import SimulatedCrash, crashable
+from botmesh.testing import MockProvider, SimulatedCrash, crashable
 from tests.backends import BackendHandle
 from tests.kit import App, GatedProvider, ListSink, make_app, policy, settle
 
@@ -98,8 +98,11 @@ def names_of(entries: dict[str, Entry], scope: str, chat: str) -> set[str]:
 
 
 async def started(backend: BackendHandle, provider: Any = None) -> App:
+    """The chat bot on a channel with status webhooks (its sends named under their
+    message ids: the erasure deletes those names too)."""
     assert backend.kv is not None
-    return await make_app(provider, kv=backend.kv, bot=chat_bot())
+    channel = provider if provider is not None else MockProvider(delivery_statuses=True)
+    return await make_app(channel, kv=backend.kv, bot=chat_bot())
 
 
 async def test_erase_deletes_the_chats_records_and_nothing_else(backend: BackendHandle) -> None:

@@ -22,10 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from botmesh._gateway import Gateway, GatewayConfig, serving
 from botmesh.observability.metrics import metric_names
 from botmesh.providers.slack import SlackWebhook
-from botmesh.state.messages import Inbound
+from botmesh.providers.webhooks import hmac_hex
+from botmesh.providers.whatsapp import WhatsAppWebhook
+from botmesh.state.messages import DeliveryState, DeliveryStatus, Inbound
 from botmesh.streams.provision import ensure_topics
 from botmesh.topics.catalog import Catalog
-from botmesh.topics.records import chat_key, decode_inbound
+from botmesh.topics.records import chat_key, decode_inbound, decode_status
 from tests.gateway.kit import (
     CONNECT_S,
     PROBE_TOKEN,
@@ -522,3 +524,64 @@ def test_sigterm_stops_the_cli_gateway_cleanly(kafka_bootstrap: str, catalog: Ca
                 stream.close()
     records = asyncio.run(read_topic(kafka_bootstrap, catalog.inbound))
     assert [decode_inbound(r.value).id for r in records] == ["Ev11"]
+
+
+async def test_a_signed_status_webhook_is_produced_to_the_statuses_and_a_forged_one_is_not(
+    kafka_bootstrap: str, catalog: Catalog
+) -> None:
+    secret = "gateway-statuses-app-secret"
+    hook = WhatsAppWebhook(secret, "verify-me")
+    body = json.dumps(
+        {
+            "object": "whatsapp_business_account",
+            "entry": [
+                {
+                    "id": "WABA",
+                    "changes": [
+                        {
+                            "field": "messages",
+                            "value": {
+                                "messaging_product": "whatsapp",
+                                "metadata": {"phone_number_id": "PN1"},
+                                "statuses": [
+                                    {
+                                        "id": "wamid.S1",
+                                        "status": "failed",
+                                        "timestamp": "1764677260",
+                                        "recipient_id": "15551230002",
+                                        "errors": [
+                                            {"code": 131047, "title": "Re-engagement message"}
+                                        ],
+                                    }
+                                ],
+                            },
+                        }
+                    ],
+                }
+            ],
+        }
+    ).encode()
+    signed = {
+        "Content-Type": "application/json",
+        "X-Hub-Signature-256": "sha256=" + hmac_hex(secret, body),
+    }
+    forged = {**signed, "X-Hub-Signature-256": "sha256=" + hmac_hex("not-the-secret", body)}
+    async with gateway_at(kafka_bootstrap, catalog.prefix, {"whatsapp": hook}) as (gw, url):
+        refused, _ = await _post(f"{url}/whatsapp", body, forged)
+        status, _ = await _post(f"{url}/whatsapp", body, signed)
+        statuses = await read_topic(kafka_bootstrap, catalog.statuses)
+        inbound = await read_topic(kafka_bootstrap, catalog.inbound)
+    assert (refused, status) == (401, 200)
+    assert inbound == []  # a status is no message
+    [record] = statuses
+    assert record.key == chat_key("15551230002")
+    assert decode_status(record.value) == DeliveryStatus(
+        chat_id="15551230002",
+        message_id="wamid.S1",
+        status=DeliveryState.FAILED,
+        channel="whatsapp",
+        ts=1764677260.0,
+        code="131047",
+        error="Re-engagement message",
+    )
+    assert gw.counts["whatsapp"]["statuses"] == 1 and gw.counts["whatsapp"]["bad_signature"] == 1
