@@ -30,7 +30,13 @@ from botmesh.state.errors import (
 from botmesh.state.inbox import Outcome
 from botmesh.state.keys import check_explicit, random_key
 from botmesh.state.kv import DurableKv
-from botmesh.state.messages import DeliveryStatus, Inbound, Outbound, Receipt
+from botmesh.state.messages import (
+    DELIVERY_STATES,
+    DeliveryStatus,
+    Inbound,
+    Outbound,
+    Receipt,
+)
 from botmesh.state.operations import Operations
 from botmesh.state.ports import Provider
 
@@ -302,11 +308,39 @@ class Runtime:
         """Show the channel's typing indicator in ``chat_id`` (``Context.typing``)."""
         return await self._core.typing(chat_id)
 
-    async def delivery_status(self, status: DeliveryStatus) -> str:
-        """Apply a channel's status webhook about a send (``botmesh.state.statuses``):
-        the delivery state it set (``delivered``, ``read``, ``failed``), ``unchanged`` or
-        ``unmatched``. The Kafka worker feeds it ``<prefix>.statuses``."""
-        return await self._core.started().statuses.apply(status)
+    async def delivery_status(
+        self,
+        chat_id: str,
+        message_id: str,
+        status: str,
+        *,
+        channel: str | None = None,
+        code: str | None = None,
+        error: str | None = None,
+        ts: float | None = None,
+    ) -> str:
+        """Apply what a channel's status webhook said of the message ``message_id`` it
+        accepted in ``chat_id`` (``botmesh.state.statuses``): ``status`` is ``sent``,
+        ``delivered``, ``read`` or ``failed`` (``code`` and ``error``: the channel's, on
+        ``failed``). Returns the delivery state it set (``delivered``, ``read``,
+        ``failed``), ``unchanged`` or ``unmatched``. The Kafka worker feeds it
+        ``<prefix>.statuses``; in process, your webhook handler does (after checking the
+        webhook's signature)."""
+        if status not in DELIVERY_STATES:
+            raise ValueError(
+                f"delivery_status(status={status!r}): give sent, delivered, read or failed "
+                "(map the channel's own names to these: Twilio's undelivered is failed)"
+            )
+        record = DeliveryStatus(
+            chat_id=chat_id,
+            message_id=message_id,
+            status=DELIVERY_STATES[status],
+            channel=channel,
+            code=code,
+            error=error,
+            ts=ts,
+        )
+        return await self._core.started().statuses.apply(record)
 
     async def broadcast(
         self,

@@ -213,7 +213,17 @@ class RuntimeLike(Protocol):
 
     async def handle(self, message: Inbound, *, source: str | None = None) -> Outcome: ...
 
-    async def delivery_status(self, status: DeliveryStatus) -> str: ...
+    async def delivery_status(
+        self,
+        chat_id: str,
+        message_id: str,
+        status: str,
+        *,
+        channel: str | None = None,
+        code: str | None = None,
+        error: str | None = None,
+        ts: float | None = None,
+    ) -> str: ...
 
     async def edit(
         self,
@@ -548,8 +558,19 @@ class InboundRunner:
         """A channel's status of a message: applied to the send it names, through the
         journal (``botmesh.state.statuses``); a status of no send is counted, not an
         error."""
-        apply = self.runtime.delivery_status
-        done = await self._attempts(raw, status.event_id, lambda: apply(status), deadline)
+
+        def apply() -> Awaitable[str]:
+            return self.runtime.delivery_status(
+                status.chat_id,
+                status.message_id,
+                status.status,
+                channel=status.channel,
+                code=status.code,
+                error=status.error,
+                ts=status.ts,
+            )
+
+        done = await self._attempts(raw, status.event_id, apply, deadline)
         if done is not None:
             self.statuses[done[0]] += 1
 

@@ -8,11 +8,12 @@ typing); statuses are fed as the Kafka worker feeds ``<prefix>.statuses``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from botmesh import Bot, Context, DeadEvent, Fallback, FallbackEvent
+from botmesh import Bot, Context, DeadEvent, Fallback, FallbackEvent, Runtime
 from botmesh.journal import MemoryKv, Write
 from botmesh.state.errors import (
     OutsideSessionWindowError,
@@ -21,7 +22,7 @@ from botmesh.state.errors import (
     SendError,
     UnsupportedContentError,
 )
-from botmesh.state.messages import DeliveryState, DeliveryStatus, Inbound, Outbound, SendResult
+from botmesh.state.messages import DeliveryStatus, Inbound, Outbound, SendResult
 from botmesh.testing import ManualClock, MockProvider, SimulatedCrash, crashable
 from tests.kit import ListSink, make_app, policy, settle
 
@@ -51,15 +52,24 @@ class SendsOnly:
         return SendResult("p-1")
 
 
-def _status(message_id: str, status: str, *, chat: str = "c", code: str | None = None) -> Any:
-    error = "Re-engagement message" if code == "131047" else None
-    return DeliveryStatus(
-        chat_id=chat,
-        message_id=message_id,
-        status=DeliveryState(status),
-        channel="mock",
-        code=code,
-        error=error,
+@dataclass(frozen=True)
+class Status:
+    """A status webhook of the mock channel, as ``Runtime.delivery_status`` takes it."""
+
+    message_id: str
+    status: str
+    chat: str = "c"
+    code: str | None = None
+
+
+def _status(message_id: str, status: str, *, chat: str = "c", code: str | None = None) -> Status:
+    return Status(message_id, status, chat, code)
+
+
+async def _apply(runtime: Runtime, status: Status) -> str:
+    error = "Re-engagement message" if status.code == "131047" else None
+    return await runtime.delivery_status(
+        status.chat, status.message_id, status.status, channel="mock", code=status.code, error=error
     )
 
 
@@ -76,12 +86,13 @@ async def test_receipts_follow_sent_delivered_read_and_copies_change_nothing() -
     receipt = await app.runtime.send("c", "hello", idempotency_key="k")
     mid = receipt.message_id
     assert mid is not None
-    apply = app.runtime.delivery_status
-    assert await apply(_status(mid, "sent")) == "unchanged"  # no news after the 200
-    assert await apply(_status(mid, "delivered")) == "delivered"
-    assert await apply(_status(mid, "delivered")) == "unchanged"  # the channel retried
-    assert await apply(_status(mid, "read")) == "read"
-    assert await apply(_status(mid, "delivered")) == "unchanged"  # overtaken
+    assert await _apply(app.runtime, _status(mid, "sent")) == "unchanged"  # no news after the 200
+    assert await _apply(app.runtime, _status(mid, "delivered")) == "delivered"
+    assert (
+        await _apply(app.runtime, _status(mid, "delivered")) == "unchanged"
+    )  # the channel retried
+    assert await _apply(app.runtime, _status(mid, "read")) == "read"
+    assert await _apply(app.runtime, _status(mid, "delivered")) == "unchanged"  # overtaken
     assert [(r.key, r.state, r.delivery) for r in sink.receipts] == [
         ("k", "sent", None),
         ("k", "sent", "delivered"),
@@ -97,16 +108,16 @@ async def test_a_status_the_journal_does_not_hold_is_counted_and_dropped() -> No
     app = await make_app(Channel())
     receipt = await app.runtime.send("c", "hello", idempotency_key="k")
     assert receipt.message_id is not None
-    assert await app.runtime.delivery_status(_status("someone-else", "read")) == "unmatched"
+    assert await _apply(app.runtime, _status("someone-else", "read")) == "unmatched"
     # the chat as the channel writes it need not be the send's: the message id decides
     other = _status(receipt.message_id, "delivered", chat="whatsapp:c")
-    assert await app.runtime.delivery_status(other) == "delivered"
+    assert await _apply(app.runtime, other) == "delivered"
     # past retention the send is purged, and so is its name under the message id
     app.clock.advance(8 * 86400)
     assert await app.engine.retention.purge(app.clock.now()) == 1  # the record; its name too
     assert await app.kv.get(app.engine.keys.mid_of(receipt.message_id)) is None
     late = _status(receipt.message_id, "read")
-    assert await app.runtime.delivery_status(late) == "unmatched"
+    assert await _apply(app.runtime, late) == "unmatched"
     assert app.ops.metrics()["deliveryUnmatched"] == 2
 
 
@@ -117,7 +128,7 @@ async def test_a_failure_after_the_200_without_a_fallback_is_dead_with_the_code(
     receipt = await app.runtime.send("c", "hello", idempotency_key="k")
     assert receipt.message_id is not None
     failed = _status(receipt.message_id, "failed", code="131026")
-    assert await app.runtime.delivery_status(failed) == "failed"
+    assert await _apply(app.runtime, failed) == "failed"
     [record] = await app.ops.outbox.list()
     assert record.state == "dead"
     assert record.error is not None and record.error["reason"] == Reason.UNDELIVERED
@@ -127,8 +138,8 @@ async def test_a_failure_after_the_200_without_a_fallback_is_dead_with_the_code(
     last = sink.receipts[-1]
     assert (last.state, last.delivery, last.delivery_code) == ("dead", "failed", "131026")
     # a second copy, and a late "read", change nothing
-    assert await app.runtime.delivery_status(failed) == "unchanged"
-    assert await app.runtime.delivery_status(_status(receipt.message_id, "read")) == "unchanged"
+    assert await _apply(app.runtime, failed) == "unchanged"
+    assert await _apply(app.runtime, _status(receipt.message_id, "read")) == "unchanged"
     assert app.ops.metrics()["deliveryFailed"] == 1
 
 
@@ -140,9 +151,9 @@ async def test_a_failure_the_fallback_names_sends_the_fallback_once() -> None:
     receipt = await app.runtime.send("c", "hello", idempotency_key="k", fallback=TEMPLATE)
     assert receipt.message_id is not None
     failed = _status(receipt.message_id, "failed", code="131047")
-    assert await app.runtime.delivery_status(failed) == "failed"
+    assert await _apply(app.runtime, failed) == "failed"
     await settle(app)
-    assert await app.runtime.delivery_status(failed) == "unchanged"  # late, and again
+    assert await _apply(app.runtime, failed) == "unchanged"  # late, and again
     await settle(app)
     assert [m.options for m in channel.sent] == [{}, TEMPLATE.options]
     assert [type(e).__name__ for e in events] == ["FallbackEvent"]
@@ -162,13 +173,13 @@ async def test_a_crash_around_the_switch_sends_the_fallback_once(crash: str) -> 
     failed = _status(receipt.message_id, "failed", code="131047")
     getattr(dying, f"crash_{crash}")(Write.OUTBOX_DELIVERY)
     with pytest.raises(SimulatedCrash):
-        await first.runtime.delivery_status(failed)
+        await _apply(first.runtime, failed)
     # the status is read again after the restart (its offset was not committed)
     again = await make_app(channel, kv=shared, clock=clock)
     expected = "unchanged" if crash == "after" else "failed"
-    assert await again.runtime.delivery_status(failed) == expected
+    assert await _apply(again.runtime, failed) == expected
     await settle(again)
-    assert await again.runtime.delivery_status(failed) == "unchanged"
+    assert await _apply(again.runtime, failed) == "unchanged"
     await settle(again)
     assert [m.options for m in channel.sent] == [{}, TEMPLATE.options]
 

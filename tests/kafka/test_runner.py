@@ -112,7 +112,7 @@ class InboundsOnly:
     async def send(self, chat_id: str, text: str | None = None, **opts: Any) -> Receipt:
         raise AssertionError("no request in this batch")
 
-    async def delivery_status(self, status: Any) -> str:
+    async def delivery_status(self, chat_id: str, message_id: str, status: str, **kw: Any) -> str:
         raise AssertionError("no status in this batch")
 
     async def edit(self, key: str, text: str, **opts: Any) -> Receipt:
