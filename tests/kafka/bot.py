@@ -48,6 +48,7 @@ from typing import Any
 
 from botmesh import Bot, Context, Outbound, SendResult
 from botmesh.errors import RateLimitedError, RecipientUnreachableError, SendError
+from tests.kafka.marks import append
 from tests.kafka.recorder import RECORDER_ENV, HttpStatusError, post_send
 
 __all__ = ["FileProvider", "HttpProvider", "bot", "http_provider", "provider", "reply_text"]
@@ -88,7 +89,7 @@ def _die_at_the_first_dead_letter(marker: str) -> None:
 
     async def dead_letter(self: KafkaReceipts, *args: Any, **kwargs: Any) -> Any:
         if armed[0]:
-            _append(marker, "killed")
+            append(marker, "killed")
             os.kill(os.getpid(), signal.SIGKILL)
         return await real(self, *args, **kwargs)
 
@@ -104,26 +105,16 @@ def reply_text(inbound_id: str, text: str | None) -> str:
     return f"echo {inbound_id}: {text}"
 
 
-def _append(path: str, line: str) -> None:
-    """One unbuffered append: on disk (in the page cache) before the caller goes on, so a
-    SIGKILL right after it cannot lose it."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode() + b"\n")
-    finally:
-        os.close(fd)
-
-
 @bot.on_message
 async def echo(ctx: Context) -> None:
     handled = os.environ.get("BOTMESH_TEST_HANDLED", "")
     if handled:
-        _append(handled, ctx.inbound_id)
+        append(handled, ctx.inbound_id)
     if ctx.text == "fail":
         raise RuntimeError("the handler failed on purpose")
     crash = os.environ.get("BOTMESH_TEST_CRASH_MARKER", "")
     if ctx.text == "crash" and crash and not os.path.exists(crash):  # noqa: ASYNC240
-        _append(crash, ctx.inbound_id)  # once: the marker says it happened
+        append(crash, ctx.inbound_id)  # once: the marker says it happened
         os.kill(os.getpid(), 9)
     if ctx.text == "poison" and os.environ.get("BOTMESH_TEST_POISON"):
         os.kill(os.getpid(), 9)  # every time
@@ -144,7 +135,7 @@ class FileProvider:
             raise RecipientUnreachableError("the test provider refuses this send")
         mid = f"file-{os.getpid()}-{next(self._ids)}"
         line = {"chat_id": message.chat_id, "text": message.text, "message_id": mid}
-        _append(self.path, json.dumps(line))
+        append(self.path, json.dumps(line))
         return SendResult(mid)
 
 

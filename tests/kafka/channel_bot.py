@@ -22,18 +22,11 @@ import signal
 
 from botmesh import Bot, Context, load_media_of
 from botmesh.errors import MediaUnavailableError
+from tests.kafka.marks import append
 
 __all__ = ["bot"]
 
 bot = Bot("channel-e2e")
-
-
-def _append(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode() + b"\n")
-    finally:
-        os.close(fd)
 
 
 def _once(what: str) -> bool:
@@ -44,7 +37,7 @@ def _once(what: str) -> bool:
     marker = f"{prefix}.{what}"
     if os.path.exists(marker):
         return False
-    _append(marker, "killed")
+    append(marker, "killed")
     return True
 
 
@@ -63,7 +56,7 @@ async def echo(ctx: Context) -> None:
     how = "none" if media is None else ("rebuilt" if media.ref is not None else "live")
     handled = os.environ.get("BOTMESH_TEST_HANDLED", "")
     if handled:
-        _append(handled, f"{ctx.inbound_id} {how}")
+        append(handled, f"{ctx.inbound_id} {how}")
     text = ctx.text or ""
     crash_before = text.startswith("crash-before") or (media is not None and not text)
     if crash_before and _once("before"):

@@ -26,24 +26,17 @@ import signal
 from typing import Any
 
 from botmesh import Bot, Context, Fallback
+from tests.kafka.marks import append
 
 __all__ = ["bot"]
 
 bot = Bot("outcomes-e2e")
 
 
-def _append(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode() + b"\n")
-    finally:
-        os.close(fd)
-
-
 def _once(marker: str, what: str) -> None:
     """SIGKILL this process, unless the marker says it happened already."""
     if marker and not os.path.exists(marker):
-        _append(marker, what)
+        append(marker, what)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

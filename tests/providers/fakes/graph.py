@@ -45,8 +45,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
+
+from tests.providers.fakes.status_posts import post_copies
 
 VERSION = "v21.0"
 
@@ -284,16 +285,14 @@ class GraphFake:
             raise RuntimeError("GraphFake.webhook_url is not set")
         body = json.dumps(self.status_body(message_id, recipient, status, code=code)).encode()
         headers = {"Content-Type": "application/json", "X-Hub-Signature-256": self.signature(body)}
-        answered = 0
-        async with aiohttp.ClientSession() as session:
-            for _ in range(max(1, self.status_copies)):
-                try:
-                    async with session.post(self.webhook_url, data=body, headers=headers) as r:
-                        answered = r.status
-                except aiohttp.ClientError:
-                    answered = 0
-                self.posted.append((message_id, status, answered))
-        return answered
+        return await post_copies(
+            self.webhook_url,
+            copies=self.status_copies,
+            posted=self.posted,
+            about=(message_id, status),
+            data=body,
+            headers=headers,
+        )
 
     def sequence(self, recipient: str, template: bool) -> list[tuple[str, int | None]]:
         """The statuses an accepted message to ``recipient`` gets, in order."""

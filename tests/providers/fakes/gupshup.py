@@ -32,8 +32,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
+
+from tests.providers.fakes.status_posts import post_copies
 
 TYPES = frozenset({"text", "image", "video", "audio", "file", "sticker"})
 
@@ -126,16 +127,13 @@ class FakeGupshup:
         if self.webhook_url is None:
             raise RuntimeError("FakeGupshup.webhook_url is not set")
         body = self.event_body(message_id, recipient, status, code=code)
-        answered = 0
-        async with aiohttp.ClientSession() as session:
-            for _ in range(max(1, self.status_copies)):
-                try:
-                    async with session.post(self.webhook_url, json=body) as r:
-                        answered = r.status
-                except aiohttp.ClientError:
-                    answered = 0
-                self.posted.append((message_id, status, answered))
-        return answered
+        return await post_copies(
+            self.webhook_url,
+            copies=self.status_copies,
+            posted=self.posted,
+            about=(message_id, status),
+            json=body,
+        )
 
     def sequence(self, destination: str) -> list[tuple[str, int | None]]:
         """The message-events an accepted message to ``destination`` gets, in order."""

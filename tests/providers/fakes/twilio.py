@@ -45,8 +45,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-import aiohttp
 from aiohttp import web
+
+from tests.providers.fakes.status_posts import post_copies
 
 API = "/2010-04-01"
 
@@ -207,16 +208,14 @@ class FakeTwilio:
         if sent is not None:
             sent["status"], sent["error_code"] = status, code
         headers = {"X-Twilio-Signature": self.signature(url, params)}
-        answered = 0
-        async with aiohttp.ClientSession() as session:
-            for _ in range(max(1, self.status_copies)):
-                try:
-                    async with session.post(url, data=params, headers=headers) as r:
-                        answered = r.status
-                except aiohttp.ClientError:
-                    answered = 0
-                self.posted.append((message_id, status, answered))
-        return answered
+        return await post_copies(
+            url,
+            copies=self.status_copies,
+            posted=self.posted,
+            about=(message_id, status),
+            data=params,
+            headers=headers,
+        )
 
     def sequence(self, to: str) -> list[tuple[str, int | None]]:
         """The statuses an accepted message to ``to`` gets, in order."""

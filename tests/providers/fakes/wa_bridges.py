@@ -24,13 +24,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from botmesh.providers.wa_bridges import BridgeProvider
 from botmesh.state.errors import SendError
 from botmesh.state.messages import Outbound
+from tests.providers.fakes.status_posts import post_copies
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -155,16 +155,14 @@ class BridgeFake:
         if self.webhook_url is None:
             raise RuntimeError(f"{type(self).__name__}.webhook_url is not set")
         headers, body = self.status_post(sent, status, code)
-        answered = 0
-        async with aiohttp.ClientSession() as session:
-            for _ in range(max(1, self.status_copies)):
-                try:
-                    async with session.post(self.webhook_url, data=body, headers=headers) as r:
-                        answered = r.status
-                except aiohttp.ClientError:
-                    answered = 0
-                self.posted.append((sent.id, status, answered))
-        return answered
+        return await post_copies(
+            self.webhook_url,
+            copies=self.status_copies,
+            posted=self.posted,
+            about=(sent.id, status),
+            data=body,
+            headers=headers,
+        )
 
     async def _post_sequence(self, sent: Sent) -> None:
         for status, code in self.sequence(sent.chat):
