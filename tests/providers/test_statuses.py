@@ -18,8 +18,8 @@ from aiohttp import web
 from botmesh.providers.baileys import BaileysProvider, BaileysWebhook
 from botmesh.providers.evolution import EvolutionProvider, EvolutionWebhook
 from botmesh.providers.gupshup import GupshupProvider, GupshupWebhook
-from botmesh.providers.instagram import InstagramWebhook
-from botmesh.providers.messenger import MessengerWebhook
+from botmesh.providers.instagram import InstagramProvider, InstagramWebhook
+from botmesh.providers.messenger import MessengerProvider, MessengerWebhook
 from botmesh.providers.twilio import TwilioProvider, TwilioWebhook, twilio_signature
 from botmesh.providers.webhooks import (
     BadSignature,
@@ -898,3 +898,38 @@ async def test_the_baileys_fake_posts_messages_update_with_the_verify_token() ->
     assert [p[1:] for p in fake.posted if p[0] == failed.message_id] == [("ERROR", 200)]
     with pytest.raises(BadSignature):
         BaileysWebhook("another-token").verify(_request(receiver.got[0][1]))
+
+
+@pytest.mark.parametrize(
+    ("channel", "state"),
+    [("messenger", DeliveryState.DELIVERED), ("instagram", DeliveryState.READ)],
+)
+async def test_the_graph_fake_posts_messengers_delivery_and_instagrams_read(
+    channel: str, state: DeliveryState
+) -> None:
+    fake, receiver = GraphFake(), Receiver()
+    user = "24000000000000001" if channel == "messenger" else "17841400000000001"
+    async with serving(fake.app()) as base, serving(receiver.app()) as hooks:
+        fake.page_webhook_urls[channel] = f"{hooks}/{channel}"
+        fake.status_copies = 2
+        if channel == "messenger":
+            provider: MessengerProvider = MessengerProvider(
+                fake.page_token, api_url=f"{base}/{VERSION}"
+            )
+            hook: MessengerWebhook = MessengerWebhook(fake.app_secret, "verify")
+        else:
+            provider = InstagramProvider(fake.instagram_token, api_url=f"{base}/{VERSION}")
+            hook = InstagramWebhook(fake.app_secret, "verify")
+        try:
+            result = await provider.send(Outbound(user, "hello"))
+            await fake.settle()
+        finally:
+            await provider.close()
+    found: list[DeliveryStatus] = []
+    for headers, body in receiver.got:
+        request = _request(body, path=f"/{channel}", headers=headers)
+        hook.verify(request)
+        assert hook.parse(request) == []
+        found.extend(hook.statuses(request))
+    assert _states(found) == [(user, result.message_id, state)] * 2  # posted twice
+    assert fake.posted == [(result.message_id, state.value, 200)] * 2

@@ -30,7 +30,10 @@ title, message and details). A template gets
 the default sequence even to such a number, unless the number is in
 ``fail_after_accept_templates``. ``status_copies`` posts each status that many times (a
 retrying channel); ``posted`` records ``(message id, status, HTTP status answered)``;
-``post_status`` posts one by hand; ``settle()`` waits for the posts under way.
+``post_status`` posts one by hand; ``settle()`` waits for the posts under way. With
+``page_webhook_urls[channel]`` set, an accepted Messenger message gets its
+``message_deliveries`` (``delivery.mids``) and an Instagram one its ``messaging_seen``
+(``read.mid``) posted there, signed the same way.
 """
 
 from __future__ import annotations
@@ -172,6 +175,8 @@ class GraphFake:
     actions: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))
     #: Where WhatsApp status webhooks are posted (``None``: nowhere).
     webhook_url: str | None = None
+    #: Where Messenger's deliveries and Instagram's reads are posted, by channel.
+    page_webhook_urls: dict[str, str] = field(default_factory=dict)
     #: The app secret that signs them (``X-Hub-Signature-256``).
     app_secret: str = "graph-fake-app-secret-0004"
     #: Numbers whose messages are accepted, then fail with this WhatsApp error code.
@@ -318,10 +323,38 @@ class GraphFake:
         await response.prepare(request)
         await response.write_eof()
         wamid, to = str(messages[0]["id"]), str(body.get("to") or "")
-        task = asyncio.create_task(self._post_sequence(wamid, to, body.get("type") == "template"))
+        self._later(self._post_sequence(wamid, to, body.get("type") == "template"))
+        return response
+
+    def page_status_body(self, channel: str, mid: str, user: str) -> dict[str, Any]:
+        """Messenger's ``message_deliveries`` (``delivery.mids``, a watermark) or
+        Instagram's ``messaging_seen`` (``read.mid``) of one message, as Meta posts them."""
+        now = int(time.time() * 1000)
+        event: dict[str, Any] = {"sender": {"id": user}, "recipient": {"id": "PAGE"}}
+        if channel == "instagram":
+            event.update(timestamp=now, read={"mid": mid})
+        else:
+            event["delivery"] = {"mids": [mid], "watermark": now}
+        entry = {"id": "PAGE", "time": now, "messaging": [event]}
+        return {"object": "instagram" if channel == "instagram" else "page", "entry": [entry]}
+
+    async def _post_page_status(self, channel: str, mid: str, user: str) -> None:
+        body = json.dumps(self.page_status_body(channel, mid, user)).encode()
+        headers = {"Content-Type": "application/json", "X-Hub-Signature-256": self.signature(body)}
+        status = "read" if channel == "instagram" else "delivered"
+        await post_copies(
+            self.page_webhook_urls[channel],
+            copies=self.status_copies,
+            posted=self.posted,
+            about=(mid, status),
+            data=body,
+            headers=headers,
+        )
+
+    def _later(self, post: Any) -> None:
+        task = asyncio.create_task(post)
         self._posting.add(task)
         task.add_done_callback(self._posting.discard)
-        return response
 
     async def settle(self) -> None:
         """Wait until every status sequence under way has been posted."""
@@ -470,7 +503,12 @@ class GraphFake:
             return _reply(10, subcode=2534022 if instagram else 2018278)
         mid = f"m_{channel[:2]}{next(self._ids):016d}"
         self.accepted[channel].append(Accepted(channel, mid, psid, body))
-        return web.json_response({"recipient_id": psid, "message_id": mid})
+        answer = web.json_response({"recipient_id": psid, "message_id": mid})
+        if channel in self.page_webhook_urls:  # its delivery (Instagram: its read) follows
+            await answer.prepare(request)
+            await answer.write_eof()
+            self._later(self._post_page_status(channel, mid, psid))
+        return answer
 
     def _sender_action(self, channel: str, body: dict[str, Any]) -> web.Response:
         """``{"recipient", "sender_action"}``: ``typing_on``, ``typing_off`` or ``mark_seen``,
