@@ -190,14 +190,15 @@ async def test_a_failure_after_the_200_switches_once_across_a_sigkill_at_the_swi
         await asyncio.sleep(0.1)
     worker.start()  # the status was not acked: the new run reads it again
     try:
+        # the template's own statuses applied: every status of the chat before them was
+        # (one partition, in order), the copies of the failure among them
         receipts = await _receipts_until(
             worker,
             cat,
-            lambda rs: ("sent", None) in _story(rs, "in-1:1~fallback"),
-            "the fallback sent",
+            lambda rs: ("sent", "read") in _story(rs, "in-1:1~fallback"),
+            "the fallback sent and read",
         )
         await fake.settle()
-        await asyncio.sleep(1.0)  # room for a second template, were there one to come
     finally:
         assert worker.stop() == 0
     assert marker.read_text().strip() == f"{when} the switch"
@@ -249,7 +250,12 @@ async def test_an_edit_replayed_after_a_sigkill_calls_the_channel_once(
                 lambda rs: any(r.key == "done-1:1" and r.state == "sent" for r in rs),
                 "the edit's receipt",
             )
-            await asyncio.sleep(1.0)  # room for a second edit, were there one to come
+            deadline = time.monotonic() + WAIT_S
+            while worker.handled()["done-1"] < 2:  # the replay of "done" ran its handler
+                worker.check_alive()
+                if time.monotonic() > deadline:
+                    pytest.fail(f"'done' was not replayed: {worker.handled()}")
+                await asyncio.sleep(0.1)
         finally:
             assert worker.stop() == 0
     assert fake.calls.count("editMessageText") == 1
