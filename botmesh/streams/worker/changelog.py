@@ -59,6 +59,7 @@ __all__ = [
     "TIMED_OUT_TXN",
     "ProducerFencedError",
     "RdChangelog",
+    "lost_transaction",
 ]
 
 #: How many times a transaction aborted on an abortable error is produced again before its
@@ -102,11 +103,17 @@ TIMED_OUT_TXN = (
 )
 
 
+def lost_transaction(err: KafkaError) -> str:
+    """Words for an ``INVALID_TXN_STATE`` (the coordinator aborted the transaction past its
+    timeout, while the worker stood still) ending in ``": "``; nothing for other errors."""
+    return f"{TIMED_OUT_TXN}: " if err.code() == KafkaError.INVALID_TXN_STATE else ""
+
+
 def _failure(err: KafkaError, key: bytes, what: str = "not acked by the broker") -> Exception:
     """The exception a record's awaitable raises for librdkafka's error ``err``."""
     if err.code() in FENCED_CODES:
         return ProducerFencedError(key.decode(errors="replace"), f"{err.name()}: {err.str()}")
-    why = f"{TIMED_OUT_TXN}: " if err.code() == KafkaError.INVALID_TXN_STATE else ""
+    why = lost_transaction(err)
     return JournalUnavailableError(
         f"changelog record {key.decode(errors='replace')!r} {what}: {why}{err.name()}: {err.str()}"
     )

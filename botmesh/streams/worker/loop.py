@@ -76,7 +76,7 @@ from botmesh.streams.runner import (
 )
 from botmesh.streams.sink import Headers, KafkaReceipts
 from botmesh.streams.table_kv import CURRENT_PARTITION, TABLE_NAME, TableKv, in_partition
-from botmesh.streams.worker.changelog import FENCED_CODES, RdChangelog
+from botmesh.streams.worker.changelog import FENCED_CODES, RdChangelog, lost_transaction
 from botmesh.streams.worker.checkpoint import Checkpoint, TopicPart
 from botmesh.streams.worker.clients import worker_consumer_config, worker_producer_config
 from botmesh.streams.worker.consumer import Batch, ConsumerThread
@@ -91,6 +91,7 @@ __all__ = [
     "EXIT_SOFTWARE",
     "Worker",
     "current_records",
+    "producer_failure",
     "run_worker",
 ]
 
@@ -105,6 +106,20 @@ EXIT_SOFTWARE = 70
 RESTORE_S = 300.0
 #: Seconds to wait for an inbound partition's end when it is given.
 FRESH_ASK_S = 10.0
+
+
+def producer_failure(err: KafkaError) -> str:
+    """Why the worker exits when its one producer failed for good, in words an operator
+    reads on its last line: fenced by a newer epoch, or the transaction it held over a
+    freeze aborted by the coordinator (``INVALID_TXN_STATE``), or another fatal error."""
+    if err.code() in FENCED_CODES:
+        why = (
+            "fenced by a newer producer epoch (its transaction timed out while this worker "
+            "was away, or another incarnation started)"
+        )
+    else:
+        why = f"failed: {lost_transaction(err)}".rstrip(": ")
+    return f"the producer {why}: {err.name()}: {err.str()}"
 
 
 def _exit_hard(why: str, code: int) -> NoReturn:
@@ -650,13 +665,7 @@ class Worker:
         if self._stopping.is_set():
             log.warning("the producer failed during the stop: %s", err.str())
             return
-        why = (
-            "fenced by a newer producer epoch (its transaction timed out while this worker "
-            "was away, or another incarnation started)"
-            if err.code() in FENCED_CODES
-            else "failed"
-        )
-        _exit_hard(f"the producer {why}: {err.name()}: {err.str()}", EXIT_ABANDONED)
+        _exit_hard(producer_failure(err), EXIT_ABANDONED)
 
     async def _confirmed(self) -> bool:
         try:
