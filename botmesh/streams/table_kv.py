@@ -845,6 +845,15 @@ class TableKv:
                 "what they held is deferred again"
             )
 
+    def _ask_again(self, p: int) -> None:
+        """The membership asked again once partition ``p``'s producing is this write's: a
+        write that waited for it (another chat's records being handed over) may have waited
+        over a freeze, past the check its commit made."""
+        stale = self._port.unconfirmed()
+        if stale is not None:
+            self.unconfirmed += 1
+            raise MembershipUnconfirmed(f"journal records of partition {p} not produced: {stale}")
+
     async def _produce_and_wait(self, produce: _Produce, *, wait: bool = True) -> None:
         """Produce the latest version of each key, and wait for the acks (``wait``); under
         ``exactly_once``, without ``wait``: committed with the partition's next
@@ -867,6 +876,7 @@ class TableKv:
             records: list[tuple[str, bytes | None, tuple[str, ...]]] = []
             try:
                 async with part.producing:
+                    self._ask_again(p)
                     records = self._records(p, part, keys)
                     for key, value, held in records:
                         ack = await self._port.produce(p, key.encode(), value)

@@ -28,7 +28,8 @@ long: ``BOTMESH_TEST_INBOX_ATTEMPTS`` (default 5), ``BOTMESH_TEST_INBOX_BACKOFF_
 milliseconds, default 200; the cap is 4 x the base, no jitter); ``BOTMESH_TEST_LEASE`` (a
 duration such as ``10s``) sets the inbox and outbox leases, so that a killed worker's
 records are taken over sooner; ``BOTMESH_TEST_OUTBOX_INLINE`` (a duration) and
-``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``;
+``BOTMESH_TEST_OUTBOX_RETRIES`` set ``outbox.inline_max`` and ``outbox.retries``, and
+``BOTMESH_TEST_SWEEP_AT_ONCE`` ``outbox.sweep_at_once``;
 ``BOTMESH_TEST_KILL_AT_DEAD_LETTER`` (a file) makes the worker SIGKILL itself once, between
 the journal's ``dead`` and its dead letter; ``BOTMESH_TEST_CRASH_MARKER`` (a file) makes the
 handler SIGKILL the worker once, in the middle of a message whose text is ``crash``;
@@ -70,6 +71,9 @@ def _policy() -> dict[str, object]:
     retries = os.environ.get("BOTMESH_TEST_OUTBOX_RETRIES", "").strip()
     if retries:
         policy["outbox"]["retries"] = int(retries)
+    at_once = os.environ.get("BOTMESH_TEST_SWEEP_AT_ONCE", "").strip()
+    if at_once:  # how many chats' due sends the sweeper delivers at a time (default 1)
+        policy["outbox"]["sweep_at_once"] = int(at_once)
     return dict(policy)
 
 

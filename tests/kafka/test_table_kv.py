@@ -282,6 +282,43 @@ async def test_a_write_acked_after_a_freeze_is_not_acted_on(backend: BackendHand
             assert await kv.commit([Put("s/k", {"v": 2}, expect=1)]) == [2]
 
 
+async def test_a_write_that_waited_over_a_freeze_for_its_partition_is_not_produced(
+    backend: BackendHandle,
+) -> None:
+    """Two chats' writes in one partition are handed over one after the other. A write that
+    passed its membership check and then waited for the other's hand-over may have waited
+    over a freeze: it is asked again once its turn comes, so nothing of it reaches the
+    changelog after the worker lost its partitions (a sweeper delivering several chats at a
+    time made such waits common: ``outbox.sweep_at_once``)."""
+    kv, port = table_of(backend)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_rider() -> Awaitable[object]:  # the first write's hand-over takes a while
+        holding.set()
+        await release.wait()
+        return asyncio.get_running_loop().create_future()
+
+    with in_partition(0):
+        kv.ride("s/a", slow_rider)
+        first = asyncio.ensure_future(kv.commit([Put("s/a", {"v": 1}, expect=0)]))
+        await holding.wait()
+        produced = port.produced
+        second = asyncio.ensure_future(kv.commit([Put("s/b", {"v": 1}, expect=0)]))
+        await asyncio.sleep(0)  # its check passed: it waits for the partition's producing
+        assert not second.done() and port.produced == produced
+        port.stale = "membership last confirmed 20.0s ago"  # frozen meanwhile, thawed now
+        release.set()
+        with pytest.raises(MembershipUnconfirmed, match="partition 0 not produced: membership"):
+            await second
+        with pytest.raises(MembershipUnconfirmed, match="membership last confirmed"):
+            await first  # handed over before the freeze: not acted on (exactly_once: aborted)
+        assert port.produced == produced, "the waiting write reached the changelog"
+        assert kv.unconfirmed >= 1
+        port.stale = None
+        assert await kv.get("s/b") is None
+        assert await kv.commit([Put("s/b", {"v": 2}, expect=0)]) == [1]
+
+
 async def test_a_rider_is_handed_over_right_after_the_record_that_holds_its_write(
     backend: BackendHandle,
 ) -> None:

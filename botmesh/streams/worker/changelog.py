@@ -412,6 +412,11 @@ class RdChangelog:
                         f"full for {self.commit_timeout:g}s"
                     ) from None
                 await asyncio.sleep(self.poll_interval)
+                stale = self.unconfirmed()  # the wait may have spanned a freeze
+                if stale is not None:
+                    raise MembershipUnconfirmed(
+                        f"changelog record {key!r} not produced: {stale}"
+                    ) from None
                 continue
             except KafkaException as exc:
                 if self._abortable(exc, deadline):
