@@ -319,6 +319,7 @@ async def test_a_deadline_passing_during_a_broker_outage_expires_the_send(
             recorder=recorder.url,
             provider=RESOLVING,
             env={"BOTMESH_TEST_INBOX_ATTEMPTS": "60", "BOTMESH_TEST_INBOX_BACKOFF_MS": "250"},
+            loglevel="info",
         )
 
         def supervise() -> None:  # a worker that exited in the outage is started again
