@@ -848,10 +848,10 @@ class TableKv:
     def _ask_again(self, p: int) -> None:
         """The membership asked again once partition ``p``'s producing is this write's: a
         write that waited for it (another chat's records being handed over) may have waited
-        over a freeze, past the check its commit made (under ``at_least_once`` the producer
-        asks once more for each record: ``RdChangelog``)."""
+        over a freeze, past the check its commit made."""
         stale = self._port.unconfirmed()
         if stale is not None:
+            self.unconfirmed += 1
             raise MembershipUnconfirmed(f"journal records of partition {p} not produced: {stale}")
 
     async def _produce_and_wait(self, produce: _Produce, *, wait: bool = True) -> None:
@@ -889,8 +889,7 @@ class TableKv:
                             flying.add(ack)
                             ack.add_done_callback(flying.discard)
                         acks.append((p, ack))
-            except BaseException as exc:  # a failed or cancelled hand-over: the rest never went
-                self.unconfirmed += isinstance(exc, MembershipUnconfirmed)  # (asked again)
+            except BaseException:  # a failed or cancelled hand-over: the rest never went
                 rest = (
                     [(p, k) for _, _, held in records[handed:] for k in held]
                     if records

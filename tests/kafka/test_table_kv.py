@@ -319,27 +319,6 @@ async def test_a_write_that_waited_over_a_freeze_for_its_partition_is_not_produc
         assert await kv.commit([Put("s/b", {"v": 2}, expect=0)]) == [1]
 
 
-async def test_a_freeze_between_two_records_of_a_write_lets_none_out_after_the_thaw(
-    backend: BackendHandle,
-) -> None:
-    """Under ``at_least_once`` the producer asks about the membership before each record it
-    is handed: a freeze right after a write's first record keeps the rest of it from the
-    changelog after the thaw (the write fails, nothing acts on it). Under ``exactly_once``
-    every record goes into the transaction, and its commit, asked then, aborts them all."""
-    kv, port = table_of(backend)
-    with in_partition(0):
-        produced = port.produced
-        port.freeze_on_produce = True
-        with pytest.raises(MembershipUnconfirmed, match="frozen"):
-            await kv.commit([Put("s/x", {"v": 1}, expect=0), Put("s/y", {"v": 1}, expect=0)])
-        assert port.produced == produced + (2 if port.transactional else 1)
-        assert kv.unconfirmed == (0 if port.transactional else 1)  # (else: the commit aborted)
-        port.freeze_on_produce, port.frozen_at = False, None  # it rejoined, owning it still
-        assert await kv.get("s/y") is None  # (s/x is what the log holds: at_least_once)
-        if port.transactional:
-            assert await kv.get("s/x") is None
-
-
 async def test_a_rider_is_handed_over_right_after_the_record_that_holds_its_write(
     backend: BackendHandle,
 ) -> None:

@@ -382,19 +382,6 @@ class RdChangelog:
         # a transaction's records: now, their commit just ended)
         return self._confirmation(None if self.transactional or not acked else self._acked_at)
 
-    def _ask(self, key: bytes) -> None:
-        """Under ``at_least_once``, the membership asked right before each record is handed
-        over: the journal asked when its write began, and a freeze since then (however
-        short the code between) must not let a record out after the thaw; only the moment
-        of the hand-over itself is left. Under ``exactly_once`` the transaction's commit
-        asks instead (a record refused here would leave the rest of its write in the
-        transaction, to commit without it)."""
-        if self.transactional:
-            return
-        stale = self.unconfirmed()
-        if stale is not None:
-            raise MembershipUnconfirmed(f"changelog record {key!r} not produced: {stale}")
-
     async def produce(self, partition: int, key: bytes, value: bytes | None) -> asyncio.Future[int]:
         """Hand one record to the producer; the future resolves with its offset once it is
         durable (acked; under ``exactly_once`` committed), or raises
@@ -411,7 +398,6 @@ class RdChangelog:
             if self.transactional and not self._open.is_set():
                 await self._open.wait()  # a commit runs: this record goes into the next
                 continue
-            self._ask(key)
             future: asyncio.Future[int] = self._loop.create_future()
             sent = _Sent(partition, key, value, future, headers=self.headers)
             try:
@@ -426,6 +412,11 @@ class RdChangelog:
                         f"full for {self.commit_timeout:g}s"
                     ) from None
                 await asyncio.sleep(self.poll_interval)
+                stale = self.unconfirmed()  # the wait may have spanned a freeze
+                if stale is not None:
+                    raise MembershipUnconfirmed(
+                        f"changelog record {key!r} not produced: {stale}"
+                    ) from None
                 continue
             except KafkaException as exc:
                 if self._abortable(exc, deadline):
