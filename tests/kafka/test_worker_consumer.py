@@ -20,7 +20,7 @@ from botmesh.streams.groups import describe as real_describe
 from botmesh.streams.worker import loop as loop_module
 from botmesh.streams.worker.clients import consumer_config, worker_consumer_config
 from botmesh.streams.worker.consumer import ConsumerThread
-from botmesh.streams.worker.loop import Membership
+from botmesh.streams.worker.loop import CHECKS_A_SESSION, Membership
 from tests.kafka.broker import create_topics
 from tests.kafka.rdkafka_probe import produce
 
@@ -279,6 +279,54 @@ async def test_a_question_answered_late_and_failed_never_leaves_a_healthy_member
         assert membership.failed == 1
         said = [r.getMessage() for r in caplog.records if "not confirmed" in r.getMessage()]
         assert len(said) == 1 and "did not answer in time" in said[0]
+    finally:
+        if running is not None:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        await membership.calls.settle(10.0)
+        await thread.close(leave=True)
+
+
+async def test_questions_failing_for_a_session_timeout_ask_with_a_new_client(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    topics: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An admin client whose questions keep failing while the coordinator holds the member
+    (CI saw it for minutes after a broker restart under load, every journal write refused
+    meanwhile) is replaced once they have failed for a session timeout: the next question,
+    on a new client, confirms the member. The client replaced is kept, not destroyed (a
+    client destroyed with a request pending can abort the process)."""
+    _, thread, hooks, membership = a_member(kafka_bootstrap, topic_prefix, topics, 6.0)
+    clients: list[object] = []
+
+    def wedged_first_client(admin: object, *args: object) -> object:
+        if admin not in clients:
+            clients.append(admin)
+        if admin is clients[0]:
+            raise ConnectionError("this client's questions time out")
+        return real_describe(admin, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop_module, "describe", wedged_first_client)
+    await thread.start()
+    running: asyncio.Task[None] | None = None
+    try:
+        await until(lambda: len(hooks.held) == PARTITIONS, "the member has every partition")
+        caplog.set_level(logging.INFO, logger="botmesh.streams")
+        running = asyncio.ensure_future(membership.run())
+
+        def said(words: str) -> list[str]:
+            return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+        await until(lambda: bool(said("confirmed again, after")), "confirmed on a new client")
+        assert len(clients) == 2 and list(membership.retired) == [clients[0]]
+        assert len(said("asking with a new admin client")) == 1
+        [again] = said("confirmed again, after")
+        failed_in_a_row = int(again.split("after ")[1].split()[0])
+        assert failed_in_a_row >= CHECKS_A_SESSION, again  # a session timeout of failures
+        assert membership.unconfirmed() is None
     finally:
         if running is not None:
             running.cancel()

@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -189,6 +189,9 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
 CHECKS_A_SESSION = 8
 #: Membership questions waiting for their answer at once, at most.
 MAX_ASKING = 3
+#: Admin clients a membership keeps after replacing them (``Membership.client``), at
+#: most one a session timeout apart: the oldest goes once this many are kept.
+RETIRED_CLIENTS = 8
 
 
 class Membership:
@@ -226,6 +229,11 @@ class Membership:
         self.failed = 0
         self._failing = 0
         self._admin: Any = None
+        self._made_at = 0.0
+        self._session = config.session_timeout
+        #: Clients replaced (``client``), kept rather than destroyed while a request of
+        #: theirs may still be pending in librdkafka.
+        self.retired: deque[Any] = deque(maxlen=RETIRED_CLIENTS)
         #: Its calls on that client (settled at the stop: ``ClientCalls``).
         self.calls = ClientCalls()
 
@@ -253,10 +261,8 @@ class Membership:
         if not member:
             log.debug("group membership not asked about: no member id yet")
             return False
-        if self._admin is None:  # one client for the worker's life: a client dropped with a
-            # request of it still pending can trip librdkafka (a refcount assertion)
-            self._admin = await self.calls.call(admin_client, self._brokers)
-        info = await self.calls.call(describe, self._admin, self._group, self._brokers, 10.0)
+        admin = await self.client()
+        info = await self.calls.call(describe, admin, self._group, self._brokers, 10.0)
         if any(m.member_id == member for m in info.members):
             self.confirm(asked)
             return True
@@ -269,6 +275,32 @@ class Membership:
             len(info.members),
         )
         return False
+
+    async def client(self) -> Any:
+        """The admin client the questions ask with: one for a long time, since a client
+        dropped with a request of it still pending can trip librdkafka (a refcount
+        assertion). But once the questions have failed for a whole session timeout, and
+        the client is that old, the next ones ask with a new client: after a broker's
+        restart under load, CI saw one client's questions fail for minutes while the
+        coordinator held this member, and every journal write was refused meanwhile. The
+        client replaced is kept (``retired``) until its requests are long over."""
+        now = time.monotonic()
+        if (
+            self._admin is not None
+            and self._failing >= CHECKS_A_SESSION
+            and now - self._made_at >= self._session
+        ):
+            log.info(
+                "group membership questions failed for a session timeout (%d in a row): "
+                "asking with a new admin client",
+                self._failing,
+            )
+            self.retired.append(self._admin)
+            self._admin = None
+        if self._admin is None:
+            self._admin = await self.calls.call(admin_client, self._brokers)
+            self._made_at = now
+        return self._admin
 
     async def run(self) -> None:
         """Ask every ``interval`` seconds, each question in a task of its own (at most
@@ -292,7 +324,7 @@ class Membership:
         except Exception as exc:  # the coordinator out of reach: unconfirmed meanwhile
             self.failed += 1
             self._failing += 1
-            (log.info if self._failing == 1 else log.debug)(
+            (log.info if self._failing % CHECKS_A_SESSION == 1 else log.debug)(
                 "group membership not confirmed (%s after %.1fs: %s); last confirmed %.1fs ago",
                 type(exc).__name__,
                 time.monotonic() - began,
